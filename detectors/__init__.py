@@ -1,0 +1,1 @@
+"""stepguard detectors: pure, service-free detection logic."""

@@ -1,0 +1,77 @@
+"""stepguard message contracts: models, topic registry, codec, JSON Schemas and DDL.
+
+Imports only pydantic and the standard library.
+"""
+
+from schemas._base import Message
+from schemas.alerts import (
+    Alert,
+    AlertKind,
+    AlertState,
+    Evidence,
+    Grade,
+    RecommendedAction,
+    episode_fingerprint,
+)
+from schemas.codec import MAX_MESSAGE_BYTES, decode, encode, key_of
+from schemas.commands import (
+    ActuatorMode,
+    Approval,
+    ApprovalDecision,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    command_id,
+)
+from schemas.deadletter import DeadLetter
+from schemas.telemetry import GpuHealth, NodeHealth, Phase, RankSample, StepTelemetry
+from schemas.topics import TOPICS, TopicRegistry, TopicSpec
+from schemas.truth import FaultKind, FaultTruth
+
+#: Every top-level message model; each has a committed JSON Schema.
+MESSAGE_MODELS: tuple[type[Message], ...] = (
+    StepTelemetry,
+    NodeHealth,
+    Alert,
+    Command,
+    CommandResult,
+    Approval,
+    DeadLetter,
+    FaultTruth,
+)
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MESSAGE_MODELS",
+    "TOPICS",
+    "ActuatorMode",
+    "Alert",
+    "AlertKind",
+    "AlertState",
+    "Approval",
+    "ApprovalDecision",
+    "Command",
+    "CommandKind",
+    "CommandResult",
+    "CommandStatus",
+    "DeadLetter",
+    "Evidence",
+    "FaultKind",
+    "FaultTruth",
+    "GpuHealth",
+    "Grade",
+    "Message",
+    "NodeHealth",
+    "Phase",
+    "RankSample",
+    "RecommendedAction",
+    "StepTelemetry",
+    "TopicRegistry",
+    "TopicSpec",
+    "command_id",
+    "decode",
+    "encode",
+    "episode_fingerprint",
+    "key_of",
+]

@@ -1,0 +1,112 @@
+"""Graded alerts on the decision topic.
+
+An alert episode has a stable ``fingerprint``; every update of the episode carries an
+increasing ``seq`` so that ``(fingerprint, seq)`` identifies one message (the archive
+deduplicates on it and the actuator ignores replays).
+
+Examples
+--------
+>>> fp = episode_fingerprint("job-1", "straggler", "node-7", 3, 120)
+>>> fp == episode_fingerprint("job-1", "straggler", "node-7", 3, 120)
+True
+>>> len(fp)
+24
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import AwareDatetime, Field, NonNegativeInt
+
+from schemas._base import Message
+
+__all__ = [
+    "Alert",
+    "AlertKind",
+    "AlertState",
+    "Evidence",
+    "Grade",
+    "RecommendedAction",
+    "episode_fingerprint",
+]
+
+
+class Grade(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def level(self) -> int:
+        return {"info": 0, "warning": 1, "critical": 2}[self.value]
+
+
+class AlertState(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class AlertKind(StrEnum):
+    STRAGGLER = "straggler"
+    DEGRADATION = "degradation"
+    HARDWARE = "hardware"
+    THERMAL = "thermal"
+    NETWORK = "network"
+    DATA_STALL = "data_stall"
+    HANG = "hang"
+    MISSING = "missing"
+    DIVERGENCE = "divergence"
+    GUARDRAIL = "guardrail"
+
+
+class RecommendedAction(StrEnum):
+    NONE = "none"
+    INVESTIGATE = "investigate"
+    ISOLATE = "isolate"
+    REPLACE_AT_CHECKPOINT = "replace_at_checkpoint"
+    RESTART = "restart"
+    ROLLBACK = "rollback"
+
+
+class Evidence(Message):
+    """Why an alert fired: the numbers an SRE checks first."""
+
+    metric: str = Field(description="Signal scored, e.g. 'compute_s' or 'ecc_corrected_rate'.")
+    value: float
+    peer_median: float | None = None
+    baseline: float | None = None
+    deviation: float = Field(description="Robust deviation score (MAD units or ratio).")
+    trend: float | None = Field(default=None, description="Slope per step, when tracked.")
+    detail: str = ""
+
+
+class Alert(Message):
+    """One update of an alert episode (topic key: job id)."""
+
+    kind_name = "alert"
+    schema_version: Literal[1] = 1
+    fingerprint: str = Field(min_length=8, max_length=64)
+    seq: NonNegativeInt = Field(description="Update number within the episode, from 0.")
+    kind: AlertKind
+    grade: Grade
+    state: AlertState
+    job_id: str = Field(min_length=1, max_length=256)
+    node: str | None = None
+    rank: NonNegativeInt | None = None
+    step: NonNegativeInt | None = Field(default=None, description="Job step of this update.")
+    started_at: AwareDatetime = Field(description="Event time the episode began.")
+    ts: AwareDatetime = Field(description="Event time of this update.")
+    evidence: Evidence
+    recommended_action: RecommendedAction = RecommendedAction.INVESTIGATE
+    summary: str = ""
+
+
+def episode_fingerprint(
+    job_id: str, kind: str, node: str | None, rank: int | None, first_step: int
+) -> str:
+    """A stable id for one episode: same subject and start step, same fingerprint."""
+    text = f"{job_id}\x1f{kind}\x1f{node or ''}\x1f{'' if rank is None else rank}\x1f{first_step}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -1,0 +1,114 @@
+"""Commands from the actuator, their results, and human approvals.
+
+A command id is derived from the alert episode and the action, so a replayed decision
+or a restarted actuator produces the same id and executors can refuse duplicates.
+
+Examples
+--------
+>>> command_id(["a1b2c3d4e5f6a7b8"], "isolate", ["node-3"])
+'cmd-...'
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import AwareDatetime, Field, NonNegativeInt
+
+from schemas._base import Message
+
+__all__ = [
+    "ActuatorMode",
+    "Approval",
+    "ApprovalDecision",
+    "Command",
+    "CommandKind",
+    "CommandResult",
+    "CommandStatus",
+    "command_id",
+]
+
+
+class CommandKind(StrEnum):
+    ISOLATE = "isolate"
+    CHECKPOINT = "checkpoint"
+    RESTART = "restart"
+    ROLLBACK = "rollback"
+    STOP = "stop"
+    NOTIFY = "notify"
+
+
+class ActuatorMode(StrEnum):
+    OBSERVE = "observe"
+    APPROVE = "approve"
+    AUTO = "auto"
+
+
+class CommandStatus(StrEnum):
+    ACCEPTED = "accepted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REFUSED = "refused"
+
+
+class ApprovalDecision(StrEnum):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+def command_id(fingerprints: Sequence[str], kind: str, targets: Sequence[str]) -> str:
+    """Deterministic id from the episode fingerprints, the action and its targets."""
+    text = "\x1f".join([",".join(sorted(fingerprints)), kind, ",".join(sorted(targets))])
+    return "cmd-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class Command(Message):
+    """An action for executors (topic key: job id)."""
+
+    kind_name = "command"
+    schema_version: Literal[1] = 1
+    command_id: str = Field(min_length=4, max_length=64)
+    kind: CommandKind
+    job_id: str = Field(min_length=1, max_length=256)
+    targets: tuple[str, ...] = Field(default=(), description="Nodes the action applies to.")
+    replacements: tuple[str, ...] = Field(default=(), description="Spare nodes to bring in.")
+    checkpoint_step: NonNegativeInt | None = Field(
+        default=None, description="For ROLLBACK/RESTART: the checkpoint step to resume from."
+    )
+    reason: tuple[str, ...] = Field(description="Alert fingerprints that led here.")
+    mode: ActuatorMode
+    issued_at: AwareDatetime
+    expires_at: AwareDatetime | None = None
+    summary: str = ""
+    key_id: str | None = Field(default=None, description="Id of the signing key.")
+    signature: str | None = Field(default=None, description="HMAC-SHA256, hex.")
+
+
+class CommandResult(Message):
+    """What an executor did with a command (topic key: job id)."""
+
+    kind_name = "command_result"
+    schema_version: Literal[1] = 1
+    command_id: str = Field(min_length=4, max_length=64)
+    job_id: str = Field(min_length=1, max_length=256)
+    executor: str
+    status: CommandStatus
+    detail: str = ""
+    ts: AwareDatetime
+
+
+class Approval(Message):
+    """A human decision on a held command (topic key: command id)."""
+
+    kind_name = "approval"
+    schema_version: Literal[1] = 1
+    command_id: str = Field(min_length=4, max_length=64)
+    decision: ApprovalDecision
+    by: str = Field(min_length=1, max_length=256)
+    reason: str = ""
+    ts: AwareDatetime
+    key_id: str | None = None
+    signature: str | None = None

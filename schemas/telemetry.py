@@ -1,0 +1,119 @@
+"""Telemetry published by training ranks (StepTelemetry) and node agents (NodeHealth).
+
+One StepTelemetry message carries every rank of one node for one step: a Faust worker
+handles ~13k messages/s, so batching ranks per node is what makes cluster scale work.
+
+Examples
+--------
+>>> from datetime import datetime, timezone
+>>> t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+>>> sample = RankSample(rank=0, local_rank=0, step_time_s=0.5, compute_s=0.4,
+...                     comm_wait_s=0.08, data_wait_s=0.02)
+>>> msg = StepTelemetry(job_id="j1", node="n0", step=10, ts_start=t, ts_end=t,
+...                     samples=(sample,))
+>>> msg.samples[0].phase
+<Phase.TRAIN: 'train'>
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import AwareDatetime, Field, NonNegativeFloat, NonNegativeInt, model_validator
+
+from schemas._base import Message
+
+__all__ = ["GpuHealth", "NodeHealth", "Phase", "RankSample", "StepTelemetry"]
+
+
+class Phase(StrEnum):
+    """What a step was doing; only TRAIN steps feed temporal baselines."""
+
+    WARMUP = "warmup"
+    TRAIN = "train"
+    EVAL = "eval"
+    CHECKPOINT = "checkpoint"
+
+
+class RankSample(Message):
+    """One rank's timings for one step, in seconds."""
+
+    rank: NonNegativeInt
+    local_rank: NonNegativeInt
+    dp_group: NonNegativeInt = 0
+    pp_stage: NonNegativeInt = 0
+    tp_group: NonNegativeInt = 0
+    phase: Phase = Phase.TRAIN
+    step_time_s: NonNegativeFloat = Field(description="Wall time of the whole step.")
+    compute_s: NonNegativeFloat = Field(description="Time spent in kernels/compute.")
+    comm_wait_s: NonNegativeFloat = Field(description="Time blocked in collectives.")
+    data_wait_s: NonNegativeFloat = Field(description="Time waiting for the data loader.")
+    loss: float | None = Field(
+        default=None,
+        allow_inf_nan=True,
+        description='Training loss; NaN/Inf are signals and travel as "NaN"/"Infinity".',
+    )
+    grad_norm: float | None = Field(
+        default=None,
+        allow_inf_nan=True,
+        description='Global gradient norm; NaN/Inf travel as "NaN"/"Infinity".',
+    )
+
+    @property
+    def loss_is_finite(self) -> bool:
+        return self.loss is None or math.isfinite(self.loss)
+
+
+class StepTelemetry(Message):
+    """Every rank of one node for one step of one job (topic key: job id)."""
+
+    kind_name = "step_telemetry"
+    schema_version: Literal[1] = 1
+    job_id: str = Field(min_length=1, max_length=256)
+    node: str = Field(min_length=1, max_length=256)
+    step: NonNegativeInt
+    ts_start: AwareDatetime = Field(description="Event time the step started (rank clock).")
+    ts_end: AwareDatetime = Field(description="Event time the step ended (rank clock).")
+    samples: tuple[RankSample, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_order(self) -> StepTelemetry:
+        if self.ts_end < self.ts_start:
+            raise ValueError("ts_end is before ts_start")
+        ranks = [s.rank for s in self.samples]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError("duplicate rank in samples")
+        return self
+
+
+class GpuHealth(Message):
+    """One GPU's readings; ECC and link counters are cumulative since boot."""
+
+    index: NonNegativeInt
+    temperature_c: float = Field(ge=-50, le=200)
+    power_w: NonNegativeFloat
+    sm_clock_mhz: NonNegativeFloat
+    utilization_pct: float = Field(ge=0, le=100)
+    ecc_corrected: NonNegativeInt = 0
+    ecc_uncorrected: NonNegativeInt = 0
+    xid_codes: tuple[NonNegativeInt, ...] = Field(
+        default=(), description="XID events seen since the previous report."
+    )
+    throttle_reasons: tuple[str, ...] = ()
+    nvlink_errors: NonNegativeInt = 0
+
+
+class NodeHealth(Message):
+    """One node's hardware readings for one interval (topic key: node)."""
+
+    kind_name = "node_health"
+    schema_version: Literal[1] = 1
+    job_id: str | None = Field(default=None, max_length=256)
+    node: str = Field(min_length=1, max_length=256)
+    ts: AwareDatetime
+    interval_s: float = Field(gt=0, default=10.0)
+    gpus: tuple[GpuHealth, ...] = ()
+    nic_errors: NonNegativeInt = 0
+    nic_retransmits: NonNegativeInt = 0
