@@ -13,7 +13,7 @@ from schemas.alerts import (
     RecommendedAction,
     episode_fingerprint,
 )
-from schemas.codec import MAX_MESSAGE_BYTES, decode, encode, key_of
+from schemas.codec import MAX_MESSAGE_BYTES, Rejected, decode, encode, key_of
 from schemas.commands import (
     ActuatorMode,
     Approval,
@@ -66,6 +66,7 @@ __all__ = [
     "Phase",
     "RankSample",
     "RecommendedAction",
+    "Rejected",
     "StepTelemetry",
     "TopicRegistry",
     "TopicSpec",

@@ -1,18 +1,21 @@
 """Encode messages to plain JSON bytes and decode bytes without ever raising.
 
-Decoding returns either the model or a DeadLetter holding the raw bytes, the error and
-the source coordinates, ready for the dead-letter topic.
+Decoding returns either the model or a :class:`Rejected` whose ``letter`` is a
+DeadLetter holding the raw bytes, the error and the source coordinates, ready for the
+dead-letter topic. (A wrapper, not a bare DeadLetter: the dead-letter topic's own
+messages are DeadLetters, and a good one must not look like a failure.)
 
 Examples
 --------
 >>> from schemas.truth import FaultTruth
 >>> out = decode(FaultTruth, b"{not json", topic="t", partition=0, offset=7)
->>> type(out).__name__, out.offset, out.source_topic
-('DeadLetter', 7, 't')
+>>> type(out).__name__, out.letter.offset, out.letter.source_topic
+('Rejected', 7, 't')
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -21,11 +24,22 @@ from pydantic import ValidationError
 from schemas._base import Message
 from schemas.deadletter import DeadLetter
 
-__all__ = ["MAX_MESSAGE_BYTES", "decode", "encode", "key_of"]
+__all__ = ["MAX_MESSAGE_BYTES", "Rejected", "decode", "encode", "key_of"]
 
 #: Larger payloads are refused before parsing (a defence against oversized input).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """Input that could not be decoded; ``letter`` goes to the dead-letter topic."""
+
+    letter: DeadLetter
+
+    @property
+    def error(self) -> str:
+        return self.letter.error
 
 
 def encode(message: Message) -> bytes:
@@ -48,8 +62,8 @@ def decode(
     offset: int = -1,
     key: bytes | None = None,
     max_bytes: int = MAX_MESSAGE_BYTES,
-) -> M | DeadLetter:
-    """Parse ``raw`` as ``model``; on any failure return a DeadLetter instead."""
+) -> M | Rejected:
+    """Parse ``raw`` as ``model``; on any failure return :class:`Rejected` instead."""
     data = raw if raw is not None else b""
     if len(data) > max_bytes:
         error = f"message of {len(data)} bytes exceeds the limit of {max_bytes}"
@@ -68,8 +82,8 @@ def decode(
 
 def _dead(
     raw: bytes, error: str, topic: str, partition: int, offset: int, key: bytes | None
-) -> DeadLetter:
-    return DeadLetter(
+) -> Rejected:
+    letter = DeadLetter(
         source_topic=topic,
         partition=partition,
         offset=offset,
@@ -78,3 +92,4 @@ def _dead(
         error=error[:2000],
         ts=datetime.now(UTC),
     )
+    return Rejected(letter)

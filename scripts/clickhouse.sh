@@ -30,6 +30,7 @@ set -euo pipefail
 TCP_PORT="${CLICKHOUSE_TCP_PORT:-19000}"
 HTTP_PORT="${CLICKHOUSE_HTTP_PORT:-18123}"
 STATE_DIR="${CLICKHOUSE_STATE_DIR:-/tmp/stepguard-clickhouse}"
+while [[ "$STATE_DIR" == */ && "$STATE_DIR" != / ]]; do STATE_DIR="${STATE_DIR%/}"; done
 START_TIMEOUT="${CLICKHOUSE_START_TIMEOUT:-60}"
 STOP_TIMEOUT="${CLICKHOUSE_STOP_TIMEOUT:-20}"
 MAX_MEMORY_USAGE="${CLICKHOUSE_MAX_MEMORY_USAGE:-2000000000}"
@@ -70,14 +71,42 @@ check_settings() {
 server_pids() {
     local p cmd
     for p in /proc/[0-9]*; do
-        cmd="$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" || continue
+        cmd="$(tr '\0' ' ' 2>/dev/null < "$p/cmdline")" || continue
         case "$cmd" in
             *clickhouse-server*"--config-file=$CONFIG"*) echo "${p#/proc/}" ;;
         esac
     done
 }
 
-pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
+# Alive and not a zombie (a server we started in this shell and killed stays
+# a zombie until reaped, and kill -0 still succeeds on it).
+pid_alive() {
+    local st
+    [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null || return 1
+    st="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    st="${st##*) }"
+    [[ "${st%% *}" != Z ]]
+}
+
+is_server_pid() {
+    local cmd
+    [[ "${1:-}" =~ ^[0-9]+$ ]] && pid_alive "$1" || return 1
+    cmd="$(tr '\0' ' ' 2>/dev/null < "/proc/$1/cmdline")" || return 1
+    [[ "$cmd" == *clickhouse-server* ]]
+}
+
+# The running server of this state dir: the pid file's, or (pid file lost)
+# the one found by its command line. Empty when none.
+current_pid() {
+    local pid
+    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+    if is_server_pid "$pid"; then
+        echo "$pid"
+    else
+        pid="$(server_pids)"
+        echo "${pid%%$'\n'*}"
+    fi
+}
 
 ping_ok() {
     [[ "$(curl -s --max-time 2 "http://127.0.0.1:${HTTP_PORT}/ping" 2>/dev/null)" == "Ok." ]]
@@ -130,6 +159,7 @@ install_packages() {
         printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
         as_root chmod 0755 /usr/sbin/policy-rc.d
         added_policy=1
+        trap 'as_root rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     local rc=0
     {
@@ -141,6 +171,7 @@ install_packages() {
     } </dev/null >&2 || rc=$?
     if [[ "$added_policy" -eq 1 ]]; then
         as_root rm -f /usr/sbin/policy-rc.d
+        trap - EXIT
     fi
     [[ "$rc" -eq 0 ]] || die "apt-get failed (rc=$rc)"
     [[ -x "$SERVER_BIN" ]] || die "$SERVER_BIN missing after install"
@@ -247,8 +278,9 @@ cmd_start() {
     t0="$(now_ms)"
     install_packages
 
-    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-    if pid_alive "$pid" && ping_ok; then
+    pid="$(current_pid)"
+    if [[ -n "$pid" ]] && ping_ok; then
+        echo "$pid" > "$PID_FILE"
         log "already running (pid $pid, http $HTTP_PORT, tcp $TCP_PORT)"
         echo "CLICKHOUSE_DSN=$DSN"
         return 0
@@ -279,8 +311,8 @@ cmd_start() {
         # setpriv execs in place, so $! is the server's own pid.
         launcher=(setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups --)
     fi
-    # Not --daemon: keep it our child-less background job so $! is the pid and
-    # anything it prints before its logger is up lands in stdout.log.
+    # Not --daemon: a plain background job, so $! is the server's pid and what
+    # it prints before its logger is up lands in stdout.log.
     (
         cd "$STATE_DIR"
         exec nohup "${launcher[@]}" "$SERVER_BIN" --config-file="$CONFIG" \
@@ -295,6 +327,9 @@ cmd_start() {
         if ! pid_alive "$pid"; then
             log "server exited during startup"
             log_tail
+            if [[ "$user" != "$(id -un)" ]]; then
+                log "(it ran as '$user': every parent of $STATE_DIR must be searchable by that user, or set CLICKHOUSE_RUN_AS)"
+            fi
             rm -f "$PID_FILE"
             exit 1
         fi
@@ -322,11 +357,20 @@ cmd_start() {
 
 # SIGTERM every server of this state dir, wait, then SIGKILL.
 stop_server() {
+    kill_servers
+    rm -f "$PID_FILE"
+}
+
+kill_servers() {
     local pids p deadline
+    # Only processes whose command line is a clickhouse-server: a stale pid
+    # file may name a recycled pid.
     pids="$( { cat "$PID_FILE" 2>/dev/null || true; server_pids; } | sort -u)"
     local -a live=()
     for p in $pids; do
-        pid_alive "$p" && live+=("$p")
+        if is_server_pid "$p"; then
+            live+=("$p")
+        fi
     done
     if [[ ${#live[@]} -eq 0 ]]; then
         return 0
@@ -359,13 +403,13 @@ cmd_stop() {
 
 cmd_status() {
     local pid
-    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-    if pid_alive "$pid" && ping_ok; then
+    pid="$(current_pid)"
+    if [[ -n "$pid" ]] && ping_ok; then
         log "running (pid $pid, http $HTTP_PORT, tcp $TCP_PORT, state $STATE_DIR)"
         echo "CLICKHOUSE_DSN=$DSN"
         return 0
     fi
-    if pid_alive "$pid"; then
+    if [[ -n "$pid" ]]; then
         log "pid $pid is alive but http://127.0.0.1:$HTTP_PORT/ping does not answer"
         return 1
     fi

@@ -1,0 +1,1 @@
+"""stepguard services and glue: settings, broker and archive access, exporters, CLI."""

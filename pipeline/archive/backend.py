@@ -1,0 +1,236 @@
+"""Archive backends: clickhouse-driver against a server, or embedded chDB."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from pipeline.errors import ArchiveError
+from pipeline.settings import Settings
+
+__all__ = ["ArchiveBackend", "ChdbBackend", "Columns", "ServerBackend", "open_backend"]
+
+#: Column name -> values, all the same length.
+Columns = dict[str, list[Any]]
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_ident(name: str) -> str:
+    if not _IDENT.match(name):
+        raise ArchiveError(f"invalid identifier {name!r}")
+    return name
+
+
+class ArchiveBackend(Protocol):
+    """What the archiver, migrations, reports and ``stepguard sql`` need."""
+
+    database: str
+    name: str
+
+    def execute(self, sql: str) -> None: ...
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+
+    def insert(self, table: str, columns: Columns) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class ServerBackend:
+    """ClickHouse server over the native protocol (clickhouse-driver).
+
+    Inserts always use ``INSERT INTO t (cols) VALUES`` with data passed separately:
+    inline VALUES hang clickhouse-driver against 18.16 (INFRA.md).
+    """
+
+    name = "server"
+
+    def __init__(self, dsn: str, timeout_s: float = 30.0) -> None:
+        from clickhouse_driver import Client
+
+        parts = urlsplit(dsn)
+        self.database = _check_ident((parts.path or "/default").strip("/") or "default")
+        self._host = f"{parts.hostname}:{parts.port or 9000}"
+        self._client = Client(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 9000,
+            user=parts.username or "default",
+            password=parts.password or "",
+            database="default",
+            secure=parts.scheme == "clickhouses",
+            connect_timeout=min(timeout_s, 10.0),
+            send_receive_timeout=timeout_s,
+            settings={"use_numpy": False},
+        )
+
+    def _run(self, sql: str, data: Any = None, **kw: Any) -> Any:
+        from clickhouse_driver.errors import Error as DriverError
+
+        try:
+            return (
+                self._client.execute(sql, data, **kw)
+                if data is not None
+                else (self._client.execute(sql, **kw))
+            )
+        except (DriverError, OSError, EOFError) as exc:
+            raise ArchiveError(f"ClickHouse at {self._host}: {exc}") from exc
+
+    def execute(self, sql: str) -> None:
+        self._run(sql)
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        rows, types = self._run(sql, with_column_types=True)
+        return [name for name, _ in types], [tuple(r) for r in rows]
+
+    def insert(self, table: str, columns: Columns) -> int:
+        names = list(columns)
+        if not names:
+            return 0
+        n = len(columns[names[0]])
+        if n == 0:
+            return 0
+        sql = f"INSERT INTO {self.database}.{_check_ident(table)} ({', '.join(names)}) VALUES"
+        self._run(sql, [columns[c] for c in names], columnar=True)
+        return n
+
+    def close(self) -> None:
+        self._client.disconnect()
+
+
+class ChdbBackend:
+    """ClickHouse in-process (chDB). One process owns a data directory at a time."""
+
+    name = "chdb"
+
+    def __init__(self, path: Path, database: str = "stepguard") -> None:
+        try:
+            from chdb import session
+        except ImportError as exc:  # pragma: no cover - chdb is a dependency
+            raise ArchiveError("chdb is not installed") from exc
+        self.database = _check_ident(database)
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._session = session.Session(str(self.path))
+        except Exception as exc:  # chdb raises plain exceptions
+            raise ArchiveError(f"cannot open chDB at {self.path}: {exc}") from exc
+        self._types: dict[tuple[str, str], dict[str, str]] = {}
+        # NaN loss is a signal: keep it distinct from NULL in query results.
+        self.execute("SET output_format_json_quote_denormals = 1")
+
+    def with_database(self, database: str) -> ChdbBackend:
+        """The same session (one chDB path per process) working in another database."""
+        clone = copy.copy(self)
+        clone.database = _check_ident(database)
+        return clone
+
+    def execute(self, sql: str) -> None:
+        try:
+            self._session.query(sql)
+        except Exception as exc:
+            raise ArchiveError(f"chDB: {exc}") from exc
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Rows typed like clickhouse-driver's: aware UTC datetimes, enum names, NaN."""
+        try:
+            res = self._session.query(
+                sql.rstrip().rstrip(";"), "JSONCompactEachRowWithNamesAndTypes"
+            )
+        except Exception as exc:
+            raise ArchiveError(f"chDB: {exc}") from exc
+        lines = [ln for ln in str(res).splitlines() if ln.strip()]
+        if len(lines) < 2:
+            return [], []
+        names, types = json.loads(lines[0]), json.loads(lines[1])
+        convert = [_converter(t) for t in types]
+        rows = []
+        for line in lines[2:]:
+            values = json.loads(line)
+            rows.append(tuple(f(v) for f, v in zip(convert, values, strict=True)))
+        return names, rows
+
+    def insert(self, table: str, columns: Columns) -> int:
+        """Insert through Arrow (``INSERT ... SELECT FROM Python(table)``), typed from the
+        table's own column types so that empty arrays and all-NULL columns convert."""
+        import pyarrow as pa
+
+        names = list(columns)
+        if not names:
+            return 0
+        n = len(columns[names[0]])
+        if n == 0:
+            return 0
+        types = self._column_types(_check_ident(table))
+        try:
+            arrow_rows = pa.table(  # noqa: F841 - read by chDB through Python(arrow_rows)
+                {c: pa.array(columns[c], type=_arrow_type(types[c])) for c in names}
+            )
+        except (KeyError, pa.ArrowException) as exc:
+            raise ArchiveError(f"chDB: cannot build rows for {table}: {exc}") from exc
+        sql = (
+            f"INSERT INTO {self.database}.{table} ({', '.join(names)}) "
+            f"SELECT {', '.join(names)} FROM Python(arrow_rows)"
+        )
+        self.execute(sql)
+        return n
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        key = (self.database, table)
+        if key not in self._types:
+            _, rows = self.query(f"DESCRIBE TABLE {self.database}.{table}")
+            self._types[key] = {str(r[0]): str(r[1]) for r in rows}
+        return self._types[key]
+
+    def close(self) -> None:
+        try:
+            self._session.close()
+        except Exception:  # noqa: S110 - closing twice is harmless
+            pass
+
+
+def _arrow_type(ch_type: str) -> Any:
+    """The Arrow type to feed a ClickHouse column of ``ch_type`` (subset we use)."""
+    import pyarrow as pa
+
+    if ch_type.startswith("Nullable("):
+        return _arrow_type(ch_type[len("Nullable(") : -1])
+    if ch_type.startswith("Array("):
+        return pa.list_(_arrow_type(ch_type[len("Array(") : -1]))
+    if ch_type.startswith("DateTime"):
+        return pa.timestamp("us", tz="UTC")
+    if ch_type.startswith(("Enum", "String", "LowCardinality")):
+        return pa.string()
+    simple = {
+        "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(),
+        "UInt64": pa.uint64(), "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(),
+        "Int64": pa.int64(), "Float32": pa.float32(), "Float64": pa.float64(),
+    }  # fmt: skip
+    if ch_type not in simple:
+        raise ArchiveError(f"no Arrow mapping for ClickHouse type {ch_type}")
+    return simple[ch_type]
+
+
+def _converter(ch_type: str) -> Callable[[Any], Any]:
+    base = (
+        ch_type.removeprefix("Nullable(").rstrip(")")
+        if ch_type.startswith("Nullable(")
+        else ch_type
+    )
+    if base.startswith("DateTime"):
+        return lambda v: None if v is None else datetime.fromisoformat(v).replace(tzinfo=UTC)
+    if base.startswith("Float"):
+        return lambda v: float(v) if isinstance(v, str) else v
+    return lambda v: v
+
+
+def open_backend(settings: Settings) -> ServerBackend | ChdbBackend:
+    """The backend the settings choose: a server DSN if given, else chDB at chdb_path."""
+    if settings.clickhouse_dsn is not None:
+        return ServerBackend(settings.clickhouse_dsn.get_secret_value())
+    return ChdbBackend(settings.chdb_path)

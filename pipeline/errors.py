@@ -1,0 +1,35 @@
+"""The stepguard exception hierarchy.
+
+``StepguardError`` is the base; catch it to handle any of ours. Infrastructure errors
+(broker or archive unreachable) make a service exit non-zero for its supervisor.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArchiveError",
+    "BrokerError",
+    "ConfigError",
+    "EmbeddedServiceError",
+    "StepguardError",
+]
+
+
+class StepguardError(Exception):
+    """Base of every stepguard error."""
+
+
+class ConfigError(StepguardError):
+    """A setting or CLI argument is invalid; the message names the variable."""
+
+
+class BrokerError(StepguardError):
+    """The Kafka-compatible broker is unreachable or refused an operation."""
+
+
+class ArchiveError(StepguardError):
+    """ClickHouse (server or chDB) is unreachable or refused an operation."""
+
+
+class EmbeddedServiceError(StepguardError):
+    """An embedded service (Tansu broker) failed to start or stop."""

@@ -1,0 +1,188 @@
+"""kafka-python clients built from Settings, topic creation, and dead-letter routing.
+
+Every client is configured here, so security settings and the Tansu workarounds are
+applied in one place rather than sprinkled around the services.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from pipeline.errors import BrokerError
+from pipeline.settings import Settings
+from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, key_of
+
+__all__ = [
+    "Decoded",
+    "client_config",
+    "consume_decoded",
+    "create_topics",
+    "make_consumer",
+    "make_producer",
+    "publish",
+    "registry_of",
+]
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+
+
+def registry_of(settings: Settings) -> TopicRegistry:
+    return TopicRegistry(prefix=settings.topic_prefix)
+
+
+def client_config(settings: Settings) -> dict[str, Any]:
+    """Connection and security options shared by every kafka-python client."""
+    if not settings.kafka_bootstrap:
+        raise BrokerError("STEPGUARD_KAFKA_BOOTSTRAP is not set")
+    cfg: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap.split(","),
+        "security_protocol": settings.kafka_security_protocol,
+    }
+    if settings.kafka_security_protocol.startswith("SASL"):
+        cfg["sasl_mechanism"] = settings.kafka_sasl_mechanism
+        cfg["sasl_plain_username"] = settings.kafka_sasl_username
+        password = settings.kafka_sasl_password
+        cfg["sasl_plain_password"] = password.get_secret_value() if password else None
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        if settings.kafka_ssl_cafile:
+            cfg["ssl_cafile"] = str(settings.kafka_ssl_cafile)
+        if settings.kafka_ssl_certfile:
+            cfg["ssl_certfile"] = str(settings.kafka_ssl_certfile)
+        if settings.kafka_ssl_keyfile:
+            cfg["ssl_keyfile"] = str(settings.kafka_ssl_keyfile)
+    return cfg
+
+
+def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
+    """A producer that waits for the leader's ack; idempotence off on Tansu (INFRA.md)."""
+    cfg = client_config(settings) | {
+        "acks": 1 if settings.is_tansu else "all",
+        "linger_ms": 20,
+        "batch_size": 256 * 1024,
+        "max_request_size": 8 * 1024 * 1024,
+        "enable_idempotence": not settings.is_tansu,
+    }
+    cfg.update(overrides)
+    try:
+        return KafkaProducer(**cfg)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot connect producer to {settings.kafka_bootstrap}: {exc}") from exc
+
+
+def make_consumer(
+    settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
+) -> KafkaConsumer:
+    """A consumer with manual commits (commit after the work is done)."""
+    cfg = client_config(settings) | {
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": 8 * 1024 * 1024,
+    }
+    if settings.is_tansu:
+        cfg |= {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+    cfg.update(overrides)
+    try:
+        consumer = KafkaConsumer(**cfg)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot connect consumer to {settings.kafka_bootstrap}: {exc}") from exc
+    consumer.subscribe(list(topics))
+    return consumer
+
+
+def create_topics(
+    settings: Settings, logical: Iterable[str] | None = None, partitions: int | None = None
+) -> dict[str, str]:
+    """Create the registry's topics with explicit partition counts (idempotent)."""
+    registry = registry_of(settings)
+    names = list(logical) if logical is not None else list(TOPICS)
+    admin = KafkaAdminClient(**client_config(settings))
+    try:
+        existing = set(admin.list_topics())
+        new = [
+            NewTopic(
+                registry.name(n),
+                num_partitions=partitions or TOPICS[n].partitions,
+                replication_factor=1,
+            )
+            for n in names
+            if registry.name(n) not in existing
+        ]
+        if new:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics(new)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot create topics on {settings.kafka_bootstrap}: {exc}") from exc
+    finally:
+        admin.close()
+    return {n: registry.name(n) for n in names}
+
+
+def publish(producer: KafkaProducer, registry: TopicRegistry, logical: str, msg: Message) -> Any:
+    """Send one message to its topic, keyed as the registry says; returns the future."""
+    spec = TOPICS[logical]
+    if not isinstance(msg, spec.model):
+        raise TypeError(
+            f"topic {logical!r} carries {spec.model.__name__}, not {type(msg).__name__}"
+        )
+    return producer.send(registry.name(logical), key=key_of(msg, spec.key), value=encode(msg))
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A consumed record: the decoded message or its DeadLetter, with coordinates."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    message: Message
+
+
+def consume_decoded(
+    consumer: KafkaConsumer,
+    registry: TopicRegistry,
+    producer: KafkaProducer,
+    timeout_ms: int = 500,
+) -> Iterator[Decoded]:
+    """Poll once and decode every record; bad ones go to the dead-letter topic.
+
+    Yields good messages only; the dead letters are produced before this returns so a
+    caller that commits afterwards never loses a bad record.
+    """
+    batches = consumer.poll(timeout_ms=timeout_ms)
+    futures = []
+    for tp, records in batches.items():
+        logical = registry.logical_of(tp.topic)
+        if logical is None:
+            continue
+        model = TOPICS[logical].model
+        for rec in records:
+            out = decode(
+                model,
+                rec.value,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=rec.offset,
+                key=rec.key,
+            )
+            if isinstance(out, Rejected):
+                log.warning(
+                    "dead letter from %s[%d]@%d: %s", tp.topic, tp.partition, rec.offset, out.error
+                )
+                if logical == "deadletter":
+                    continue  # never loop: a broken dead letter is logged, not re-sent
+                futures.append(publish(producer, registry, "deadletter", out.letter))
+                continue
+            yield Decoded(tp.topic, tp.partition, rec.offset, int(rec.timestamp), out)
+    for fut in futures:
+        fut.get(timeout=30)

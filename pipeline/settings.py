@@ -1,0 +1,126 @@
+"""One frozen settings object, read from ``STEPGUARD_*`` environment variables.
+
+This is the only module that reads the environment. Build it once with
+:func:`load_settings` at the edge (CLI, service start) and pass it in.
+
+============================  ==========================================================
+Variable                      Meaning
+============================  ==========================================================
+STEPGUARD_KAFKA_BOOTSTRAP     ``host:port[,host:port]``; empty means "start the embedded
+                              Tansu broker" (demo) or "not configured" (services)
+STEPGUARD_KAFKA_SECURITY_PROTOCOL  PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+STEPGUARD_KAFKA_SASL_MECHANISM     PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
+STEPGUARD_KAFKA_SASL_USERNAME / _PASSWORD  SASL credentials (password is secret)
+STEPGUARD_KAFKA_SSL_CAFILE / _CERTFILE / _KEYFILE  TLS files
+STEPGUARD_BROKER_FLAVOR       kafka | tansu: ``tansu`` applies the Tansu workarounds
+                              (pre-created topics, short session timeouts, batch size 1)
+STEPGUARD_TOPIC_PREFIX        prefix for every topic name (tenant or test isolation)
+STEPGUARD_CLICKHOUSE_DSN      ``clickhouse://user:pass@host:9000/db``: server backend
+STEPGUARD_CHDB_PATH           data directory of the embedded chDB archive (used when no
+                              DSN is set)
+STEPGUARD_STATE_DIR           where embedded services keep logs and data
+STEPGUARD_CONSUMER_GROUP      base consumer group id
+============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.errors import ConfigError
+
+__all__ = ["ENV_PREFIX", "Settings", "load_settings"]
+
+ENV_PREFIX = "STEPGUARD_"
+_HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+class Settings(BaseSettings):
+    """Every knob of stepguard. Frozen: derive a changed copy with ``model_copy``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
+    kafka_bootstrap: str = ""
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    broker_flavor: Literal["kafka", "tansu"] = "kafka"
+    topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._\-]*$", max_length=100)
+    consumer_group: str = Field(default="stepguard", min_length=1)
+
+    clickhouse_dsn: SecretStr | None = None
+    chdb_path: Path = Path(".stepguard/archive")
+    state_dir: Path = Path(".stepguard")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        value = value.strip()
+        if value and not all(_HOSTPORT.match(part.strip()) for part in value.split(",")):
+            raise ValueError("expected host:port[,host:port...]")
+        return value
+
+    @field_validator("clickhouse_dsn")
+    @classmethod
+    def _check_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("clickhouse", "clickhouses") or not parts.hostname:
+            raise ValueError("expected clickhouse://[user[:password]@]host[:port][/database]")
+        return value
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Settings:
+        if self.kafka_security_protocol.startswith("SASL"):
+            if self.kafka_sasl_mechanism is None:
+                raise ValueError(
+                    "KAFKA_SASL_MECHANISM is required with "
+                    f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}"
+                )
+            if not self.kafka_sasl_username or self.kafka_sasl_password is None:
+                raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
+        return self
+
+    @property
+    def archive_backend(self) -> Literal["server", "chdb"]:
+        return "server" if self.clickhouse_dsn is not None else "chdb"
+
+    @property
+    def is_tansu(self) -> bool:
+        return self.broker_flavor == "tansu"
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Read settings from ``env`` (default: the process environment) plus overrides.
+
+    Raises :class:`ConfigError` naming the ``STEPGUARD_*`` variable that is wrong.
+    """
+    try:
+        if env is None:
+            return Settings(**overrides)  # type: ignore[arg-type]
+        values = {
+            k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)
+        }
+        values.update(overrides)
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            field = ".".join(str(p) for p in err["loc"])
+            name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+            problems.append(f"{name}: {err['msg']}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from exc

@@ -1,0 +1,167 @@
+"""One valid instance of every message model, and Hypothesis strategies for them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import strategies as st
+
+from schemas import (
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Approval,
+    ApprovalDecision,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    DeadLetter,
+    Evidence,
+    FaultKind,
+    FaultTruth,
+    GpuHealth,
+    Grade,
+    Message,
+    NodeHealth,
+    Phase,
+    RankSample,
+    RecommendedAction,
+    StepTelemetry,
+    command_id,
+    episode_fingerprint,
+)
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def step_telemetry(
+    job: str = "job-1", node: str = "node-0", step: int = 5, ranks: int = 8, first_rank: int = 0
+):
+    return StepTelemetry(
+        job_id=job,
+        node=node,
+        step=step,
+        ts_start=T0 + timedelta(seconds=step),
+        ts_end=T0 + timedelta(seconds=step, milliseconds=450),
+        samples=tuple(
+            RankSample(
+                rank=r, local_rank=r % 8, dp_group=r // 8, pp_stage=0, tp_group=r // 8,
+                phase=Phase.TRAIN, step_time_s=0.45, compute_s=0.38, comm_wait_s=0.05,
+                data_wait_s=0.02, loss=2.5, grad_norm=1.1,
+            )
+            for r in range(first_rank, first_rank + ranks)
+        ),
+    )  # fmt: skip
+
+
+def samples() -> dict[str, Message]:
+    fp = episode_fingerprint("job-1", "straggler", "node-3", 27, 100)
+    cid = command_id([fp], "isolate", ["node-3"])
+    return {
+        "steps": step_telemetry(),
+        "health": NodeHealth(
+            job_id="job-1", node="node-0", ts=T0, interval_s=10,
+            gpus=tuple(
+                GpuHealth(index=i, temperature_c=61.5, power_w=420, sm_clock_mhz=1980,
+                          utilization_pct=97, ecc_corrected=3, xid_codes=(), nvlink_errors=0)
+                for i in range(8)
+            ),
+            nic_errors=1, nic_retransmits=12,
+        ),
+        "decisions": Alert(
+            fingerprint=fp, seq=0, kind=AlertKind.STRAGGLER, grade=Grade.WARNING,
+            state=AlertState.FIRING, job_id="job-1", node="node-3", rank=27, step=104,
+            started_at=T0, ts=T0 + timedelta(seconds=4),
+            evidence=Evidence(metric="compute_s", value=0.46, peer_median=0.38, baseline=0.38,
+                              deviation=9.3, trend=0.001, detail="high compute, low comm wait"),
+            recommended_action=RecommendedAction.REPLACE_AT_CHECKPOINT,
+            summary="rank 27 on node-3 is 21% slower than its stage peers",
+        ),
+        "commands": Command(
+            command_id=cid, kind=CommandKind.ISOLATE, job_id="job-1", targets=("node-3",),
+            replacements=("spare-0",), reason=(fp,), mode=ActuatorMode.AUTO, issued_at=T0,
+            expires_at=T0 + timedelta(minutes=5),
+        ),
+        "results": CommandResult(
+            command_id=cid, job_id="job-1", executor="dry-run",
+            status=CommandStatus.SUCCEEDED, detail="ok", ts=T0,
+        ),
+        "approvals": Approval(
+            command_id=cid, decision=ApprovalDecision.APPROVE, by="sre@example.com", ts=T0
+        ),
+        "deadletter": DeadLetter(
+            source_topic="x.steps", partition=2, offset=41, key=b"job-1",
+            raw=b"\x00\xffnot json", error="bad", ts=T0,
+        ),
+        "truth": FaultTruth(
+            scenario="demo", job_id="job-1", fault_id="f1", kind=FaultKind.STRAGGLER,
+            node="node-3", rank=27, onset_step=100, end_step=400, magnitude=0.2,
+        ),
+    }  # fmt: skip
+
+
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=20)
+_times = st.datetimes(
+    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
+)
+_pos = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
+_any_float = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@st.composite
+def step_telemetry_st(draw: st.DrawFn) -> StepTelemetry:
+    n = draw(st.integers(1, 8))
+    ranks = draw(st.lists(st.integers(0, 1 << 20), min_size=n, max_size=n, unique=True))
+    start = draw(_times)
+    return StepTelemetry(
+        job_id=draw(_text), node=draw(_text), step=draw(st.integers(0, 1 << 40)),
+        ts_start=start, ts_end=start + timedelta(seconds=draw(st.floats(0, 1e4))),
+        samples=tuple(
+            RankSample(
+                rank=r, local_rank=draw(st.integers(0, 64)), pp_stage=draw(st.integers(0, 64)),
+                phase=draw(st.sampled_from(Phase)), step_time_s=draw(_pos),
+                compute_s=draw(_pos), comm_wait_s=draw(_pos), data_wait_s=draw(_pos),
+                loss=draw(st.none() | _any_float), grad_norm=draw(st.none() | _any_float),
+            )
+            for r in ranks
+        ),
+    )  # fmt: skip
+
+
+@st.composite
+def alert_st(draw: st.DrawFn) -> Alert:
+    return Alert(
+        fingerprint=draw(st.text("0123456789abcdef", min_size=8, max_size=64)),
+        seq=draw(st.integers(0, 1000)), kind=draw(st.sampled_from(AlertKind)),
+        grade=draw(st.sampled_from(Grade)), state=draw(st.sampled_from(AlertState)),
+        job_id=draw(_text), node=draw(st.none() | _text), rank=draw(st.none() | st.integers(0, 9999)),
+        step=draw(st.none() | st.integers(0, 1 << 40)), started_at=draw(_times), ts=draw(_times),
+        evidence=Evidence(metric=draw(_text), value=draw(st.floats(allow_nan=False, allow_infinity=False)),
+                          deviation=draw(_pos), peer_median=draw(st.none() | _pos)),
+        recommended_action=draw(st.sampled_from(RecommendedAction)), summary=draw(st.text(max_size=50)),
+    )  # fmt: skip
+
+
+@st.composite
+def dead_letter_st(draw: st.DrawFn) -> DeadLetter:
+    return DeadLetter(
+        source_topic=draw(_text), partition=draw(st.integers(-1, 100)),
+        offset=draw(st.integers(-1, 1 << 50)), key=draw(st.none() | st.binary(max_size=20)),
+        raw=draw(st.binary(max_size=200)), error=draw(st.text(max_size=50)), ts=draw(_times),
+    )  # fmt: skip
+
+
+@st.composite
+def command_st(draw: st.DrawFn) -> Command:
+    return Command(
+        command_id=draw(st.text("abcdef0123456789-", min_size=4, max_size=64)),
+        kind=draw(st.sampled_from(CommandKind)), job_id=draw(_text),
+        targets=tuple(draw(st.lists(_text, max_size=4))), reason=tuple(draw(st.lists(_text, max_size=3))),
+        mode=draw(st.sampled_from(ActuatorMode)), issued_at=draw(_times),
+        checkpoint_step=draw(st.none() | st.integers(0, 1 << 40)),
+    )  # fmt: skip
+
+
+ANY_MESSAGE = st.one_of(step_telemetry_st(), alert_st(), dead_letter_st(), command_st())

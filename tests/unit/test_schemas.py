@@ -1,0 +1,122 @@
+"""Message contracts: committed JSON Schemas, validation rules, codec behaviour."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+from pydantic import ValidationError
+
+from schemas import (
+    MESSAGE_MODELS,
+    TOPICS,
+    DeadLetter,
+    RankSample,
+    Rejected,
+    StepTelemetry,
+    TopicRegistry,
+    decode,
+    encode,
+)
+from schemas.jsonschemas import SCHEMA_DIR, render
+from tests.factories import samples, step_telemetry
+
+
+@pytest.mark.parametrize("model", MESSAGE_MODELS, ids=lambda m: m.kind_name)
+def test_committed_json_schema_matches_model(model):
+    path = SCHEMA_DIR / f"{model.kind_name}.json"
+    assert path.exists(), f"missing {path}; run python -m schemas.jsonschemas"
+    assert path.read_text() == render(model), (
+        f"{path.name} drifted from {model.__name__}; run python -m schemas.jsonschemas "
+        "(renaming or retyping a field needs a new schema_version)"
+    )
+
+
+@pytest.mark.parametrize("logical", sorted(TOPICS))
+def test_every_sample_validates_against_its_committed_schema(logical):
+    msg = samples()[logical]
+    schema = json.loads((SCHEMA_DIR / f"{type(msg).kind_name}.json").read_text())
+    jsonschema.validate(json.loads(encode(msg)), schema)
+
+
+def test_every_topic_has_a_sample_of_its_model():
+    got = samples()
+    assert set(got) == set(TOPICS)
+    for logical, msg in got.items():
+        assert isinstance(msg, TOPICS[logical].model)
+
+
+def test_payload_is_plain_json_without_framework_metadata():
+    payload = json.loads(encode(step_telemetry()))
+    assert "__faust" not in payload
+    assert payload["schema_version"] == 1
+
+
+def test_nan_loss_is_a_signal_that_survives_the_wire():
+    base = step_telemetry(ranks=1)
+    sample = base.samples[0].model_copy(update={"loss": math.nan, "grad_norm": math.inf})
+    msg = base.model_copy(update={"samples": (sample,)})
+    back = decode(StepTelemetry, encode(msg))
+    assert isinstance(back, StepTelemetry)
+    assert math.isnan(back.samples[0].loss) and math.isinf(back.samples[0].grad_norm)
+
+
+def test_nan_timing_is_rejected():
+    with pytest.raises(ValidationError, match="compute_s"):
+        RankSample(rank=0, local_rank=0, step_time_s=1, compute_s=math.nan, comm_wait_s=0,
+                   data_wait_s=0)  # fmt: skip
+
+
+def test_naive_datetime_is_rejected():
+    payload = json.loads(encode(step_telemetry()))
+    payload["ts_end"] = "2026-11-29T12:00:00"
+    out = decode(StepTelemetry, json.dumps(payload).encode(), topic="s", partition=1, offset=9)
+    assert isinstance(out, Rejected)
+    assert "ts_end" in out.error and "timezone" in out.error
+
+
+def test_unknown_fields_are_ignored():
+    payload = json.loads(encode(step_telemetry()))
+    payload["added_in_a_later_version"] = {"x": 1}
+    assert isinstance(decode(StepTelemetry, json.dumps(payload).encode()), StepTelemetry)
+
+
+def test_decode_bad_bytes_gives_dead_letter_with_coordinates():
+    out = decode(StepTelemetry, b"\xff\xfe", topic="p.stepguard.steps", partition=3, offset=17,
+                 key=b"job")  # fmt: skip
+    assert isinstance(out, Rejected)
+    letter = out.letter
+    assert isinstance(letter, DeadLetter)
+    assert (letter.source_topic, letter.partition, letter.offset, letter.key) == (
+        "p.stepguard.steps",
+        3,
+        17,
+        b"job",
+    )
+    assert letter.raw == b"\xff\xfe"
+    assert "Invalid JSON" in letter.error
+
+
+def test_oversized_message_is_refused_before_parsing():
+    out = decode(StepTelemetry, b"x" * 101, max_bytes=100)
+    assert isinstance(out, Rejected)
+    assert "exceeds" in out.error
+    assert len(out.letter.raw) == 100
+
+
+def test_duplicate_ranks_are_rejected():
+    msg = step_telemetry(ranks=2)
+    payload = json.loads(encode(msg))
+    payload["samples"][1]["rank"] = payload["samples"][0]["rank"]
+    assert isinstance(decode(StepTelemetry, json.dumps(payload).encode()), Rejected)
+
+
+def test_topic_registry_prefixes_and_rejects_unknown_names():
+    reg = TopicRegistry(prefix="acme.")
+    assert reg.name("decisions") == "acme.stepguard.decisions"
+    assert reg.logical_of("acme.stepguard.health") == "health"
+    assert reg.logical_of("other.topic") is None
+    with pytest.raises(KeyError, match="unknown topic"):
+        reg.name("nope")
