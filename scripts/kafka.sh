@@ -59,8 +59,10 @@ running_pid() {
   local pid
   pid="$(cat "$PIDFILE" 2>/dev/null || true)"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 0
-  if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null \
-      | grep -q -- "kafka.Kafka $CONF/server.properties"; then
+  kill -0 "$pid" 2>/dev/null || return 0
+  local cmdline
+  cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+  if [[ "$cmdline" == *"kafka.Kafka $CONF/server.properties"* ]]; then
     echo "$pid"
   fi
 }
