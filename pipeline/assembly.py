@@ -1,0 +1,72 @@
+"""Reassemble per-node StepTelemetry messages into one StepFrame per job step.
+
+Exporters publish one message per node per step; detectors want the whole step. A
+step is complete when every node seen recently has reported it, or when a message
+``lag_steps`` steps later arrives (a silent node must not block the job's view: its
+absence is itself the signal the hang detector looks for).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from detectors.frame import StepFrame
+from schemas import StepTelemetry
+
+__all__ = ["StepAssembler"]
+
+
+@dataclass
+class _JobBuffer:
+    pending: dict[int, dict[str, StepTelemetry]] = field(default_factory=lambda: defaultdict(dict))
+    known_nodes: set[str] = field(default_factory=set)
+    emitted_through: int = -1
+    max_seen: int = -1
+
+
+class StepAssembler:
+    """Buffer messages per job and step; hand out complete steps in step order.
+
+    Parameters
+    ----------
+    lag_steps
+        A step is forced out once a message for ``step + lag_steps`` has arrived.
+    """
+
+    def __init__(self, lag_steps: int = 2) -> None:
+        if lag_steps < 1:
+            raise ValueError("lag_steps must be >= 1")
+        self.lag_steps = lag_steps
+        self._jobs: dict[str, _JobBuffer] = defaultdict(_JobBuffer)
+        self.late_messages = 0
+
+    def add(self, msg: StepTelemetry) -> list[StepFrame]:
+        """Add one message; return the frames it completed (possibly none)."""
+        buf = self._jobs[msg.job_id]
+        if msg.step <= buf.emitted_through:
+            self.late_messages += 1  # that step is already out; a late node is a signal
+            return []
+        buf.pending[msg.step][msg.node] = msg
+        buf.max_seen = max(buf.max_seen, msg.step)
+        return self._drain(buf, force_below=buf.max_seen - self.lag_steps + 1)
+
+    def flush(self) -> list[StepFrame]:
+        """Emit every buffered step (end of input)."""
+        out: list[StepFrame] = []
+        for buf in self._jobs.values():
+            out.extend(self._drain(buf, force_below=buf.max_seen + 1))
+        return out
+
+    def _drain(self, buf: _JobBuffer, force_below: int) -> list[StepFrame]:
+        out = []
+        for step in sorted(buf.pending):
+            nodes = buf.pending[step]
+            complete = bool(buf.known_nodes) and buf.known_nodes <= set(nodes)
+            if not (complete or step < force_below):
+                break
+            del buf.pending[step]
+            buf.known_nodes = set(nodes) if step < force_below else buf.known_nodes | set(nodes)
+            buf.emitted_through = step
+            out.append(StepFrame.from_messages(list(nodes.values())))
+        return out

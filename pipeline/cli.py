@@ -1,0 +1,189 @@
+"""The ``stepguard`` command line: every service and tool is a subcommand."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.errors import StepguardError
+from pipeline.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="stepguard",
+    help="Keeps large training jobs alive: detect slow/failing nodes, act safely, archive.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+archive_app = typer.Typer(help="The ClickHouse archive: migrations and maintenance.")
+app.add_typer(archive_app, name="archive")
+schemas_app = typer.Typer(help="Message contracts: JSON Schemas.")
+app.add_typer(schemas_app, name="schemas")
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+@app.command()
+def demo(
+    scenario: Annotated[
+        str, typer.Option(help="Demo or suite scenario name, or a YAML path.")
+    ] = "default",
+    nodes: Annotated[
+        int | None, typer.Option(min=1, help="Override the scenario's node count.")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(min=10, help="Override the step count.")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the summary as JSON here.")
+    ] = None,
+) -> None:
+    """Run the whole path on the embedded default (Tansu broker + chDB) and summarise.
+
+    Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
+    """
+    from pipeline.demo import find_scenario, print_summary, run_demo, write_json
+
+    settings = _settings()
+    sc = find_scenario(scenario)
+    update: dict[str, int] = {}
+    if nodes is not None:
+        update["nodes"] = nodes
+    if steps is not None:
+        update["steps"] = steps
+    if update:
+        sc = type(sc).model_validate(sc.model_dump() | update)
+    err.print(
+        f"[bold]stepguard demo[/]: {sc.name}: {sc.nodes} nodes x {sc.gpus_per_node} GPUs, "
+        f"{sc.steps} steps, {len(sc.faults)} faults/traps"
+    )
+    summary = run_demo(settings, sc, console=err)
+    print_summary(summary, console)
+    if json_path is not None:
+        write_json(summary, json_path)
+        err.print(f"summary written to {json_path}")
+
+
+@app.command()
+def broker(
+    port: Annotated[int | None, typer.Option(help="Port; default: a free one.")] = None,
+) -> None:
+    """Run the embedded Tansu broker in the foreground (development; Ctrl-C stops it)."""
+    from pipeline.embedded import TansuBroker
+
+    settings = _settings()
+    with TansuBroker(log_dir=settings.state_dir / "tansu", port=port) as b:
+        console.print(f"STEPGUARD_KAFKA_BOOTSTRAP={b.bootstrap}")
+        console.print("STEPGUARD_BROKER_FLAVOR=tansu")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+
+
+@app.command()
+def topics() -> None:
+    """Create every stepguard topic with its partition count (idempotent)."""
+    from pipeline.kafka import create_topics
+
+    created = create_topics(_settings())
+    table = Table("logical", "topic")
+    for logical, name in created.items():
+        table.add_row(logical, name)
+    console.print(table)
+
+
+@archive_app.command("migrate")
+def archive_migrate() -> None:
+    """Apply the numbered SQL migrations not yet recorded in the archive."""
+    from pipeline.archive import migrate, open_backend
+
+    backend = open_backend(_settings())
+    try:
+        applied = migrate(backend)
+    finally:
+        backend.close()
+    console.print(f"{backend.name}:{backend.database}: applied {applied or 'nothing (up to date)'}")
+
+
+@app.command()
+def sql(query: Annotated[str, typer.Argument(help="A SQL query for the archive.")]) -> None:
+    """Run a query on the configured archive (server or chDB) and print a table."""
+    from pipeline.archive import open_backend
+
+    backend = open_backend(_settings())
+    try:
+        cols, rows = backend.query(query)
+    finally:
+        backend.close()
+    table = Table(*cols)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+    err.print(f"{len(rows)} rows")
+
+
+@schemas_app.command("export")
+def schemas_export() -> None:
+    """Rewrite the committed JSON Schemas from the models (after a model change)."""
+    from schemas.jsonschemas import write_all
+
+    for path in write_all():
+        console.print(str(path))
+
+
+@schemas_app.command("check")
+def schemas_check() -> None:
+    """Fail when a committed JSON Schema differs from its model."""
+    from schemas import MESSAGE_MODELS
+    from schemas.jsonschemas import SCHEMA_DIR, render
+
+    stale = [
+        m.kind_name
+        for m in MESSAGE_MODELS
+        if not (SCHEMA_DIR / f"{m.kind_name}.json").exists()
+        or (SCHEMA_DIR / f"{m.kind_name}.json").read_text() != render(m)
+    ]
+    if stale:
+        err.print(f"stale schemas: {stale}; run `stepguard schemas export`")
+        raise typer.Exit(1)
+    console.print("schemas up to date")
+
+
+@app.command()
+def scenarios() -> None:
+    """List the scenario suite (faults, traps, sizes)."""
+    from pipeline.simulator import load_suite
+
+    table = Table("name", "nodes", "steps", "faults and traps")
+    for s in load_suite():
+        table.add_row(s.name, str(s.nodes), str(s.steps), ", ".join(f.kind.value for f in s.faults))
+    console.print(table)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        app()
+    except StepguardError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
