@@ -174,6 +174,22 @@ def scenarios() -> None:
     console.print(table)
 
 
+def _register_service_commands() -> None:
+    """Service modules add their own subcommands to ``app`` (kept out of this file so
+    each service owns its CLI surface)."""
+    import importlib
+
+    for module in ("pipeline.worker.cli", "pipeline.actuator.cli"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+_register_service_commands()
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -20,6 +20,15 @@ STEPGUARD_CHDB_PATH           data directory of the embedded chDB archive (used 
                               DSN is set)
 STEPGUARD_STATE_DIR           where embedded services keep logs and data
 STEPGUARD_CONSUMER_GROUP      base consumer group id
+STEPGUARD_WORKER_METRICS_PORT Prometheus port of ``stepguard worker`` (0: off)
+STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
+STEPGUARD_ACTUATOR_MODE       observe | approve | auto
+STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
+                              verify (rotation); secret
+STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
+STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
+STEPGUARD_SPARE_NODES         comma-separated spare pool
+STEPGUARD_WEBHOOK_URLS        comma-separated Alertmanager-compatible webhook URLs
 ============================  ==========================================================
 """
 
@@ -61,6 +70,30 @@ class Settings(BaseSettings):
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._\-]*$", max_length=100)
     consumer_group: str = Field(default="stepguard", min_length=1)
 
+    # -- worker -------------------------------------------------------------------------
+    worker_metrics_port: int = Field(default=9108, ge=0, le=65535)
+    worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
+    worker_data_dir: Path = Path(".stepguard/worker")
+
+    # -- actuator -----------------------------------------------------------------------
+    actuator_mode: Literal["observe", "approve", "auto"] = "observe"
+    command_keys: SecretStr | None = None
+    command_ttl_s: float = Field(default=300.0, gt=0)
+    #: a WARNING episode must persist this many steps before it confirms
+    warning_confirm_steps: int = Field(default=20, ge=1)
+    #: alerts older than this (event time vs newest seen) are ignored
+    stale_alert_s: float = Field(default=600.0, gt=0)
+    #: circuit breaker: at most this many nodes isolated per window ...
+    guard_max_isolations: int = Field(default=3, ge=0)
+    #: ... and at most this percentage of a job's nodes
+    guard_max_isolation_pct: float = Field(default=5.0, ge=0, le=100)
+    guard_window_s: float = Field(default=3600.0, gt=0)
+    guard_node_cooldown_s: float = Field(default=1800.0, ge=0)
+    spare_nodes: str = ""
+    #: without a spare: checkpoint and keep running degraded, or alert only
+    no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
+    webhook_urls: str = ""
+
     clickhouse_dsn: SecretStr | None = None
     chdb_path: Path = Path(".stepguard/archive")
     state_dir: Path = Path(".stepguard")
@@ -94,6 +127,36 @@ class Settings(BaseSettings):
             if not self.kafka_sasl_username or self.kafka_sasl_password is None:
                 raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
         return self
+
+    @field_validator("command_keys")
+    @classmethod
+    def _check_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        for part in value.get_secret_value().split(","):
+            key_id, sep, secret = part.strip().partition(":")
+            if not sep or not key_id or len(secret) < 16:
+                raise ValueError("expected key_id:secret[,...] with secrets of >= 16 characters")
+        return value
+
+    @property
+    def signing_keys(self) -> list[tuple[str, bytes]]:
+        """(key_id, secret) pairs; the first one signs, every one verifies."""
+        if self.command_keys is None:
+            return []
+        pairs = []
+        for part in self.command_keys.get_secret_value().split(","):
+            key_id, _, secret = part.strip().partition(":")
+            pairs.append((key_id, secret.encode()))
+        return pairs
+
+    @property
+    def spare_pool(self) -> list[str]:
+        return [n.strip() for n in self.spare_nodes.split(",") if n.strip()]
+
+    @property
+    def webhooks(self) -> list[str]:
+        return [u.strip() for u in self.webhook_urls.split(",") if u.strip()]
 
     @property
     def archive_backend(self) -> Literal["server", "chdb"]:
