@@ -183,7 +183,7 @@ def _register_service_commands() -> None:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if exc.name is None or not module.startswith(exc.name):
                 raise
 
 
