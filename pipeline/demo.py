@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,9 @@ from pipeline.settings import Settings
 from pipeline.simulator import Scenario, load_suite, simulate
 from schemas import Alert, AlertState, FaultTruth, NodeHealth, StepTelemetry
 
-__all__ = ["DemoSummary", "find_scenario", "match_alerts", "run_demo"]
+__all__ = ["DEMO_DIR", "DemoSummary", "find_scenario", "match_alerts", "run_demo"]
+
+DEMO_DIR = Path(__file__).parent / "demo_scenarios"
 
 
 def find_scenario(name: str) -> Scenario:
@@ -53,14 +54,13 @@ def find_scenario(name: str) -> Scenario:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return Scenario.from_yaml(path)
-    demo_dir = resources.files("pipeline").joinpath("demo_scenarios")
-    candidate = demo_dir.joinpath(f"{name}.yaml")
+    candidate = DEMO_DIR / f"{name}.yaml"
     if candidate.is_file():
-        return Scenario.from_yaml(Path(str(candidate)))
+        return Scenario.from_yaml(candidate)
     suite = {s.name: s for s in load_suite()}
     if name in suite:
         return suite[name]
-    demos = sorted(p.name.removesuffix(".yaml") for p in demo_dir.iterdir())
+    demos = sorted(p.stem for p in DEMO_DIR.glob("*.yaml"))
     raise ConfigError(
         f"--scenario: unknown scenario {name!r}; demos: {demos}; suite: {sorted(suite)[:6]}..."
     )
@@ -156,7 +156,14 @@ def _merge_by_time(
         yield hts, h
 
 
-def run_demo(settings: Settings, scenario: Scenario, console: Console | None = None) -> DemoSummary:
+def run_demo(
+    settings: Settings,
+    scenario: Scenario,
+    console: Console | None = None,
+    backend: ArchiveBackend | None = None,
+) -> DemoSummary:
+    """Run the scenario through every stage; ``backend`` defaults to the settings'
+    archive (tests pass their own: chDB allows one data path per process)."""
     from detectors.engine import JobMonitor  # the detection core
 
     console = console or Console(stderr=True)
