@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -88,10 +89,8 @@ def broker(
         console.print("STEPGUARD_BROKER_FLAVOR=tansu")
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             stop.wait()
-        except KeyboardInterrupt:
-            pass
 
 
 @app.command()
@@ -117,6 +116,71 @@ def archive_migrate() -> None:
     finally:
         backend.close()
     console.print(f"{backend.name}:{backend.database}: applied {applied or 'nothing (up to date)'}")
+
+
+@archive_app.command("prune")
+def archive_prune(
+    older_than: Annotated[str, typer.Option(help="Age such as 30d or 12h.")] = "30d",
+    dry_run: Annotated[bool, typer.Option(help="Only list what would be dropped.")] = False,
+) -> None:
+    """Drop whole daily partitions older than the given age from every archive table."""
+    from pipeline.archive import open_backend
+    from pipeline.archive.retention import parse_age, prune
+
+    try:
+        age = parse_age(older_than)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
+    backend = open_backend(_settings())
+    try:
+        dropped = prune(backend, age, dry_run=dry_run)
+    finally:
+        backend.close()
+    verb = "would drop" if dry_run else "dropped"
+    console.print(f"{verb} {len(dropped)} partition(s): {dropped}")
+
+
+@app.command()
+def query(
+    name: Annotated[str, typer.Argument(help="Query name; see --help for the list.")],
+    job: Annotated[str, typer.Option(help="Job id.")] = "",
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+) -> None:
+    """Run a named analyst query: rank_slowdown, incident_timeline, detection_delay,
+    lost_gpu_hours, top_nodes, command_outcomes."""
+    from pipeline.archive import open_backend
+    from pipeline.archive.queries import QUERIES, run_query
+
+    if name not in QUERIES:
+        raise typer.BadParameter(f"unknown query; known: {sorted(QUERIES)}", param_hint="NAME")
+    backend = open_backend(_settings())
+    try:
+        cols, rows = run_query(backend, name, job=job or "none", limit=limit)
+    finally:
+        backend.close()
+    err.print(QUERIES[name].answers)
+    table = Table(*cols)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    console.print(table)
+
+
+@app.command()
+def report(
+    job: Annotated[str, typer.Option(help="Job id.")],
+    incident: Annotated[str | None, typer.Option(help="One episode fingerprint.")] = None,
+    out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("report.html"),
+) -> None:
+    """An HTML post-mortem (plots, timeline, commands) of a job from the archive."""
+    from pipeline.archive import open_backend
+    from pipeline.report import render_report
+
+    backend = open_backend(_settings())
+    try:
+        result = render_report(backend, job, out, incident)
+    finally:
+        backend.close()
+    console.print(result.text)
 
 
 @app.command()

@@ -271,7 +271,8 @@ def run_demo(
             wall_seconds=round(time.monotonic() - t0, 2),
             messages_published=total, archived_rows=archiver.stats.rows,
             dead_letters=int(dl[0][0]), alerts_by_grade=dict(grades), faults=outcomes,
-            notes=notes + [
+            notes=[
+                *notes,
                 "no actuator yet: no isolation was issued (false_isolations counts none)",
                 f"topics: {', '.join(sorted(topics.values()))}",
             ],

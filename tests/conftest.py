@@ -12,6 +12,7 @@ Every test gets its own topic prefix and database, so tests never share state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -53,10 +54,7 @@ def broker_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settin
 @pytest.fixture
 def settings(broker_settings: Settings) -> Settings:
     """Per-test settings: a fresh topic prefix and consumer group."""
-    tag = uuid.uuid4().hex[:10]
-    return broker_settings.model_copy(
-        update={"topic_prefix": f"t{tag}.", "consumer_group": f"g{tag}"}
-    )
+    return fresh_settings(broker_settings)
 
 
 @pytest.fixture(scope="session")
@@ -82,17 +80,31 @@ def _fresh_server() -> ServerBackend:
     return ServerBackend(f"{base}/{db}", timeout_s=20)
 
 
-@pytest.fixture(params=["chdb", "server"])
-def archive(request: pytest.FixtureRequest, _chdb_session: ChdbBackend) -> Iterator[ArchiveBackend]:
-    """A migrated, empty archive database on each backend."""
-    if request.param == "server":
+@contextlib.contextmanager
+def fresh_archive(kind: str, shared_chdb: ChdbBackend) -> Iterator[ArchiveBackend]:
+    """A migrated, empty archive database on the ``kind`` backend, dropped afterwards."""
+    if kind == "server":
         if not TEST_CLICKHOUSE:
             _missing("STEPGUARD_TEST_CLICKHOUSE is not set (no ClickHouse server)")
         backend: ArchiveBackend = _fresh_server()
     else:
-        backend = _fresh_chdb(_chdb_session)
+        backend = _fresh_chdb(shared_chdb)
     migrate(backend)
-    yield backend
-    backend.execute(f"DROP DATABASE IF EXISTS {backend.database}")
-    if request.param == "server":
-        backend.close()
+    try:
+        yield backend
+    finally:
+        backend.execute(f"DROP DATABASE IF EXISTS {backend.database}")
+        if kind == "server":
+            backend.close()
+
+
+@pytest.fixture(params=["chdb", "server"])
+def archive(request: pytest.FixtureRequest, _chdb_session: ChdbBackend) -> Iterator[ArchiveBackend]:
+    """A migrated, empty archive database on each backend."""
+    with fresh_archive(request.param, _chdb_session) as backend:
+        yield backend
+
+
+def fresh_settings(base: Settings) -> Settings:
+    tag = uuid.uuid4().hex[:10]
+    return base.model_copy(update={"topic_prefix": f"t{tag}.", "consumer_group": f"g{tag}"})

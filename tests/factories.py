@@ -116,52 +116,79 @@ def step_telemetry_st(draw: st.DrawFn) -> StepTelemetry:
     ranks = draw(st.lists(st.integers(0, 1 << 20), min_size=n, max_size=n, unique=True))
     start = draw(_times)
     return StepTelemetry(
-        job_id=draw(_text), node=draw(_text), step=draw(st.integers(0, 1 << 40)),
-        ts_start=start, ts_end=start + timedelta(seconds=draw(st.floats(0, 1e4))),
+        job_id=draw(_text),
+        node=draw(_text),
+        step=draw(st.integers(0, 1 << 40)),
+        ts_start=start,
+        ts_end=start + timedelta(seconds=draw(st.floats(0, 1e4))),
         samples=tuple(
             RankSample(
-                rank=r, local_rank=draw(st.integers(0, 64)), pp_stage=draw(st.integers(0, 64)),
-                phase=draw(st.sampled_from(Phase)), step_time_s=draw(_pos),
-                compute_s=draw(_pos), comm_wait_s=draw(_pos), data_wait_s=draw(_pos),
-                loss=draw(st.none() | _any_float), grad_norm=draw(st.none() | _any_float),
+                rank=r,
+                local_rank=draw(st.integers(0, 64)),
+                pp_stage=draw(st.integers(0, 64)),
+                phase=draw(st.sampled_from(Phase)),
+                step_time_s=draw(_pos),
+                compute_s=draw(_pos),
+                comm_wait_s=draw(_pos),
+                data_wait_s=draw(_pos),
+                loss=draw(st.none() | _any_float),
+                grad_norm=draw(st.none() | _any_float),
             )
             for r in ranks
         ),
-    )  # fmt: skip
+    )
 
 
 @st.composite
 def alert_st(draw: st.DrawFn) -> Alert:
     return Alert(
         fingerprint=draw(st.text("0123456789abcdef", min_size=8, max_size=64)),
-        seq=draw(st.integers(0, 1000)), kind=draw(st.sampled_from(AlertKind)),
-        grade=draw(st.sampled_from(Grade)), state=draw(st.sampled_from(AlertState)),
-        job_id=draw(_text), node=draw(st.none() | _text), rank=draw(st.none() | st.integers(0, 9999)),
-        step=draw(st.none() | st.integers(0, 1 << 40)), started_at=draw(_times), ts=draw(_times),
-        evidence=Evidence(metric=draw(_text), value=draw(st.floats(allow_nan=False, allow_infinity=False)),
-                          deviation=draw(_pos), peer_median=draw(st.none() | _pos)),
-        recommended_action=draw(st.sampled_from(RecommendedAction)), summary=draw(st.text(max_size=50)),
-    )  # fmt: skip
+        seq=draw(st.integers(0, 1000)),
+        kind=draw(st.sampled_from(AlertKind)),
+        grade=draw(st.sampled_from(Grade)),
+        state=draw(st.sampled_from(AlertState)),
+        job_id=draw(_text),
+        node=draw(st.none() | _text),
+        rank=draw(st.none() | st.integers(0, 9999)),
+        step=draw(st.none() | st.integers(0, 1 << 40)),
+        started_at=draw(_times),
+        ts=draw(_times),
+        evidence=Evidence(
+            metric=draw(_text),
+            value=draw(st.floats(allow_nan=False, allow_infinity=False)),
+            deviation=draw(_pos),
+            peer_median=draw(st.none() | _pos),
+        ),
+        recommended_action=draw(st.sampled_from(RecommendedAction)),
+        summary=draw(st.text(max_size=50)),
+    )
 
 
 @st.composite
 def dead_letter_st(draw: st.DrawFn) -> DeadLetter:
     return DeadLetter(
-        source_topic=draw(_text), partition=draw(st.integers(-1, 100)),
-        offset=draw(st.integers(-1, 1 << 50)), key=draw(st.none() | st.binary(max_size=20)),
-        raw=draw(st.binary(max_size=200)), error=draw(st.text(max_size=50)), ts=draw(_times),
-    )  # fmt: skip
+        source_topic=draw(_text),
+        partition=draw(st.integers(-1, 100)),
+        offset=draw(st.integers(-1, 1 << 50)),
+        key=draw(st.none() | st.binary(max_size=20)),
+        raw=draw(st.binary(max_size=200)),
+        error=draw(st.text(max_size=50)),
+        ts=draw(_times),
+    )
 
 
 @st.composite
 def command_st(draw: st.DrawFn) -> Command:
     return Command(
         command_id=draw(st.text("abcdef0123456789-", min_size=4, max_size=64)),
-        kind=draw(st.sampled_from(CommandKind)), job_id=draw(_text),
-        targets=tuple(draw(st.lists(_text, max_size=4))), reason=tuple(draw(st.lists(_text, max_size=3))),
-        mode=draw(st.sampled_from(ActuatorMode)), issued_at=draw(_times),
+        kind=draw(st.sampled_from(CommandKind)),
+        job_id=draw(_text),
+        targets=tuple(draw(st.lists(_text, max_size=4))),
+        reason=tuple(draw(st.lists(_text, max_size=3))),
+        mode=draw(st.sampled_from(ActuatorMode)),
+        issued_at=draw(_times),
         checkpoint_step=draw(st.none() | st.integers(0, 1 << 40)),
-    )  # fmt: skip
+    )
 
 
 ANY_MESSAGE = st.one_of(step_telemetry_st(), alert_st(), dead_letter_st(), command_st())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
@@ -188,10 +189,8 @@ class ChdbBackend:
         return self._types[key]
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing twice is harmless
             self._session.close()
-        except Exception:  # noqa: S110 - closing twice is harmless
-            pass
 
 
 def _arrow_type(ch_type: str) -> Any:

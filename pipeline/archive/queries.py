@@ -1,0 +1,167 @@
+"""Analyst queries over the archive, one named SQL per question.
+
+Every query runs unchanged on ClickHouse 18.16, chDB and current servers (no CTEs,
+no window functions), reads with FINAL so replays never double-count, and takes
+``{db}`` plus a few literal parameters. ``stepguard query NAME --job J`` prints one;
+the README's "Querying the archive" section shows each with what it answers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.archive.backend import ArchiveBackend
+
+__all__ = ["QUERIES", "AnalystQuery", "run_query"]
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$")
+
+
+@dataclass(frozen=True, slots=True)
+class AnalystQuery:
+    name: str
+    answers: str
+    sql: str
+
+    def render(self, db: str, **params: Any) -> str:
+        values = {}
+        for key, value in params.items():
+            text = str(value)
+            if not _SAFE.match(text):
+                raise ValueError(f"{key}: {text!r} is not a safe literal")
+            values[key] = text
+        return self.sql.format(db=db, **values)
+
+
+QUERIES: dict[str, AnalystQuery] = {
+    q.name: q
+    for q in (
+        AnalystQuery(
+            "rank_slowdown",
+            "Per rank and step: compute time against the median of its pipeline-stage "
+            "peers in the same step (slowdown 0.2 = 20 % slower than its peers), slowest "
+            "first.",
+            """
+SELECT s.step AS step, s.node AS node, s.rank AS rank, round(s.compute_s, 4) AS compute_s,
+       round(p.peer_median, 4) AS peer_median_s,
+       round(s.compute_s / p.peer_median - 1, 4) AS slowdown
+FROM (SELECT step, node, rank, pp_stage, compute_s FROM {db}.steps FINAL
+      WHERE job_id = '{job}' AND phase = 'train') AS s
+ANY LEFT JOIN (SELECT step, pp_stage, quantileExact(0.5)(compute_s) AS peer_median
+               FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
+               GROUP BY step, pp_stage) AS p USING (step, pp_stage)
+ORDER BY slowdown DESC, step
+LIMIT {limit}
+""",
+        ),
+        AnalystQuery(
+            "incident_timeline",
+            "Every alert update, command and command result of a job in event-time order: "
+            "first sign, alert, confirmation, command, recovery.",
+            """
+SELECT ts, what, subject, detail FROM (
+    SELECT ts, concat('alert ', kind, ' ', toString(grade), ' ', toString(state)) AS what,
+           concat(node, if(rank >= 0, concat(' rank ', toString(rank)), '')) AS subject,
+           concat('step ', toString(step), ': ', summary) AS detail
+    FROM {db}.alerts FINAL WHERE job_id = '{job}'
+    UNION ALL
+    SELECT ts, concat('command ', kind, ' (', mode, ')') AS what,
+           arrayStringConcat(targets, ',') AS subject, summary AS detail
+    FROM {db}.commands FINAL WHERE job_id = '{job}'
+    UNION ALL
+    SELECT ts, concat('result ', status) AS what, executor AS subject, detail
+    FROM {db}.command_results FINAL WHERE job_id = '{job}'
+)
+ORDER BY ts, what
+""",
+        ),
+        AnalystQuery(
+            "detection_delay",
+            "Per injected fault (simulator truth): the first firing alert naming its node "
+            "(or a job-level alert for job-wide faults) and the delay in steps.",
+            """
+SELECT fault_id, kind, node, onset_step,
+       countIf(a.step >= toInt64(onset_step) AND (node = '' OR a.node = node)) AS matching,
+       if(matching > 0,
+          minIf(a.step, a.step >= toInt64(onset_step) AND (node = '' OR a.node = node)),
+          -1) AS first_alert_step,
+       if(matching > 0, first_alert_step - toInt64(onset_step), -1) AS delay_steps
+FROM (SELECT job_id, fault_id, kind, node, onset_step FROM {db}.fault_truth FINAL
+      WHERE job_id = '{job}' AND is_trap = 0) AS t
+ALL LEFT JOIN (SELECT job_id, node, step FROM {db}.alerts FINAL
+               WHERE job_id = '{job}' AND state = 'firing') AS a USING (job_id)
+GROUP BY fault_id, kind, node, onset_step
+ORDER BY onset_step
+""",
+        ),
+        AnalystQuery(
+            "lost_gpu_hours",
+            "Per incident: GPU-hours lost while the fault was active: the step time above "
+            "the job's median step time before the onset, times the ranks, summed from "
+            "onset to the fault's end (or the last archived step).",
+            """
+SELECT fault_id, any(kind) AS kind, any(node) AS node,
+       round(sumIf(greatest(step_time - baseline_s, 0) * ranks,
+                   step >= onset_step AND (end_step < 0 OR step <= toUInt64(end_step)))
+             / 3600, 3) AS lost_gpu_hours
+FROM (SELECT fault_id, kind, node, onset_step, end_step, step, step_time, ranks
+      FROM (SELECT * FROM {db}.fault_truth FINAL WHERE job_id = '{job}' AND is_trap = 0) AS t
+      ALL INNER JOIN (SELECT job_id, step, max(step_time_s) AS step_time, count() AS ranks
+                      FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
+                      GROUP BY job_id, step) AS st USING (job_id)) AS w
+ANY LEFT JOIN (
+    SELECT fault_id,
+           if(countIf(step < onset_step) > 0, quantileExactIf(0.5)(step_time, step < onset_step),
+              quantileExact(0.1)(step_time)) AS baseline_s
+    FROM (SELECT fault_id, onset_step, step, step_time
+          FROM (SELECT * FROM {db}.fault_truth FINAL WHERE job_id = '{job}' AND is_trap = 0) AS t
+          ALL INNER JOIN (SELECT job_id, step, max(step_time_s) AS step_time
+                          FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
+                          GROUP BY job_id, step) AS st USING (job_id)) AS pre
+    GROUP BY fault_id) AS b USING (fault_id)
+GROUP BY fault_id
+ORDER BY lost_gpu_hours DESC
+""",
+        ),
+        AnalystQuery(
+            "top_nodes",
+            "Nodes with the most alert episodes over the last 7 and 30 days (all jobs).",
+            """
+SELECT node, uniqExactIf(fingerprint, ts >= now() - 7 * 86400) AS episodes_7d,
+       uniqExact(fingerprint) AS episodes_30d,
+       groupUniqArray(kind) AS kinds
+FROM {db}.alerts FINAL
+WHERE node != '' AND state = 'firing' AND ts >= now() - 30 * 86400
+GROUP BY node
+ORDER BY episodes_30d DESC, node
+LIMIT {limit}
+""",
+        ),
+        AnalystQuery(
+            "command_outcomes",
+            "Every command with its mode, targets and the latest result per executor.",
+            """
+SELECT c.ts AS issued, c.command_id AS command_id, c.kind AS kind, c.mode AS mode,
+       arrayStringConcat(c.targets, ',') AS targets,
+       r.executor AS executor, r.status AS status, r.detail AS detail
+FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = '{job}') AS c
+ANY LEFT JOIN (SELECT command_id, executor, argMax(status, ts_ms) AS status,
+                      argMax(detail, ts_ms) AS detail
+               FROM {db}.command_results FINAL WHERE job_id = '{job}'
+               GROUP BY command_id, executor) AS r USING (command_id)
+ORDER BY issued
+""",
+        ),
+    )
+}
+
+
+def run_query(
+    backend: ArchiveBackend, name: str, **params: Any
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    if name not in QUERIES:
+        raise KeyError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
+    params.setdefault("limit", 50)
+    return backend.query(QUERIES[name].render(backend.database, **params))

@@ -1,0 +1,152 @@
+"""``stepguard report``: an HTML post-mortem of one job from the archive.
+
+For each incident (an alert episode naming a node) it plots the node's ranks'
+compute time against their pipeline-stage peers' median around the episode, and the
+job's step time; then the alert/command timeline and a summary table. Plots are
+PNG files next to the HTML; the terminal gets a plain-text summary.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from pipeline.archive.backend import ArchiveBackend
+from pipeline.archive.queries import run_query
+
+__all__ = ["Incident", "ReportResult", "incidents", "render_report"]
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    fingerprint: str
+    kind: str
+    node: str
+    rank: int
+    first_step: int
+    last_step: int
+    worst_grade: str
+    resolved: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    html_path: Path
+    images: list[Path]
+    text: str
+
+
+def incidents(backend: ArchiveBackend, job: str, incident: str | None = None) -> list[Incident]:
+    db = backend.database
+    where = f"job_id = '{job}'" + (f" AND fingerprint = '{incident}'" if incident else "")
+    _, rows = backend.query(
+        f"SELECT fingerprint, any(kind), any(node), any(rank), min(step), max(step), "
+        f"max(toUInt8(grade)), max(toUInt8(state)) FROM {db}.alerts FINAL WHERE {where} "
+        "GROUP BY fingerprint ORDER BY min(step), fingerprint"
+    )
+    grades = {0: "info", 1: "warning", 2: "critical"}
+    return [
+        Incident(
+            str(r[0]),
+            str(r[1]),
+            str(r[2]),
+            int(r[3]),
+            int(r[4]),
+            int(r[5]),
+            grades.get(int(r[6]), "?"),
+            bool(r[7]),
+        )
+        for r in rows
+    ]
+
+
+def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) -> Path:
+    db = backend.database
+    lo, hi = max(0, inc.first_step - 60), inc.last_step + 60
+    _, peer = backend.query(
+        f"SELECT step, quantileExact(0.5)(compute_s), max(step_time_s) FROM {db}.steps FINAL "
+        f"WHERE job_id = '{job}' AND step BETWEEN {lo} AND {hi} GROUP BY step ORDER BY step"
+    )
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    if inc.node:
+        _, mine = backend.query(
+            f"SELECT rank, step, compute_s FROM {db}.steps FINAL WHERE job_id = '{job}' "
+            f"AND node = '{inc.node}' AND step BETWEEN {lo} AND {hi} ORDER BY rank, step"
+        )
+        by_rank: dict[int, tuple[list[int], list[float]]] = {}
+        for rank, step, compute in mine:
+            xs, ys = by_rank.setdefault(int(rank), ([], []))
+            xs.append(int(step))
+            ys.append(float(compute))
+        for rank, (xs, ys) in sorted(by_rank.items()):
+            style = {"lw": 2.0} if rank == inc.rank else {"lw": 0.8, "alpha": 0.6}
+            ax1.plot(xs, ys, label=f"rank {rank}", **style)
+    ax1.plot([r[0] for r in peer], [r[1] for r in peer], "k--", lw=1.5, label="peer median")
+    ax1.set_ylabel("compute (s)")
+    ax1.set_title(f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), {inc.fingerprint}")
+    ax1.legend(fontsize=7, ncol=3, loc="upper left")
+    ax2.plot([r[0] for r in peer], [r[2] for r in peer], color="tab:red", label="step time")
+    ax2.set_ylabel("step time (s)")
+    ax2.set_xlabel("step")
+    for ax in (ax1, ax2):
+        ax.axvspan(inc.first_step, inc.last_step, color="orange", alpha=0.15)
+    fig.tight_layout()
+    path = out / f"incident-{inc.fingerprint}.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _table(cols: list[str], rows: list[tuple[Any, ...]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_report(
+    backend: ArchiveBackend, job: str, out_html: Path, incident: str | None = None
+) -> ReportResult:
+    out_html.parent.mkdir(parents=True, exist_ok=True)
+    found = incidents(backend, job, incident)
+    images = [_plot_incident(backend, job, inc, out_html.parent) for inc in found]
+    tl_cols, timeline = run_query(backend, "incident_timeline", job=job)
+    cmd_cols, commands = run_query(backend, "command_outcomes", job=job)
+    summary_rows = [
+        (i.fingerprint, i.kind, i.node or "(job)", i.rank if i.rank >= 0 else "",
+         i.first_step, i.last_step, i.worst_grade, "resolved" if i.resolved else "open")
+        for i in found
+    ]  # fmt: skip
+    summary_cols = ["episode", "kind", "node", "rank", "first step", "last step", "grade", "state"]
+    parts = [
+        "<!doctype html><meta charset='utf-8'>",
+        f"<title>stepguard report: {html.escape(job)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
+        f"<h1>stepguard report: {html.escape(job)}</h1>",
+        f"<h2>Incidents ({len(found)})</h2>",
+        _table(summary_cols, summary_rows),
+        "<h2>Plots</h2>",
+        *(f"<p><img src='{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>" for p in images),
+        "<h2>Timeline</h2>",
+        _table(tl_cols, timeline),
+        "<h2>Commands</h2>",
+        _table(cmd_cols, commands) if commands else "<p>No commands were issued.</p>",
+    ]
+    out_html.write_text("\n".join(parts) + "\n")
+    lines = [f"job {job}: {len(found)} incident(s)"]
+    lines += [
+        f"  {i.kind:<12} {i.node or '(job)':<12} steps {i.first_step}-{i.last_step} "
+        f"{i.worst_grade:<8} {'resolved' if i.resolved else 'open'}"
+        for i in found
+    ]
+    lines.append(f"  {len(commands)} command(s); report: {out_html}")
+    return ReportResult(out_html, images, "\n".join(lines))

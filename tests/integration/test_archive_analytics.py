@@ -1,0 +1,118 @@
+"""The demo path into both archive backends, then every analyst query and the report."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from rich.console import Console
+
+from pipeline.archive import rows_for
+from pipeline.archive.queries import QUERIES, run_query
+from pipeline.archive.retention import parse_age, prune
+from pipeline.demo import find_scenario, run_demo
+from pipeline.report import render_report
+from tests.conftest import fresh_archive, fresh_settings
+from tests.factories import samples
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", params=["chdb", "server"])
+def smoke_run(request, broker_settings, _chdb_session):
+    """One demo run per backend, shared by the read-only tests of this module."""
+    scenario = find_scenario("ci_smoke")
+    with fresh_archive(request.param, _chdb_session) as archive:
+        summary = run_demo(
+            fresh_settings(broker_settings),
+            scenario,
+            console=Console(quiet=True),
+            backend=archive,
+        )
+        yield scenario, summary, archive
+
+
+def test_demo_detects_the_straggler_and_archives_every_topic(smoke_run):
+    scenario, summary, archive = smoke_run
+    assert summary.faults_injected == 1
+    assert summary.faults_detected == 1
+    assert summary.trap_alerts == 0
+    slow = summary.faults[0]
+    assert slow.node == "node-0005" and slow.delay_steps is not None and slow.delay_steps <= 10
+    db = archive.database
+    _, rows = archive.query(f"SELECT count() FROM {db}.steps FINAL")
+    assert rows[0][0] == summary.steps_completed * scenario.n_ranks
+    _, rows = archive.query(f"SELECT count() FROM {db}.fault_truth FINAL")
+    assert rows[0][0] == 2
+
+
+def test_rank_slowdown_names_the_straggler(smoke_run):
+    scenario, _, archive = smoke_run
+    cols, rows = run_query(archive, "rank_slowdown", job=scenario.job, limit=100)
+    top = [dict(zip(cols, r, strict=True)) for r in rows]
+    culprit = Counter((r["node"], r["rank"]) for r in top).most_common(1)[0]
+    assert culprit[0] == ("node-0005", 5 * 8 + 3) and culprit[1] >= 80
+    slow = [r["slowdown"] for r in top if r["rank"] == 43]
+    assert 0.2 < sorted(slow)[len(slow) // 2] < 0.45
+
+
+def test_detection_delay_matches_the_demo_summary(smoke_run):
+    scenario, summary, archive = smoke_run
+    cols, rows = run_query(archive, "detection_delay", job=scenario.job)
+    got = {r[cols.index("fault_id")]: r[cols.index("delay_steps")] for r in rows}
+    assert got == {"slow-rank": summary.faults[0].delay_steps}
+
+
+def test_lost_gpu_hours_are_positive_for_the_straggler(smoke_run):
+    scenario, _, archive = smoke_run
+    cols, rows = run_query(archive, "lost_gpu_hours", job=scenario.job)
+    (row,) = rows
+    lost = row[cols.index("lost_gpu_hours")]
+    # 30 % slower rank for 100 steps of ~1 s on 128 ranks: about a GPU-hour lost
+    assert 0.3 < lost < 3.0
+
+
+def test_timeline_top_nodes_and_command_outcomes_run(smoke_run):
+    scenario, _, archive = smoke_run
+    _, timeline = run_query(archive, "incident_timeline", job=scenario.job)
+    assert any("straggler" in str(r[1]) and "node-0005" in str(r[2]) for r in timeline)
+    _, top = run_query(archive, "top_nodes", limit=3)
+    # archive times are the simulator's event times (2026-01-01), outside the windows
+    assert isinstance(top, list)
+    cols, outcomes = run_query(archive, "command_outcomes", job=scenario.job)
+    assert outcomes == [] and "status" in cols
+
+
+def test_report_renders_plots_and_html(smoke_run, tmp_path):
+    scenario, _, archive = smoke_run
+    result = render_report(archive, scenario.job, tmp_path / "r" / "report.html")
+    assert result.images, "one plot per incident"
+    html = result.html_path.read_text()
+    for image in result.images:
+        assert image.stat().st_size > 5000
+        assert image.name in html
+    assert "node-0005" in html and "straggler" in result.text
+
+
+def test_every_query_renders_only_safe_literals():
+    for q in QUERIES.values():
+        with pytest.raises(ValueError, match="safe literal"):
+            q.render("db", job="x'; DROP TABLE t --", limit=1)
+
+
+def test_prune_drops_only_whole_old_days(archive):
+    now = datetime.now(UTC)
+    base = samples()["decisions"]
+    old = base.model_copy(update={"ts": now - timedelta(days=40)})
+    new = base.model_copy(update={"fingerprint": "f" * 24, "ts": now})
+    for table, cols in rows_for([(old, 0), (new, 0)]).items():
+        archive.insert(table, cols)
+    assert parse_age("30d") == timedelta(days=30)
+    would = prune(archive, parse_age("30d"), dry_run=True)
+    assert [t for t, _ in would] == ["alerts"]
+    prune(archive, parse_age("30d"))
+    _, rows = archive.query(f"SELECT fingerprint FROM {archive.database}.alerts FINAL")
+    assert rows == [("f" * 24,)]
+    with pytest.raises(ValueError, match="older-than"):
+        parse_age("soon")
