@@ -105,6 +105,31 @@ def topics() -> None:
     console.print(table)
 
 
+@app.command()
+def archiver(
+    max_batch: Annotated[int, typer.Option(min=1, help="Rows per insert, at most.")] = 20000,
+    max_wait_s: Annotated[float, typer.Option(min=0.05, help="Seconds per batch, at most.")] = 1.0,
+) -> None:
+    """Archive every topic into ClickHouse; offsets are committed after each insert."""
+    from pipeline.archive import migrate, open_backend
+    from pipeline.archive.archiver import Archiver
+
+    settings = _settings()
+    backend = open_backend(settings)
+    migrate(backend)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    service = Archiver(settings, backend, max_batch=max_batch, max_wait_s=max_wait_s)
+    err.print(f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database}")
+    try:
+        stats = service.run(stop.is_set)
+    finally:
+        service.close()
+        backend.close()
+    err.print(f"archived {stats.messages} messages as {stats.rows} rows in {stats.batches} batches")
+
+
 @archive_app.command("migrate")
 def archive_migrate() -> None:
     """Apply the numbered SQL migrations not yet recorded in the archive."""
