@@ -1,0 +1,42 @@
+"""Scenario-driven simulator of synchronous training jobs with injected faults.
+
+Pure (no Kafka): :func:`simulate` yields :class:`SimEvent` objects (a StepFrame per
+completed step, NodeHealth reports, time ticks while nothing completes) and
+:meth:`Scenario.truth` gives the FaultTruth labels used for scoring.
+
+Examples
+--------
+>>> suite = load_suite()
+>>> len(suite) >= 30
+True
+"""
+
+from pipeline.simulator.job import Goodput, SimEvent, SimulatedJob, SimulationError, simulate
+from pipeline.simulator.scenario import (
+    JOB_STOPPING_KINDS,
+    SCENARIO_DIR,
+    TRAP_KINDS,
+    FaultSpec,
+    Scenario,
+    ScenarioError,
+    Shape,
+    load_suite,
+    node_name,
+)
+
+__all__ = [
+    "JOB_STOPPING_KINDS",
+    "SCENARIO_DIR",
+    "TRAP_KINDS",
+    "FaultSpec",
+    "Goodput",
+    "Scenario",
+    "ScenarioError",
+    "Shape",
+    "SimEvent",
+    "SimulatedJob",
+    "SimulationError",
+    "load_suite",
+    "node_name",
+    "simulate",
+]
