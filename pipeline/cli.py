@@ -54,17 +54,18 @@ def demo(
 
     Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
     """
-    from pipeline.demo import find_scenario, print_summary, run_demo, write_json
+    from pipeline.demo import (
+        find_scenario,
+        print_summary,
+        resize_scenario,
+        run_demo,
+        write_json,
+    )
 
     settings = _settings()
     sc = find_scenario(scenario)
-    update: dict[str, int] = {}
-    if nodes is not None:
-        update["nodes"] = nodes
-    if steps is not None:
-        update["steps"] = steps
-    if update:
-        sc = type(sc).model_validate(sc.model_dump() | update)
+    if nodes is not None or steps is not None:
+        sc = resize_scenario(sc, nodes, steps)
     err.print(
         f"[bold]stepguard demo[/]: {sc.name}: {sc.nodes} nodes x {sc.gpus_per_node} GPUs, "
         f"{sc.steps} steps, {len(sc.faults)} faults/traps"

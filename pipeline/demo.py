@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -41,10 +42,17 @@ from pipeline.kafka import (
     registry_of,
 )
 from pipeline.settings import Settings
-from pipeline.simulator import Scenario, load_suite, simulate
+from pipeline.simulator import Scenario, SimulatedJob, load_suite
 from schemas import Alert, AlertState, FaultTruth, NodeHealth, StepTelemetry
 
-__all__ = ["DEMO_DIR", "DemoSummary", "find_scenario", "match_alerts", "run_demo"]
+__all__ = [
+    "DEMO_DIR",
+    "DemoSummary",
+    "find_scenario",
+    "match_alerts",
+    "resize_scenario",
+    "run_demo",
+]
 
 DEMO_DIR = Path(__file__).parent / "demo_scenarios"
 
@@ -64,6 +72,38 @@ def find_scenario(name: str) -> Scenario:
     raise ConfigError(
         f"--scenario: unknown scenario {name!r}; demos: {demos}; suite: {sorted(suite)[:6]}..."
     )
+
+
+def resize_scenario(scenario: Scenario, nodes: int | None, steps: int | None) -> Scenario:
+    """The same story on another job size: fault nodes and steps are scaled
+    proportionally (node 77 of 256 becomes node 19 of 64; onset 420 of 900 steps
+    becomes 140 of 300), so ``--nodes``/``--steps`` keep every fault and trap."""
+    data = scenario.model_dump()
+    fn = (nodes / scenario.nodes) if nodes else 1.0
+    fs = (steps / scenario.steps) if steps else 1.0
+    faults = []
+    for spec in data["faults"]:
+        f = dict(spec)
+        if f.get("node") is not None:
+            f["node"] = min(int(f["node"] * fn), (nodes or scenario.nodes) - 1)
+        f["onset_step"] = int(f["onset_step"] * fs)
+        for key in ("duration_steps", "ramp_steps"):
+            if f.get(key) is not None:
+                f[key] = max(1, int(f[key] * fs))
+        faults.append(f)
+    data["faults"] = faults
+    for key in ("eval_every", "checkpoint_every"):
+        if data.get(key):
+            data[key] = max(1, int(data[key] * fs))
+    data["warmup_steps"] = min(data["warmup_steps"], max(1, int(data["warmup_steps"] * fs)))
+    if nodes:
+        data["nodes"] = nodes
+    if steps:
+        data["steps"] = steps
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"--nodes/--steps: cannot resize {scenario.name}: {exc}") from exc
 
 
 @dataclass
@@ -205,7 +245,8 @@ def run_demo(
             for t in truth:
                 publish(producer, registry, "truth", t)
                 counts["truth"] += 1
-            for ev in simulate(scenario):
+            sim = SimulatedJob(scenario)
+            for ev in sim.events():
                 if ev.frame is not None:
                     for m in ev.frame.to_messages():
                         publish(producer, registry, "steps", m)
@@ -216,6 +257,8 @@ def run_demo(
                     counts["health"] += 1
                 progress.update(task, info=f"{sum(counts.values())} msgs")
             producer.flush()
+            progress.update(task, completed=scenario.steps)
+            progress.stop_task(task)
 
             # 2. detection: assemble steps, run the detection core, publish alerts
             task = progress.add_task("detect", total=counts["steps"] + counts["health"], info="")
@@ -241,6 +284,7 @@ def run_demo(
                 grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
                 progress.update(task, info=f"alerts {dict(grades)}")
             producer.flush()
+            progress.stop_task(task)
             counts["decisions"] = len(alerts)
 
             # 3. archive every topic
@@ -255,6 +299,7 @@ def run_demo(
                 progress.update(
                     task, completed=archiver.stats.messages, info=f"{archiver.stats.rows} rows"
                 )
+            progress.stop_task(task)
             if archiver.stats.messages < total:
                 notes.append(f"archived {archiver.stats.messages} of {total} messages")
 
@@ -267,7 +312,7 @@ def run_demo(
             faults_injected=len(outcomes), faults_detected=sum(o.detected for o in outcomes),
             traps=sum(1 for t in truth if t.is_trap), trap_alerts=trap_alerts,
             false_alerts=false_alerts, false_isolations=0,
-            goodput=round(_goodput(scenario), 4),
+            goodput=round(_goodput(sim), 4),
             wall_seconds=round(time.monotonic() - t0, 2),
             messages_published=total, archived_rows=archiver.stats.rows,
             dead_letters=int(dl[0][0]), alerts_by_grade=dict(grades), faults=outcomes,
@@ -280,14 +325,8 @@ def run_demo(
     return summary
 
 
-def _goodput(scenario: Scenario) -> float:
-    from pipeline.simulator import SimulatedJob
-
-    job = SimulatedJob(scenario)
-    for _ in job.events():
-        pass
-    g = job.goodput()
-    return g.useful_steps * g.ideal_step_s / g.wall_s if g.wall_s > 0 else 0.0
+def _goodput(job: SimulatedJob) -> float:
+    return job.goodput().fraction
 
 
 def _read_all(settings, registry, producer, logical, expected, progress, task) -> list[Any]:
