@@ -292,4 +292,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Service modules register their commands on `pipeline.cli.app`, the imported
+    # module, not on this `__main__` copy: run that one.
+    from pipeline.cli import main as _main
+
+    _main()

@@ -22,6 +22,11 @@ STEPGUARD_STATE_DIR           where embedded services keep logs and data
 STEPGUARD_CONSUMER_GROUP      base consumer group id
 STEPGUARD_WORKER_METRICS_PORT Prometheus port of ``stepguard worker`` (0: off)
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
+STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
+                              state is written to the table (steps / wall seconds)
+STEPGUARD_WORKER_TICK_INTERVAL_S  hang timer period of ``stepguard worker``
+STEPGUARD_WORKER_MAX_MESSAGE_BYTES  larger input goes to the dead-letter topic
+STEPGUARD_WORKER_SESSION_TIMEOUT_S  worker consumer-group session timeout
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
 STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
                               verify (rotation); secret
@@ -29,6 +34,10 @@ STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
 STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
 STEPGUARD_SPARE_NODES         comma-separated spare pool
 STEPGUARD_WEBHOOK_URLS        comma-separated Alertmanager-compatible webhook URLs
+STEPGUARD_WEBHOOK_TIMEOUT_S / _RETRIES  per-POST timeout and retries of the webhook
+STEPGUARD_WARNING_CONFIRM_S   seconds a WARNING must persist (or WARNING_CONFIRM_STEPS)
+STEPGUARD_GUARD_JOB_NODES     job size for the percentage guardrail (0: unknown)
+STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor
 ============================  ==========================================================
 """
 
@@ -74,6 +83,16 @@ class Settings(BaseSettings):
     worker_metrics_port: int = Field(default=9108, ge=0, le=65535)
     worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
     worker_data_dir: Path = Path(".stepguard/worker")
+    #: snapshot a job's detector state to the table after this many completed steps ...
+    worker_snapshot_steps: int = Field(default=10, ge=1)
+    #: ... or when this much wall time passed since the last snapshot of a changed job
+    worker_snapshot_interval_s: float = Field(default=2.0, gt=0)
+    #: how often the hang timer ticks every owned job (wall seconds)
+    worker_tick_interval_s: float = Field(default=1.0, gt=0)
+    #: larger input messages go to the dead-letter topic
+    worker_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    #: consumer-group session timeout of the worker (Tansu: 3-6 s, see INFRA.md)
+    worker_session_timeout_s: float = Field(default=10.0, ge=1.0, le=300.0)
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"
@@ -93,6 +112,15 @@ class Settings(BaseSettings):
     #: without a spare: checkpoint and keep running degraded, or alert only
     no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
     webhook_urls: str = ""
+    #: ... or this many seconds of event time (whichever comes first)
+    warning_confirm_s: float = Field(default=300.0, gt=0)
+    #: node count of a job for the percentage guardrail until a control message says
+    #: otherwise (0: unknown, only guard_max_isolations applies)
+    guard_job_nodes: int = Field(default=0, ge=0)
+    webhook_timeout_s: float = Field(default=5.0, gt=0)
+    webhook_retries: int = Field(default=3, ge=0)
+    #: the ``scontrol`` executable used by the Slurm executor
+    slurm_scontrol: str = "scontrol"
 
     clickhouse_dsn: SecretStr | None = None
     chdb_path: Path = Path(".stepguard/archive")

@@ -24,6 +24,7 @@ from schemas.commands import (
     CommandStatus,
     command_id,
 )
+from schemas.control import ActionRecord, ActionState, ControlMessage
 from schemas.deadletter import DeadLetter
 from schemas.telemetry import GpuHealth, NodeHealth, Phase, RankSample, StepTelemetry
 from schemas.topics import TOPICS, TopicRegistry, TopicSpec
@@ -39,12 +40,16 @@ MESSAGE_MODELS: tuple[type[Message], ...] = (
     Approval,
     DeadLetter,
     FaultTruth,
+    ControlMessage,
+    ActionRecord,
 )
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGE_MODELS",
     "TOPICS",
+    "ActionRecord",
+    "ActionState",
     "ActuatorMode",
     "Alert",
     "AlertKind",
@@ -55,6 +60,7 @@ __all__ = [
     "CommandKind",
     "CommandResult",
     "CommandStatus",
+    "ControlMessage",
     "DeadLetter",
     "Evidence",
     "FaultKind",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from schemas._base import Message
 from schemas.alerts import Alert
 from schemas.commands import Approval, Command, CommandResult
+from schemas.control import ActionRecord, ControlMessage
 from schemas.deadletter import DeadLetter
 from schemas.telemetry import NodeHealth, StepTelemetry
 from schemas.truth import FaultTruth
@@ -47,6 +48,8 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("commands", "job_id", 4, Command, "Actuator commands for executors."),
         TopicSpec("results", "job_id", 4, CommandResult, "Executor results per command."),
         TopicSpec("approvals", "command_id", 1, Approval, "Human approve/reject decisions."),
+        TopicSpec("control", "scope", 1, ControlMessage, "Runtime actuator changes (archived)."),
+        TopicSpec("actions", "action_id", 1, ActionRecord, "Actuator action records (held ...)."),
         TopicSpec("deadletter", "source_topic", 1, DeadLetter, "Undecodable or unstorable input."),
     )
 }

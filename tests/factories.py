@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import strategies as st
 
 from schemas import (
+    ActionRecord,
+    ActionState,
     ActuatorMode,
     Alert,
     AlertKind,
@@ -17,6 +19,7 @@ from schemas import (
     CommandKind,
     CommandResult,
     CommandStatus,
+    ControlMessage,
     DeadLetter,
     Evidence,
     FaultKind,
@@ -90,6 +93,14 @@ def samples() -> dict[str, Message]:
         ),
         "approvals": Approval(
             command_id=cid, decision=ApprovalDecision.APPROVE, by="sre@example.com", ts=T0
+        ),
+        "control": ControlMessage(
+            change_id="chg-1", mode=ActuatorMode.APPROVE, guard_max_isolations=2,
+            by="sre@example.com", reason="canary", ts=T0,
+        ),
+        "actions": ActionRecord(
+            action_id="act-0123456789abcdef01234567", state=ActionState.HELD, job_id="job-1",
+            mode=ActuatorMode.APPROVE, reason=(fp,), summary="replace node-3", ts=T0,
         ),
         "deadletter": DeadLetter(
             source_topic="x.steps", partition=2, offset=41, key=b"job-1",

@@ -11,7 +11,7 @@ __all__ = ["ARCHIVE_TABLES", "parse_age", "prune"]
 
 ARCHIVE_TABLES = (
     "steps", "health", "alerts", "commands", "command_results", "approvals",
-    "dead_letters", "fault_truth",
+    "dead_letters", "fault_truth", "control_changes", "actions",
 )  # fmt: skip
 _AGE = re.compile(r"^(\d+)([dh])$")
 

@@ -15,10 +15,12 @@ from typing import Any
 
 from pipeline.archive.backend import Columns
 from schemas import (
+    ActionRecord,
     Alert,
     Approval,
     Command,
     CommandResult,
+    ControlMessage,
     DeadLetter,
     FaultTruth,
     Message,
@@ -40,16 +42,9 @@ def _utc(ts: datetime) -> datetime:
 
 
 def _steps(m: StepTelemetry, _rec_ms: int) -> Iterable[Row]:
-    ms = _ms(m.ts_end)
-    for s in m.samples:
-        yield {
-            "job_id": m.job_id, "step": m.step, "node": m.node, "rank": s.rank,
-            "local_rank": s.local_rank, "dp_group": s.dp_group, "pp_stage": s.pp_stage,
-            "tp_group": s.tp_group, "phase": s.phase.value, "step_time_s": s.step_time_s,
-            "compute_s": s.compute_s, "comm_wait_s": s.comm_wait_s,
-            "data_wait_s": s.data_wait_s, "loss": s.loss, "grad_norm": s.grad_norm,
-            "ts": _utc(m.ts_end), "ts_ms": ms, "ver": ms,
-        }  # fmt: skip
+    cols = _step_columns([m])
+    for i in range(len(m.samples)):
+        yield {c: v[i] for c, v in cols.items()}
 
 
 def _health(m: NodeHealth, _rec_ms: int) -> Iterable[Row]:
@@ -130,6 +125,28 @@ def _truth(m: FaultTruth, rec_ms: int) -> Iterable[Row]:
     }  # fmt: skip
 
 
+def _control(m: ControlMessage, _rec_ms: int) -> Iterable[Row]:
+    ms = _ms(m.ts)
+    yield {
+        "change_id": m.change_id, "scope": m.scope,
+        "mode": m.mode.value if m.mode is not None else "",
+        "change": m.model_dump_json(exclude={"key_id", "signature"}), "by": m.by,
+        "reason": m.reason, "signed": int(m.signature is not None), "ts": _utc(m.ts),
+        "ts_ms": ms, "ver": ms,
+    }  # fmt: skip
+
+
+def _action(m: ActionRecord, _rec_ms: int) -> Iterable[Row]:
+    ms = _ms(m.ts)
+    yield {
+        "action_id": m.action_id, "state": m.state.value, "job_id": m.job_id,
+        "mode": m.mode.value, "kinds": [c.kind.value for c in m.commands],
+        "targets": sorted({t for c in m.commands for t in c.targets}),
+        "reason": list(m.reason), "summary": m.summary, "detail": m.detail,
+        "by": m.by or "", "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+    }  # fmt: skip
+
+
 #: Model -> (table, row mapper taking the message and the broker record time in ms).
 TABLE_OF: dict[type[Message], tuple[str, Callable[[Any, int], Iterable[Row]]]] = {
     StepTelemetry: ("steps", _steps),
@@ -140,16 +157,57 @@ TABLE_OF: dict[type[Message], tuple[str, Callable[[Any, int], Iterable[Row]]]] =
     Approval: ("approvals", _approval),
     DeadLetter: ("dead_letters", _dead),
     FaultTruth: ("fault_truth", _truth),
+    ControlMessage: ("control_changes", _control),
+    ActionRecord: ("actions", _action),
 }
+
+
+_STEP_COLUMNS = (
+    "job_id", "step", "node", "rank", "local_rank", "dp_group", "pp_stage", "tp_group",
+    "phase", "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm",
+    "ts", "ts_ms", "ver",
+)  # fmt: skip
+
+
+def _step_columns(messages: list[StepTelemetry]) -> Columns:
+    """The steps table built column by column: telemetry is by far the largest table,
+    and skipping a dict per row doubles the archiver's throughput."""
+    cols: Columns = {c: [] for c in _STEP_COLUMNS}
+    for m in messages:
+        n = len(m.samples)
+        ts, ms = _utc(m.ts_end), _ms(m.ts_end)
+        for c, v in (("job_id", m.job_id), ("step", m.step), ("node", m.node), ("ts", ts),
+                     ("ts_ms", ms), ("ver", ms)):  # fmt: skip
+            cols[c].extend([v] * n)
+        samples = m.samples
+        cols["rank"].extend(s.rank for s in samples)
+        cols["local_rank"].extend(s.local_rank for s in samples)
+        cols["dp_group"].extend(s.dp_group for s in samples)
+        cols["pp_stage"].extend(s.pp_stage for s in samples)
+        cols["tp_group"].extend(s.tp_group for s in samples)
+        cols["phase"].extend(s.phase.value for s in samples)
+        cols["step_time_s"].extend(s.step_time_s for s in samples)
+        cols["compute_s"].extend(s.compute_s for s in samples)
+        cols["comm_wait_s"].extend(s.comm_wait_s for s in samples)
+        cols["data_wait_s"].extend(s.data_wait_s for s in samples)
+        cols["loss"].extend(s.loss for s in samples)
+        cols["grad_norm"].extend(s.grad_norm for s in samples)
+    return cols
 
 
 def rows_for(messages: Iterable[tuple[Message, int]]) -> dict[str, Columns]:
     """Group (message, record time ms) pairs into columnar inserts per table."""
     tables: dict[str, Columns] = {}
     buffers: dict[str, list[Row]] = defaultdict(list)
+    steps: list[StepTelemetry] = []
     for msg, rec_ms in messages:
+        if type(msg) is StepTelemetry:
+            steps.append(msg)
+            continue
         table, mapper = TABLE_OF[type(msg)]
         buffers[table].extend(mapper(msg, rec_ms))
+    if steps:
+        tables["steps"] = _step_columns(steps)
     for table, rows in buffers.items():
         if rows:
             tables[table] = {col: [r[col] for r in rows] for col in rows[0]}

@@ -91,10 +91,10 @@ def test_malformed_message_goes_to_dead_letter_and_good_ones_keep_flowing(settin
 
 
 def test_migrations_apply_once_and_are_recorded(archive):
-    assert applied_migrations(archive) == [1]
+    assert applied_migrations(archive) == [1, 2]
     assert migrate(archive) == []
     _, rows = archive.query(f"SELECT count() FROM {archive.database}.schema_migrations")
-    assert rows == [(1,)]
+    assert rows == [(2,)]
 
 
 def test_every_message_type_lands_in_the_archive_without_duplicates(archive):
@@ -105,7 +105,8 @@ def test_every_message_type_lands_in_the_archive_without_duplicates(archive):
     db = archive.database
     expected = {
         "steps": 8, "health": 8, "alerts": 1, "commands": 1, "command_results": 1,
-        "approvals": 1, "dead_letters": 1, "fault_truth": 1,
+        "approvals": 1, "dead_letters": 1, "fault_truth": 1, "control_changes": 1,
+        "actions": 1,
     }  # fmt: skip
     for table, n in expected.items():
         _, rows = archive.query(f"SELECT count() FROM {db}.{table} FINAL")

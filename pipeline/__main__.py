@@ -1,0 +1,5 @@
+"""``python -m pipeline`` is ``stepguard``."""
+
+from pipeline.cli import main
+
+main()

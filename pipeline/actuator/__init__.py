@@ -1,0 +1,15 @@
+"""The actuator: confirmed alerts become signed, idempotent commands within guardrails.
+
+- :mod:`~pipeline.actuator.policy` — the pure decision logic (episodes, modes,
+  guardrails, spare pool);
+- :mod:`~pipeline.actuator.service` — the Kafka loop (``stepguard actuator``);
+- :mod:`~pipeline.actuator.signing` — HMAC-SHA256 signatures and command checks;
+- :mod:`~pipeline.actuator.executors` — dry-run, Slurm and webhook executors.
+
+The job-controller executor lives in :mod:`pipeline.listener` (imported by training
+code).
+"""
+
+from pipeline.actuator.policy import Outcome, Policy, PolicyParams, action_id
+
+__all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]

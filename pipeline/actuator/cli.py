@@ -1,0 +1,182 @@
+"""Subcommands of ``stepguard`` owned by the actuator and its executors."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipeline.cli import app, console, err
+from pipeline.settings import Settings, load_settings
+from schemas import ActuatorMode, Approval, ApprovalDecision, ControlMessage
+
+__all__ = ["actuator", "approve", "control", "executor", "pending", "reject", "resume_node"]
+
+
+def _nodes(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
+    from pipeline.actuator._io import control_producer
+    from pipeline.actuator.signing import sign
+    from pipeline.kafka import create_topics, publish, registry_of
+
+    create_topics(settings, [logical])
+    producer = control_producer(settings)
+    try:
+        publish(producer, registry_of(settings), logical, sign(msg, settings.signing_keys)).get(
+            timeout=30
+        )
+    finally:
+        producer.close()
+
+
+@app.command()
+def actuator(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every action.")] = False,
+    crash_after_publish: Annotated[bool, typer.Option(hidden=True)] = False,
+) -> None:
+    """Run the actuator: decisions in, signed commands out.
+
+    The mode comes from STEPGUARD_ACTUATOR_MODE and changes at runtime with
+    `stepguard control --mode ...`.
+    """
+    from pipeline.actuator.service import Actuator
+
+    if verbose:
+        logging.getLogger("pipeline.actuator").setLevel(logging.INFO)
+    settings = load_settings()
+    act = Actuator(settings, crash_after_publish=crash_after_publish)
+    err.print(
+        f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
+        f"already issued, {len(act.policy.held)} held; consuming {settings.kafka_bootstrap}"
+    )
+    stop = _stop_event()
+    try:
+        stats = act.run(stop.is_set)
+    finally:
+        act.close()
+    err.print(
+        f"actuator stopped: {stats.consumed} inputs, {stats.commands} commands, "
+        f"{stats.records} action records, {stats.alerts} guardrail alerts"
+    )
+
+
+@app.command()
+def approve(
+    action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
+    by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
+    reason: Annotated[str, typer.Option(help="Why.")] = "",
+) -> None:
+    """Approve a held action; the actuator issues its commands (guardrails re-checked)."""
+    msg = Approval(command_id=action_id, decision=ApprovalDecision.APPROVE, by=by,
+                   reason=reason, ts=datetime.now(UTC))  # fmt: skip
+    _send_signed(load_settings(), "approvals", msg)
+    console.print(f"approved {action_id}")
+
+
+@app.command()
+def reject(
+    action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
+    reason: Annotated[str, typer.Option(help="Why (kept as a calibration label).")],
+    by: Annotated[str, typer.Option(help="Who rejects.")] = "cli",
+) -> None:
+    """Reject a held action; nothing is issued and the decision is archived."""
+    msg = Approval(command_id=action_id, decision=ApprovalDecision.REJECT, by=by,
+                   reason=reason, ts=datetime.now(UTC))  # fmt: skip
+    _send_signed(load_settings(), "approvals", msg)
+    console.print(f"rejected {action_id}")
+
+
+@app.command()
+def pending(
+    all_states: Annotated[bool, typer.Option("--all", help="Every action, not only held.")] = False,
+) -> None:
+    """List held actions (rebuilt from the actions topic)."""
+    from pipeline.actuator.records import latest_actions
+
+    records = latest_actions(load_settings())
+    table = Table("state", "job", "commands", "summary", "since")
+    table.add_column("action id", no_wrap=True, min_width=28)  # to copy into `approve`
+    shown = 0
+    for rec in records.values():
+        if not all_states and rec.state.value != "held":
+            continue
+        shown += 1
+        kinds = " ".join(f"{c.kind.value}{list(c.targets) or ''}" for c in rec.commands)
+        table.add_row(rec.state.value, rec.job_id, kinds, rec.summary,
+                      rec.ts.isoformat(timespec="seconds"), rec.action_id)  # fmt: skip
+    console.print(table)
+    err.print(f"{shown} action(s)")
+
+
+@app.command()
+def control(
+    mode: Annotated[ActuatorMode | None, typer.Option(help="observe | approve | auto")] = None,
+    warning_confirm_steps: Annotated[int | None, typer.Option(min=1)] = None,
+    warning_confirm_s: Annotated[float | None, typer.Option(min=0.001)] = None,
+    stale_alert_s: Annotated[float | None, typer.Option(min=0.001)] = None,
+    max_isolations: Annotated[int | None, typer.Option(min=0)] = None,
+    max_isolation_pct: Annotated[float | None, typer.Option(min=0, max=100)] = None,
+    window_s: Annotated[float | None, typer.Option(min=0.001)] = None,
+    cooldown_s: Annotated[float | None, typer.Option(min=0)] = None,
+    no_spare_policy: Annotated[str | None, typer.Option(help="checkpoint | alert")] = None,
+    spares: Annotated[str | None, typer.Option(help="Comma-separated; replaces the pool.")] = None,
+    job_id: Annotated[str | None, typer.Option("--job", help="Job whose size follows.")] = None,
+    job_nodes: Annotated[int | None, typer.Option(min=1, help="Node count of --job.")] = None,
+    reset_breaker: Annotated[bool, typer.Option(help="Close open circuit breakers.")] = False,
+    by: Annotated[str, typer.Option(help="Who changes it.")] = "cli",
+    reason: Annotated[str, typer.Option(help="Why (archived with the change).")] = "",
+) -> None:
+    """Change the running actuator's mode and thresholds (signed, archived, no restart)."""
+    msg = ControlMessage(
+        change_id=uuid.uuid4().hex, mode=mode, warning_confirm_steps=warning_confirm_steps,
+        warning_confirm_s=warning_confirm_s, stale_alert_s=stale_alert_s,
+        guard_max_isolations=max_isolations, guard_max_isolation_pct=max_isolation_pct,
+        guard_window_s=window_s, guard_node_cooldown_s=cooldown_s,
+        no_spare_policy=no_spare_policy,  # type: ignore[arg-type]
+        spare_nodes=None if spares is None else _nodes(spares),
+        job_id=job_id, job_nodes=job_nodes, reset_breaker=reset_breaker, by=by, reason=reason,
+        ts=datetime.now(UTC),
+    )  # fmt: skip
+    _send_signed(load_settings(), "control", msg)
+    console.print(f"control change {msg.change_id} sent")
+
+
+@app.command()
+def executor(
+    kind: Annotated[str, typer.Argument(help="dry-run | slurm | webhook")] = "dry-run",
+) -> None:
+    """Run one executor on the commands topic (results go to the results topic)."""
+    from pipeline.actuator.executors import ExecutorRunner, make_executor
+
+    settings = load_settings()
+    runner = ExecutorRunner(settings, make_executor(kind, settings))
+    err.print(f"executor {kind}: {len(runner.done)} commands already done")
+    stop = _stop_event()
+    try:
+        runner.run(stop.is_set)
+    finally:
+        runner.close()
+
+
+@app.command("resume-node")
+def resume_node(node: Annotated[str, typer.Argument(help="Slurm node to put back.")]) -> None:
+    """Put a drained node back into service (`scontrol update ... State=RESUME`)."""
+    from pipeline.actuator.executors import SlurmExecutor
+
+    console.print(SlurmExecutor(load_settings().slurm_scontrol).resume(node))

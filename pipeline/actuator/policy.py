@@ -1,0 +1,550 @@
+"""The actuator's decisions as a pure, picklable state machine (no I/O, no clocks).
+
+:class:`Policy` turns alert updates, approvals and control messages into an
+:class:`Outcome`: unsigned commands to publish, action records (observed, held,
+refused ...) and its own guardrail alerts. The Kafka service around it only decodes,
+calls, signs, publishes and commits.
+
+Time: ``now`` (the caller's wall clock) stamps commands and drives the guardrail
+windows and cooldowns, because executors compare ``expires_at`` with their own clock
+and a rebuilt actuator reads the windows back from ``issued_at``. Event time
+(``alert.ts``) decides staleness and how long a WARNING has persisted.
+
+Examples
+--------
+>>> from datetime import UTC, datetime
+>>> from schemas import (Alert, AlertKind, AlertState, Evidence, Grade,
+...                      RecommendedAction)
+>>> t = datetime(2026, 1, 1, tzinfo=UTC)
+>>> policy = Policy(PolicyParams(mode=ActuatorMode.AUTO, spare_nodes=("spare-0",)))
+>>> alert = Alert(fingerprint="fp-000001", seq=0, kind=AlertKind.HARDWARE,
+...               grade=Grade.CRITICAL, state=AlertState.FIRING, job_id="j", node="n3",
+...               step=10, started_at=t, ts=t,
+...               evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
+...               recommended_action=RecommendedAction.ISOLATE)
+>>> [(c.kind.value, c.targets, c.replacements) for c in policy.on_alert(alert, t).commands]
+[('checkpoint', (), ()), ('isolate', ('n3',), ('spare-0',)), ('restart', ('n3',), ('spare-0',))]
+>>> policy.on_alert(alert, t).commands  # a replay issues nothing
+[]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pipeline.settings import Settings
+from schemas import (
+    ActionRecord,
+    ActionState,
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Approval,
+    ApprovalDecision,
+    Command,
+    CommandKind,
+    ControlMessage,
+    Evidence,
+    Grade,
+    RecommendedAction,
+    command_id,
+    episode_fingerprint,
+)
+
+__all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]
+
+_ISOLATING = (RecommendedAction.ISOLATE, RecommendedAction.REPLACE_AT_CHECKPOINT)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyParams:
+    """Thresholds and mode; ``with_control`` applies a runtime change."""
+
+    mode: ActuatorMode = ActuatorMode.OBSERVE
+    command_ttl_s: float = 300.0
+    warning_confirm_steps: int = 20
+    warning_confirm_s: float = 300.0
+    stale_alert_s: float = 600.0
+    max_isolations: int = 3
+    max_isolation_pct: float = 5.0
+    window_s: float = 3600.0
+    node_cooldown_s: float = 1800.0
+    spare_nodes: tuple[str, ...] = ()
+    no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
+    default_job_nodes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.command_ttl_s <= 0:
+            raise ValueError("command_ttl_s must be positive")
+        if self.warning_confirm_steps < 1:
+            raise ValueError("warning_confirm_steps must be >= 1")
+        if self.max_isolations < 0:
+            raise ValueError("max_isolations must be >= 0")
+        if not 0 <= self.max_isolation_pct <= 100:
+            raise ValueError("max_isolation_pct must be within [0, 100]")
+        if self.window_s <= 0:
+            raise ValueError("window_s must be positive")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PolicyParams:
+        return cls(
+            mode=ActuatorMode(settings.actuator_mode),
+            command_ttl_s=settings.command_ttl_s,
+            warning_confirm_steps=settings.warning_confirm_steps,
+            warning_confirm_s=settings.warning_confirm_s,
+            stale_alert_s=settings.stale_alert_s,
+            max_isolations=settings.guard_max_isolations,
+            max_isolation_pct=settings.guard_max_isolation_pct,
+            window_s=settings.guard_window_s,
+            node_cooldown_s=settings.guard_node_cooldown_s,
+            spare_nodes=tuple(settings.spare_pool),
+            no_spare_policy=settings.no_spare_policy,
+            default_job_nodes=settings.guard_job_nodes,
+        )
+
+    def with_control(self, msg: ControlMessage) -> PolicyParams:
+        changes: dict[str, object] = {}
+        for ours, theirs in (
+            ("mode", "mode"),
+            ("warning_confirm_steps", "warning_confirm_steps"),
+            ("warning_confirm_s", "warning_confirm_s"),
+            ("stale_alert_s", "stale_alert_s"),
+            ("max_isolations", "guard_max_isolations"),
+            ("max_isolation_pct", "guard_max_isolation_pct"),
+            ("window_s", "guard_window_s"),
+            ("node_cooldown_s", "guard_node_cooldown_s"),
+            ("no_spare_policy", "no_spare_policy"),
+        ):
+            value = getattr(msg, theirs)
+            if value is not None:
+                changes[ours] = value
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one input led to: commands (unsigned), action records, guardrail alerts."""
+
+    commands: list[Command] = field(default_factory=list)
+    records: list[ActionRecord] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    #: why nothing happened, when nothing happened (for logs and tests)
+    note: str = ""
+
+    def extend(self, other: Outcome) -> None:
+        self.commands += other.commands
+        self.records += other.records
+        self.alerts += other.alerts
+        self.note = self.note or other.note
+
+
+@dataclass(slots=True)
+class _Episode:
+    job_id: str
+    first_step: int | None
+    last_seq: int
+    acted: set[str] = field(default_factory=set)
+    observed: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Breaker:
+    fingerprint: str
+    open_until: datetime
+    step: int | None
+    node: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    commands: tuple[Command, ...]
+    isolated: str | None  # the node removed from the job, if any
+    replacement: str | None
+    summary: str
+
+
+def action_id(fingerprint: str, action: RecommendedAction, node: str | None) -> str:
+    """Id of one confirmed action (what ``stepguard approve`` takes)."""
+    text = f"{fingerprint}\x1f{action.value}\x1f{node or ''}"
+    return "act-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class Policy:
+    """Episodes, confirmation, modes, guardrails and the spare pool. Pure and picklable.
+
+    Parameters
+    ----------
+    params
+        Mode and thresholds; changed at runtime by :meth:`on_control`.
+    """
+
+    def __init__(self, params: PolicyParams) -> None:
+        self.params = params
+        self.spares: list[str] = list(params.spare_nodes)
+        self.repair: set[str] = set()
+        self.job_nodes: dict[str, int] = {}
+        self.issued: set[str] = set()
+        self.actions: dict[str, ActionRecord] = {}
+        self._episodes: dict[str, _Episode] = {}
+        self._newest_ts: datetime | None = None
+        #: (issued_at, job, node) of every isolation, oldest first
+        self._isolations: list[tuple[datetime, str, str]] = []
+        self._last_acted: dict[str, datetime] = {}
+        self._breakers: dict[str, _Breaker] = {}
+
+    # -- inputs ------------------------------------------------------------------------
+    def on_alert(self, alert: Alert, now: datetime) -> Outcome:
+        """One alert update; see the module docstring for the meaning of ``now``."""
+        out = self._close_expired_breakers(now)
+        if alert.kind is AlertKind.GUARDRAIL:
+            out.note = "own guardrail alert"
+            return out
+        if self._newest_ts is None or alert.ts > self._newest_ts:
+            self._newest_ts = alert.ts
+        if alert.ts < self._newest_ts - timedelta(seconds=self.params.stale_alert_s):
+            out.note = "stale"
+            return out
+        ep = self._episodes.get(alert.fingerprint)
+        if ep is not None and alert.seq <= ep.last_seq:
+            out.note = "duplicate"
+            return out
+        if alert.state is AlertState.RESOLVED:
+            self._episodes.pop(alert.fingerprint, None)
+            out.extend(self._cancel_held(alert.fingerprint, now))
+            out.note = out.note or "resolved"
+            return out
+        if ep is None:
+            ep = _Episode(alert.job_id, alert.step, alert.seq)
+            self._episodes[alert.fingerprint] = ep
+        ep.last_seq = alert.seq
+        if alert.step is not None and (ep.first_step is None or alert.step < ep.first_step):
+            ep.first_step = alert.step
+        if not self._confirmed(alert, ep):
+            out.note = "not confirmed"
+            return out
+        action = alert.recommended_action
+        if action is RecommendedAction.NONE:
+            out.note = "no action recommended"
+            return out
+        aid = action_id(alert.fingerprint, action, alert.node)
+        prior = self.actions.get(aid)
+        if aid in ep.acted or (prior is not None and prior.state is not ActionState.OBSERVED):
+            out.note = "already decided"
+            return out
+        if self.params.mode is ActuatorMode.OBSERVE:
+            if aid in ep.observed or prior is not None:
+                out.note = "already observed"
+                return out
+            ep.observed.add(aid)
+        else:
+            ep.acted.add(aid)
+        out.extend(self._decide(aid, alert, ep.first_step, now, self.params.mode, by=None))
+        return out
+
+    def on_approval(self, approval: Approval, now: datetime) -> Outcome:
+        """A (verified) human decision on a held action."""
+        out = self._close_expired_breakers(now)
+        held = self.actions.get(approval.command_id)
+        if held is None or held.state is not ActionState.HELD:
+            out.note = "no such held action"
+            return out
+        if approval.decision is ApprovalDecision.REJECT:
+            out.records.append(
+                self._record(held, ActionState.REJECTED, now, approval.reason, approval.by)
+            )
+            return out
+        if self.params.mode is ActuatorMode.OBSERVE:
+            out.records.append(
+                self._record(held, ActionState.REFUSED, now, "actuator is in observe mode")
+            )
+            return out
+        assert held.alert is not None  # held records always carry their alert
+        ep = self._episodes.get(held.alert.fingerprint)
+        first_step = ep.first_step if ep is not None else held.alert.step
+        for c in held.commands:  # a rollback target was fixed when the action was held
+            if c.kind is CommandKind.ROLLBACK and c.checkpoint_step is not None:
+                first_step = c.checkpoint_step + 1
+        out.extend(
+            self._decide(
+                held.action_id, held.alert, first_step, now, ActuatorMode.APPROVE, approval.by
+            )
+        )
+        return out
+
+    def on_control(self, msg: ControlMessage, now: datetime) -> Outcome:
+        """A (verified) runtime change of mode, thresholds, spares or job size."""
+        self.params = self.params.with_control(msg)
+        if msg.spare_nodes is not None:
+            self.spares = [n for n in msg.spare_nodes if n not in self.repair]
+        if msg.job_id is not None and msg.job_nodes is not None:
+            self.job_nodes[msg.job_id] = msg.job_nodes
+        out = Outcome(note="control applied")
+        if msg.reset_breaker:
+            for job in list(self._breakers):
+                out.alerts.append(self._resolve_breaker(job, now))
+        return out
+
+    # -- rebuilding from the output topics -------------------------------------------------
+    def restore_command(self, cmd: Command) -> None:
+        """Replay one command read back from the commands topic (start-up rebuild)."""
+        self.issued.add(cmd.command_id)
+        self._apply_issue(cmd, cmd.issued_at)
+
+    def restore_record(self, record: ActionRecord) -> None:
+        """Replay one action record (latest per id wins) read back at start-up."""
+        self.actions[record.action_id] = record
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def held(self) -> list[ActionRecord]:
+        return [r for r in self.actions.values() if r.state is ActionState.HELD]
+
+    def isolations_in_window(self, job_id: str, now: datetime) -> int:
+        since = now - timedelta(seconds=self.params.window_s)
+        return sum(1 for ts, job, _ in self._isolations if job == job_id and ts > since)
+
+    def isolation_limit(self, job_id: str) -> int:
+        size = self.job_nodes.get(job_id, self.params.default_job_nodes)
+        limit = self.params.max_isolations
+        if size > 0:
+            limit = min(limit, math.floor(size * self.params.max_isolation_pct / 100 + 1e-9))
+        return limit
+
+    def breaker_open(self, job_id: str) -> bool:
+        return job_id in self._breakers
+
+    # -- internals -----------------------------------------------------------------------
+    def _confirmed(self, alert: Alert, ep: _Episode) -> bool:
+        if alert.grade is Grade.CRITICAL:
+            return True
+        if alert.grade is not Grade.WARNING:
+            return False
+        steps = None if alert.step is None or ep.first_step is None else alert.step - ep.first_step
+        if steps is not None and steps >= self.params.warning_confirm_steps:
+            return True
+        persisted = (alert.ts - alert.started_at).total_seconds()
+        return persisted >= self.params.warning_confirm_s
+
+    def _decide(
+        self,
+        aid: str,
+        alert: Alert,
+        first_step: int | None,
+        now: datetime,
+        mode: ActuatorMode,
+        by: str | None,
+    ) -> Outcome:
+        out = Outcome()
+        plan = self._plan(alert, first_step, now, mode)
+        refusal = self._guard(alert, plan, now)
+        record = ActionRecord(
+            action_id=aid, state=ActionState.OBSERVED, job_id=alert.job_id, mode=mode,
+            commands=plan.commands, reason=(alert.fingerprint,), alert=alert,
+            summary=plan.summary, by=by, ts=now,
+        )  # fmt: skip
+        if mode is ActuatorMode.OBSERVE:
+            detail = f"would be refused: {refusal}" if refusal else "would be issued"
+            out.records.append(self._record(record, ActionState.OBSERVED, now, detail))
+            return out
+        if refusal is not None:
+            opens = refusal.startswith("circuit breaker:") and alert.job_id not in self._breakers
+            if opens and plan.isolated is not None:
+                out.alerts.extend(self._open_breaker(alert, now, refusal))
+            out.records.append(self._record(record, ActionState.REFUSED, now, refusal))
+            return out
+        executable = [c for c in plan.commands if c.kind is not CommandKind.NOTIFY]
+        if mode is ActuatorMode.APPROVE and by is None and executable:
+            out.records.append(self._record(record, ActionState.HELD, now, "awaiting approval"))
+            return out
+        if by is not None:
+            out.records.append(self._record(record, ActionState.APPROVED, now, "", by))
+        for cmd in plan.commands:
+            if cmd.command_id in self.issued:
+                continue
+            self.issued.add(cmd.command_id)
+            self._apply_issue(cmd, now)
+            out.commands.append(cmd)
+        if not out.commands:
+            out.note = "already issued"
+        return out
+
+    def _plan(
+        self, alert: Alert, first_step: int | None, now: datetime, mode: ActuatorMode
+    ) -> _Plan:
+        action, node, fp = alert.recommended_action, alert.node, alert.fingerprint
+        expires = now + timedelta(seconds=self.params.command_ttl_s)
+
+        def cmd(
+            kind: CommandKind,
+            targets: tuple[str, ...] = (),
+            replacements: tuple[str, ...] = (),
+            checkpoint_step: int | None = None,
+            summary: str = "",
+        ) -> Command:
+            return Command(
+                command_id=command_id([fp], kind.value, list(targets)), kind=kind,
+                job_id=alert.job_id, targets=targets, replacements=replacements,
+                checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
+                expires_at=expires, summary=(summary or alert.summary)[:500],
+            )  # fmt: skip
+
+        nodes = (node,) if node else ()
+        if action is RecommendedAction.ROLLBACK:
+            to = None if first_step is None else max(0, first_step - 1)
+            text = f"roll back to the last checkpoint at or before step {to}: {alert.summary}"
+            return _Plan(
+                (cmd(CommandKind.ROLLBACK, checkpoint_step=to, summary=text),), None, None, text
+            )
+        if action is RecommendedAction.RESTART:
+            spare = self._spare(node)
+            repl = (spare,) if spare else ()
+            text = f"restart excluding {node or 'nothing'}" + (
+                f", bringing in {spare}" if spare else ""
+            )
+            cmds = (cmd(CommandKind.RESTART, nodes, repl, summary=text),)
+            if node:
+                cmds = (cmd(CommandKind.ISOLATE, nodes, repl, summary=text), *cmds)
+            return _Plan(cmds, node, spare, text)
+        if action in _ISOLATING and node:
+            spare = self._spare(node)
+            if spare:
+                text = f"replace {node} with {spare} at the next checkpoint boundary"
+                return _Plan(
+                    (
+                        cmd(CommandKind.CHECKPOINT, summary=text),
+                        cmd(CommandKind.ISOLATE, nodes, (spare,), summary=text),
+                        cmd(CommandKind.RESTART, nodes, (spare,), summary=text),
+                    ),
+                    node,
+                    spare,
+                    text,
+                )
+            if self.params.no_spare_policy == "checkpoint":
+                text = f"no spare for {node}: checkpoint and keep running degraded"
+                return _Plan(
+                    (
+                        cmd(CommandKind.CHECKPOINT, summary=text),
+                        cmd(CommandKind.NOTIFY, nodes, summary=text),
+                    ),
+                    None,
+                    None,
+                    text,
+                )
+            text = f"no spare for {node}: alert only"
+            return _Plan((cmd(CommandKind.NOTIFY, nodes, summary=text),), None, None, text)
+        text = f"investigate: {alert.summary}"
+        return _Plan((cmd(CommandKind.NOTIFY, nodes, summary=text),), None, None, text)
+
+    def _spare(self, node: str | None) -> str | None:
+        for spare in self.spares:
+            if spare != node and spare not in self.repair:
+                return spare
+        return None
+
+    def _guard(self, alert: Alert, plan: _Plan, now: datetime) -> str | None:
+        """Why the plan may not run now, or ``None``."""
+        if not any(c.kind is not CommandKind.NOTIFY for c in plan.commands):
+            return None
+        node = alert.node
+        if node is not None and node in self._last_acted:
+            since = (now - self._last_acted[node]).total_seconds()
+            if since < self.params.node_cooldown_s:
+                cool = self.params.node_cooldown_s
+                return f"node {node} is cooling down ({since:.0f}s < {cool:.0f}s)"
+        if plan.isolated is None:
+            return None
+        job = alert.job_id
+        if job in self._breakers:
+            return f"circuit breaker open for job {job}"
+        count, limit = self.isolations_in_window(job, now), self.isolation_limit(job)
+        if count + 1 > limit:
+            return (
+                f"circuit breaker: {count} isolations in the last {self.params.window_s:.0f}s, "
+                f"limit {limit}"
+            )
+        return None
+
+    def _apply_issue(self, cmd: Command, now: datetime) -> None:
+        """Bookkeeping of an issued command: ledger, cooldowns, spares, repair marks."""
+        for node in cmd.targets:
+            if cmd.kind is not CommandKind.NOTIFY:
+                self._last_acted[node] = max(now, self._last_acted.get(node, now))
+        for spare in cmd.replacements:
+            if spare in self.spares:
+                self.spares.remove(spare)
+        if cmd.kind is not CommandKind.ISOLATE:
+            return
+        since = now - timedelta(seconds=self.params.window_s)
+        for node in cmd.targets:
+            previous = [ts for ts, _, n in self._isolations if n == node and ts > since]
+            self._isolations.append((now, cmd.job_id, node))
+            if previous:
+                self.repair.add(node)
+                if node in self.spares:
+                    self.spares.remove(node)
+        self._isolations.sort(key=lambda item: item[0])
+
+    def _open_breaker(self, alert: Alert, now: datetime, why: str) -> list[Alert]:
+        job = alert.job_id
+        count, limit = self.isolations_in_window(job, now), self.isolation_limit(job)
+        fp = episode_fingerprint(job, AlertKind.GUARDRAIL.value, None, None, int(now.timestamp()))
+        self._breakers[job] = _Breaker(
+            fp, now + timedelta(seconds=self.params.window_s), alert.step, alert.node
+        )
+        return [self._breaker_alert(job, AlertState.FIRING, 0, now, count, limit, why)]
+
+    def _breaker_alert(
+        self, job: str, state: AlertState, seq: int, now: datetime, count: int, limit: int, why: str
+    ) -> Alert:
+        b = self._breakers[job]
+        return Alert(
+            fingerprint=b.fingerprint, seq=seq, kind=AlertKind.GUARDRAIL, grade=Grade.CRITICAL,
+            state=state, job_id=job, node=b.node, step=b.step,
+            started_at=b.open_until - timedelta(seconds=self.params.window_s), ts=now,
+            evidence=Evidence(metric="isolations_in_window", value=float(count),
+                              deviation=float(count) / max(limit, 1), detail=why),
+            recommended_action=RecommendedAction.INVESTIGATE,
+            summary=f"actuator circuit breaker for job {job}: {why}",
+        )  # fmt: skip
+
+    def _resolve_breaker(self, job: str, now: datetime) -> Alert:
+        count, limit = self.isolations_in_window(job, now), self.isolation_limit(job)
+        alert = self._breaker_alert(job, AlertState.RESOLVED, 1, now, count, limit, "closed")
+        del self._breakers[job]
+        return alert
+
+    def _close_expired_breakers(self, now: datetime) -> Outcome:
+        out = Outcome()
+        for job, b in list(self._breakers.items()):
+            if now >= b.open_until:
+                out.alerts.append(self._resolve_breaker(job, now))
+        return out
+
+    def _cancel_held(self, fingerprint: str, now: datetime) -> Outcome:
+        out = Outcome()
+        for rec in self.held:
+            if fingerprint in rec.reason:
+                out.records.append(
+                    self._record(rec, ActionState.CANCELLED, now, "episode resolved")
+                )
+        return out
+
+    def _record(
+        self,
+        base: ActionRecord,
+        state: ActionState,
+        now: datetime,
+        detail: str,
+        by: str | None = None,
+    ) -> ActionRecord:
+        rec = base.model_copy(
+            update={"state": state, "detail": detail, "ts": now, "by": by or base.by}
+        )
+        self.actions[rec.action_id] = rec
+        return rec

@@ -1,0 +1,185 @@
+"""``stepguard actuator``: the thin Kafka loop around :class:`~pipeline.actuator.policy.Policy`.
+
+Start-up rebuilds the state from the actuator's own output before consuming anything:
+the commands topic (issued ids, isolation ledger, cooldowns, spares used), the actions
+topic (held approvals and past decisions) and the control topic (mode and thresholds).
+Then it consumes decisions, approvals and control messages; for each poll it publishes
+the signed commands, action records and guardrail alerts, waits for the broker's acks
+and only then commits the consumed offsets. A crash anywhere in between replays the
+poll, and the rebuilt issued-set turns the replay into nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kafka import KafkaProducer
+
+from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
+from pipeline.actuator.policy import Outcome, Policy, PolicyParams
+from pipeline.actuator.signing import sign, signature_problem
+from pipeline.errors import ConfigError
+from pipeline.kafka import Decoded, consume_decoded, create_topics, publish, registry_of
+from pipeline.settings import Settings
+from schemas import Alert, Approval, ControlMessage
+
+__all__ = ["ACTUATOR_TOPICS", "Actuator", "ActuatorStats"]
+
+log = logging.getLogger(__name__)
+
+#: Topics the actuator reads or writes (created at start if missing).
+ACTUATOR_TOPICS = (
+    "decisions", "commands", "results", "approvals", "control", "actions", "deadletter",
+)  # fmt: skip
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class ActuatorStats:
+    consumed: int = 0
+    commands: int = 0
+    records: int = 0
+    alerts: int = 0
+    ignored: int = 0
+
+
+class Actuator:
+    """Consume decisions/approvals/control, decide with the policy, publish, commit.
+
+    Parameters
+    ----------
+    settings
+        Needs ``command_keys`` (commands are always signed).
+    clock
+        Wall clock (tests may pin it).
+    crash_after_publish
+        Fault injection for the crash test: SIGKILL this process after the broker has
+        acknowledged a poll's commands and before the offsets are committed.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group_id: str | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+        producer: KafkaProducer | None = None,
+        crash_after_publish: bool = False,
+    ) -> None:
+        if not settings.signing_keys:
+            raise ConfigError("STEPGUARD_COMMAND_KEYS is required by the actuator")
+        self.settings = settings
+        self.registry = registry_of(settings)
+        self.policy = Policy(PolicyParams.from_settings(settings))
+        self.stats = ActuatorStats()
+        self._keys = settings.signing_keys
+        self._clock = clock
+        self._group = group_id or f"{settings.consumer_group}.actuator"
+        self._crash = crash_after_publish
+        create_topics(settings, ACTUATOR_TOPICS)
+        self._producer = producer or control_producer(settings)
+        self._control_seen = -1
+        self._rebuild()
+        self._consumer = assigned_consumer(
+            settings,
+            [self.registry.name(t) for t in ("decisions", "approvals", "control")],
+            self._group,
+        )
+
+    def _rebuild(self) -> None:
+        for rec in read_to_end(self.settings, self.registry, "commands"):
+            self.policy.restore_command(rec.message)  # type: ignore[arg-type]
+        for rec in read_to_end(self.settings, self.registry, "actions"):
+            self.policy.restore_record(rec.message)  # type: ignore[arg-type]
+        now = self._clock()
+        for rec in read_to_end(self.settings, self.registry, "control"):
+            self._control(rec, now)
+        log.info(
+            "actuator rebuilt: %d issued, %d held, mode %s",
+            len(self.policy.issued), len(self.policy.held), self.policy.params.mode.value,
+        )  # fmt: skip
+
+    def _control(self, rec: Decoded, now: datetime) -> Outcome:
+        msg = rec.message
+        assert isinstance(msg, ControlMessage)
+        if rec.offset <= self._control_seen:
+            return Outcome(note="control already applied")
+        self._control_seen = rec.offset
+        problem = signature_problem(msg, self._keys)
+        if problem is not None:
+            log.warning("ignoring control %s from %s: %s", msg.change_id, msg.by, problem)
+            return Outcome(note=f"control refused: {problem}")
+        log.info("control %s by %s: %s", msg.change_id, msg.by, msg.reason or "(no reason)")
+        return self.policy.on_control(msg, now)
+
+    def handle(self, rec: Decoded) -> Outcome:
+        """One decoded input to an outcome (no I/O)."""
+        now = self._clock()
+        msg = rec.message
+        if isinstance(msg, Alert):
+            return self.policy.on_alert(msg, now)
+        if isinstance(msg, Approval):
+            problem = signature_problem(msg, self._keys)
+            if problem is not None:
+                log.warning("ignoring approval of %s by %s: %s", msg.command_id, msg.by, problem)
+                return Outcome(note=f"approval refused: {problem}")
+            return self.policy.on_approval(msg, now)
+        if isinstance(msg, ControlMessage):
+            return self._control(rec, now)
+        return Outcome(note=f"unexpected {type(msg).__name__}")
+
+    def _publish(self, out: Outcome) -> list[Any]:
+        futures = []
+        for alert in out.alerts:
+            futures.append(publish(self._producer, self.registry, "decisions", alert))
+            log.warning("guardrail: %s", alert.summary)
+        for record in out.records:
+            futures.append(publish(self._producer, self.registry, "actions", record))
+            log.info("action %s %s: %s", record.action_id, record.state.value, record.detail)
+        for cmd in out.commands:
+            futures.append(
+                publish(self._producer, self.registry, "commands", sign(cmd, self._keys))
+            )
+            log.info("command %s %s %s", cmd.command_id, cmd.kind.value, cmd.targets)
+        self.stats.commands += len(out.commands)
+        self.stats.records += len(out.records)
+        self.stats.alerts += len(out.alerts)
+        return futures
+
+    def poll_once(self, timeout_ms: int = 500) -> int:
+        """One poll: decide, publish, wait for acks, commit. Returns records consumed."""
+        futures: list[Any] = []
+        n = 0
+        for rec in consume_decoded(self._consumer, self.registry, self._producer, timeout_ms):
+            n += 1
+            out = self.handle(rec)
+            if not (out.commands or out.records or out.alerts):
+                self.stats.ignored += 1
+                log.debug("%s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, out.note)
+            futures += self._publish(out)
+        for fut in futures:
+            fut.get(timeout=30)  # acknowledged by the broker before the commit
+        if self._crash and futures:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._consumer.commit()
+        self.stats.consumed += n
+        return n
+
+    def run(self, stop: Callable[[], bool]) -> ActuatorStats:
+        while not stop():
+            self.poll_once()
+        return self.stats
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._producer.flush()
+        self._producer.close()

@@ -1,0 +1,220 @@
+"""The job-controller side of the actuator: training code listens for commands.
+
+A background thread consumes the commands topic, keeps the commands for this job,
+refuses unsigned, wrongly signed, expired or observe-mode ones (a REFUSED result) and
+queues the rest. The training loop applies them at its next step boundary::
+
+    listener = CommandListener(settings, job_id="llm-7")
+    listener.start()
+    for step in range(start, total):
+        train_one_step()
+        for cmd in listener.poll_step_boundary(step):
+            if cmd.kind is CommandKind.CHECKPOINT:
+                save(step)
+                listener.report(cmd, CommandStatus.SUCCEEDED, f"saved step {step}")
+
+or with callbacks (``on_checkpoint``, ``on_restart``, ``on_rollback``, ``on_stop``,
+``on_isolate``): each gets ``(command, step)`` and returns a detail string; the listener
+reports SUCCEEDED, or FAILED when the callback raises.
+
+Commands this listener already carried out (a SUCCEEDED or FAILED result read back
+from the results topic at start) are skipped, so a restarted training process does not
+restart itself again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
+from pipeline.actuator.signing import check_command
+from pipeline.errors import ConfigError
+from pipeline.kafka import create_topics, publish, registry_of
+from pipeline.settings import Settings
+from schemas import Command, CommandKind, CommandResult, CommandStatus, Rejected, decode
+
+__all__ = ["Callback", "CommandListener"]
+
+log = logging.getLogger(__name__)
+
+#: Results after which a command is never applied again (ACCEPTED is not final: a
+#: process that died before the step boundary applies it after its restart).
+_FINAL = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
+
+#: ``callback(command, step) -> detail``
+Callback = Callable[[Command, int], str]
+
+
+class CommandListener:
+    """Background consumer of one job's commands, applied at step boundaries.
+
+    Parameters
+    ----------
+    settings
+        Broker, topic prefix and ``command_keys`` (to verify signatures).
+    job_id
+        Only commands for this job are considered.
+    name
+        Executor name on the results this listener publishes.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        job_id: str,
+        *,
+        name: str = "job-controller",
+        on_checkpoint: Callback | None = None,
+        on_restart: Callback | None = None,
+        on_rollback: Callback | None = None,
+        on_stop: Callback | None = None,
+        on_isolate: Callback | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if not job_id:
+            raise ValueError("job_id must not be empty")
+        if not settings.signing_keys:
+            raise ConfigError("STEPGUARD_COMMAND_KEYS is required to verify commands")
+        self.settings = settings
+        self.job_id = job_id
+        self.name = name
+        self._callbacks: dict[CommandKind, Callback | None] = {
+            CommandKind.CHECKPOINT: on_checkpoint,
+            CommandKind.RESTART: on_restart,
+            CommandKind.ROLLBACK: on_rollback,
+            CommandKind.STOP: on_stop,
+            CommandKind.ISOLATE: on_isolate,
+        }
+        self._clock = clock
+        self._keys = settings.signing_keys
+        self.registry = registry_of(settings)
+        self._queue: queue.Queue[Command] = queue.Queue()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._done: set[str] = set()
+        self._producer = control_producer(settings)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self, timeout_s: float = 30.0) -> CommandListener:
+        """Read back past results, start the consumer thread, wait until it is assigned."""
+        create_topics(self.settings, ["commands", "results"])
+        for rec in read_to_end(self.settings, self.registry, "results"):
+            res = rec.message
+            if (
+                isinstance(res, CommandResult)
+                and res.executor == self.name
+                and res.status in _FINAL
+            ):
+                self._done.add(res.command_id)
+        self._thread = threading.Thread(target=self._run, name="stepguard-listener", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError("command listener did not start")
+        self._raise_if_failed()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._producer.flush()
+        self._producer.close()
+
+    def __enter__(self) -> CommandListener:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- training-loop API -----------------------------------------------------------------
+    def poll_step_boundary(self, step: int, wait_s: float = 0.0) -> list[Command]:
+        """Commands to apply now. Kinds with a callback are applied and reported here.
+
+        ``wait_s`` blocks up to that long for the first command (an idle job, a test).
+        """
+        self._raise_if_failed()
+        out: list[Command] = []
+        while True:
+            try:
+                if wait_s > 0 and not out:
+                    cmd = self._queue.get(timeout=wait_s)
+                    wait_s = 0.0
+                else:
+                    cmd = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            callback = self._callbacks.get(cmd.kind)
+            if callback is None:
+                out.append(cmd)
+                continue
+            try:
+                detail = callback(cmd, step)
+            except Exception as exc:  # the training code's failure, reported not raised
+                log.exception("%s for %s failed", cmd.kind.value, cmd.command_id)
+                self.report(cmd, CommandStatus.FAILED, f"{type(exc).__name__}: {exc}")
+                continue
+            self.report(cmd, CommandStatus.SUCCEEDED, detail)
+            out.append(cmd)
+
+    def report(self, cmd: Command, status: CommandStatus, detail: str = "") -> None:
+        """Publish the result of a command and wait for the broker's ack."""
+        self._send(cmd, status, detail)
+
+    # -- internals ---------------------------------------------------------------------
+    def _send(self, cmd: Command, status: CommandStatus, detail: str) -> None:
+        result = CommandResult(
+            command_id=cmd.command_id, job_id=cmd.job_id, executor=self.name, status=status,
+            detail=detail[:2000], ts=self._clock(),
+        )  # fmt: skip
+        publish(self._producer, self.registry, "results", result).get(timeout=30)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("command listener thread failed") from self._error
+
+    def _run(self) -> None:
+        try:
+            consumer = assigned_consumer(self.settings, [self.registry.name("commands")], None)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        try:
+            consumer.seek_to_beginning(*consumer.assignment())
+            self._ready.set()
+            while not self._stop.is_set():
+                for tp, records in consumer.poll(timeout_ms=200).items():
+                    for rec in records:
+                        cmd = decode(Command, rec.value, topic=tp.topic, partition=tp.partition,
+                                     offset=rec.offset)  # fmt: skip
+                        if isinstance(cmd, Rejected):
+                            log.warning("undecodable command at %s[%d]@%d: %s", tp.topic,
+                                        tp.partition, rec.offset, cmd.error)  # fmt: skip
+                            continue
+                        self._offer(cmd)
+        except BaseException as exc:
+            self._error = exc
+            log.exception("command listener stopped")
+        finally:
+            consumer.close()
+
+    def _offer(self, cmd: Command) -> None:
+        if cmd.job_id != self.job_id or cmd.command_id in self._done:
+            return
+        problem = check_command(cmd, self._keys, self._clock())
+        if problem is not None:
+            # not remembered: a forgery must not pre-empt the genuine command's id
+            log.warning("refusing %s %s: %s", cmd.kind.value, cmd.command_id, problem)
+            self._send(cmd, CommandStatus.REFUSED, problem)
+            return
+        self._done.add(cmd.command_id)
+        if cmd.kind is CommandKind.NOTIFY:
+            return  # for people, not for the training loop
+        self._send(cmd, CommandStatus.ACCEPTED, "queued for the next step boundary")
+        self._queue.put(cmd)

@@ -1,0 +1,89 @@
+"""Runtime control of the actuator and the record of what it decided.
+
+``ControlMessage`` (topic ``control``) changes the actuator's mode and thresholds at
+runtime; the topic is the archive of every change. ``ActionRecord`` (topic
+``actions``, latest record per ``action_id`` wins) records every confirmed action that
+did not simply become commands: observed (observe mode), held for approval, approved,
+rejected, cancelled (episode resolved while held) or refused by a guardrail. The held
+set (``stepguard pending``) is rebuilt by reading this topic from the beginning.
+
+Examples
+--------
+>>> from datetime import datetime, timezone
+>>> t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+>>> ControlMessage(change_id="c1", mode=ActuatorMode.APPROVE, by="sre", ts=t).scope
+'actuator'
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import AwareDatetime, Field, NonNegativeInt, PositiveFloat, PositiveInt
+
+from schemas._base import Message
+from schemas.alerts import Alert
+from schemas.commands import ActuatorMode, Command
+
+__all__ = ["ActionRecord", "ActionState", "ControlMessage"]
+
+
+class ActionState(StrEnum):
+    OBSERVED = "observed"
+    HELD = "held"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+
+
+class ControlMessage(Message):
+    """A runtime change of actuator settings (topic key: scope). ``None``: unchanged."""
+
+    kind_name = "control"
+    schema_version: Literal[1] = 1
+    scope: str = Field(default="actuator", min_length=1, max_length=64)
+    change_id: str = Field(min_length=1, max_length=64)
+    mode: ActuatorMode | None = None
+    warning_confirm_steps: PositiveInt | None = None
+    warning_confirm_s: PositiveFloat | None = None
+    stale_alert_s: PositiveFloat | None = None
+    guard_max_isolations: NonNegativeInt | None = None
+    guard_max_isolation_pct: float | None = Field(default=None, ge=0, le=100)
+    guard_window_s: PositiveFloat | None = None
+    guard_node_cooldown_s: float | None = Field(default=None, ge=0)
+    no_spare_policy: Literal["checkpoint", "alert"] | None = None
+    spare_nodes: tuple[str, ...] | None = Field(
+        default=None, description="Replaces the spare pool (nodes marked for repair excluded)."
+    )
+    job_id: str | None = Field(default=None, description="Job whose size job_nodes gives.")
+    job_nodes: PositiveInt | None = Field(
+        default=None, description="Node count of job_id, for the percentage guardrail."
+    )
+    reset_breaker: bool = Field(default=False, description="Close open circuit breakers.")
+    by: str = Field(min_length=1, max_length=256)
+    reason: str = ""
+    ts: AwareDatetime
+    key_id: str | None = None
+    signature: str | None = None
+
+
+class ActionRecord(Message):
+    """What the actuator decided for one confirmed action (topic key: action_id)."""
+
+    kind_name = "action_record"
+    schema_version: Literal[1] = 1
+    action_id: str = Field(min_length=4, max_length=64, description="Id to approve/reject.")
+    state: ActionState
+    job_id: str = Field(min_length=1, max_length=256)
+    mode: ActuatorMode
+    commands: tuple[Command, ...] = Field(
+        default=(), description="The commands proposed (unsigned)."
+    )
+    reason: tuple[str, ...] = Field(description="Alert fingerprints that led here.")
+    alert: Alert | None = Field(default=None, description="The alert update that confirmed.")
+    summary: str = ""
+    detail: str = ""
+    by: str | None = None
+    ts: AwareDatetime

@@ -1,0 +1,440 @@
+"""The actuator, its executors and the command listener against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
+from pipeline.actuator.executors import ExecutorRunner, SlurmExecutor
+from pipeline.actuator.service import Actuator
+from pipeline.actuator.signing import check_command, sign
+from pipeline.cli import app
+from pipeline.kafka import client_config, create_topics, publish, registry_of
+from pipeline.listener import CommandListener
+from schemas import (
+    TOPICS,
+    ActionState,
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    CommandStatus,
+    ControlMessage,
+    Evidence,
+    Grade,
+    RecommendedAction,
+    decode,
+)
+
+pytestmark = pytest.mark.integration
+
+KEYS = "k1:integration-secret-0123456789"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def act_settings(settings):
+    s = settings.model_copy(
+        update={"command_keys": SecretStr(KEYS), "actuator_mode": "auto",
+                "spare_nodes": "spare-0,spare-1,spare-2", "guard_max_isolation_pct": 100.0}
+    )  # fmt: skip
+    create_topics(s)
+    return s
+
+
+def env_of(settings, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+    env |= {
+        "STEPGUARD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "STEPGUARD_BROKER_FLAVOR": settings.broker_flavor,
+        "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
+        "STEPGUARD_CONSUMER_GROUP": settings.consumer_group,
+        "STEPGUARD_COMMAND_KEYS": KEYS,
+        "STEPGUARD_ACTUATOR_MODE": settings.actuator_mode,
+        "STEPGUARD_SPARE_NODES": settings.spare_nodes,
+        "STEPGUARD_GUARD_MAX_ISOLATION_PCT": str(settings.guard_max_isolation_pct),
+    }
+    return env | extra
+
+
+def alert(fp="fp-node3-0001", node="node-3", seq=0, action=RecommendedAction.ISOLATE) -> Alert:
+    now = datetime.now(UTC)
+    return Alert(
+        fingerprint=fp, seq=seq, kind=AlertKind.HARDWARE, grade=Grade.CRITICAL,
+        state=AlertState.FIRING, job_id="job-1", node=node, step=100 + seq, started_at=now,
+        ts=now, evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
+        recommended_action=action, summary=f"uncorrectable ECC on {node}",
+    )  # fmt: skip
+
+
+def send(settings, logical, *messages):
+    producer = control_producer(settings)
+    try:
+        reg = registry_of(settings)
+        return [publish(producer, reg, logical, m).get(timeout=30) for m in messages]
+    finally:
+        producer.close()
+
+
+def poll_until(actuator: Actuator, consumed: int, max_polls: int = 100) -> None:
+    """Poll the actuator until it consumed ``consumed`` inputs in total (bounded)."""
+    for _ in range(max_polls):
+        if actuator.stats.consumed >= consumed:
+            return
+        actuator.poll_once(timeout_ms=200)
+    raise AssertionError(f"actuator consumed {actuator.stats.consumed} < {consumed}")
+
+
+def topic(settings, logical):
+    return [r.message for r in read_to_end(settings, registry_of(settings), logical)]
+
+
+def wait_topic(settings, logical, done, max_polls=300):
+    """Records of a topic from the beginning, polled until ``done(records)`` (bounded)."""
+    consumer = assigned_consumer(settings, [registry_of(settings).name(logical)], None)
+    model, got = TOPICS[logical].model, []
+    try:
+        consumer.seek_to_beginning(*consumer.assignment())
+        for _ in range(max_polls):
+            for records in consumer.poll(timeout_ms=200).values():
+                got += [decode(model, rec.value) for rec in records]
+            if done(got):
+                return got
+    finally:
+        consumer.close()
+    raise AssertionError(f"gave up waiting on {logical}: {got}")
+
+
+def signed_command(settings, kind, cid, *, ttl=300.0, targets=(), keys=None) -> Command:
+    now = datetime.now(UTC)
+    cmd = Command(
+        command_id=cid,
+        kind=kind,
+        job_id="job-1",
+        targets=targets,
+        reason=("fp",),
+        mode=ActuatorMode.AUTO,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=ttl),
+    )
+    return sign(cmd, keys or settings.signing_keys)  # fmt: skip
+
+
+# -- the actuator ------------------------------------------------------------------------
+def test_duplicate_decisions_produce_one_command_each_signed(act_settings):
+    act = Actuator(act_settings)
+    try:
+        a = alert()
+        send(act_settings, "decisions", a, a, a, a.model_copy(update={"seq": 1}))
+        poll_until(act, 4)
+    finally:
+        act.close()
+    cmds = topic(act_settings, "commands")
+    assert [(c.kind, c.targets, c.replacements) for c in cmds] == [
+        (CommandKind.CHECKPOINT, (), ()),
+        (CommandKind.ISOLATE, ("node-3",), ("spare-0",)),
+        (CommandKind.RESTART, ("node-3",), ("spare-0",)),
+    ]
+    now = datetime.now(UTC)
+    assert all(check_command(c, act_settings.signing_keys, now) is None for c in cmds)
+
+
+def test_killed_between_publish_and_commit_neither_duplicates_nor_loses(act_settings):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from pipeline.cli import main; main()", "actuator",
+         "--crash-after-publish"],
+        env=env_of(act_settings), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    [meta] = send(act_settings, "decisions", alert())
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -9, stderr.decode()[-2000:]
+    assert len(topic(act_settings, "commands")) == 3  # acknowledged before the kill ...
+    tp = TopicPartition(meta.topic, meta.partition)
+    probe = KafkaConsumer(group_id=f"{act_settings.consumer_group}.actuator",
+                          **client_config(act_settings))  # fmt: skip
+    try:
+        committed = probe.committed(tp)
+    finally:
+        probe.close()
+    assert committed is None or committed <= meta.offset  # ... and never committed
+
+    act = Actuator(act_settings)  # a restart replays the decision
+    try:
+        assert len(act.policy.issued) == 3
+        send(act_settings, "decisions", alert("fp-node5-0001", node="node-5"))
+        poll_until(act, 2)
+    finally:
+        act.close()
+    cmds = topic(act_settings, "commands")
+    ids = [c.command_id for c in cmds]
+    assert len(ids) == 6 == len(set(ids))
+    assert [c.replacements for c in cmds if c.kind is CommandKind.ISOLATE] == [
+        ("spare-0",), ("spare-1",)
+    ]  # fmt: skip
+
+
+def test_circuit_breaker_refuses_the_isolation_over_its_limit(act_settings):
+    s = act_settings.model_copy(update={"guard_max_isolations": 1})
+    act = Actuator(s)
+    try:
+        send(s, "decisions", alert(), alert("fp-node5-0001", node="node-5"))
+        poll_until(act, 2)
+        poll_until(act, 3)  # its own guardrail alert comes back and is ignored
+    finally:
+        act.close()
+    cmds = topic(s, "commands")
+    assert {c.targets for c in cmds if c.kind is CommandKind.ISOLATE} == {("node-3",)}
+    guard = [a for a in topic(s, "decisions") if a.kind is AlertKind.GUARDRAIL]
+    assert [(g.grade, g.state, g.node) for g in guard] == [
+        (Grade.CRITICAL, AlertState.FIRING, "node-5")
+    ]
+    [refused] = topic(s, "actions")
+    assert refused.state is ActionState.REFUSED and "circuit breaker" in refused.detail
+
+
+def test_approval_flow_end_to_end_with_pending_rebuilt_after_restart(act_settings):
+    s = act_settings.model_copy(update={"actuator_mode": "approve"})
+    cli, env = CliRunner(), env_of(s)
+    act = Actuator(s)
+    try:
+        send(s, "decisions", alert(), alert("fp-node5-0001", node="node-5"))
+        poll_until(act, 2)
+    finally:
+        act.close()
+    assert topic(s, "commands") == []
+    listed = cli.invoke(app, ["pending"], env=env)
+    assert listed.exit_code == 0, listed.output
+    held = {r.alert.node: r.action_id for r in topic(s, "actions")}
+    assert set(held) == {"node-3", "node-5"}
+    assert held["node-3"] in listed.output and "2 action(s)" in listed.output
+
+    act = Actuator(s)  # restarted: the held actions come back from the actions topic
+    try:
+        assert {r.action_id for r in act.policy.held} == set(held.values())
+        ok = cli.invoke(app, ["approve", held["node-3"], "--by", "sre"], env=env)
+        no = cli.invoke(app, ["reject", held["node-5"], "--reason", "known slow"], env=env)
+        assert ok.exit_code == 0 and no.exit_code == 0, ok.output + no.output
+        poll_until(act, 2)  # resumes after the committed decisions: only the two approvals
+    finally:
+        act.close()
+    cmds = topic(s, "commands")
+    assert [(c.kind, c.mode) for c in cmds] == [
+        (CommandKind.CHECKPOINT, ActuatorMode.APPROVE),
+        (CommandKind.ISOLATE, ActuatorMode.APPROVE),
+        (CommandKind.RESTART, ActuatorMode.APPROVE),
+    ]
+    states = [(r.alert.node, r.state, r.by) for r in topic(s, "actions")[2:]]
+    assert states == [("node-3", ActionState.APPROVED, "sre"),
+                      ("node-5", ActionState.REJECTED, "cli")]  # fmt: skip
+    after = cli.invoke(app, ["pending"], env=env)
+    assert "0 action(s)" in after.output
+
+
+def test_mode_changes_at_runtime_and_forged_control_is_ignored(act_settings):
+    s = act_settings.model_copy(update={"actuator_mode": "observe"})
+    act = Actuator(s)
+    try:
+        send(s, "decisions", alert())
+        poll_until(act, 1)
+        assert topic(s, "commands") == []
+        forged = ControlMessage(change_id="evil", mode=ActuatorMode.AUTO, by="x",
+                                ts=datetime.now(UTC))  # fmt: skip
+        send(s, "control", forged)
+        res = CliRunner().invoke(app, ["control", "--mode", "auto", "--reason", "go"],
+                                 env=env_of(s))  # fmt: skip
+        assert res.exit_code == 0, res.output
+        poll_until(act, 3)
+        assert act.policy.params.mode is ActuatorMode.AUTO
+        send(s, "decisions", alert(seq=1))
+        poll_until(act, 4)
+    finally:
+        act.close()
+    [observed] = topic(s, "actions")
+    assert observed.state is ActionState.OBSERVED
+    assert len(topic(s, "commands")) == 3
+    changes = topic(s, "control")  # every change is archived, the forged one too
+    assert [(c.by, c.signature is not None) for c in changes] == [("x", False), ("cli", True)]
+    # a restarted actuator comes back in the mode the control topic says
+    act = Actuator(s)
+    try:
+        assert act.policy.params.mode is ActuatorMode.AUTO
+    finally:
+        act.close()
+
+
+# -- executors -------------------------------------------------------------------------
+def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_path):
+    log = tmp_path / "argv.jsonl"
+    exe = tmp_path / "scontrol"
+    record = f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+    exe.write_text("#!/usr/bin/env python3\nimport json, sys\n" + record)
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    evil = signed_command(
+        act_settings, CommandKind.ISOLATE, "cmd-evil", targets=("node1; rm -rf /",)
+    )
+    forged = signed_command(act_settings, CommandKind.ISOLATE, "cmd-forged", targets=("node-9",),
+                            keys=[("k1", b"attacker-secret-000000")])  # fmt: skip
+    good = signed_command(act_settings, CommandKind.ISOLATE, "cmd-good", targets=("node-3",))
+    send(act_settings, "commands", evil, forged, good)
+    runner = ExecutorRunner(act_settings, SlurmExecutor(str(exe)))
+    try:
+        for _ in range(50):
+            runner.poll_once(timeout_ms=200)
+            if len(runner.done) >= 2:
+                break
+    finally:
+        runner.close()
+    results = {r.command_id: r for r in topic(act_settings, "results")}
+    assert results["cmd-evil"].status is CommandStatus.REFUSED
+    assert "invalid node name" in results["cmd-evil"].detail
+    assert (results["cmd-forged"].status, results["cmd-forged"].detail) == (
+        CommandStatus.REFUSED, "bad signature",
+    )  # fmt: skip
+    assert results["cmd-good"].status is CommandStatus.SUCCEEDED
+    argv = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [a[:3] for a in argv] == [["update", "NodeName=node-3", "State=DRAIN"]]
+
+
+# -- the job controller (CommandListener) ----------------------------------------------------
+def test_listener_refuses_forged_unsigned_and_expired_commands(act_settings):
+    forged = signed_command(act_settings, CommandKind.STOP, "cmd-forged",
+                            keys=[("k1", b"attacker-secret-000000")])  # fmt: skip
+    unsigned = forged.model_copy(update={"command_id": "cmd-unsigned", "signature": None,
+                                         "key_id": None})  # fmt: skip
+    expired = signed_command(act_settings, CommandKind.STOP, "cmd-expired", ttl=0.001)
+    good = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-good")
+    send(act_settings, "commands", forged, unsigned, expired, good)
+    saved = []
+    listener = CommandListener(
+        act_settings,
+        "job-1",
+        on_checkpoint=lambda c, step: saved.append(step) or "saved",
+        on_stop=lambda c, step: pytest.fail("STOP must be refused"),
+    )
+    with listener:
+        applied = listener.poll_step_boundary(7, wait_s=30)
+    assert [c.command_id for c in applied] == ["cmd-good"] and saved == [7]
+    wait_topic(act_settings, "results", lambda got: len(got) >= 5)
+    results = {(r.command_id, r.status): r.detail for r in topic(act_settings, "results")}
+    assert results[("cmd-forged", CommandStatus.REFUSED)] == "bad signature"
+    assert results[("cmd-unsigned", CommandStatus.REFUSED)] == "unsigned"
+    assert results[("cmd-expired", CommandStatus.REFUSED)].startswith("expired")
+    assert results[("cmd-good", CommandStatus.SUCCEEDED)] == "saved"
+
+
+TRAINER = """
+import json, os, sys, time
+import numpy as np
+from pipeline.listener import CommandListener
+from pipeline.settings import load_settings
+
+ckpt, job, max_steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = np.random.default_rng(0)
+X = rng.normal(size=(256, 4))
+y = X @ np.array([1.0, -2.0, 0.5, 3.0])
+state = {"w": np.zeros(4), "step": 0, "restart": False}
+if os.path.exists(ckpt):
+    with np.load(ckpt) as saved:
+        state["w"], state["step"] = saved["w"], int(saved["step"])
+    print(json.dumps({"resumed": state["step"], "w": state["w"].tolist()}), flush=True)
+
+def loss():
+    return float(np.mean((X @ state["w"] - y) ** 2))
+
+def on_checkpoint(cmd, step):
+    tmp = ckpt + ".tmp.npz"
+    np.savez(tmp, w=state["w"], step=step)
+    os.replace(tmp, ckpt)
+    return json.dumps({"step": step, "w": state["w"].tolist(), "loss": loss()})
+
+def on_restart(cmd, step):
+    state["restart"] = True
+    return "restarting from the last checkpoint"
+
+listener = CommandListener(load_settings(), job, on_checkpoint=on_checkpoint,
+                           on_restart=on_restart).start()
+print(json.dumps({"ready": state["step"], "loss": loss()}), flush=True)
+while state["step"] < max_steps:
+    grad = 2 * X.T @ (X @ state["w"] - y) / len(X)
+    state["w"] = state["w"] - 0.001 * grad
+    state["step"] += 1
+    listener.poll_step_boundary(state["step"])
+    if state["restart"]:
+        print(json.dumps({"restart_at": state["step"]}), flush=True)
+        listener.close()
+        sys.exit(3)
+    time.sleep(0.001)
+listener.close()
+print(json.dumps({"done": state["step"], "loss": loss()}), flush=True)
+"""
+
+
+def _lines(proc):
+    for line in proc.stdout:
+        yield json.loads(line)
+
+
+def test_training_process_checkpoints_and_resumes_after_restart(act_settings, tmp_path):
+    script, ckpt = tmp_path / "train.py", tmp_path / "ckpt.npz"
+    script.write_text(TRAINER)
+    env = env_of(act_settings)
+
+    def launch(max_steps):
+        return subprocess.Popen([sys.executable, str(script), str(ckpt), "job-1", str(max_steps)],
+                                env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    first = launch(1_000_000)
+    try:
+        out = _lines(first)
+        start = next(out)
+        assert start["ready"] == 0
+        send(
+            act_settings,
+            "commands",
+            signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-ckpt"),
+        )
+        [saved] = [
+            r for r in wait_topic(act_settings, "results", lambda got: any(
+                r.command_id == "cmd-ckpt" and r.status is CommandStatus.SUCCEEDED for r in got))
+            if r.command_id == "cmd-ckpt" and r.status is CommandStatus.SUCCEEDED
+        ]  # fmt: skip
+        at = json.loads(saved.detail)
+        assert at["step"] > 0 and at["loss"] < start["loss"]
+        send(
+            act_settings,
+            "commands",
+            signed_command(act_settings, CommandKind.RESTART, "cmd-restart"),
+        )
+        restart_at = next(out)["restart_at"]
+        assert first.wait(timeout=60) == 3
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        first.stdout.close()
+    assert restart_at >= at["step"]
+
+    with launch(at["step"] + 50) as second:  # the launcher restarts the job
+        lines = list(_lines(second))
+        assert second.wait(timeout=60) == 0
+    resumed, ready, done = lines
+    # resumed exactly from the checkpoint: lost only the steps taken since it was saved
+    assert resumed == {"resumed": at["step"], "w": at["w"]}
+    assert ready["ready"] == at["step"] and ready["loss"] == pytest.approx(at["loss"])
+    assert done["done"] == at["step"] + 50 and done["loss"] < at["loss"]  # neither restarted
+    # nor checkpointed again: those commands were already carried out
+    finals = [r for r in topic(act_settings, "results") if r.status is CommandStatus.SUCCEEDED]
+    assert sorted(r.command_id for r in finals) == ["cmd-ckpt", "cmd-restart"]

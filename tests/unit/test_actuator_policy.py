@@ -1,0 +1,329 @@
+"""The actuator's pure policy: confirmation, modes, every guardrail, the spare pool."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline.actuator.policy import Policy, PolicyParams, action_id
+from pipeline.settings import load_settings
+from schemas import (
+    ActionState,
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Approval,
+    ApprovalDecision,
+    CommandKind,
+    ControlMessage,
+    Evidence,
+    Grade,
+    RecommendedAction,
+)
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RA = RecommendedAction
+
+
+def alert(
+    fp="fp-node3-a", *, seq=0, grade=Grade.CRITICAL, state=AlertState.FIRING, node="node-3",
+    step=100, ts=T0, started=T0, action=RA.REPLACE_AT_CHECKPOINT, kind=AlertKind.STRAGGLER,
+    job="job-1",
+) -> Alert:  # fmt: skip
+    return Alert(
+        fingerprint=fp, seq=seq, kind=kind, grade=grade, state=state, job_id=job, node=node,
+        rank=None, step=step, started_at=started, ts=ts,
+        evidence=Evidence(metric="compute_s", value=0.5, deviation=9.0),
+        recommended_action=action, summary=f"{kind.value} on {node}",
+    )  # fmt: skip
+
+
+def auto(**kw) -> Policy:
+    base = dict(
+        mode=ActuatorMode.AUTO,
+        spare_nodes=("spare-0", "spare-1", "spare-2"),
+        max_isolations=10,
+        max_isolation_pct=100,
+        node_cooldown_s=600,
+        window_s=3600,
+    )
+    base.update(kw)
+    return Policy(PolicyParams(**base))  # fmt: skip
+
+
+def kinds(out):
+    return [(c.kind, c.targets, c.replacements) for c in out.commands]
+
+
+def control(**kw) -> ControlMessage:
+    return ControlMessage(change_id="c", by="test", ts=T0, **kw)
+
+
+# -- confirmation and episodes -------------------------------------------------------------
+def test_critical_with_a_spare_replaces_the_node_at_the_next_checkpoint():
+    out = auto().on_alert(alert(), T0)
+    assert kinds(out) == [
+        (CommandKind.CHECKPOINT, (), ()),
+        (CommandKind.ISOLATE, ("node-3",), ("spare-0",)),
+        (CommandKind.RESTART, ("node-3",), ("spare-0",)),
+    ]
+    cmd = out.commands[0]
+    assert cmd.mode is ActuatorMode.AUTO and cmd.reason == ("fp-node3-a",)
+    assert cmd.expires_at == T0 + timedelta(seconds=300) and cmd.signature is None
+
+
+def test_replayed_and_repeated_updates_issue_nothing_twice():
+    p = auto()
+    assert len(p.on_alert(alert(), T0).commands) == 3
+    assert p.on_alert(alert(), T0).note == "duplicate"  # same (fingerprint, seq)
+    assert p.on_alert(alert(seq=1, step=101), T0).commands == []  # later update, same action
+
+
+def test_warning_confirms_only_after_it_persists_for_the_configured_steps():
+    p = auto(warning_confirm_steps=20, warning_confirm_s=1e9)
+    for seq, step in enumerate([100, 105, 119]):
+        out = p.on_alert(alert(seq=seq, step=step, grade=Grade.WARNING), T0)
+        assert out.commands == [] and out.note == "not confirmed"
+    assert len(p.on_alert(alert(seq=3, step=120, grade=Grade.WARNING), T0).commands) == 3
+
+
+def test_warning_confirms_after_the_configured_seconds_of_event_time():
+    p = auto(warning_confirm_steps=1000, warning_confirm_s=60)
+    assert p.on_alert(alert(grade=Grade.WARNING, ts=T0 + timedelta(seconds=59)), T0).commands == []
+    out = p.on_alert(alert(seq=1, grade=Grade.WARNING, ts=T0 + timedelta(seconds=60)), T0)
+    assert len(out.commands) == 3
+
+
+def test_info_never_acts_and_escalation_to_critical_acts_at_once():
+    p = auto()
+    assert p.on_alert(alert(grade=Grade.INFO), T0).commands == []
+    assert len(p.on_alert(alert(seq=1, grade=Grade.CRITICAL), T0).commands) == 3
+
+
+def test_stale_alerts_are_ignored():
+    p = auto(stale_alert_s=600)
+    p.on_alert(alert("fp-other-1", node="node-9", action=RA.INVESTIGATE, ts=T0), T0)
+    out = p.on_alert(alert(ts=T0 - timedelta(seconds=601)), T0)
+    assert out.commands == [] and out.note == "stale"
+
+
+def test_own_guardrail_alerts_are_not_acted_on():
+    out = auto().on_alert(alert(kind=AlertKind.GUARDRAIL, action=RA.ISOLATE), T0)
+    assert out.commands == [] and out.note == "own guardrail alert"
+
+
+# -- action mapping --------------------------------------------------------------------
+def test_rollback_targets_the_last_checkpoint_before_the_episode():
+    p = auto()
+    p.on_alert(alert(grade=Grade.WARNING, step=500, action=RA.ROLLBACK, node=None), T0)
+    out = p.on_alert(alert(seq=1, step=510, action=RA.ROLLBACK, node=None), T0)
+    assert [(c.kind, c.checkpoint_step) for c in out.commands] == [(CommandKind.ROLLBACK, 499)]
+
+
+def test_restart_excludes_the_dead_node_and_names_a_spare():
+    out = auto().on_alert(alert(kind=AlertKind.HANG, action=RA.RESTART), T0)
+    assert kinds(out) == [
+        (CommandKind.ISOLATE, ("node-3",), ("spare-0",)),
+        (CommandKind.RESTART, ("node-3",), ("spare-0",)),
+    ]
+
+
+def test_restart_of_a_whole_hung_job_isolates_nothing():
+    p = auto()
+    out = p.on_alert(alert(kind=AlertKind.HANG, action=RA.RESTART, node=None), T0)
+    assert kinds(out) == [(CommandKind.RESTART, (), ("spare-0",))]
+    assert p.isolations_in_window("job-1", T0) == 0
+
+
+def test_investigate_only_notifies():
+    out = auto().on_alert(alert(action=RA.INVESTIGATE), T0)
+    assert kinds(out) == [(CommandKind.NOTIFY, ("node-3",), ())]
+
+
+def test_no_spare_checkpoints_and_keeps_running_degraded():
+    p = auto(spare_nodes=())
+    out = p.on_alert(alert(), T0)
+    assert kinds(out) == [(CommandKind.CHECKPOINT, (), ()), (CommandKind.NOTIFY, ("node-3",), ())]
+    assert p.isolations_in_window("job-1", T0) == 0
+
+
+def test_no_spare_with_alert_policy_only_notifies():
+    out = auto(spare_nodes=(), no_spare_policy="alert").on_alert(alert(), T0)
+    assert kinds(out) == [(CommandKind.NOTIFY, ("node-3",), ())]
+
+
+# -- guardrails --------------------------------------------------------------------------
+def test_circuit_breaker_refuses_the_isolation_over_the_limit_and_raises_one_alert():
+    p = auto(max_isolations=2)
+    for i in range(2):
+        assert len(p.on_alert(alert(f"fp-node{i}-x", node=f"node-{i}"), T0).commands) == 3
+    out = p.on_alert(alert("fp-node5-x", node="node-5"), T0)
+    assert out.commands == []
+    [rec] = out.records
+    assert rec.state is ActionState.REFUSED and "circuit breaker" in rec.detail
+    [guard] = out.alerts
+    assert (guard.kind, guard.grade, guard.state) == (
+        AlertKind.GUARDRAIL, Grade.CRITICAL, AlertState.FIRING,
+    )  # fmt: skip
+    assert guard.job_id == "job-1" and guard.evidence.value == 2
+    # open: refuses further isolations without a second alert
+    out = p.on_alert(alert("fp-node6-x", node="node-6"), T0 + timedelta(seconds=1))
+    assert out.commands == [] and out.alerts == [] and "open" in out.records[0].detail
+    assert p.breaker_open("job-1")
+    # notifications still flow while it is open
+    assert (
+        len(p.on_alert(alert("fp-node7-x", node="node-7", action=RA.INVESTIGATE), T0).commands) == 1
+    )
+    # after the window it closes (a RESOLVED guardrail alert) and isolations resume
+    later = T0 + timedelta(seconds=3601)
+    out = p.on_alert(alert("fp-node8-x", node="node-8", ts=later), later)
+    assert [a.state for a in out.alerts] == [AlertState.RESOLVED]
+    assert len(out.commands) == 3
+
+
+def test_circuit_breaker_counts_a_percentage_of_the_job():
+    p = auto(max_isolations=10, max_isolation_pct=5.0, default_job_nodes=40)  # 5% of 40 = 2
+    assert p.isolation_limit("job-1") == 2
+    p.on_control(control(job_id="job-1", job_nodes=20), T0)  # 5% of 20 = 1
+    assert p.isolation_limit("job-1") == 1
+    assert len(p.on_alert(alert("fp-a-000001", node="node-1"), T0).commands) == 3
+    out = p.on_alert(alert("fp-b-000002", node="node-2"), T0)
+    assert out.commands == [] and out.alerts[0].kind is AlertKind.GUARDRAIL
+
+
+def test_control_can_reset_an_open_breaker():
+    p = auto(max_isolations=0)
+    assert p.on_alert(alert(), T0).alerts
+    out = p.on_control(control(reset_breaker=True, guard_max_isolations=1), T0)
+    assert [a.state for a in out.alerts] == [AlertState.RESOLVED]
+    assert len(p.on_alert(alert("fp-new-00001", node="node-4"), T0).commands) == 3
+
+
+def test_per_node_cooldown():
+    p = auto(node_cooldown_s=600)
+    assert p.on_alert(alert("fp-first-001"), T0).commands
+    out = p.on_alert(alert("fp-second-01"), T0 + timedelta(seconds=599))
+    assert out.commands == [] and "cooling down" in out.records[0].detail
+    assert out.alerts == []  # a cooldown is not a breaker
+    assert p.on_alert(alert("fp-third-001"), T0 + timedelta(seconds=600)).commands
+
+
+def test_spares_are_used_once_and_a_twice_isolated_node_goes_to_repair():
+    p = auto(spare_nodes=("spare-0", "spare-1"), node_cooldown_s=0)
+    p.on_alert(alert("fp-a-000001", node="node-1"), T0)
+    assert p.spares == ["spare-1"]
+    # node-1 comes back as a spare, fails again within the window -> repair, never a spare
+    p.on_control(control(spare_nodes=("node-1", "spare-1")), T0)
+    out = p.on_alert(alert("fp-b-000002", node="node-2"), T0 + timedelta(seconds=1))
+    assert kinds(out)[1] == (CommandKind.ISOLATE, ("node-2",), ("node-1",))
+    out = p.on_alert(alert("fp-c-000003", node="node-1"), T0 + timedelta(seconds=2))
+    assert kinds(out)[1] == (CommandKind.ISOLATE, ("node-1",), ("spare-1",))
+    assert "node-1" in p.repair
+    p.on_control(control(spare_nodes=("node-1",)), T0)
+    assert p.spares == []
+    out = p.on_alert(alert("fp-d-000004", node="node-4"), T0 + timedelta(seconds=3))
+    assert kinds(out) == [(CommandKind.CHECKPOINT, (), ()), (CommandKind.NOTIFY, ("node-4",), ())]
+
+
+# -- modes -------------------------------------------------------------------------------
+def test_observe_mode_records_what_it_would_do_and_issues_nothing():
+    p = auto(mode=ActuatorMode.OBSERVE)
+    out = p.on_alert(alert(), T0)
+    assert out.commands == []
+    [rec] = out.records
+    assert rec.state is ActionState.OBSERVED and rec.detail == "would be issued"
+    assert [c.kind for c in rec.commands] == [
+        CommandKind.CHECKPOINT, CommandKind.ISOLATE, CommandKind.RESTART,
+    ]  # fmt: skip
+    assert p.spares == ["spare-0", "spare-1", "spare-2"]  # nothing consumed
+    assert p.on_alert(alert(seq=1), T0).records == []  # recorded once per action
+    # switched to auto at runtime: the still-firing episode now acts
+    p.on_control(control(mode=ActuatorMode.AUTO), T0)
+    assert len(p.on_alert(alert(seq=2), T0).commands) == 3
+
+
+def test_approve_mode_holds_until_approved():
+    p = auto(mode=ActuatorMode.APPROVE)
+    out = p.on_alert(alert(), T0)
+    assert out.commands == [] and out.records[0].state is ActionState.HELD
+    aid = out.records[0].action_id
+    assert aid == action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
+    assert [r.action_id for r in p.held] == [aid]
+    ok = Approval(command_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    out = p.on_approval(ok, T0 + timedelta(seconds=5))
+    assert [r.state for r in out.records] == [ActionState.APPROVED]
+    assert len(out.commands) == 3 and {c.mode for c in out.commands} == {ActuatorMode.APPROVE}
+    assert out.commands[0].issued_at == T0 + timedelta(seconds=5)
+    assert p.held == [] and p.on_approval(ok, T0).commands == []  # approving twice: nothing
+
+
+def test_approve_mode_reject_and_notifications_need_no_approval():
+    p = auto(mode=ActuatorMode.APPROVE)
+    assert len(p.on_alert(alert("fp-inv-00001", action=RA.INVESTIGATE), T0).commands) == 1
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    no = Approval(command_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0)
+    out = p.on_approval(no, T0)
+    assert out.commands == [] and out.records[0].state is ActionState.REJECTED
+    assert out.records[0].detail == "fp" and out.records[0].by == "sre"
+
+
+def test_resolved_episode_cancels_its_held_action():
+    p = auto(mode=ActuatorMode.APPROVE)
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    out = p.on_alert(alert(seq=1, state=AlertState.RESOLVED), T0)
+    assert [(r.action_id, r.state) for r in out.records] == [(aid, ActionState.CANCELLED)]
+    ok = Approval(command_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    assert p.on_approval(ok, T0).commands == []
+
+
+def test_approval_rechecks_the_guardrails():
+    p = auto(mode=ActuatorMode.APPROVE, max_isolations=1)
+    held = [p.on_alert(alert(f"fp-n{i}-0000", node=f"node-{i}"), T0).records[0] for i in range(2)]
+    ok = [Approval(command_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0)
+          for h in held]  # fmt: skip
+    assert len(p.on_approval(ok[0], T0).commands) == 3
+    out = p.on_approval(ok[1], T0)
+    assert out.commands == [] and out.records[0].state is ActionState.REFUSED
+    assert out.alerts[0].kind is AlertKind.GUARDRAIL
+
+
+# -- state -------------------------------------------------------------------------------
+def test_rebuilt_from_issued_commands_a_policy_repeats_nothing_and_keeps_its_ledger():
+    first = auto(max_isolations=1)
+    issued = first.on_alert(alert(), T0).commands
+    fresh = auto(max_isolations=1)
+    for cmd in issued:
+        fresh.restore_command(cmd)
+    assert fresh.on_alert(alert(), T0).commands == []  # replayed decision
+    assert fresh.spares == ["spare-1", "spare-2"]
+    out = fresh.on_alert(alert("fp-other-001", node="node-8"), T0)
+    assert out.commands == [] and out.alerts  # the restored isolation still counts
+
+
+def test_policy_pickles_mid_episode():
+    p = auto(warning_confirm_steps=10, warning_confirm_s=1e9)
+    p.on_alert(alert(grade=Grade.WARNING, step=100), T0)
+    q = pickle.loads(pickle.dumps(p))
+    assert len(q.on_alert(alert(seq=1, grade=Grade.WARNING, step=110), T0).commands) == 3
+
+
+def test_params_from_settings_and_validation():
+    s = load_settings({}, actuator_mode="approve", spare_nodes="a, b", guard_max_isolations=2)
+    params = PolicyParams.from_settings(s)
+    assert params.mode is ActuatorMode.APPROVE and params.spare_nodes == ("a", "b")
+    assert params.max_isolations == 2
+    with pytest.raises(ValueError, match="window_s"):
+        PolicyParams(window_s=0)
+
+
+@pytest.mark.parametrize("module", ["policy", "signing", "executors"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(f"pipeline.actuator.{module}")
+    failed, _ = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert failed == 0
