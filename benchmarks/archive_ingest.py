@@ -1,0 +1,185 @@
+"""Archive ingest: telemetry rows/s end to end (broker -> archiver -> ClickHouse) beside
+the backend's raw insert rate measured in the same run, on a ClickHouse server and chDB.
+
+    python benchmarks/archive_ingest.py [--quick] [--json PATH] [--clickhouse DSN]
+                                        [--kafka HOST:PORT] [--no-write]
+
+Without --clickhouse it uses STEPGUARD_TEST_CLICKHOUSE, else measures chDB only.
+Without --kafka it starts the embedded Tansu broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from _common import command_line, environment, write_section
+
+from pipeline.archive import ChdbBackend, ServerBackend, migrate, rows_for
+from pipeline.archive.archiver import Archiver
+from pipeline.archive.backend import ArchiveBackend
+from pipeline.embedded import TansuBroker
+from pipeline.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.settings import load_settings
+from schemas import RankSample, StepTelemetry
+
+RANKS_PER_NODE = 8
+
+
+def messages(n: int, nodes: int = 64) -> list[StepTelemetry]:
+    """``n`` per-node step messages of a ``nodes``-node job, realistic sizes."""
+    t0 = datetime(2026, 11, 29, tzinfo=UTC)
+    out = []
+    for i in range(n):
+        node, step = i % nodes, i // nodes
+        ts = t0 + timedelta(seconds=step)
+        samples = tuple(
+            RankSample(
+                rank=node * RANKS_PER_NODE + g, local_rank=g, dp_group=node, pp_stage=0,
+                step_time_s=0.45, compute_s=0.38 + 0.001 * g, comm_wait_s=0.05,
+                data_wait_s=0.02, loss=2.5, grad_norm=1.1,
+            )
+            for g in range(RANKS_PER_NODE)
+        )  # fmt: skip
+        out.append(StepTelemetry(job_id="bench", node=f"node-{node:04d}", step=step,
+                                 ts_start=ts, ts_end=ts, samples=samples))  # fmt: skip
+    return out
+
+
+def raw_insert_rate(backend: ArchiveBackend, msgs: list[StepTelemetry], batch: int) -> float:
+    """Rows/s of backend.insert alone, from prepared columns (the ceiling)."""
+    chunks = [rows_for([(m, 0) for m in msgs[i : i + batch]])["steps"]
+              for i in range(0, len(msgs), batch)]  # fmt: skip
+    rows = sum(len(c["step"]) for c in chunks)
+    t0 = time.perf_counter()
+    for cols in chunks:
+        backend.insert("steps", cols)
+    return rows / (time.perf_counter() - t0)
+
+
+def archived_rate(settings: Any, backend: ArchiveBackend, msgs: list[StepTelemetry], batch: int,
+                  ) -> tuple[float, float]:  # fmt: skip
+    """(steady rows/s, seconds to the first batch). Steady is measured from the end of the
+    first batch (group join and first fetch excluded) until every row is archived."""
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for m in msgs:
+        publish(producer, registry, "steps", m)
+    producer.flush()
+    producer.close()
+    want = len(msgs) * RANKS_PER_NODE
+    archiver = Archiver(settings, backend, topics=["steps"], max_batch=batch, max_wait_s=0.5)
+    try:
+        t0 = time.perf_counter()
+        while archiver.poll_batch() == 0 and time.perf_counter() - t0 < 60:
+            pass
+        t1, rows1 = time.perf_counter(), archiver.stats.rows
+        idle = 0
+        while archiver.stats.rows < want and idle < 20:
+            got = archiver.poll_batch()
+            idle = idle + 1 if got == 0 else 0
+        elapsed = time.perf_counter() - t1
+    finally:
+        archiver.close()
+    if archiver.stats.rows < want:
+        raise SystemExit(f"archived only {archiver.stats.rows} of {want} rows")
+    return (archiver.stats.rows - rows1) / elapsed, t1 - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="20k messages instead of 100k")
+    ap.add_argument("--json", type=Path, help="write the figures as JSON here")
+    ap.add_argument("--clickhouse", default=os.environ.get("STEPGUARD_TEST_CLICKHOUSE", ""))
+    ap.add_argument("--kafka", default=os.environ.get("STEPGUARD_TEST_KAFKA", ""))
+    ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    args = ap.parse_args(argv)
+    n = 20_000 if args.quick else 100_000
+    batch = 5_000  # messages per insert: 40k rows
+    msgs = messages(n)
+    result: dict[str, Any] = {"messages": n, "rows": n * RANKS_PER_NODE}
+    with ExitStack() as stack:
+        if args.kafka:
+            base = load_settings({}, kafka_bootstrap=args.kafka, broker_flavor="kafka")
+        else:
+            broker = stack.enter_context(TansuBroker(Path(tempfile.mkdtemp()) / "tansu"))
+            base = load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="tansu")
+        backends: list[tuple[str, ArchiveBackend]] = []
+        chdb = ChdbBackend(Path(tempfile.mkdtemp()) / "chdb", database="bench")
+        stack.callback(chdb.close)
+        backends.append(("chdb", chdb))
+        if args.clickhouse:
+            base_dsn = args.clickhouse.rsplit("/", 1)[0]
+            server = ServerBackend(f"{base_dsn}/bench_{uuid.uuid4().hex[:8]}", timeout_s=120)
+            stack.callback(server.close)
+            backends.insert(0, ("server", server))
+        for name, backend in backends:
+            migrate(backend)
+            print(f"[{name}] raw insert of {n * RANKS_PER_NODE} rows ...", file=sys.stderr)
+            raw = raw_insert_rate(backend, msgs, batch)
+            backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
+            print(f"[{name}] broker -> archiver -> {name} ...", file=sys.stderr)
+            tag = uuid.uuid4().hex[:8]
+            settings = base.model_copy(
+                update={"topic_prefix": f"bench{tag}.", "consumer_group": f"bench{tag}"}
+            )
+            e2e, first_s = archived_rate(settings, backend, msgs, batch)
+            _, version = backend.query("SELECT version()")
+            result[name] = {
+                "archived_rows_per_s": round(e2e),
+                "raw_insert_rows_per_s": round(raw),
+                "ratio": round(e2e / raw, 3),
+                "first_batch_s": round(first_s, 2),
+                "version": str(version[0][0]),
+            }
+            backend.execute(f"DROP DATABASE IF EXISTS {backend.database}")
+            print(f"[{name}] {result[name]}", file=sys.stderr)
+    env = environment(command_line(), ("clickhouse-driver", "chdb", "kafka-python", "pydantic"))
+    env["broker"] = "Apache Kafka" if args.kafka else "Tansu (embedded)"
+    result["environment"] = env
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        "## Archive ingest",
+        "",
+        f"`{env['command']}` — {env['date']}; {env['machine']}; broker: {env['broker']}; "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+        + ".",
+        "",
+        f"{n} StepTelemetry messages of {RANKS_PER_NODE} ranks ({n * RANKS_PER_NODE} rows), "
+        f"inserts of {batch * RANKS_PER_NODE} rows. Raw = `backend.insert` of prepared columns "
+        "in the same run; archived = consume + decode + columns + insert + commit, steady state "
+        "(from the end of the first batch: the consumer-group join is reported apart).",
+        "",
+        "| backend | version | archived rows/s | raw insert rows/s | archived / raw | "
+        "first batch (s) | target |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in ("server", "chdb"):
+        if name in result:
+            r = result[name]
+            target = ">= 50 % of raw" + (", >= 500k rows/s" if name == "server" else "")
+            lines.append(
+                f"| {name} | {r['version']} | {r['archived_rows_per_s']:,} | "
+                f"{r['raw_insert_rows_per_s']:,} | {r['ratio']:.0%} | {r['first_batch_s']} | "
+                f"{target} |"
+            )
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_write:
+        write_section("archive_ingest", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
