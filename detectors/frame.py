@@ -141,6 +141,102 @@ class StepFrame:
             has_grad_norm=has_grad,
         )
 
+    @classmethod
+    def from_arrays(
+        cls,
+        job_id: str,
+        step: int,
+        ts: float,
+        compute: npt.ArrayLike,
+        comm_wait: npt.ArrayLike | None = None,
+        data_wait: npt.ArrayLike | None = None,
+        *,
+        ranks_per_node: int = 8,
+        rank: npt.ArrayLike | None = None,
+        pp_stage: npt.ArrayLike | None = None,
+        dp_group: npt.ArrayLike | None = None,
+        phase: Phase | npt.ArrayLike = Phase.TRAIN,
+        loss: npt.ArrayLike | None = None,
+        grad_norm: npt.ArrayLike | None = None,
+        step_time: npt.ArrayLike | None = None,
+        node_names: Sequence[str] | None = None,
+    ) -> StepFrame:
+        """Build a frame straight from arrays (tests, benchmarks, simulators).
+
+        Ranks default to ``0..n-1``, node ``k`` hosting ranks
+        ``k * ranks_per_node ...``, named ``node-k`` unless ``node_names`` is given;
+        ``comm_wait``/``data_wait`` default to zero and ``step_time`` to the largest
+        ``compute + comm_wait + data_wait``. NaN in ``loss``/``grad_norm`` means "not
+        reported" here; use :meth:`from_messages` to carry reported NaNs.
+
+        >>> f = StepFrame.from_arrays("j", 0, 1.0, [1.0, 1.1, 1.0], ranks_per_node=2)
+        >>> f.nodes, f.node_of_rank(2), float(f.step_time[0])
+        (('node-0', 'node-1'), 'node-1', 1.1)
+        """
+        c = np.asarray(compute, dtype=np.float64)
+        n = int(c.shape[0])
+        if ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node!r}")
+        zeros = np.zeros(n)
+        comm = zeros if comm_wait is None else np.asarray(comm_wait, dtype=np.float64)
+        data = zeros if data_wait is None else np.asarray(data_wait, dtype=np.float64)
+        r = np.arange(n, dtype=np.int64) if rank is None else np.asarray(rank, dtype=np.int64)
+        order = np.argsort(r, kind="stable")
+        r = r[order]
+        pos = np.arange(n, dtype=np.int64)
+        node_of_pos = (pos // ranks_per_node).astype(np.int32)
+        local = (pos % ranks_per_node).astype(np.int32)
+        n_nodes = int(node_of_pos.max()) + 1 if n else 0
+        names = (
+            tuple(node_names)
+            if node_names is not None
+            else tuple(f"node-{k}" for k in range(n_nodes))
+        )
+        if len(names) < n_nodes:
+            raise ValueError(f"node_names must name {n_nodes} nodes, got {len(names)}")
+
+        def col(
+            a: npt.ArrayLike | None, dtype: type[np.generic], fill: float
+        ) -> npt.NDArray[np.generic]:
+            if a is None:
+                return np.full(n, fill, dtype=dtype)
+            return np.asarray(a, dtype=dtype)[order]
+
+        if isinstance(phase, Phase):
+            ph: I8 = np.full(n, PHASE_CODES[phase], dtype=np.int8)
+        else:
+            ph = np.asarray(phase, dtype=np.int8)[order]
+        loss_a = col(loss, np.float64, np.nan).astype(np.float64)
+        grad_a = col(grad_norm, np.float64, np.nan).astype(np.float64)
+        c, comm, data = c[order], comm[order], data[order]
+        if step_time is None:
+            total = c + comm + data
+            st = np.full(n, float(total.max()) if n else 0.0)
+        else:
+            st = np.asarray(step_time, dtype=np.float64)[order]
+        return cls(
+            job_id=job_id,
+            step=step,
+            ts=float(ts),
+            ts_start=float(ts) - (float(st.max()) if n else 0.0),
+            nodes=names[:n_nodes] if node_names is None else names,
+            rank=r,
+            node_idx=node_of_pos,
+            local_rank=local,
+            dp_group=col(dp_group, np.int32, 0).astype(np.int32),
+            pp_stage=col(pp_stage, np.int32, 0).astype(np.int32),
+            tp_group=np.zeros(n, dtype=np.int32),
+            phase=ph,
+            step_time=st,
+            compute=c,
+            comm_wait=comm,
+            data_wait=data,
+            loss=loss_a,
+            grad_norm=grad_a,
+            has_loss=~np.isnan(loss_a),
+            has_grad_norm=~np.isnan(grad_a),
+        )
+
     def to_messages(self) -> list[StepTelemetry]:
         """Split the frame back into one StepTelemetry per node (publishing side)."""
         end = datetime.fromtimestamp(self.ts, UTC)

@@ -7,7 +7,9 @@ from tests.factories import step_telemetry
 
 
 def _msgs(step, nodes=3):
-    return [step_telemetry(node=f"n{i}", step=step, ranks=2, first_rank=2 * i) for i in range(nodes)]
+    return [
+        step_telemetry(node=f"n{i}", step=step, ranks=2, first_rank=2 * i) for i in range(nodes)
+    ]
 
 
 def test_a_step_is_emitted_once_every_known_node_reported():

@@ -1,0 +1,341 @@
+"""Grading: scores -> info / warning / critical alert episodes, with hysteresis.
+
+:func:`advance` is a pure function from (episode state, score, policy) to the next
+state and the transition it caused, if any. :class:`Grader` keeps one state per
+subject (signal, node, rank) and turns transitions into :class:`schemas.Alert`
+updates.
+
+Rules, per subject, counted in observations of that subject:
+
+- a grade *enters* once its score has stayed ``>= enter`` for ``min_obs``
+  consecutive observations (a single-step blip never fires);
+- within an episode grades only escalate; the episode *resolves* once the score has
+  stayed ``< exit`` (the exit threshold of the lowest enabled grade) for
+  ``hold_obs`` consecutive observations;
+- flap suppression: a subject that fires again within ``cooloff_obs`` observations of
+  resolving re-opens the same episode (same fingerprint, next ``seq``) instead of
+  starting a new one;
+- an alert update is emitted only on a transition (new episode, escalation, re-open,
+  resolve), never on every step.
+
+Examples
+--------
+>>> from schemas import AlertKind, Grade, RecommendedAction
+>>> from detectors.base import Finding
+>>> policy = GradePolicy(AlertKind.STRAGGLER, enter=(None, 0.05, 0.2),
+...                      exit=0.025, min_obs=(1, 2, 2), hold_obs=2)
+>>> g = Grader("job-1", {"straggler": policy})
+>>> def step(i, score):
+...     fs = [Finding("straggler", "n1", 9, score, "compute_s", 1 + score, 8.0)]
+...     return g.observe(fs if score else [], signals={"straggler"}, step=i, ts=i)
+>>> [len(step(i, s)) for i, s in enumerate([0.1, 0.0, 0.1, 0.1, 0.1])]
+[0, 0, 0, 1, 0]
+>>> a = step(5, 0.3); a
+[]
+>>> a = step(6, 0.3)[0]; (a.grade.value, a.state.value, a.seq, a.node, a.rank)
+('critical', 'firing', 1, 'n1', 9)
+>>> step(7, 0.0), step(8, 0.0)[0].state.value
+([], 'resolved')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import Enum
+
+from detectors.base import Finding, SubjectKey
+from schemas.alerts import (
+    Alert,
+    AlertKind,
+    AlertState,
+    Grade,
+    RecommendedAction,
+    episode_fingerprint,
+)
+
+__all__ = [
+    "GRADES",
+    "EpisodeState",
+    "GradePolicy",
+    "Grader",
+    "Transition",
+    "advance",
+]
+
+GRADES: tuple[Grade, Grade, Grade] = (Grade.INFO, Grade.WARNING, Grade.CRITICAL)
+
+_DEFAULT_ACTIONS = (
+    RecommendedAction.INVESTIGATE,
+    RecommendedAction.INVESTIGATE,
+    RecommendedAction.INVESTIGATE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GradePolicy:
+    """Thresholds of one signal.
+
+    Parameters
+    ----------
+    kind
+        Alert kind the signal reports as.
+    enter
+        Enter thresholds for (info, warning, critical); ``None`` disables a grade.
+    exit
+        The episode resolves once the score stays below this for ``hold_obs``
+        observations. Must not exceed the lowest enter threshold.
+    min_obs
+        Consecutive observations at or above a grade's enter threshold before it fires.
+    hold_obs
+        Consecutive observations below ``exit`` before the episode resolves.
+    cooloff_obs
+        A re-fire within this many observations of resolving re-opens the episode.
+    actions
+        Recommended action per grade (info, warning, critical).
+    """
+
+    kind: AlertKind
+    enter: tuple[float | None, float | None, float | None]
+    exit: float
+    min_obs: tuple[int, int, int] = (3, 3, 3)
+    hold_obs: int = 5
+    cooloff_obs: int = 30
+    actions: tuple[RecommendedAction, RecommendedAction, RecommendedAction] = _DEFAULT_ACTIONS
+
+    def __post_init__(self) -> None:
+        enabled = [e for e in self.enter if e is not None]
+        if not enabled:
+            raise ValueError("enter must enable at least one grade")
+        if any(not math.isfinite(e) for e in enabled) or enabled != sorted(enabled):
+            raise ValueError(f"enter thresholds must be finite and increasing, got {self.enter}")
+        if not (math.isfinite(self.exit) and self.exit <= min(enabled)):
+            raise ValueError(f"exit must be <= the lowest enter threshold, got {self.exit!r}")
+        if any(m < 1 for m in self.min_obs):
+            raise ValueError(f"min_obs must be >= 1, got {self.min_obs}")
+        if self.hold_obs < 1:
+            raise ValueError(f"hold_obs must be >= 1, got {self.hold_obs!r}")
+        if self.cooloff_obs < 0:
+            raise ValueError(f"cooloff_obs must be >= 0, got {self.cooloff_obs!r}")
+
+    @property
+    def lowest_threshold(self) -> float:
+        """Scores below this can neither fire nor keep an episode open."""
+        return self.exit
+
+
+class Transition(Enum):
+    NEW = "new"
+    ESCALATE = "escalate"
+    REOPEN = "reopen"
+    RESOLVE = "resolve"
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeState:
+    """Grading state of one subject. ``grade`` is -1 while not firing."""
+
+    above: tuple[int, int, int] = (0, 0, 0)
+    below: int = 0
+    grade: int = -1
+    n_obs: int = 0
+    seq: int = -1
+    first_step: int | None = None
+    started_ts: float = 0.0
+    resolved_at: int | None = None
+
+    @property
+    def firing(self) -> bool:
+        return self.grade >= 0
+
+    def idle(self, policy: GradePolicy) -> bool:
+        """True when forgetting this state changes nothing."""
+        return (
+            not self.firing
+            and self.above == (0, 0, 0)
+            and (self.resolved_at is None or self.n_obs - self.resolved_at > policy.cooloff_obs)
+        )
+
+
+def advance(
+    state: EpisodeState, score: float, policy: GradePolicy, *, step: int, ts: float
+) -> tuple[EpisodeState, Transition | None]:
+    """Next state of one subject after one observation, and the transition, if any.
+
+    Pure: returns a new state. A non-finite score counts as "above every threshold".
+    """
+    s = score if not math.isnan(score) else math.inf
+    above = tuple(
+        (a + 1) if (e is not None and s >= e) else 0
+        for a, e in zip(state.above, policy.enter, strict=True)
+    )
+    above3: tuple[int, int, int] = (above[0], above[1], above[2])
+    target = -1
+    for g in (2, 1, 0):
+        if policy.enter[g] is not None and above3[g] >= policy.min_obs[g]:
+            target = g
+            break
+    below = state.below + 1 if s < policy.exit else 0
+    n_obs = state.n_obs + 1
+    nxt = replace(state, above=above3, below=below, n_obs=n_obs)
+    if not state.firing:
+        if target < 0:
+            return nxt, None
+        recent = state.resolved_at is not None and n_obs - state.resolved_at <= policy.cooloff_obs
+        if recent and state.first_step is not None:
+            return replace(nxt, grade=target, seq=state.seq + 1, below=0), Transition.REOPEN
+        return (
+            replace(nxt, grade=target, seq=0, first_step=step, started_ts=ts, below=0),
+            Transition.NEW,
+        )
+    if target > state.grade:
+        return replace(nxt, grade=target, seq=state.seq + 1), Transition.ESCALATE
+    if below >= policy.hold_obs:
+        return (
+            replace(nxt, grade=-1, seq=state.seq + 1, resolved_at=n_obs, above=(0, 0, 0)),
+            Transition.RESOLVE,
+        )
+    return nxt, None
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+@dataclass
+class _Tracked:
+    state: EpisodeState
+    last: Finding | None = None
+    grade_fired: int = -1
+
+
+@dataclass
+class Grader:
+    """Grades findings per subject and emits :class:`schemas.Alert` updates.
+
+    Parameters
+    ----------
+    job_id
+        Job the alerts belong to.
+    policies
+        Grading policy per signal name.
+    """
+
+    job_id: str
+    policies: Mapping[str, GradePolicy]
+    _subjects: dict[SubjectKey, _Tracked] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.job_id:
+            raise ValueError("job_id must not be empty")
+
+    def firing(self) -> dict[SubjectKey, Grade]:
+        """Subjects with an open episode and their grade."""
+        return {k: GRADES[t.state.grade] for k, t in self._subjects.items() if t.state.firing}
+
+    def state_of(self, key: SubjectKey) -> EpisodeState | None:
+        t = self._subjects.get(key)
+        return None if t is None else t.state
+
+    def min_score(self, signal: str) -> float:
+        """Findings of ``signal`` scoring below this can be left out of :meth:`observe`."""
+        return self.policies[signal].lowest_threshold
+
+    def observe(
+        self,
+        findings: Iterable[Finding],
+        *,
+        signals: Collection[str],
+        step: int,
+        ts: float,
+        node: str | None = None,
+    ) -> list[Alert]:
+        """Feed one observation for every subject of ``signals`` (and ``node``, if given).
+
+        Subjects tracked for these signals but absent from ``findings`` observe a score
+        of 0. Returns the alert updates caused, in a deterministic order.
+        """
+        scored: dict[SubjectKey, Finding] = {}
+        for finding in findings:
+            if finding.signal not in signals:
+                raise ValueError(f"finding for signal {finding.signal!r} outside {sorted(signals)}")
+            old = scored.get(finding.key)
+            if old is None or finding.score > old.score:
+                scored[finding.key] = finding
+        keys = set(scored)
+        for k in self._subjects:
+            if k[0] in signals and (node is None or k[1] == node):
+                keys.add(k)
+        alerts: list[Alert] = []
+        for key in sorted(keys, key=_sort_key):
+            policy = self.policies[key[0]]
+            f = scored.get(key)
+            tracked = self._subjects.get(key)
+            if tracked is None:
+                if f is None or f.score < policy.lowest_threshold:
+                    continue
+                tracked = self._subjects[key] = _Tracked(EpisodeState())
+            score = 0.0 if f is None else f.score
+            new_state, transition = advance(tracked.state, score, policy, step=step, ts=ts)
+            tracked.state = new_state
+            if f is not None and (new_state.firing or tracked.last is None):
+                tracked.last = f
+            if transition is not None:
+                alerts.append(self._alert(key, tracked, transition, policy, step, ts))
+            if new_state.idle(policy):
+                del self._subjects[key]
+        return alerts
+
+    def _alert(
+        self,
+        key: SubjectKey,
+        tracked: _Tracked,
+        transition: Transition,
+        policy: GradePolicy,
+        step: int,
+        ts: float,
+    ) -> Alert:
+        st = tracked.state
+        signal, node, rank = key
+        resolved = transition is Transition.RESOLVE
+        grade_idx = tracked.grade_fired if resolved else st.grade
+        if not resolved:
+            tracked.grade_fired = st.grade
+        grade = GRADES[max(grade_idx, 0)]
+        assert st.first_step is not None
+        last = tracked.last
+        assert last is not None
+        evidence = last.evidence()
+        action = RecommendedAction.NONE if resolved else policy.actions[max(grade_idx, 0)]
+        subject = node if node is not None else "job"
+        if rank is not None:
+            subject = f"{subject} rank {rank}"
+        verb = {
+            Transition.NEW: "firing",
+            Transition.ESCALATE: f"escalated to {grade.value}",
+            Transition.REOPEN: "re-opened",
+            Transition.RESOLVE: "resolved",
+        }[transition]
+        summary = f"{policy.kind.value} ({signal}) on {subject} {verb}: {evidence.detail}".strip()
+        return Alert(
+            fingerprint=episode_fingerprint(self.job_id, signal, node, rank, st.first_step),
+            seq=st.seq,
+            kind=policy.kind,
+            grade=grade,
+            state=AlertState.RESOLVED if resolved else AlertState.FIRING,
+            job_id=self.job_id,
+            node=node,
+            rank=rank,
+            step=max(step, 0),
+            started_at=_dt(st.started_ts),
+            ts=_dt(max(ts, st.started_ts)),
+            evidence=evidence,
+            recommended_action=action,
+            summary=summary[:1000],
+        )
+
+
+def _sort_key(key: SubjectKey) -> tuple[str, str, int]:
+    return (key[0], key[1] or "", -1 if key[2] is None else key[2])

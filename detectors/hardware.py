@@ -1,0 +1,513 @@
+"""Hardware health per node and GPU: baselines against the node's own history *and*
+the fleet at the same time, plus hard rules that are critical at once.
+
+Scored per :class:`schemas.NodeHealth` report (one node, all its GPUs, vectorised):
+
+- ``thermal``: temperature above the fleet median by more than the GPU's own learned
+  offset (a diurnal swing on every node cancels out; a GPU that always runs 3 °C
+  hotter is normal), counted only while the GPU throttles (SM clock down versus the
+  fleet and its own baseline, or a thermal throttle reason) or when the excess is
+  extreme. Score: excess in °C.
+- ``ecc_rate``, ``nvlink_errors`` (per GPU) and ``nic_errors`` (per node: errors plus
+  retransmits): counts since the previous report from the cumulative counters,
+  scored as a Poisson z against the expected count at the baseline rate,
+  ``(k - lam) / sqrt(lam + 1)`` with ``lam = max(own EW rate, fleet median rate) * dt``,
+  so background noise on a busy counter does not page while a storm does.
+- ``hw_fatal`` (hard rule): any increase of ``ecc_uncorrected`` (a first report with a
+  non-zero count counts as one) or any XID in ``fatal_xids``. Score 1, latched for
+  ``fatal_latch_reports`` reports so the episode stays open.
+
+:data:`FATAL_XIDS` (NVIDIA XID catalogue): 48 double-bit ECC error; 63 ECC page
+retirement / row-remap event; 64 ECC page retirement or row-remap failure; 74 NVLink
+error; 79 GPU fallen off the bus; 94 contained ECC error; 95 uncontained ECC error;
+119 GSP RPC timeout; 120 GSP error. Other XIDs (application faults such as 13, 31,
+43) are not scored.
+
+Counters going down (reboot, driver reload) re-base and give a zero count. Baseline
+scores are neutral until a GPU has ``warmup_reports`` reports; the hard rules apply at
+once. Power is reported in the evidence only.
+
+Examples
+--------
+>>> from datetime import datetime, timedelta, timezone
+>>> from schemas import GpuHealth, NodeHealth
+>>> t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+>>> def report(node, i, temp=60.0, xids=(), unc=0):
+...     g = GpuHealth(index=0, temperature_c=temp, power_w=300, sm_clock_mhz=1980,
+...                   utilization_pct=99, ecc_uncorrected=unc, xid_codes=xids)
+...     return NodeHealth(node=node, ts=t0 + timedelta(seconds=10 * i), gpus=(g,))
+>>> hw = HardwareDetector()
+>>> for i in range(5):
+...     for n in ("a", "b", "c"):
+...         hw.learn_one(report(n, i))
+>>> hw.score_one(report("a", 5, xids=(79,)))[0].signal
+'hw_fatal'
+>>> hw.score_one(report("b", 5, temp=75.0))   # hot but not throttling: not thermal
+[]
+>>> hw.score_one(report("c", 5, temp=95.0))[0].signal   # extreme: thermal anyway
+'thermal'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from detectors._stats import EWArrays
+from detectors.base import Finding, check_positive
+from schemas.telemetry import NodeHealth
+
+__all__ = ["FATAL_XIDS", "HEALTH_SIGNALS", "HardwareDetector", "Prepared"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+#: XID codes that are critical at once (see the module docstring).
+FATAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120})
+
+#: Signals produced from NodeHealth reports.
+HEALTH_SIGNALS: frozenset[str] = frozenset(
+    {"thermal", "ecc_rate", "nvlink_errors", "nic_errors", "hw_fatal"}
+)
+
+_RATE_ALPHA = 0.05
+_OFFSET_ALPHA = 0.02
+
+
+_T = TypeVar("_T", bound=np.generic)
+
+
+def _grow(a: npt.NDArray[_T], n: int, fill: float = 0.0) -> npt.NDArray[_T]:
+    if a.shape[0] >= n:
+        return a
+    out = np.full(max(n, 2 * a.shape[0]), fill, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@dataclass
+class _Node:
+    """One node: per-GPU arrays indexed by position (``pos`` maps GPU index)."""
+
+    n: int = 0
+    last_ts: float = -math.inf
+    nic: int = 0  #: last cumulative errors + retransmits
+    nic_rate: EWArrays = field(default_factory=lambda: EWArrays(1, _RATE_ALPHA, warmup=5))
+    pos: dict[int, int] = field(default_factory=dict)
+    fleet_slot: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gpu_n: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ecc_corr: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ecc_unc: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    nvlink: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    latch: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    latch_detail: dict[int, str] = field(default_factory=dict)
+    temp_off: EWArrays = field(default_factory=lambda: EWArrays(0, _OFFSET_ALPHA, warmup=5))
+    clock_off: EWArrays = field(default_factory=lambda: EWArrays(0, _OFFSET_ALPHA, warmup=5))
+    ecc_rate: EWArrays = field(default_factory=lambda: EWArrays(0, _RATE_ALPHA, warmup=5))
+    nvl_rate: EWArrays = field(default_factory=lambda: EWArrays(0, _RATE_ALPHA, warmup=5))
+    _key: tuple[int, ...] = ()
+    _idx: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def positions(self, indices: tuple[int, ...], fleet: _Fleet | None, node: str) -> I64:
+        """Positions of the GPUs of a report (registering new GPUs when ``fleet``)."""
+        if indices == self._key:
+            return self._idx
+        out = np.full(len(indices), -1, dtype=np.int64)
+        for i, gi in enumerate(indices):
+            p = self.pos.get(gi)
+            if p is None and fleet is not None:
+                p = self.pos[gi] = len(self.pos)
+                n = p + 1
+                self.gpu_n = _grow(self.gpu_n, n)
+                self.ecc_corr = _grow(self.ecc_corr, n)
+                self.ecc_unc = _grow(self.ecc_unc, n)
+                self.nvlink = _grow(self.nvlink, n)
+                self.latch = _grow(self.latch, n)
+                self.fleet_slot = _grow(self.fleet_slot, n, -1)
+                self.fleet_slot[p] = fleet.add_gpu(node, gi)
+                for ew in (self.temp_off, self.clock_off, self.ecc_rate, self.nvl_rate):
+                    ew.grow(n)
+            out[i] = -1 if p is None else p
+        if fleet is not None:
+            self._key, self._idx = indices, out
+        return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prepared:
+    """One NodeHealth report as arrays, with the counts since the previous report."""
+
+    msg: NodeHealth
+    ts: float
+    dt: float  #: seconds since the node's previous report (inf-like before the first)
+    indices: tuple[int, ...]
+    temp: F64
+    clock: F64
+    corr: I64
+    unc: I64
+    nvl: I64
+    nic_total: int
+    d_ecc: F64
+    d_nvl: F64
+    d_nic: float
+    known: npt.NDArray[np.bool_]  #: GPUs with a previous report to count from
+    xid_fatal: npt.NDArray[np.bool_]
+
+
+@dataclass
+class _Fleet:
+    """Latest value per GPU and per node across the fleet, with cached medians."""
+
+    slots: int = 0
+    temp: F64 = field(default_factory=lambda: np.zeros(0))
+    clock: F64 = field(default_factory=lambda: np.zeros(0))
+    ecc: F64 = field(default_factory=lambda: np.zeros(0))
+    nvl: F64 = field(default_factory=lambda: np.zeros(0))
+    nic: dict[str, float] = field(default_factory=dict)
+    medians: tuple[float, float, float, float, float] = (math.nan, math.nan, 0.0, 0.0, 0.0)
+    updates: int = 0
+    fresh: bool = False
+
+    def add_gpu(self, node: str, index: int) -> int:
+        s = self.slots
+        self.slots += 1
+        self.temp = _grow(self.temp, self.slots, math.nan)
+        self.clock = _grow(self.clock, self.slots, math.nan)
+        self.ecc = _grow(self.ecc, self.slots, math.nan)
+        self.nvl = _grow(self.nvl, self.slots, math.nan)
+        return s
+
+    def refresh(self) -> None:
+        n = self.slots
+
+        def med(a: F64, default: float) -> float:
+            v = a[:n]
+            v = v[np.isfinite(v)]
+            return float(np.median(v)) if v.size else default
+
+        self.medians = (
+            med(self.temp, math.nan),
+            med(self.clock, math.nan),
+            med(self.ecc, 0.0),
+            med(self.nvl, 0.0),
+            float(np.median(list(self.nic.values()))) if self.nic else 0.0,
+        )
+        self.updates = 0
+        self.fresh = True
+
+
+def _poisson_z(count: F64, expected: F64) -> F64:
+    return (count - expected) / np.sqrt(expected + 1.0)
+
+
+class HardwareDetector:
+    """Scores NodeHealth reports against own and fleet baselines, plus hard rules.
+
+    Parameters
+    ----------
+    warmup_reports
+        Reports per GPU before baseline scores leave neutral (hard rules apply at once).
+    temp_critical_c
+        Temperature excess (°C over fleet and own offset) that counts as thermal even
+        without a throttling sign.
+    clock_drop
+        SM-clock drop (fraction, versus fleet and own baseline) that counts as
+        throttling.
+    fatal_xids
+        XID codes that are critical at once.
+    fatal_latch_reports
+        Reports a hard-rule finding stays at score 1 after the event.
+    fleet_refresh
+        Fleet medians are recomputed after this fraction of the fleet has reported.
+    """
+
+    def __init__(
+        self,
+        warmup_reports: int = 5,
+        temp_critical_c: float = 20.0,
+        clock_drop: float = 0.05,
+        fatal_xids: Iterable[int] = FATAL_XIDS,
+        fatal_latch_reports: int = 30,
+        fleet_refresh: float = 0.125,
+    ) -> None:
+        if warmup_reports < 1:
+            raise ValueError(f"warmup_reports must be >= 1, got {warmup_reports!r}")
+        check_positive("temp_critical_c", temp_critical_c)
+        check_positive("clock_drop", clock_drop)
+        if fatal_latch_reports < 1:
+            raise ValueError(f"fatal_latch_reports must be >= 1, got {fatal_latch_reports!r}")
+        if not 0 < fleet_refresh <= 1:
+            raise ValueError(f"fleet_refresh must be in (0, 1], got {fleet_refresh!r}")
+        self.warmup_reports = warmup_reports
+        self.temp_critical_c = temp_critical_c
+        self.clock_drop = clock_drop
+        self.fatal_xids = frozenset(int(x) for x in fatal_xids)
+        self.fatal_latch_reports = fatal_latch_reports
+        self.fleet_refresh = fleet_refresh
+        self._nodes: dict[str, _Node] = {}
+        self._fleet = _Fleet()
+
+    def prepare(self, msg: NodeHealth) -> Prepared:
+        """Read one report into arrays and count events since the node's previous
+        report (reads state only). Valid until the next :meth:`learn_prepared`."""
+        st = self._nodes.get(msg.node) or _Node()
+        gpus = msg.gpus
+        rows = np.array(
+            [
+                (
+                    g.index,
+                    g.temperature_c,
+                    g.sm_clock_mhz,
+                    g.ecc_corrected,
+                    g.ecc_uncorrected,
+                    g.nvlink_errors,
+                )
+                for g in gpus
+            ],
+            dtype=np.float64,
+        ).reshape(len(gpus), 6)
+        indices = tuple(int(g.index) for g in gpus)
+        corr = rows[:, 3].astype(np.int64)
+        nvl = rows[:, 5].astype(np.int64)
+        pos = st.positions(indices, None, msg.node)
+        ts = msg.ts.timestamp()
+        dt = ts - st.last_ts
+        nic_total = msg.nic_errors + msg.nic_retransmits
+        d_ecc, d_nvl, d_nic, known = self._counts(st, pos, corr, nvl, nic_total, dt)
+        return Prepared(
+            msg=msg,
+            ts=ts,
+            dt=dt,
+            indices=indices,
+            temp=rows[:, 1],
+            clock=rows[:, 2],
+            corr=corr,
+            unc=rows[:, 4].astype(np.int64),
+            nvl=nvl,
+            nic_total=nic_total,
+            d_ecc=d_ecc,
+            d_nvl=d_nvl,
+            d_nic=d_nic,
+            known=known,
+            xid_fatal=np.array(
+                [bool(self.fatal_xids.intersection(g.xid_codes)) for g in gpus], dtype=bool
+            ),
+        )
+
+    @staticmethod
+    def _counts(
+        st: _Node, pos: I64, corr: I64, nvl: I64, nic: int, dt: float
+    ) -> tuple[F64, F64, float, npt.NDArray[np.bool_]]:
+        """Counts since the previous report (0 for new GPUs, resets and first reports)."""
+        if st.n == 0 or dt <= 0 or st.gpu_n.shape[0] == 0:
+            zero = np.zeros(pos.shape[0])
+            return zero, zero.copy(), 0.0, np.zeros(pos.shape[0], dtype=bool)
+        p = np.where(pos >= 0, pos, 0)
+        known = (pos >= 0) & (st.gpu_n[p] > 0)
+        d_ecc = np.where(known, np.maximum(corr - st.ecc_corr[p], 0), 0).astype(np.float64)
+        d_nvl = np.where(known, np.maximum(nvl - st.nvlink[p], 0), 0).astype(np.float64)
+        return d_ecc, d_nvl, float(max(0, nic - st.nic)), known
+
+    def score_one(self, msg: NodeHealth) -> list[Finding]:
+        """Findings of one report (reads state only; no finding means all clear)."""
+        return self.score_prepared(self.prepare(msg))
+
+    def score_prepared(self, prep: Prepared) -> list[Finding]:
+        """Findings of a report read by :meth:`prepare` (reads state only)."""
+        msg = prep.msg
+        st = self._nodes.get(msg.node) or _Node()
+        node = msg.node
+        indices, temp, clock, unc = prep.indices, prep.temp, prep.clock, prep.unc
+        pos = st.positions(indices, None, node)
+        have = pos >= 0
+        p = np.where(have, pos, 0)
+        sized = st.gpu_n.shape[0] > 0
+        seen = have & (st.gpu_n[p] > 0) if sized else np.zeros(len(indices), dtype=bool)
+        dt = prep.dt
+        d_ecc, d_nvl, d_nic, known = prep.d_ecc, prep.d_nvl, prep.d_nic, prep.known
+        f_temp, f_clock, f_ecc, f_nvl, f_nic = self._fleet.medians
+        out: list[Finding] = []
+        # hard rules
+        prev_unc = np.where(seen, st.ecc_unc[p], 0) if sized else np.zeros(len(indices), np.int64)
+        latch = np.where(seen, st.latch[p], 0) if sized else np.zeros(len(indices), np.int64)
+        for i, g in enumerate(msg.gpus):
+            reasons = []
+            if unc[i] > prev_unc[i]:
+                reasons.append(f"uncorrectable ECC +{int(unc[i] - prev_unc[i])}")
+            if prep.xid_fatal[i]:
+                fatal = sorted(set(g.xid_codes) & self.fatal_xids)
+                reasons.append("fatal XID " + ",".join(map(str, fatal)))
+            if reasons or latch[i] > 0:
+                detail = "; ".join(reasons) or st.latch_detail.get(int(p[i]), "earlier fatal")
+                out.append(
+                    Finding(
+                        "hw_fatal",
+                        node,
+                        None,
+                        1.0,
+                        "ecc_uncorrected",
+                        float(unc[i]),
+                        1.0,
+                        detail=f"GPU {g.index}: {detail}",
+                    )
+                )
+        warm = seen & (st.gpu_n[p] >= self.warmup_reports) if sized else seen
+        if not warm.any():
+            return out
+        # thermal: peer-relative temperature against the GPU's own offset
+        if math.isfinite(f_temp) and math.isfinite(f_clock) and f_clock > 0:
+            off_t = st.temp_off.mean[p]
+            excess = temp - f_temp - off_t
+            drop = st.clock_off.mean[p] - clock / f_clock
+            for i in np.flatnonzero(warm & (excess > 0)).tolist():
+                g = msg.gpus[i]
+                reason = any("thermal" in r.lower() for r in g.throttle_reasons)
+                throttled = drop[i] >= self.clock_drop or reason
+                if throttled or excess[i] >= self.temp_critical_c:
+                    out.append(
+                        Finding(
+                            "thermal",
+                            node,
+                            None,
+                            float(excess[i]),
+                            "temperature_c",
+                            float(temp[i]),
+                            float(excess[i]),
+                            peer_median=f_temp,
+                            baseline=f_temp + float(off_t[i]),
+                            detail=(
+                                f"GPU {g.index}: {temp[i]:.0f} C vs fleet {f_temp:.0f} C "
+                                f"(+{excess[i]:.1f} C over its usual offset), SM clock "
+                                f"{-drop[i]:+.0%}, power {g.power_w:.0f} W, throttle "
+                                f"{','.join(g.throttle_reasons) or 'none'}"
+                            ),
+                        )
+                    )
+        # counters: Poisson z of the count against the baseline rate
+        if dt > 0:
+            for signal, d, ew, fleet_rate, metric in (
+                ("ecc_rate", d_ecc, st.ecc_rate, f_ecc, "ecc_corrected_per_report"),
+                ("nvlink_errors", d_nvl, st.nvl_rate, f_nvl, "nvlink_errors_per_report"),
+            ):
+                rate = np.maximum(ew.mean[p], fleet_rate)
+                z = _poisson_z(d, rate * dt)
+                for i in np.flatnonzero(warm & known & (z > 0)).tolist():
+                    out.append(
+                        Finding(
+                            signal,
+                            node,
+                            None,
+                            float(z[i]),
+                            metric,
+                            float(d[i]),
+                            float(z[i]),
+                            peer_median=fleet_rate * dt,
+                            baseline=float(ew.mean[p[i]]) * dt,
+                            detail=(
+                                f"GPU {indices[i]}: {int(d[i])} in {dt:.0f}s, expected "
+                                f"{rate[i] * dt:.1f}"
+                            ),
+                        )
+                    )
+            if st.n >= self.warmup_reports:
+                rate_n = max(float(st.nic_rate.mean[0]), f_nic)
+                z_n = float(_poisson_z(np.array([d_nic]), np.array([rate_n * dt]))[0])
+                if z_n > 0:
+                    out.append(
+                        Finding(
+                            "nic_errors",
+                            node,
+                            None,
+                            z_n,
+                            "nic_errors_per_report",
+                            d_nic,
+                            z_n,
+                            peer_median=f_nic * dt,
+                            baseline=float(st.nic_rate.mean[0]) * dt,
+                            detail=(
+                                f"NIC errors+retransmits {int(d_nic)} in {dt:.0f}s, "
+                                f"expected {rate_n * dt:.1f}"
+                            ),
+                        )
+                    )
+        return out
+
+    def learn_one(self, msg: NodeHealth, anomalous: Iterable[str] = ()) -> None:
+        """Learn one report. Signals named in ``anomalous`` (judged anomalous or graded
+        critical) do not update their baselines; counters always re-base."""
+        self.learn_prepared(self.prepare(msg), anomalous)
+
+    def learn_prepared(self, prep: Prepared, anomalous: Iterable[str] = ()) -> None:
+        """Learn a report read by :meth:`prepare` against the current state."""
+        skip = set(anomalous)
+        msg = prep.msg
+        node = msg.node
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = _Node()
+        ts = prep.ts
+        if ts <= st.last_ts:
+            return
+        fl = self._fleet
+        indices, temp, clock, corr, unc, nvl = (
+            prep.indices,
+            prep.temp,
+            prep.clock,
+            prep.corr,
+            prep.unc,
+            prep.nvl,
+        )
+        first_seen = np.array([gi not in st.pos for gi in indices], dtype=bool)
+        pos = st.positions(indices, fl, node)
+        dt, nic_total = prep.dt, prep.nic_total
+        d_ecc, d_nvl, d_nic, known = prep.d_ecc, prep.d_nvl, prep.d_nic, prep.known
+        f_temp, f_clock, _, _, _ = fl.medians
+        # hard-rule latch
+        prev_unc = np.where(first_seen | (st.gpu_n[pos] == 0), 0, st.ecc_unc[pos])
+        fatal = (unc > prev_unc) | prep.xid_fatal
+        st.latch[pos] = np.where(fatal, self.fatal_latch_reports, np.maximum(st.latch[pos] - 1, 0))
+        for p in pos[fatal]:
+            st.latch_detail[int(p)] = "after uncorrectable ECC / fatal XID"
+        # baselines
+        if (
+            math.isfinite(f_temp)
+            and math.isfinite(f_clock)
+            and f_clock > 0
+            and "thermal" not in skip
+        ):
+            st.temp_off.update(pos, temp - f_temp)
+            st.clock_off.update(pos, clock / f_clock)
+        if dt > 0 and known.any():
+            if "ecc_rate" not in skip:
+                st.ecc_rate.update(pos[known], d_ecc[known] / dt)
+            if "nvlink_errors" not in skip:
+                st.nvl_rate.update(pos[known], d_nvl[known] / dt)
+            slots = st.fleet_slot[pos[known]]
+            fl.ecc[slots] = d_ecc[known] / dt
+            fl.nvl[slots] = d_nvl[known] / dt
+        if st.n > 0 and dt > 0:
+            if "nic_errors" not in skip:
+                st.nic_rate.update(np.zeros(1, dtype=np.int64), np.array([d_nic / dt]))
+            fl.nic[node] = d_nic / dt
+        slots = st.fleet_slot[pos]
+        fl.temp[slots] = temp
+        fl.clock[slots] = clock
+        st.gpu_n[pos] += 1
+        st.ecc_corr[pos] = corr
+        st.ecc_unc[pos] = unc
+        st.nvlink[pos] = nvl
+        st.nic = nic_total
+        st.last_ts = ts
+        st.n += 1
+        fl.updates += 1
+        if not fl.fresh or fl.updates >= max(1, int(self.fleet_refresh * len(self._nodes))):
+            fl.refresh()
+
+    def forget(self, node: str) -> None:
+        """Drop a node's state (it left the job); its fleet entries stay until replaced."""
+        self._nodes.pop(node, None)

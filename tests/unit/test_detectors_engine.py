@@ -1,0 +1,208 @@
+"""JobMonitor end to end on small synthetic jobs."""
+
+import pickle
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from detectors.engine import JobMonitor, MonitorConfig
+from detectors.frame import StepFrame
+from schemas import AlertKind, AlertState, GpuHealth, Grade, NodeHealth, Phase, RecommendedAction
+
+
+def frames(steps=60, n=64, seed=0, slow=None, onset=25, pp=None, factor=None, phase=None):
+    """A synchronous job; ``slow`` maps rank -> slowdown from ``onset`` on."""
+    rng = np.random.default_rng(seed)
+    ts = 1_000.0
+    for step in range(steps):
+        compute = 1.0 + 0.01 * rng.standard_normal(n)
+        if pp is not None:
+            compute *= np.where(pp == pp.max(), 1.3, 1.0)
+        if slow and step >= onset:
+            for r, s in slow.items():
+                compute[r] *= 1 + s
+        if factor is not None:
+            compute *= factor(step)
+        data = 0.01 + 0.001 * rng.random(n)
+        busy = compute + data
+        comm = busy.max() + 0.05 - busy
+        ts += busy.max() + 0.05
+        ph = phase(step) if phase else Phase.TRAIN
+        yield StepFrame.from_arrays(
+            "job",
+            step,
+            ts,
+            compute,
+            comm,
+            data,
+            pp_stage=pp,
+            phase=ph,
+            loss=np.full(n, 3.0 - 0.001 * step),
+            grad_norm=np.full(n, 1.0),
+        )
+
+
+def run(mon, fs):
+    out = []
+    for f in fs:
+        out += mon.process_step(f)
+    return out
+
+
+def test_straggler_is_named_early_and_escalates():
+    alerts = run(JobMonitor("job"), frames(slow={21: 0.15}))
+    assert [(a.kind, a.grade, a.node, a.rank) for a in alerts] == [
+        (AlertKind.STRAGGLER, Grade.WARNING, "node-2", 21),
+        (AlertKind.STRAGGLER, Grade.CRITICAL, "node-2", 21),
+    ]
+    assert alerts[0].step - 25 <= 5
+    assert alerts[1].recommended_action is RecommendedAction.ISOLATE
+    ev = alerts[0].evidence
+    assert ev.metric == "compute_s" and ev.value > 1.1 and ev.peer_median == pytest.approx(1, 0.05)
+
+
+def test_whole_slow_node_is_one_node_level_finding():
+    alerts = run(JobMonitor("job"), frames(slow={r: 0.2 for r in range(8, 16)}))
+    assert {(a.node, a.rank) for a in alerts} == {("node-1", None)}
+
+
+def test_recovered_straggler_resolves():
+    mon = JobMonitor("job")
+    fs = list(frames(steps=80, slow={5: 0.15}, onset=20))
+    alerts = run(mon, fs[:40])
+    healthy = list(frames(steps=80, seed=1))
+    alerts += run(mon, healthy[40:])
+    assert alerts[-1].state is AlertState.RESOLVED and alerts[-1].rank == 5
+
+
+def test_traps_stay_silent():
+    pp = np.repeat(np.arange(4), 16)
+    assert run(JobMonitor("job"), frames(pp=pp)) == []  # stage imbalance
+    surge = lambda s: 1.5 if 30 <= s < 40 else 1.0  # noqa: E731 - cluster-wide slowdown
+    assert run(JobMonitor("job"), frames(factor=surge)) == []
+    blip = {7: 0.5}
+    assert run(JobMonitor("job"), frames(slow=blip, onset=30, steps=31)) == []
+
+
+def test_eval_and_checkpoint_steps_are_not_graded():
+    phase = lambda s: Phase.EVAL if s % 10 == 9 else Phase.TRAIN  # noqa: E731
+    slow_eval = lambda s: 3.0 if s % 10 == 9 else 1.0  # noqa: E731
+    assert run(JobMonitor("job"), frames(phase=phase, factor=slow_eval)) == []
+
+
+def test_hang_is_flagged_by_tick_and_resolved_by_progress():
+    mon = JobMonitor("job")
+    fs = list(frames(steps=30))
+    run(mon, fs[:20])
+    last = fs[19].ts
+    assert mon.tick(last + 1.0) == []
+    (a,) = mon.tick(last + 3.0)
+    assert (a.kind, a.grade, a.node) == (AlertKind.HANG, Grade.CRITICAL, None)
+    assert a.recommended_action is RecommendedAction.RESTART
+    (r,) = mon.process_step(fs[20])
+    assert r.state is AlertState.RESOLVED and r.fingerprint == a.fingerprint
+
+
+def test_missing_node_is_flagged():
+    mon = JobMonitor("job")
+    fs = list(frames(steps=20))
+    run(mon, fs[:10])
+    alerts = []
+    for f in fs[10:]:
+        keep = f.node_idx != 3
+        g = StepFrame.from_arrays(
+            "job",
+            f.step,
+            f.ts,
+            f.compute[keep],
+            f.comm_wait[keep],
+            f.data_wait[keep],
+            rank=f.rank[keep],
+            node_names=[f"node-{i}" for i in (0, 1, 2, 4, 5, 6, 7)],
+        )
+        alerts += mon.process_step(g)
+    assert [(a.kind, a.node, a.rank, a.grade) for a in alerts] == [
+        (AlertKind.MISSING, "node-3", None, Grade.CRITICAL)
+    ]
+
+
+def test_nan_loss_is_critical_at_once_with_rollback():
+    mon = JobMonitor("job")
+    fs = list(frames(steps=40))
+    run(mon, fs[:39])
+    f = fs[39]
+    bad = StepFrame.from_arrays(
+        "job", f.step, f.ts, f.compute, f.comm_wait, f.data_wait, grad_norm=np.full(64, np.inf)
+    )
+    (a,) = mon.process_step(bad)
+    assert (a.kind, a.grade) == (AlertKind.DIVERGENCE, Grade.CRITICAL)
+    assert a.recommended_action is RecommendedAction.ROLLBACK
+
+
+def test_health_fatal_xid_is_critical_at_once_and_names_the_node():
+    mon = JobMonitor("job")
+    g = GpuHealth(
+        index=0,
+        temperature_c=60,
+        power_w=300,
+        sm_clock_mhz=1980,
+        utilization_pct=90,
+        xid_codes=(79,),
+    )
+    msg = NodeHealth(job_id="job", node="node-9", ts=datetime(2026, 1, 1, tzinfo=UTC), gpus=(g,))
+    (a,) = mon.process_health(msg)
+    assert (a.kind, a.grade, a.node) == (AlertKind.HARDWARE, Grade.CRITICAL, "node-9")
+    assert a.recommended_action is RecommendedAction.ISOLATE
+    other = msg.model_copy(update={"job_id": "other"})
+    assert mon.process_health(other) == []
+
+
+def test_silent_health_node_is_missing():
+    mon = JobMonitor("job")
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    g = GpuHealth(index=0, temperature_c=60, power_w=300, sm_clock_mhz=1980, utilization_pct=90)
+    for i in range(6):
+        for n in ("a", "b", "c"):
+            if n == "c" and i > 2:
+                continue
+            mon.process_health(
+                NodeHealth(job_id="job", node=n, ts=t0 + timedelta(seconds=10 * i), gpus=(g,))
+            )
+    (a,) = mon.tick((t0 + timedelta(seconds=50)).timestamp())
+    assert (a.kind, a.node) == (AlertKind.MISSING, "c")
+
+
+def test_pickle_round_trip_continues_identically():
+    fs = list(frames(steps=60, slow={3: 0.2}, onset=30))
+    a, b = JobMonitor("job"), None
+    run(a, fs[:28])
+    b = pickle.loads(pickle.dumps(a))
+    assert [x.model_dump() for x in run(a, fs[28:])] == [x.model_dump() for x in run(b, fs[28:])]
+
+
+def test_score_step_reads_state_only():
+    mon = JobMonitor("job")
+    fs = list(frames(steps=40, slow={3: 0.2}, onset=20))
+    run(mon, fs[:30])
+    before = pickle.dumps(mon)
+    scores = mon.score_step(fs[30])
+    assert pickle.dumps(mon) == before
+    assert any(f.rank == 3 for f in scores.findings)
+
+
+def test_frames_of_another_job_are_rejected():
+    f = next(frames(steps=1))
+    with pytest.raises(ValueError, match="job"):
+        JobMonitor("other").process_step(f)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="warmup_steps"):
+        MonitorConfig(warmup_steps=0)
+    with pytest.raises(ValueError, match="straggler_exit"):
+        MonitorConfig(straggler_exit=-1.0)
+    with pytest.raises(ValueError, match="exit"):
+        MonitorConfig(straggler_exit=0.5)
+    with pytest.raises(ValueError, match="job_id"):
+        JobMonitor("")

@@ -1,0 +1,79 @@
+"""Hangs and missing telemetry."""
+
+import numpy as np
+import pytest
+
+from detectors.hang import HangDetector, HealthPresence, MissingRanks
+
+
+def test_hang_score_is_silence_in_median_step_times():
+    h = HangDetector(min_steps=3)
+    assert h.score(100.0) == 0.0  # warming up: neutral
+    for i in range(10):
+        h.learn_step(i, ts=10.0 + 2.0 * i)
+    assert h.median_step_time == pytest.approx(2.0)
+    assert h.score(28.0 + 6.0) == pytest.approx(3.0)
+
+
+def test_old_or_repeated_steps_do_not_count_as_progress():
+    h = HangDetector(min_steps=1)
+    h.learn_step(5, ts=10.0, ts_start=9.0)
+    h.learn_step(5, ts=50.0)
+    h.learn_step(3, ts=60.0)
+    assert h.last_ts == 10.0 and h.last_step == 5
+
+
+def test_skipped_steps_give_per_step_intervals():
+    h = HangDetector(min_steps=1)
+    h.learn_step(0, ts=0.0)
+    h.learn_step(4, ts=8.0)
+    assert h.median_step_time == pytest.approx(2.0)
+
+
+def test_missing_ranks_are_counted_until_forgotten():
+    m = MissingRanks(forget_steps=3)
+    all_ranks = np.arange(8)
+    m.learn(all_ranks)
+    some = np.arange(6)
+    counts = []
+    for _ in range(5):
+        ranks, c = m.score(some)
+        counts.append(dict(zip(ranks.tolist(), c.tolist(), strict=True)))
+        m.learn(some)
+    assert counts[0] == {6: 1, 7: 1}
+    assert counts[2] == {6: 3, 7: 3}
+    assert counts[3] == {} and counts[4] == {}
+    assert m.expected().tolist() == list(range(6))
+
+
+def test_a_returning_rank_is_no_longer_missing():
+    m = MissingRanks()
+    m.learn(np.arange(4))
+    m.learn(np.arange(3))
+    m.learn(np.arange(4))
+    assert m.score(np.arange(4))[0].size == 0
+
+
+def test_silent_node_is_flagged_only_while_others_report():
+    p = HealthPresence()
+    for t in range(5):
+        p.learn("a", 10.0 * t, 10.0)
+        if t < 2:
+            p.learn("b", 10.0 * t, 10.0)
+    assert p.score(45.0) == {"b": pytest.approx(3.5)}
+    assert p.score(1000.0) == {}  # the whole feed stopped: not one node's fault
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "name"),
+    [
+        (HangDetector, {"factor": 0}, "factor"),
+        (HangDetector, {"window": 0}, "window"),
+        (HangDetector, {"min_steps": 0}, "min_steps"),
+        (MissingRanks, {"forget_steps": 0}, "forget_steps"),
+        (HealthPresence, {"factor": -1}, "factor"),
+    ],
+)
+def test_invalid_arguments_are_named(cls, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        cls(**kwargs)
