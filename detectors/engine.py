@@ -31,7 +31,7 @@ Examples
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -108,6 +108,8 @@ class MonitorConfig:
                                     (2.5, so a hang is flagged before 3 x the median
                                     step time; ``tick`` runs after the step it follows)
     ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
+    ``restart_grace_steps``         after :meth:`JobMonitor.restarted`, median step
+                                    times allowed for the relaunch before a hang
     ``missing_steps``               steps a rank is absent while others report
     ``missing_forget_steps``        a rank absent longer left the job
     ``health_missing_factor``       node health silent for this many of its declared
@@ -171,6 +173,7 @@ class MonitorConfig:
     hang_factor: float = 2.5
     hang_window: int = 50
     hang_min_steps: int = 5
+    restart_grace_steps: float = 20.0
     missing_steps: int = 2
     missing_forget_steps: int = 50
     health_missing_factor: float = 1.5
@@ -883,6 +886,18 @@ class JobMonitor:
         return alerts
 
     # -- clock ---------------------------------------------------------------------
+    def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None:
+        """The job was relaunched at event time ``now`` (restart or rollback to a
+        checkpoint, perhaps with ``removed_nodes`` swapped for spares).
+
+        Step numbers may repeat from here on, the relaunch is not a hang for
+        ``restart_grace_steps`` median step times, and removed nodes are no longer
+        expected to report health.
+        """
+        self.hang.restart(now, self.config.restart_grace_steps)
+        for node in removed_nodes:
+            self.presence.forget(node)
+
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""
         g = self.grader

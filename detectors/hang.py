@@ -59,6 +59,7 @@ class HangDetector:
         self._count = 0
         self.last_step: int | None = None
         self.last_ts: float | None = None
+        self._in_grace = False
 
     @property
     def median_step_time(self) -> float | None:
@@ -74,6 +75,15 @@ class HangDetector:
             return 0.0
         return max(0.0, now - self.last_ts) / med
 
+    def restart(self, ts: float, grace_steps: float) -> None:
+        """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
+        start again and the relaunch itself, up to ``grace_steps`` median step times,
+        is not a hang. The learned step-time median is kept."""
+        med = self.median_step_time or 0.0
+        self.last_step = None
+        self.last_ts = ts + grace_steps * med
+        self._in_grace = True
+
     def learn_step(self, step: int, ts: float, ts_start: float | None = None) -> None:
         """A step completed at event time ``ts``; older or repeated steps are ignored."""
         if self.last_step is not None and step <= self.last_step:
@@ -88,7 +98,10 @@ class HangDetector:
             self._intervals[self._count % self.window] = interval
             self._count += 1
         self.last_step = step
-        self.last_ts = ts if self.last_ts is None else max(ts, self.last_ts)
+        if self._in_grace:  # the first step after a relaunch ends the grace
+            self.last_ts, self._in_grace = ts, False
+        else:
+            self.last_ts = ts if self.last_ts is None else max(ts, self.last_ts)
 
 
 class MissingRanks:

@@ -22,6 +22,7 @@ class _JobBuffer:
     pending: dict[int, dict[str, StepTelemetry]] = field(default_factory=lambda: defaultdict(dict))
     known_nodes: set[str] = field(default_factory=set)
     emitted_through: int = -1
+    emitted_ts: float = float("-inf")
     max_seen: int = -1
 
 
@@ -40,13 +41,21 @@ class StepAssembler:
         self.lag_steps = lag_steps
         self._jobs: dict[str, _JobBuffer] = defaultdict(_JobBuffer)
         self.late_messages = 0
+        self.restarts = 0
 
     def add(self, msg: StepTelemetry) -> list[StepFrame]:
         """Add one message; return the frames it completed (possibly none)."""
         buf = self._jobs[msg.job_id]
         if msg.step <= buf.emitted_through:
-            self.late_messages += 1  # that step is already out; a late node is a signal
-            return []
+            if msg.ts_end.timestamp() <= buf.emitted_ts:
+                self.late_messages += 1  # that step is already out; a late node is a signal
+                return []
+            # a step number seen before but a newer event time: the job restarted from
+            # a checkpoint; what is still buffered belongs to the abandoned run
+            self.restarts += 1
+            buf.pending.clear()
+            buf.emitted_through = msg.step - 1
+            buf.max_seen = msg.step - 1
         buf.pending[msg.step][msg.node] = msg
         buf.max_seen = max(buf.max_seen, msg.step)
         return self._drain(buf, force_below=buf.max_seen - self.lag_steps + 1)
@@ -68,5 +77,7 @@ class StepAssembler:
             del buf.pending[step]
             buf.known_nodes = set(nodes) if step < force_below else buf.known_nodes | set(nodes)
             buf.emitted_through = step
-            out.append(StepFrame.from_messages(list(nodes.values())))
+            frame = StepFrame.from_messages(list(nodes.values()))
+            buf.emitted_ts = max(buf.emitted_ts, frame.ts)
+            out.append(frame)
         return out

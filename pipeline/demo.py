@@ -13,20 +13,23 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import secrets
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from detectors.frame import StepFrame
+from pipeline.actuator.service import Actuator
 from pipeline.archive import migrate, open_backend
 from pipeline.archive.archiver import Archiver
 from pipeline.archive.backend import ArchiveBackend
@@ -41,9 +44,20 @@ from pipeline.kafka import (
     publish,
     registry_of,
 )
+from pipeline.listener import CommandListener
 from pipeline.settings import Settings
 from pipeline.simulator import Scenario, SimulatedJob, load_suite
-from schemas import Alert, AlertState, FaultTruth, NodeHealth, StepTelemetry
+from schemas import (
+    Alert,
+    AlertState,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    FaultTruth,
+    NodeHealth,
+    StepTelemetry,
+)
 
 __all__ = [
     "DEMO_DIR",
@@ -137,6 +151,9 @@ class DemoSummary:
     dead_letters: int
     alerts_by_grade: dict[str, int]
     faults: list[FaultOutcome] = field(default_factory=list)
+    commands: dict[str, int] = field(default_factory=dict)
+    isolated_nodes: list[str] = field(default_factory=list)
+    actions_applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -181,19 +198,219 @@ def match_alerts(
     return outcomes, trap_alerts, len(unmatched)
 
 
-def _merge_by_time(
-    frames: Iterator[tuple[float, Any]], health: list[NodeHealth]
-) -> Iterator[tuple[float, Any]]:
-    heap = [(h.ts.timestamp(), i, h) for i, h in enumerate(health)]
-    heapq.heapify(heap)
-    for ts, item in frames:
-        while heap and heap[0][0] <= ts:
-            hts, _, h = heapq.heappop(heap)
-            yield hts, h
-        yield ts, item
-    while heap:
-        hts, _, h = heapq.heappop(heap)
-        yield hts, h
+class _Pace:
+    """Frames published by the job vs frames processed by detection: the job waits
+    when detection falls ``lag`` frames behind (a real job runs at its own pace and
+    detection keeps up; a compressed simulation must not outrun the loop it tests)."""
+
+    def __init__(self, lag: int) -> None:
+        self.lag = lag
+        self.published = 0
+        self.processed = 0
+        self.closed = False
+        self._cond = threading.Condition()
+
+    def publish(self) -> None:
+        with self._cond:
+            self.published += 1
+
+    def processed_one(self) -> None:
+        with self._cond:
+            self.processed += 1
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float = 30.0) -> None:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.closed or self.processed >= self.published - self.lag, timeout_s
+            )
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class DetectionStage:
+    """The demo's detection path: steps + health from the broker, assembled into
+    frames, the detection core, alerts to the decision topic.
+
+    Health reports are held until the step stream passes their event time, or until
+    ``stall_polls`` polls in a row bring no step (a stalled job), so a report cannot
+    make the job look hung while its steps are still on their way. Commands and
+    results are read too: a RESTART/ROLLBACK the job carried out tells the detection
+    core that step numbers repeat and the relaunch is not a hang.
+    """
+
+    def __init__(self, settings: Settings, job_id: str, pace: _Pace) -> None:
+        from detectors.engine import JobMonitor
+
+        self.registry = registry_of(settings)
+        self.monitor = JobMonitor(job_id)
+        self.assembler = StepAssembler()
+        self.pace = pace
+        self.alerts: list[Alert] = []
+        self.frames = 0
+        self.messages = 0
+        self.restarts = 0
+        self.stall_polls = 3
+        self._idle = 0
+        self.error: BaseException | None = None
+        self._health: list[tuple[float, int, NodeHealth]] = []
+        self._seq = itertools.count()
+        self._producer = make_producer(settings)
+        self._commands: dict[str, Command] = {}
+        self.last_ts = 0.0
+        self._consumer = make_consumer(
+            settings,
+            [self.registry.name(t) for t in ("steps", "health", "commands", "results")],
+            f"{settings.consumer_group}.detect",
+        )
+
+    def _emit(self, alerts: list[Alert]) -> None:
+        for a in alerts:
+            publish(self._producer, self.registry, "decisions", a)
+        self.alerts.extend(alerts)
+
+    def _health_until(self, ts: float) -> None:
+        while self._health and self._health[0][0] <= ts:
+            hts, _, h = heapq.heappop(self._health)
+            self.last_ts = max(self.last_ts, hts)
+            self._emit(self.monitor.process_health(h) + self.monitor.tick(hts))
+
+    def _relaunch(self, result: CommandResult) -> None:
+        """A RESTART/ROLLBACK the job carried out: tell the detection core, so the
+        relaunch is not a hang and repeated step numbers are expected."""
+        cmd = self._commands.get(result.command_id)
+        relaunch = (CommandKind.RESTART, CommandKind.ROLLBACK)
+        if cmd and result.status is CommandStatus.SUCCEEDED and cmd.kind in relaunch:
+            self.monitor.restarted(self.last_ts, removed_nodes=cmd.targets)
+            self.restarts += 1
+
+    def _frame(self, frame: StepFrame) -> None:
+        self.last_ts = max(self.last_ts, frame.ts)
+        self._health_until(frame.ts)
+        self._emit(self.monitor.tick(frame.ts) + self.monitor.process_step(frame))
+        self.frames += 1
+        self.pace.processed_one()
+
+    def poll(self) -> int:
+        steps = 0
+        got = list(consume_decoded(self._consumer, self.registry, self._producer, 200))
+        for d in got:
+            msg = d.message
+            if isinstance(msg, Command):
+                self._commands[msg.command_id] = msg
+            elif isinstance(msg, CommandResult):
+                self._relaunch(msg)
+        for d in got:
+            msg = d.message
+            if isinstance(msg, Command | CommandResult):
+                continue
+            if isinstance(msg, NodeHealth):
+                heapq.heappush(self._health, (msg.ts.timestamp(), next(self._seq), msg))
+                continue
+            assert isinstance(msg, StepTelemetry)
+            steps += 1
+            for frame in self.assembler.add(msg):
+                self._frame(frame)
+        self._idle = 0 if steps else self._idle + 1
+        if self._idle >= self.stall_polls:
+            self._health_until(float("inf"))  # the job is stalled: reports carry time
+        self._producer.flush()
+        self._consumer.commit()
+        self.messages += len(got)
+        return len(got)
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                self.poll()
+        except BaseException as exc:  # surfaced by the main thread
+            self.error = exc
+            self.pace.close()
+
+    def drain(self, idle_polls: int = 5) -> None:
+        idle = 0
+        while idle < idle_polls:
+            idle = idle + 1 if self.poll() == 0 else 0
+        for frame in self.assembler.flush():
+            self._frame(frame)
+        self._health_until(float("inf"))
+        self._producer.flush()
+
+    def close(self) -> None:
+        self._consumer.close()
+        self._producer.close()
+
+
+class _JobController:
+    """The simulated job's side of the command topic, driven by the same
+    CommandListener that training code uses, applied at step boundaries."""
+
+    def __init__(self, job: SimulatedJob, listener: CommandListener | None = None) -> None:
+        self.job = job
+        self.listener = listener
+        self.applied: list[tuple[int, str, str]] = []
+        self._restarts: list[Command] = []
+        self._ckpt_after: int | None = None  # checkpoints saved when one was requested
+
+    def _resume_step(self, cmd: Command) -> int:
+        saved = [
+            c for c in self.job.checkpoints
+            if cmd.checkpoint_step is None or c <= cmd.checkpoint_step
+        ]  # fmt: skip
+        return min(saved[-1] + 1 if saved else 0, self.job.step)
+
+    def _swap(self, cmd: Command) -> list[str]:
+        done = []
+        for i, node in enumerate(cmd.targets):
+            if node in self.job.node_names:
+                spare = cmd.replacements[i] if i < len(cmd.replacements) else None
+                done.append(f"{node}->{self.job.isolate(node, spare)}")
+        return done
+
+    def checkpoint(self, cmd: Command, step: int) -> str:
+        self.job.checkpoint()
+        self._ckpt_after = len(self.job.checkpoints)
+        self.applied.append((step, "checkpoint", ""))
+        return f"checkpoint requested at step {step}"
+
+    def queue(self, commands: list[Command]) -> None:
+        """RESTARTs wait for a requested checkpoint to be saved (replace a node at the
+        next checkpoint boundary), then run and are reported."""
+        self._restarts += [c for c in commands if c.kind is CommandKind.RESTART]
+
+    def at_boundary(self) -> None:
+        if not self._restarts:
+            return
+        if self._ckpt_after is not None and len(self.job.checkpoints) <= self._ckpt_after:
+            if not self.job.stalled:
+                return  # the requested checkpoint is not saved yet
+        self._ckpt_after = None
+        for cmd in self._restarts:
+            detail = self.restart(cmd, self.job.step)
+            if self.listener is not None:
+                self.listener.report(cmd, CommandStatus.SUCCEEDED, detail)
+        self._restarts.clear()
+
+    def isolate(self, cmd: Command, step: int) -> str:
+        done = self._swap(cmd)
+        self.applied.append((step, "isolate", ",".join(done)))
+        return "isolated " + (", ".join(done) or "nothing (already out)")
+
+    def restart(self, cmd: Command, step: int) -> str:
+        self._swap(cmd)
+        resume = self._resume_step(cmd)
+        self.job.restart(resume)
+        self.applied.append((step, "restart", f"from {resume}"))
+        return f"restarted from step {resume}"
+
+    def rollback(self, cmd: Command, step: int) -> str:
+        resume = self._resume_step(cmd)
+        self.job.rollback(resume)
+        self.applied.append((step, "rollback", f"to {resume}"))
+        return f"rolled back to step {resume}"
 
 
 def run_demo(
@@ -201,14 +418,14 @@ def run_demo(
     scenario: Scenario,
     console: Console | None = None,
     backend: ArchiveBackend | None = None,
+    lag_frames: int = 4,
 ) -> DemoSummary:
-    """Run the scenario through every stage; ``backend`` defaults to the settings'
-    archive (tests pass their own: chDB allows one data path per process)."""
-    from detectors.engine import JobMonitor  # the detection core
-
+    """Run the scenario closed loop through every stage; ``backend`` defaults to the
+    settings' archive (tests pass their own: chDB allows one data path per process)."""
     console = console or Console(stderr=True)
     t0 = time.monotonic()
     notes: list[str] = []
+    stop = threading.Event()
     with ExitStack() as stack:
         if not settings.kafka_bootstrap:
             broker = stack.enter_context(TansuBroker(log_dir=settings.state_dir / "tansu"))
@@ -217,12 +434,18 @@ def run_demo(
             )
             notes.append(f"embedded Tansu broker on {broker.bootstrap}")
         run = uuid.uuid4().hex[:8]
-        settings = settings.model_copy(
-            update={
-                "topic_prefix": f"{settings.topic_prefix}demo-{run}.",
-                "consumer_group": f"{settings.consumer_group}.demo-{run}",
-            }
-        )
+        job = SimulatedJob(scenario)
+        update: dict[str, Any] = {
+            "topic_prefix": f"{settings.topic_prefix}demo-{run}.",
+            "consumer_group": f"{settings.consumer_group}.demo-{run}",
+            "actuator_mode": "auto",
+            "spare_nodes": ",".join(job.spare_pool),
+            "guard_job_nodes": scenario.nodes,
+        }
+        if not settings.signing_keys:
+            update["command_keys"] = SecretStr(f"demo-{run}:{secrets.token_hex(24)}")
+            notes.append("commands signed with an ephemeral demo key")
+        settings = settings.model_copy(update=update)
         registry = registry_of(settings)
         topics = create_topics(settings)
         if backend is None:
@@ -233,139 +456,113 @@ def run_demo(
         producer = make_producer(settings)
         stack.callback(producer.close)
 
+        pace = _Pace(lag_frames)
+        detection = DetectionStage(settings, scenario.job, pace)
+        stack.callback(detection.close)
+        actuator = Actuator(settings)
+        stack.callback(actuator.close)
+        controller = _JobController(job)
+        listener = CommandListener(
+            settings, scenario.job, name="simulated-job",
+            on_checkpoint=controller.checkpoint, on_isolate=controller.isolate,
+            on_rollback=controller.rollback,
+        ).start()  # fmt: skip
+        controller.listener = listener
+        stack.callback(listener.close)
+        threads = [
+            threading.Thread(target=detection.run, args=(stop,), name="detect", daemon=True),
+            threading.Thread(target=actuator.run, args=(stop.is_set,), name="act", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        stack.callback(stop.set)
+
         progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
         )  # fmt: skip
+        counts: Counter[str] = Counter()
         with progress:
-            # 1. exporter: the simulated job publishes telemetry and its ground truth
-            task = progress.add_task("export", total=scenario.steps, info="")
+            task = progress.add_task("training", total=scenario.steps, info="")
             truth = scenario.truth()
-            counts: Counter[str] = Counter()
             for t in truth:
                 publish(producer, registry, "truth", t)
                 counts["truth"] += 1
-            sim = SimulatedJob(scenario)
-            for ev in sim.events():
+            for ev in job.events():
                 if ev.frame is not None:
                     for m in ev.frame.to_messages():
                         publish(producer, registry, "steps", m)
                         counts["steps"] += 1
-                    progress.update(task, completed=ev.frame.step + 1)
+                    producer.flush()
+                    pace.publish()
+                    pace.wait()
                 for h in ev.health:
                     publish(producer, registry, "health", h)
                     counts["health"] += 1
-                progress.update(task, info=f"{sum(counts.values())} msgs")
-            producer.flush()
-            progress.update(task, completed=scenario.steps)
-            progress.stop_task(task)
-
-            # 2. detection: assemble steps, run the detection core, publish alerts
-            task = progress.add_task("detect", total=counts["steps"] + counts["health"], info="")
-            health = _read_all(
-                settings, registry, producer, "health", counts["health"], progress, task
-            )
-            monitor = JobMonitor(scenario.job)
-            assembler = StepAssembler()
-            alerts: list[Alert] = []
-            steps_done = 0
-            for ts, item in _merge_by_time(
-                _frames(settings, registry, producer, assembler, counts["steps"], progress, task),
-                health,
-            ):
-                if isinstance(item, NodeHealth):
-                    new = monitor.process_health(item) + monitor.tick(ts)
-                else:
-                    new = monitor.tick(ts) + monitor.process_step(item)
-                    steps_done += 1
-                for a in new:
-                    publish(producer, registry, "decisions", a)
-                alerts.extend(new)
-                grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
-                progress.update(task, info=f"alerts {dict(grades)}")
+                if detection.error is not None:
+                    raise detection.error
+                controller.queue(listener.poll_step_boundary(job.step))
+                controller.at_boundary()
+                grades = Counter(
+                    a.grade.value for a in detection.alerts if a.state is AlertState.FIRING
+                )
+                progress.update(
+                    task, completed=max(job.step, 0),
+                    info=f"alerts {dict(grades)} commands {actuator.stats.commands} "
+                    f"goodput {job.goodput().fraction:.2f}",
+                )  # fmt: skip
             producer.flush()
             progress.stop_task(task)
-            counts["decisions"] = len(alerts)
 
-            # 3. archive every topic
-            total = sum(counts.values())
-            task = progress.add_task("archive", total=total, info="")
+            # let detection and the actuator finish what is in flight
+            settle = progress.add_task("settle", total=None, info="")
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+            detection.drain()
+            while actuator.poll_once(timeout_ms=300):
+                pass
+            controller.queue(listener.poll_step_boundary(job.step))
+            progress.stop_task(settle)
+
+            # archive every topic
+            archive_task = progress.add_task("archive", total=None, info="")
             archiver = Archiver(settings, backend, max_batch=20000, max_wait_s=0.5)
             stack.callback(archiver.close)
             idle = 0
-            while archiver.stats.messages < total and idle < 20:
-                got = archiver.poll_batch()
-                idle = idle + 1 if got == 0 else 0
-                progress.update(
-                    task, completed=archiver.stats.messages, info=f"{archiver.stats.rows} rows"
-                )
-            progress.stop_task(task)
-            if archiver.stats.messages < total:
-                notes.append(f"archived {archiver.stats.messages} of {total} messages")
+            while idle < 6:
+                idle = idle + 1 if archiver.poll_batch() == 0 else 0
+                progress.update(archive_task, info=f"{archiver.stats.rows} rows")
+            progress.stop_task(archive_task)
 
+        alerts = detection.alerts
         outcomes, trap_alerts, false_alerts = match_alerts(truth, alerts)
-        _, dl = backend.query(f"SELECT count() FROM {backend.database}.dead_letters")
+        db = backend.database
+        _, dl = backend.query(f"SELECT count() FROM {db}.dead_letters")
+        _, cmds = backend.query(
+            f"SELECT kind, targets FROM {db}.commands FINAL WHERE job_id = '{scenario.job}'"
+        )
+        faulty = {t.node for t in truth if not t.is_trap and t.node}
+        isolated = [n for kind, targets in cmds if kind == "isolate" for n in targets]
         grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
         summary = DemoSummary(
             scenario=scenario.name, nodes=scenario.nodes, ranks=scenario.n_ranks,
-            steps_completed=steps_done,
+            steps_completed=detection.frames,
             faults_injected=len(outcomes), faults_detected=sum(o.detected for o in outcomes),
             traps=sum(1 for t in truth if t.is_trap), trap_alerts=trap_alerts,
-            false_alerts=false_alerts, false_isolations=0,
-            goodput=round(_goodput(sim), 4),
+            false_alerts=false_alerts,
+            false_isolations=sum(1 for n in isolated if n not in faulty),
+            goodput=round(job.goodput().fraction, 4),
             wall_seconds=round(time.monotonic() - t0, 2),
-            messages_published=total, archived_rows=archiver.stats.rows,
-            dead_letters=int(dl[0][0]), alerts_by_grade=dict(grades), faults=outcomes,
-            notes=[
-                *notes,
-                "no actuator yet: no isolation was issued (false_isolations counts none)",
-                f"topics: {', '.join(sorted(topics.values()))}",
-            ],
+            messages_published=sum(counts.values()) + len(alerts),
+            archived_rows=archiver.stats.rows, dead_letters=int(dl[0][0]),
+            alerts_by_grade=dict(grades), faults=outcomes,
+            commands=dict(Counter(str(kind) for kind, _ in cmds)),
+            isolated_nodes=isolated,
+            actions_applied=[f"step {s}: {k} {d}".strip() for s, k, d in controller.applied],
+            notes=[*notes, f"topics: {', '.join(sorted(topics.values()))}"],
         )  # fmt: skip
     return summary
-
-
-def _goodput(job: SimulatedJob) -> float:
-    return job.goodput().fraction
-
-
-def _read_all(settings, registry, producer, logical, expected, progress, task) -> list[Any]:
-    consumer = make_consumer(settings, [registry.name(logical)], None)
-    out: list[Any] = []
-    try:
-        for _ in itertools.count():
-            got = [d.message for d in consume_decoded(consumer, registry, producer, 500)]
-            out.extend(got)
-            progress.advance(task, len(got))
-            if len(out) >= expected or (not got and _ > 40):
-                break
-    finally:
-        consumer.close()
-    return out
-
-
-def _frames(settings, registry, producer, assembler, expected, progress, task):
-    consumer = make_consumer(
-        settings, [registry.name("steps")], f"{settings.consumer_group}.detect"
-    )
-    seen = 0
-    idle = 0
-    try:
-        while seen < expected and idle < 40:
-            batch = list(consume_decoded(consumer, registry, producer, 500))
-            idle = idle + 1 if not batch else 0
-            for d in batch:
-                seen += 1
-                msg = d.message
-                assert isinstance(msg, StepTelemetry)
-                for frame in assembler.add(msg):
-                    yield frame.ts, frame
-            progress.advance(task, len(batch))
-            consumer.commit()
-        for frame in assembler.flush():
-            yield frame.ts, frame
-    finally:
-        consumer.close()
 
 
 def print_summary(summary: DemoSummary, console: Console) -> None:

@@ -312,8 +312,12 @@ class Policy:
     def isolation_limit(self, job_id: str) -> int:
         size = self.job_nodes.get(job_id, self.params.default_job_nodes)
         limit = self.params.max_isolations
-        if size > 0:
-            limit = min(limit, math.floor(size * self.params.max_isolation_pct / 100 + 1e-9))
+        if size > 0 and self.params.max_isolation_pct > 0:
+            # rounded up, like Kubernetes' maxUnavailable: a small job may still lose
+            # one node per window (5 % of 16 nodes allows 1, not 0)
+            limit = min(limit, math.ceil(size * self.params.max_isolation_pct / 100 - 1e-9))
+        elif size > 0:
+            limit = 0
         return limit
 
     def breaker_open(self, job_id: str) -> bool:

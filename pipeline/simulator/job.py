@@ -190,6 +190,11 @@ class SimulatedJob:
         return self._done
 
     @property
+    def stalled(self) -> bool:
+        """No step can complete now (hang, dead node, relaunch in progress)."""
+        return self._stall is not None
+
+    @property
     def last_checkpoint(self) -> int | None:
         return self.checkpoints[-1] if self.checkpoints else None
 

@@ -54,3 +54,21 @@ def test_late_messages_for_emitted_steps_are_counted_not_reemitted():
 def test_lag_must_be_positive():
     with pytest.raises(ValueError, match="lag_steps"):
         StepAssembler(lag_steps=0)
+
+
+def test_a_restart_from_a_checkpoint_replays_step_numbers():
+    from datetime import timedelta
+
+    asm = StepAssembler(lag_steps=1)
+    for step in range(4):
+        for m in _msgs(step, nodes=1):
+            asm.add(m)
+    asm.flush()
+    later = step_telemetry(node="n0", step=2, ranks=2)
+    later = later.model_copy(
+        update={"ts_start": later.ts_start + timedelta(hours=1),
+                "ts_end": later.ts_end + timedelta(hours=1)}
+    )  # fmt: skip
+    out = asm.add(later) + asm.flush()
+    assert [f.step for f in out] == [2]
+    assert asm.restarts == 1 and asm.late_messages == 0

@@ -77,3 +77,17 @@ def test_silent_node_is_flagged_only_while_others_report():
 def test_invalid_arguments_are_named(cls, kwargs, name):
     with pytest.raises(ValueError, match=name):
         cls(**kwargs)
+
+
+def test_a_relaunch_is_not_a_hang_and_restarts_step_numbers():
+    from detectors.hang import HangDetector
+
+    h = HangDetector(factor=2.5, window=10, min_steps=3)
+    for step in range(10):
+        h.learn_step(step, ts=100.0 + step)
+    assert h.score(112.0) == pytest.approx(3.0)
+    h.restart(112.0, grace_steps=5)
+    assert h.score(116.0) == 0.0  # inside the relaunch grace
+    h.learn_step(4, ts=118.0)  # resumes from a checkpoint: step numbers repeat
+    assert h.last_step == 4 and h.score(119.0) == pytest.approx(1.0)
+    assert h.score(126.0) > 2.5  # after the grace a stall is a hang again
