@@ -474,6 +474,7 @@ class JobMonitor:
         self._frame_nodes: tuple[str, ...] = ()
         self._frame_node_ids = np.zeros(0, dtype=np.int64)
         self.steps_seen = 0
+        self._removed: set[str] = set()
 
     # -- bookkeeping ---------------------------------------------------------------
     @property
@@ -507,6 +508,7 @@ class JobMonitor:
             if name not in self._node_id:
                 self._node_id[name] = len(self._node_names)
                 self._node_names.append(name)
+            self._removed.discard(name)  # back in the job's steps: back in the job
         self._frame_nodes = frame.nodes
         self._frame_node_ids = np.asarray([self._node_id[n] for n in frame.nodes], dtype=np.int64)
 
@@ -869,6 +871,8 @@ class JobMonitor:
         """Score one node's hardware report, grade, then learn from it."""
         if msg.job_id is not None and msg.job_id != self.job_id:
             return []
+        if msg.node in self._removed:
+            return []  # taken out of the job: its late reports are not the job's health
         ts = msg.ts.timestamp()
         step = max(self.last_step, 0)
         g = self.grader
@@ -892,11 +896,13 @@ class JobMonitor:
 
         Step numbers may repeat from here on, the relaunch is not a hang for
         ``restart_grace_steps`` median step times, and removed nodes are no longer
-        expected to report health.
+        expected to report health (their late reports are ignored until they appear in
+        the job's steps again).
         """
         self.hang.restart(now, self.config.restart_grace_steps)
         for node in removed_nodes:
             self.presence.forget(node)
+            self._removed.add(node)
 
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -135,6 +136,7 @@ class FaultOutcome:
 @dataclass
 class DemoSummary:
     scenario: str
+    job_id: str
     nodes: int
     ranks: int
     steps_completed: int
@@ -214,9 +216,9 @@ class _Pace:
         with self._cond:
             self.published += 1
 
-    def processed_one(self) -> None:
+    def processed_one(self, count: int = 1) -> None:
         with self._cond:
-            self.processed += 1
+            self.processed += count
             self._cond.notify_all()
 
     def wait(self, timeout_s: float = 30.0) -> None:
@@ -224,6 +226,10 @@ class _Pace:
             self._cond.wait_for(
                 lambda: self.closed or self.processed >= self.published - self.lag, timeout_s
             )
+
+    def wait_until(self, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.closed or condition(), timeout_s)
 
     def close(self) -> None:
         with self._cond:
@@ -286,11 +292,13 @@ class DetectionStage:
         if cmd and result.status is CommandStatus.SUCCEEDED and cmd.kind in relaunch:
             self.monitor.restarted(self.last_ts, removed_nodes=cmd.targets)
             self.restarts += 1
+            self.pace.processed_one(count=0)
 
     def _frame(self, frame: StepFrame) -> None:
         self.last_ts = max(self.last_ts, frame.ts)
         self._health_until(frame.ts)
-        self._emit(self.monitor.tick(frame.ts) + self.monitor.process_step(frame))
+        # the step first: a long step that just ended (a checkpoint save) is not a hang
+        self._emit(self.monitor.process_step(frame) + self.monitor.tick(frame.ts))
         self.frames += 1
         self.pace.processed_one()
 
@@ -353,6 +361,7 @@ class _JobController:
         self.listener = listener
         self.applied: list[tuple[int, str, str]] = []
         self._restarts: list[Command] = []
+        self.relaunches = 0
         self._ckpt_after: int | None = None  # checkpoints saved when one was requested
 
     def _resume_step(self, cmd: Command) -> int:
@@ -381,18 +390,21 @@ class _JobController:
         next checkpoint boundary), then run and are reported."""
         self._restarts += [c for c in commands if c.kind is CommandKind.RESTART]
 
-    def at_boundary(self) -> None:
-        if not self._restarts:
-            return
-        if self._ckpt_after is not None and len(self.job.checkpoints) <= self._ckpt_after:
-            if not self.job.stalled:
-                return  # the requested checkpoint is not saved yet
+    def at_boundary(self) -> bool:
+        """Run the queued RESTARTs if their checkpoint is saved; True if it relaunched."""
+        saving = self._ckpt_after is not None and len(self.job.checkpoints) <= self._ckpt_after
+        if not self._restarts or (saving and not self.job.stalled):
+            return False  # nothing to do, or the requested checkpoint is not saved yet
         self._ckpt_after = None
-        for cmd in self._restarts:
-            detail = self.restart(cmd, self.job.step)
-            if self.listener is not None:
+        first, *rest = self._restarts
+        for cmd in rest:  # several episodes asked for a relaunch: one relaunch serves all
+            self._swap(cmd)
+        detail = self.restart(first, self.job.step)
+        if self.listener is not None:
+            for cmd in self._restarts:
                 self.listener.report(cmd, CommandStatus.SUCCEEDED, detail)
         self._restarts.clear()
+        return True
 
     def isolate(self, cmd: Command, step: int) -> str:
         done = self._swap(cmd)
@@ -400,6 +412,7 @@ class _JobController:
         return "isolated " + (", ".join(done) or "nothing (already out)")
 
     def restart(self, cmd: Command, step: int) -> str:
+        self.relaunches += 1
         self._swap(cmd)
         resume = self._resume_step(cmd)
         self.job.restart(resume)
@@ -407,6 +420,7 @@ class _JobController:
         return f"restarted from step {resume}"
 
     def rollback(self, cmd: Command, step: int) -> str:
+        self.relaunches += 1
         resume = self._resume_step(cmd)
         self.job.rollback(resume)
         self.applied.append((step, "rollback", f"to {resume}"))
@@ -434,6 +448,8 @@ def run_demo(
             )
             notes.append(f"embedded Tansu broker on {broker.bootstrap}")
         run = uuid.uuid4().hex[:8]
+        # a job id per run, so that runs archived side by side stay apart
+        scenario = scenario.model_copy(update={"job_id": f"{scenario.job}-{run}"})
         job = SimulatedJob(scenario)
         update: dict[str, Any] = {
             "topic_prefix": f"{settings.topic_prefix}demo-{run}.",
@@ -502,7 +518,10 @@ def run_demo(
                 if detection.error is not None:
                     raise detection.error
                 controller.queue(listener.poll_step_boundary(job.step))
-                controller.at_boundary()
+                if controller.at_boundary():
+                    # compressed time: let detection see the relaunch before the
+                    # relaunch's silent seconds are played to it
+                    pace.wait_until(lambda: detection.restarts >= controller.relaunches)
                 grades = Counter(
                     a.grade.value for a in detection.alerts if a.state is AlertState.FIRING
                 )
@@ -546,7 +565,8 @@ def run_demo(
         isolated = [n for kind, targets in cmds if kind == "isolate" for n in targets]
         grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
         summary = DemoSummary(
-            scenario=scenario.name, nodes=scenario.nodes, ranks=scenario.n_ranks,
+            scenario=scenario.name, job_id=scenario.job, nodes=scenario.nodes,
+            ranks=scenario.n_ranks,
             steps_completed=detection.frames,
             faults_injected=len(outcomes), faults_detected=sum(o.detected for o in outcomes),
             traps=sum(1 for t in truth if t.is_trap), trap_alerts=trap_alerts,
@@ -566,7 +586,7 @@ def run_demo(
 
 
 def print_summary(summary: DemoSummary, console: Console) -> None:
-    table = Table(title=f"stepguard demo: {summary.scenario}")
+    table = Table(title=f"stepguard demo: {summary.scenario} (job {summary.job_id})")
     for col in ("fault", "kind", "node", "onset", "detected at", "delay (steps)", "alerts"):
         table.add_column(col)
     for o in summary.faults:
@@ -585,8 +605,19 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
         f"{summary.archived_rows} archived rows, {summary.dead_letters} dead letters; "
         f"{summary.wall_seconds:.1f} s"
     )
+    cmds = ", ".join(f"{n} {k}" for k, n in sorted(summary.commands.items())) or "none"
+    console.print(
+        f"commands issued: {cmds}; isolated {summary.isolated_nodes or 'no node'} "
+        f"(false isolations {summary.false_isolations})"
+    )
+    for line in summary.actions_applied:
+        console.print(f"  job applied {line}")
     for n in summary.notes:
         console.print(f"  - {n}")
+    console.print(
+        f"next: stepguard report --job {summary.job_id} --out report.html   "
+        f"stepguard query incident_timeline --job {summary.job_id}"
+    )
 
 
 def write_json(summary: DemoSummary, path: Path) -> None:
