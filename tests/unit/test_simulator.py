@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from schemas import FaultKind, NodeHealth, Phase, decode, encode
 TRAIN = PHASE_CODES[Phase.TRAIN]
 
 
-def make(faults: list[dict[str, Any]] = (), **kw: Any) -> Scenario:  # type: ignore[assignment]
+def make(faults: Sequence[dict[str, Any]] = (), **kw: Any) -> Scenario:
     base: dict[str, Any] = {"name": "t", "nodes": 4, "steps": 60, "warmup_steps": 5, "seed": 7}
     base.update(kw)
     return Scenario.model_validate({**base, "faults": list(faults)})

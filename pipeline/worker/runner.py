@@ -1,0 +1,32 @@
+"""Start ``stepguard worker``: create topics, serve metrics, run the Faust worker."""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.settings import Settings
+
+__all__ = ["run_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(settings: Settings, loglevel: str = "warning") -> None:
+    """Run until SIGTERM/SIGINT; a broker failure raises (exit non-zero)."""
+    import faust
+    from kafka.errors import KafkaError
+
+    from pipeline.errors import BrokerError
+    from pipeline.worker.app import build_app, prepare_topics
+    from pipeline.worker.metrics import WorkerMetrics
+
+    settings.worker_data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        n = prepare_topics(settings)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach {settings.kafka_bootstrap}: {exc}") from exc
+    metrics = WorkerMetrics()
+    metrics.serve(settings.worker_metrics_port)
+    wa = build_app(settings, n, metrics)
+    worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True)
+    worker.execute_from_commandline()

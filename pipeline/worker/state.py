@@ -1,0 +1,402 @@
+"""The worker's logic without Faust: decode, route, detect, snapshot, tick.
+
+The Faust agents in :mod:`pipeline.worker.app` hand every record to
+:class:`WorkerCore` and act on the :class:`Outcome` it returns (send alerts and dead
+letters, write a snapshot to the table, ack the records the snapshot covers). Keeping
+the logic here makes it testable in milliseconds, without a broker.
+
+State and offsets
+-----------------
+One :class:`JobState` per job: the :class:`~detectors.engine.JobMonitor`, the
+:class:`~pipeline.assembly.StepAssembler` and, per source topic partition, the last
+offset the state reflects. A snapshot (pickle) goes to the table every
+``snapshot_steps`` completed steps or ``snapshot_interval_s`` wall seconds; the records
+it covers are acked only then, so a committed offset is never ahead of the state in
+the changelog. After a crash the records since the last commit come back; those the
+snapshot already reflects are skipped by offset, the others are processed again and
+re-emit the same alerts (same fingerprint and seq: idempotent downstream).
+
+Examples
+--------
+>>> core = WorkerCore(CoreTopics("s", "h", "j"), n_partitions=8)
+>>> out = core.handle_step(0, 5, b"job-1", b"{oops", token="t5")
+>>> out.dead_letters[0].error[:14], out.release
+('StepTelemetry:', ['t5'])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kafka.partitioner.default import murmur2
+
+from detectors.engine import JobMonitor, MonitorConfig
+from pipeline.assembly import StepAssembler
+from schemas import Alert, DeadLetter, NodeHealth, Rejected, StepTelemetry, decode
+from schemas.codec import MAX_MESSAGE_BYTES
+
+__all__ = [
+    "KIND_HEADER",
+    "CoreTopics",
+    "JobState",
+    "Outcome",
+    "WorkerCore",
+    "partition_for",
+]
+
+log = logging.getLogger(__name__)
+
+#: Header naming what a record on the worker's job topic carries: ``health`` | ``tick``.
+KIND_HEADER = "stepguard-kind"
+
+
+def partition_for(key: str, n_partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner picks for ``key``.
+
+    Exporters key the steps topic by job with the default partitioner; records the
+    worker re-keys to a job are sent to this partition explicitly, so both land in the
+    partition whose owner holds the job's state.
+
+    >>> partition_for("job-1", 8) == partition_for("job-1", 8)
+    True
+    """
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % n_partitions
+
+
+@dataclass(frozen=True, slots=True)
+class CoreTopics:
+    """Full names of the topics the core reads."""
+
+    steps: str
+    health: str
+    jobs: str  #: internal: health re-keyed by job, and timer ticks
+
+
+@dataclass
+class JobState:
+    """Everything the worker keeps for one job; pickled into the table."""
+
+    job_id: str
+    monitor: JobMonitor
+    assembler: StepAssembler
+    partition: int = -1
+    #: (topic, partition) -> last offset reflected in this state
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: newest step event time seen (epoch s) and the wall time it arrived
+    last_event_ts: float | None = None
+    arrived_wall: float = 0.0
+    steps_since_snapshot: int = 0
+    dirty: bool = False
+    last_snapshot_wall: float = 0.0
+
+    def to_bytes(self) -> bytes:
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def from_bytes(blob: bytes) -> JobState:
+        state = pickle.loads(blob)  # noqa: S301 - our own changelog, written by us
+        if not isinstance(state, JobState):
+            raise TypeError(f"table value is {type(state).__name__}, not JobState")
+        return state
+
+    def seen(self, topic: str, partition: int, offset: int) -> bool:
+        """True when the record at this offset is already reflected (a replay)."""
+        return offset <= self.offsets.get((topic, partition), -1)
+
+    def now_estimate(self, wall: float) -> float | None:
+        """Event time now: newest step event time plus the wall time since it came."""
+        if self.last_event_ts is None:
+            return None
+        return self.last_event_ts + max(0.0, wall - self.arrived_wall)
+
+
+@dataclass
+class Outcome:
+    """What the agent must do for one record (in this order)."""
+
+    job_id: str | None = None
+    alerts: list[Alert] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: pickled JobState to write to the table under ``job_id`` before releasing
+    snapshot: bytes | None = None
+    #: tokens (Faust events) that may be acked now
+    release: list[Any] = field(default_factory=list)
+    rank_steps: int = 0
+    steps: int = 0
+    #: event-time ends of the steps completed (for the latency metric)
+    step_ts: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A health record re-keyed to its job: send ``value`` to the job topic."""
+
+    job_id: str
+    partition: int
+    value: bytes
+
+
+class WorkerCore:
+    """Per-job detection state of one worker process.
+
+    Parameters
+    ----------
+    topics
+        Names of the topics read.
+    n_partitions
+        Partitions of the steps topic (the job topic and the table have as many).
+    snapshot_steps, snapshot_interval_s
+        Snapshot a job after this many completed steps, or once this much wall time
+        passed since the previous snapshot of a changed job.
+    max_message_bytes
+        Larger records are dead-lettered before parsing.
+    monitor_config
+        Detector thresholds for new jobs.
+    clock
+        Wall clock (epoch seconds); injectable for tests.
+    """
+
+    def __init__(
+        self,
+        topics: CoreTopics,
+        n_partitions: int,
+        *,
+        snapshot_steps: int = 10,
+        snapshot_interval_s: float = 2.0,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        monitor_config: MonitorConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if n_partitions < 1:
+            raise ValueError("n_partitions must be >= 1")
+        if snapshot_steps < 1:
+            raise ValueError("snapshot_steps must be >= 1")
+        if snapshot_interval_s <= 0:
+            raise ValueError("snapshot_interval_s must be positive")
+        self.topics = topics
+        self.n_partitions = n_partitions
+        self.snapshot_steps = snapshot_steps
+        self.snapshot_interval_s = snapshot_interval_s
+        self.max_message_bytes = max_message_bytes
+        self.monitor_config = monitor_config
+        self.clock = clock
+        self.jobs: dict[str, JobState] = {}
+        self._held: dict[str, list[Any]] = {}
+        self.unrouted_health = 0
+
+    # -- state --------------------------------------------------------------------------
+    def state(self, job_id: str, load: Callable[[str], bytes | None]) -> JobState:
+        """The job's live state: cached, else the table's snapshot, else a new one."""
+        st = self.jobs.get(job_id)
+        if st is None:
+            blob = load(job_id)
+            if blob is not None:
+                st = JobState.from_bytes(blob)
+                st.arrived_wall = self.clock()  # restart the hang clock on takeover
+                st.last_snapshot_wall = self.clock()
+            else:
+                st = JobState(
+                    job_id,
+                    JobMonitor(job_id, self.monitor_config),
+                    StepAssembler(),
+                    last_snapshot_wall=self.clock(),
+                )
+            self.jobs[job_id] = st
+        return st
+
+    def drop_partitions(self, partitions: Iterable[int]) -> int:
+        """Forget jobs of revoked partitions and their unacked records (they come back
+        from the committed offset to whoever owns the partition next)."""
+        gone = set(partitions)
+        drop = [j for j, st in self.jobs.items() if st.partition in gone or st.partition < 0]
+        for job in drop:
+            del self.jobs[job]
+            self._held.pop(job, None)
+        return len(drop)
+
+    def held(self, job_id: str) -> int:
+        return len(self._held.get(job_id, ()))
+
+    # -- records ------------------------------------------------------------------------
+    def handle_step(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None] = lambda _: None,
+    ) -> Outcome:
+        """One StepTelemetry record from the steps topic."""
+        topic = self.topics.steps
+        msg = decode(
+            StepTelemetry, value, topic=topic, partition=partition, offset=offset, key=key,
+            max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Outcome(dead_letters=[msg.letter], release=[token])
+        st = self.state(msg.job_id, load)
+        out = Outcome(job_id=msg.job_id)
+        if st.seen(topic, partition, offset):
+            out.release.append(token)
+            return out
+        st.offsets[(topic, partition)] = offset
+        st.partition = partition
+        ts = msg.ts_end.timestamp()
+        if st.last_event_ts is None or ts >= st.last_event_ts:
+            st.last_event_ts = ts
+            st.arrived_wall = self.clock()
+        st.dirty = True
+        try:
+            for frame in st.assembler.add(msg):
+                out.alerts += st.monitor.tick(frame.ts)
+                out.alerts += st.monitor.process_step(frame)
+                out.steps += 1
+                out.rank_steps += frame.n_ranks
+                out.step_ts.append(frame.ts)
+        except Exception as exc:  # a detector bug must not stop the job's other steps
+            log.exception("detector failed on %s[%d]@%d", topic, partition, offset)
+            out.dead_letters.append(
+                _dead_letter(value, f"detect: {exc!r}", topic, partition, offset, key, "detect")
+            )
+        st.steps_since_snapshot += out.steps
+        return self._finish(st, out, token)
+
+    def route_health(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> Forward | Rejected | None:
+        """A health record: where to forward it (its job's partition), a dead letter,
+        or None when it names no job (counted in ``unrouted_health``)."""
+        msg = decode(
+            NodeHealth, value, topic=self.topics.health, partition=partition, offset=offset,
+            key=key, max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return msg
+        if msg.job_id is None:
+            self.unrouted_health += 1
+            return None
+        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+
+    def handle_job_record(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        kind: str,
+        token: Any,
+        load: Callable[[str], bytes | None] = lambda _: None,
+    ) -> Outcome:
+        """One record of the internal job topic: forwarded health, or a timer tick."""
+        topic = self.topics.jobs
+        if kind == "tick":
+            return self._tick(partition, offset, key, value, token)
+        msg = decode(
+            NodeHealth, value, topic=topic, partition=partition, offset=offset, key=key,
+            max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Outcome(dead_letters=[msg.letter], release=[token])
+        if msg.job_id is None:
+            return Outcome(release=[token])
+        st = self.state(msg.job_id, load)
+        out = Outcome(job_id=msg.job_id)
+        if st.seen(topic, partition, offset):
+            out.release.append(token)
+            return out
+        st.offsets[(topic, partition)] = offset
+        st.partition = partition
+        st.dirty = True
+        try:
+            out.alerts += st.monitor.process_health(msg)
+        except Exception as exc:
+            log.exception("detector failed on %s[%d]@%d", topic, partition, offset)
+            out.dead_letters.append(
+                _dead_letter(value, f"detect: {exc!r}", topic, partition, offset, key, "detect")
+            )
+        return self._finish(st, out, token)
+
+    def _tick(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Outcome:
+        try:
+            body = json.loads(value or b"")
+            job_id, wall = str(body["job_id"]), float(body["wall_s"])
+        except (ValueError, KeyError, TypeError) as exc:
+            letter = _dead_letter(
+                value, f"tick: {exc!r}", self.topics.jobs, partition, offset, key, "decode"
+            )
+            return Outcome(dead_letters=[letter], release=[token])
+        st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
+        out = Outcome(job_id=job_id, release=[token])
+        if st is None or st.seen(self.topics.jobs, partition, offset):
+            return out
+        now = st.now_estimate(wall)
+        if now is None or now <= (st.last_event_ts or now):
+            return out
+        out.alerts += st.monitor.tick(now)
+        if out.alerts:
+            # the tick changed what the episode says: it must survive a restart
+            out.release.clear()
+            st.offsets[(self.topics.jobs, partition)] = offset
+            st.dirty = True
+        return self._finish(st, out, token if not out.release else None)
+
+    def _finish(self, st: JobState, out: Outcome, token: Any) -> Outcome:
+        if token is not None:
+            self._held.setdefault(st.job_id, []).append(token)
+        wall = self.clock()
+        due = st.steps_since_snapshot >= self.snapshot_steps or (
+            st.dirty and wall - st.last_snapshot_wall >= self.snapshot_interval_s
+        )
+        if due:
+            st.steps_since_snapshot = 0
+            st.dirty = False
+            st.last_snapshot_wall = wall
+            out.snapshot = st.to_bytes()
+            out.release += self._held.pop(st.job_id, [])
+        return out
+
+    # -- timer --------------------------------------------------------------------------
+    def tick_record(self, job_id: str) -> tuple[int, bytes] | None:
+        """(partition, value) of a tick for ``job_id``, or None while it has no step."""
+        st = self.jobs.get(job_id)
+        if st is None or st.last_event_ts is None or st.partition < 0:
+            return None
+        body = {"job_id": job_id, "wall_s": self.clock()}
+        return st.partition, json.dumps(body).encode()
+
+    def adopt(self, job_id: str, blob: bytes, owned: set[int]) -> bool:
+        """Load a job found in the table (after a restart) when its partition is ours."""
+        if job_id in self.jobs:
+            return False
+        st = JobState.from_bytes(blob)
+        if st.partition not in owned:
+            return False
+        st.arrived_wall = self.clock()
+        st.last_snapshot_wall = self.clock()
+        self.jobs[job_id] = st
+        return True
+
+
+def _dead_letter(
+    value: bytes | None,
+    error: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    stage: str,
+) -> DeadLetter:
+    return DeadLetter(
+        source_topic=topic, partition=partition, offset=offset, key=key, raw=value or b"",
+        error=error[:2000], stage=stage, ts=datetime.now(UTC),
+    )  # fmt: skip

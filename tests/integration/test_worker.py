@@ -1,0 +1,415 @@
+"""exporters -> broker -> ``stepguard worker`` (subprocess) -> decision topic.
+
+Workers run as real processes with explicit STEPGUARD_* settings; every wait is a
+bounded poll of a topic or a metrics endpoint, never a sleep before an assertion.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.embedded import free_port
+from pipeline.exporters import StepExporter, play
+from pipeline.kafka import create_topics, make_consumer, make_producer, registry_of
+from pipeline.settings import Settings
+from pipeline.simulator import Scenario, simulate
+from pipeline.worker.state import partition_for
+from schemas import Alert, AlertKind, AlertState, DeadLetter, Grade, decode, encode
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario(name: str, faults: list[dict], **kw: object) -> Scenario:
+    spec = {"name": name, "nodes": 16, "steps": 150, "seed": 3, "faults": faults} | kw
+    return Scenario.model_validate(spec)
+
+
+class Worker:
+    """``python -m pipeline.worker`` with settings passed as environment variables."""
+
+    def __init__(self, settings: Settings, tmp: Path, name: str, **extra: str) -> None:
+        self.metrics_port = free_port()
+        self.log = tmp / f"worker-{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+        env |= {
+            "STEPGUARD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "STEPGUARD_BROKER_FLAVOR": settings.broker_flavor,
+            "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
+            "STEPGUARD_CONSUMER_GROUP": settings.consumer_group,
+            "STEPGUARD_WORKER_METRICS_PORT": str(self.metrics_port),
+            "STEPGUARD_WORKER_DATA_DIR": str(tmp / f"data-{name}"),
+            "STEPGUARD_WORKER_SESSION_TIMEOUT_S": "6",
+            "STEPGUARD_WORKER_TICK_INTERVAL_S": "0.5",
+        } | {f"STEPGUARD_{k.upper()}": v for k, v in extra.items()}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.worker", "--loglevel", "info"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def metric(self, name: str) -> float:
+        """Sum of every sample of ``name`` (0 while the endpoint is not up)."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+            ) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0.0
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture
+def workers(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str = "a", **extra: str) -> Worker:
+        w = Worker(settings, tmp_path, name, **extra)
+        started.append(w)
+        return w
+
+    create_topics(settings)
+    yield start
+    for w in started:
+        w.stop()
+
+
+class Topic:
+    """Everything read so far from one topic, polled on demand."""
+
+    def __init__(self, settings: Settings, logical: str, model: type) -> None:
+        self.consumer = make_consumer(settings, [registry_of(settings).name(logical)], None)
+        self.model = model
+        self.items: list = []
+
+    def wait(self, pred: Callable[[list], bool], timeout: float, what: str, worker=None):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for records in self.consumer.poll(timeout_ms=300).values():
+                self.items += [decode(self.model, r.value) for r in records]
+            if pred(self.items):
+                return self.items
+        tail = worker.tail() if worker is not None else ""
+        pytest.fail(f"timed out waiting for {what}; got {self.describe()}\n{tail}")
+
+    def describe(self) -> list:
+        return [
+            (a.kind.value, a.grade.value, a.state.value, a.node, a.step)
+            if isinstance(a, Alert)
+            else a
+            for a in self.items
+        ][:40]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture
+def decisions(settings: Settings) -> Iterator[Topic]:
+    create_topics(settings)
+    t = Topic(settings, "decisions", Alert)
+    yield t
+    t.close()
+
+
+def firing(kind: AlertKind, node: str | None = None, grade: Grade | None = None):
+    def pred(items: list) -> bool:
+        return any(
+            a.kind is kind
+            and a.state is AlertState.FIRING
+            and (node is None or a.node == node)
+            and (grade is None or a.grade is grade)
+            for a in items
+        )
+
+    return pred
+
+
+def test_straggler_from_step_exporters_reaches_decisions(settings, workers, decisions):
+    sc = scenario(
+        "straggler",
+        [{"kind": "straggler", "node": 5, "gpu": 2, "onset_step": 40, "magnitude": 0.25}],
+    )
+    # single-process mode: one exporter reports every node of this small job
+    exporter = StepExporter.direct(
+        settings, job_id=sc.job, node="node-0000", ranks_per_node=8, register_atexit=False
+    )
+    for ev in simulate(sc):
+        if ev.frame is None:
+            continue
+        for m in ev.frame.to_messages():
+            for s in m.samples:  # the training loop: one call per rank per step
+                exporter.record_step(
+                    m.step,
+                    s.rank,
+                    s.step_time_s,
+                    s.compute_s,
+                    s.comm_wait_s,
+                    s.data_wait_s,
+                    local_rank=s.local_rank,
+                    ts_start=m.ts_start.timestamp(),
+                    ts_end=m.ts_end.timestamp(),
+                    loss=s.loss,
+                    grad_norm=s.grad_norm,
+                    phase=s.phase.value,
+                    dp_group=s.dp_group,
+                    pp_stage=s.pp_stage,
+                    tp_group=s.tp_group,
+                    node=m.node,
+                )
+    stats = exporter.close(timeout=30)
+    assert (stats.dropped, stats.invalid) == (0, 0)
+    assert stats.sent == sc.nodes * sc.steps
+    w = workers()
+    items = decisions.wait(
+        firing(AlertKind.STRAGGLER, "node-0005", Grade.CRITICAL), 40, "critical straggler", w
+    )
+    stragglers = {a.node for a in items if a.kind is AlertKind.STRAGGLER}
+    assert stragglers == {"node-0005"}
+    assert w.metric("stepguard_worker_rank_steps_total") > 0
+
+
+def test_degradation_played_by_simulate_command(settings, workers, decisions, tmp_path):
+    sc = scenario(
+        "degrade",
+        [
+            {
+                "kind": "degradation",
+                "node": 9,
+                "onset_step": 30,
+                "magnitude": 0.3,
+                "shape": "linear",
+                "ramp_steps": 60,
+            }
+        ],
+    )
+    path = tmp_path / "degrade.yaml"
+    path.write_text(yaml.safe_dump(sc.model_dump(mode="json")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")} | {
+        "STEPGUARD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "STEPGUARD_BROKER_FLAVOR": settings.broker_flavor,
+        "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
+    }
+    w = workers()
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "stepguard"), "simulate", str(path), "--max"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "published 150 steps" in out.stderr
+    items = decisions.wait(firing(AlertKind.DEGRADATION, "node-0009"), 40, "degradation", w)
+    nodes = {
+        a.node
+        for a in items
+        if a.state is AlertState.FIRING and a.kind in (AlertKind.DEGRADATION, AlertKind.STRAGGLER)
+    }
+    assert nodes == {"node-0009"}
+
+
+def test_hang_detected_by_timer_while_no_steps_arrive(settings, workers, decisions):
+    # ~0.1 s steps; the job goes silent after step 60 (what a hung job looks like)
+    sc = scenario("hang", [], base_compute_s=0.1, collective_s=0.01, steps=100)
+    w = workers()
+    play(settings, sc, speed=None, stop_after_step=60)
+    items = decisions.wait(firing(AlertKind.HANG), 40, "hang alert", w)
+    hang = next(a for a in items if a.kind is AlertKind.HANG)
+    assert hang.grade is Grade.CRITICAL
+    assert hang.step == 61
+    assert not [a for a in items if a.kind is not AlertKind.HANG]
+
+
+def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers, decisions):
+    sc = scenario(
+        "restart",
+        [
+            {
+                "kind": "straggler",
+                "node": 3,
+                "gpu": 1,
+                "onset_step": 30,
+                "duration_steps": 30,
+                "magnitude": 0.3,
+            },
+            {"kind": "straggler", "node": 11, "gpu": 6, "onset_step": 110, "magnitude": 0.3},
+        ],
+        steps=160,
+    )
+    reference = _reference_alerts(sc)
+    ref_eps = {(a.fingerprint, a.seq, a.state) for a in reference}
+    assert {a.node for a in reference} == {"node-0003", "node-0011"}
+
+    w1 = workers("first")
+    play(settings, sc, speed=None, stop_after_step=90)
+    # the first episode opened; kill the worker while it holds unsnapshotted steps
+    decisions.wait(firing(AlertKind.STRAGGLER, "node-0003"), 40, "first episode", w1)
+    w1.kill()
+    producer = make_producer(settings)
+    registry = registry_of(settings)
+    for ev in simulate(sc):
+        if ev.frame is not None and ev.frame.step > 90:
+            for m in ev.frame.to_messages():
+                producer.send(registry.name("steps"), key=sc.job.encode(), value=encode(m))
+    producer.flush()
+    producer.close()
+    w2 = workers("second")
+    # the hang at the end of the stream proves the restarted worker caught up
+    decisions.wait(
+        lambda xs: (
+            firing(AlertKind.STRAGGLER, "node-0011")(xs)
+            and any(a.kind is AlertKind.HANG and (a.step or 0) >= sc.steps for a in xs)
+        ),
+        60,
+        "second episode and end-of-stream hang",
+        w2,
+    )
+    got = {(a.fingerprint, a.seq, a.state) for a in decisions.items if a.kind is not AlertKind.HANG}
+    # same episodes, same updates: nothing lost, nothing re-opened (duplicates allowed)
+    assert (sorted(got - ref_eps), sorted(ref_eps - got)) == ([], [])
+
+
+def _reference_alerts(sc: Scenario) -> list[Alert]:
+    from detectors.engine import JobMonitor
+    from pipeline.assembly import StepAssembler
+
+    mon, asm, out = JobMonitor(sc.job), StepAssembler(), []
+    for ev in simulate(sc):
+        if ev.frame is None:
+            continue
+        for m in ev.frame.to_messages():
+            for f in asm.add(m):
+                out += [
+                    a for a in mon.tick(f.ts) + mon.process_step(f) if a.kind is not AlertKind.HANG
+                ]
+    return out
+
+
+def _job_per_partition(n: int = 8) -> list[str]:
+    jobs: dict[int, str] = {}
+    i = 0
+    while len(jobs) < n:
+        jobs.setdefault(partition_for(f"job-{i}", n), f"job-{i}")
+        i += 1
+    return [jobs[p] for p in sorted(jobs)]
+
+
+def test_second_worker_joins_splits_partitions_and_both_alert(settings, workers, decisions):
+    if settings.is_tansu:
+        pytest.skip(
+            "Tansu: Faust's changelog recovery of the partitions a worker keeps across a "
+            "rebalance never receives the changelog records (stalls); runs on Apache Kafka"
+        )
+    jobs = _job_per_partition(8)
+    faults = [
+        {"kind": "straggler", "node": 1, "gpu": 0, "onset_step": 30, "magnitude": 0.3},
+        {"kind": "straggler", "node": 2, "gpu": 5, "onset_step": 90, "magnitude": 0.3},
+    ]
+    scs = [scenario(j, faults, nodes=4, steps=140, job_id=j) for j in jobs]
+    a = workers("a")
+    for sc in scs:
+        play(settings, sc, speed=None, truth=False, stop_after_step=60)
+    decisions.wait(
+        lambda xs: {x.job_id for x in xs if x.node == "node-0001"} == set(jobs),
+        60,
+        "first straggler in every job",
+        a,
+    )
+    b = workers("b")
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and b.metric("stepguard_worker_assigned_partitions") < 1:
+        time.sleep(0.2)
+    assert b.metric("stepguard_worker_assigned_partitions") >= 1, b.tail()
+    producer = make_producer(settings)
+    registry = registry_of(settings)
+    for sc in scs:
+        for ev in simulate(sc):
+            if ev.frame is not None and ev.frame.step > 60:
+                for m in ev.frame.to_messages():
+                    producer.send(registry.name("steps"), key=sc.job.encode(), value=encode(m))
+    producer.flush()
+    producer.close()
+    decisions.wait(
+        lambda xs: {x.job_id for x in xs if x.node == "node-0002"} == set(jobs),
+        60,
+        "second straggler in every job after the join",
+        b,
+    )
+    assert a.metric("stepguard_worker_assigned_partitions") >= 1
+    assert (
+        a.metric("stepguard_worker_assigned_partitions")
+        + b.metric("stepguard_worker_assigned_partitions")
+        == 16
+    )  # steps + internal job topic, 8 partitions each, split between the two
+    second = [x for x in decisions.items if x.node == "node-0002"]
+    assert second
+    assert a.metric("stepguard_worker_alerts_total") > 0
+    assert b.metric("stepguard_worker_alerts_total") > 0
+
+
+def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
+    settings, workers, decisions
+):
+    sc = scenario(
+        "dlq", [{"kind": "straggler", "node": 7, "gpu": 3, "onset_step": 30, "magnitude": 0.3}]
+    )
+    registry = registry_of(settings)
+    producer = make_producer(settings)
+    bad = [
+        producer.send(registry.name("steps"), key=b"dlq", value=b"{not json").get(30),
+        producer.send(registry.name("health"), key=b"n1", value=b'{"node": 5}').get(30),
+        producer.send(registry.name("steps"), key=b"dlq", value=b"x" * 40_000).get(30),
+    ]
+    producer.close()
+    dead = Topic(settings, "deadletter", DeadLetter)
+    try:
+        w = workers(worker_max_message_bytes="32768")
+        play(settings, sc, speed=None, truth=False)
+        decisions.wait(firing(AlertKind.STRAGGLER, "node-0007"), 40, "straggler", w)
+        letters = dead.wait(lambda xs: len(xs) >= 3, 30, "three dead letters", w)
+    finally:
+        dead.close()
+    coords = {(d.source_topic, d.partition, d.offset) for d in letters}
+    assert coords == {(m.topic, m.partition, m.offset) for m in bad}
+    errors = " | ".join(d.error for d in letters)
+    assert "exceeds the limit of 32768" in errors
+    assert "NodeHealth" in errors
+    assert w.metric("stepguard_worker_dead_letters_total") == 3

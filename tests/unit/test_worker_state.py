@@ -1,0 +1,184 @@
+"""WorkerCore without Faust: dead letters, replay by offset, snapshots, ticks, routing."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline.worker.state import CoreTopics, JobState, WorkerCore, partition_for
+from schemas import AlertKind, GpuHealth, NodeHealth, RankSample, StepTelemetry, encode
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+TOPICS = CoreTopics("steps", "health", "jobs")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def step_msg(step: int, node: int, slow: float = 1.0, job: str = "j") -> bytes:
+    samples = []
+    for g in range(8):
+        rank = node * 8 + g
+        compute = 1.0 * (slow if g == 0 else 1.0) + 0.001 * ((rank * 7 + step) % 5)
+        samples.append(
+            RankSample(
+                rank=rank,
+                local_rank=g,
+                step_time_s=1.3,
+                compute_s=compute,
+                comm_wait_s=max(0.0, 1.25 - compute),
+                data_wait_s=0.01,
+            )
+        )
+    ts = T0 + timedelta(seconds=1.3 * step)
+    return encode(
+        StepTelemetry(
+            job_id=job,
+            node=f"n{node}",
+            step=step,
+            ts_start=ts,
+            ts_end=ts + timedelta(seconds=1.3),
+            samples=tuple(samples),
+        )
+    )
+
+
+def feed(core: WorkerCore, steps: range, nodes: int = 8, start_offset: int = 0, table=None):
+    out, offset = [], start_offset
+    table = table if table is not None else {}
+    for s in steps:
+        for n in range(nodes):
+            o = core.handle_step(0, offset, b"j", step_msg(s, n), token=offset, load=table.get)
+            if o.snapshot is not None:
+                table[o.job_id] = o.snapshot
+            out.append(o)
+            offset += 1
+    return out
+
+
+def test_bad_and_oversized_records_are_dead_lettered_and_released():
+    core = WorkerCore(TOPICS, 8, max_message_bytes=2048)
+    bad = core.handle_step(3, 17, b"k", b"{nope", token="a")
+    big = core.handle_step(3, 18, b"k", step_msg(0, 0) * 3, token="b")
+    assert [o.release for o in (bad, big)] == [["a"], ["b"]]
+    (letter,) = bad.dead_letters
+    assert (letter.source_topic, letter.partition, letter.offset, letter.key) == (
+        "steps",
+        3,
+        17,
+        b"k",
+    )
+    assert "exceeds the limit of 2048" in big.dead_letters[0].error
+    assert core.jobs == {}
+
+
+def test_records_are_held_until_a_snapshot_covers_them():
+    core = WorkerCore(TOPICS, 8, snapshot_steps=5, snapshot_interval_s=1e9)
+    outs = feed(core, range(12))
+    snaps = [o for o in outs if o.snapshot is not None]
+    assert len(snaps) == 2  # steps complete with a lag of 2: 10 frames -> 2 snapshots
+    released = [t for o in outs for t in o.release]
+    assert released == list(range(len(released)))  # in order, each once
+    assert core.held("j") == len(outs) - len(released) > 0
+
+
+def test_replay_after_restart_skips_what_the_snapshot_reflects_and_repeats_alerts():
+    clock = Clock()
+    table: dict[str, bytes] = {}
+    core = WorkerCore(TOPICS, 8, snapshot_steps=3, snapshot_interval_s=1e9, clock=clock)
+    first = feed(core, range(60), table=table)
+    # crash: a new process, state from the table, records replayed from offset 0
+    again = WorkerCore(TOPICS, 8, snapshot_steps=3, snapshot_interval_s=1e9, clock=clock)
+    replay = feed(again, range(60), table=dict(table))
+    alerts_once = {(a.fingerprint, a.seq) for o in first for a in o.alerts}
+    alerts_replayed = {(a.fingerprint, a.seq) for o in replay for a in o.alerts}
+    assert alerts_replayed <= alerts_once
+    skipped = sum(1 for o in replay if o.steps == 0 and o.release and not o.alerts)
+    assert skipped > 0
+    st = again.jobs["j"]
+    assert st.offsets[("steps", 0)] == 60 * 8 - 1
+    assert st.monitor.last_step == core.jobs["j"].monitor.last_step
+
+
+def test_straggler_alerts_and_state_pickles():
+    core = WorkerCore(TOPICS, 8)
+    table: dict[str, bytes] = {}
+    outs = feed(core, range(30), table=table)
+    outs += [
+        core.handle_step(
+            0,
+            10_000 + i,
+            b"j",
+            step_msg(30 + i // 8, i % 8, slow=1.3 if i % 8 == 5 else 1.0),
+            token=None,
+        )
+        for i in range(8 * 20)
+    ]
+    kinds = {(a.kind, a.node) for o in outs for a in o.alerts}
+    assert (AlertKind.STRAGGLER, "n5") in kinds
+    st = JobState.from_bytes(core.jobs["j"].to_bytes())
+    assert st.monitor.last_step == core.jobs["j"].monitor.last_step
+
+
+def test_tick_uses_last_event_time_plus_wall_time_and_fires_a_hang():
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock)
+    feed(core, range(30))
+    record = core.tick_record("j")
+    assert record is not None
+    partition, value = record
+    assert partition == 0
+    assert core.handle_job_record(0, 1, b"j", value, "tick", token="t1").alerts == []
+    clock.now += 60.0  # a minute of silence
+    _, value = core.tick_record("j")
+    out = core.handle_job_record(0, 2, b"j", value, "tick", token="t2")
+    assert [a.kind for a in out.alerts] == [AlertKind.HANG]
+    assert out.snapshot is not None or core.held("j") > 0
+
+
+def test_health_is_routed_to_the_partition_of_its_job():
+    core = WorkerCore(TOPICS, 8)
+    h = NodeHealth(
+        job_id="job-42",
+        node="n1",
+        ts=T0,
+        gpus=(
+            GpuHealth(
+                index=0, temperature_c=60, power_w=500, sm_clock_mhz=1800, utilization_pct=99
+            ),
+        ),
+    )
+    fwd = core.route_health(2, 5, b"n1", encode(h))
+    assert (fwd.job_id, fwd.partition) == ("job-42", partition_for("job-42", 8))
+    assert core.route_health(2, 6, b"n1", encode(h.model_copy(update={"job_id": None}))) is None
+    assert core.unrouted_health == 1
+    out = core.handle_job_record(fwd.partition, 0, b"job-42", fwd.value, "health", token="h")
+    assert out.job_id == "job-42" and not out.dead_letters
+
+
+def test_partition_for_matches_kafka_python_default_partitioner():
+    from kafka.partitioner.default import murmur2
+
+    for key in ("a", "job-1", "llm-70b/run-3"):
+        assert partition_for(key, 8) == (murmur2(key.encode()) & 0x7FFFFFFF) % 8
+
+
+def test_revoked_partitions_drop_jobs_and_held_records():
+    core = WorkerCore(TOPICS, 8, snapshot_steps=1000, snapshot_interval_s=1e9)
+    feed(core, range(5))
+    assert core.held("j") > 0
+    assert core.drop_partitions({0}) == 1
+    assert core.jobs == {} and core.held("j") == 0
+
+
+@pytest.mark.parametrize("kw", [{"n_partitions": 0}, {"snapshot_steps": 0}])
+def test_bad_arguments_are_named(kw):
+    args = {"n_partitions": 8} | kw
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        WorkerCore(TOPICS, args.pop("n_partitions"), **args)
