@@ -242,8 +242,9 @@ class DetectionStage:
     frames, the detection core, alerts to the decision topic.
 
     Health reports are held until the step stream passes their event time, or until
-    ``stall_polls`` polls in a row bring no step (a stalled job), so a report cannot
-    make the job look hung while its steps are still on their way. Commands and
+    ``stall_polls`` polls in a row bring no step (a stalled job), and never beyond the
+    health partitions' watermark, so a report cannot make the job look hung while its
+    steps are still on their way, nor a node look silent while its partition lags. Commands and
     results are read too: a RESTART/ROLLBACK the job carried out tells the detection
     core that step numbers repeat and the relaunch is not a hang.
     """
@@ -263,6 +264,7 @@ class DetectionStage:
         self._idle = 0
         self.error: BaseException | None = None
         self._health: list[tuple[float, int, NodeHealth]] = []
+        self._health_wm: dict[int, float] = {}
         self._seq = itertools.count()
         self._producer = make_producer(settings)
         self._commands: dict[str, Command] = {}
@@ -278,7 +280,12 @@ class DetectionStage:
             publish(self._producer, self.registry, "decisions", a)
         self.alerts.extend(alerts)
 
-    def _health_until(self, ts: float) -> None:
+    def _health_until(self, ts: float, *, final: bool = False) -> None:
+        """Process held reports up to event time ``ts`` and the health watermark (the
+        oldest newest-report among the health partitions: a partition that is behind
+        must not make its nodes look silent)."""
+        if not final and self._health_wm:
+            ts = min(ts, *self._health_wm.values())
         while self._health and self._health[0][0] <= ts:
             hts, _, h = heapq.heappop(self._health)
             self.last_ts = max(self.last_ts, hts)
@@ -316,7 +323,9 @@ class DetectionStage:
             if isinstance(msg, Command | CommandResult):
                 continue
             if isinstance(msg, NodeHealth):
-                heapq.heappush(self._health, (msg.ts.timestamp(), next(self._seq), msg))
+                hts = msg.ts.timestamp()
+                heapq.heappush(self._health, (hts, next(self._seq), msg))
+                self._health_wm[d.partition] = max(self._health_wm.get(d.partition, hts), hts)
                 continue
             assert isinstance(msg, StepTelemetry)
             steps += 1
@@ -344,7 +353,7 @@ class DetectionStage:
             idle = idle + 1 if self.poll() == 0 else 0
         for frame in self.assembler.flush():
             self._frame(frame)
-        self._health_until(float("inf"))
+        self._health_until(float("inf"), final=True)
         self._producer.flush()
 
     def close(self) -> None:

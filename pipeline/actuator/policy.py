@@ -77,6 +77,8 @@ class PolicyParams:
     node_cooldown_s: float = 1800.0
     spare_nodes: tuple[str, ...] = ()
     no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
+    #: without a spare, at most one protective checkpoint per job per this many seconds
+    checkpoint_min_interval_s: float = 600.0
     default_job_nodes: int = 0
 
     def __post_init__(self) -> None:
@@ -196,6 +198,7 @@ class Policy:
         #: (issued_at, job, node) of every isolation, oldest first
         self._isolations: list[tuple[datetime, str, str]] = []
         self._last_acted: dict[str, datetime] = {}
+        self._last_checkpoint: dict[str, datetime] = {}
         self._breakers: dict[str, _Breaker] = {}
 
     # -- inputs ------------------------------------------------------------------------
@@ -429,7 +432,11 @@ class Policy:
                     spare,
                     text,
                 )
-            if self.params.no_spare_policy == "checkpoint":
+            recent = self._last_checkpoint.get(alert.job_id)
+            fresh = recent is not None and (now - recent).total_seconds() < (
+                self.params.checkpoint_min_interval_s
+            )
+            if self.params.no_spare_policy == "checkpoint" and not fresh:
                 text = f"no spare for {node}: checkpoint and keep running degraded"
                 return _Plan(
                     (
@@ -440,7 +447,9 @@ class Policy:
                     None,
                     text,
                 )
-            text = f"no spare for {node}: alert only"
+            text = f"no spare for {node}: alert only" + (
+                " (a checkpoint was taken moments ago)" if fresh else ""
+            )
             return _Plan((cmd(CommandKind.NOTIFY, nodes, summary=text),), None, None, text)
         text = f"investigate: {alert.summary}"
         return _Plan((cmd(CommandKind.NOTIFY, nodes, summary=text),), None, None, text)
@@ -476,6 +485,8 @@ class Policy:
 
     def _apply_issue(self, cmd: Command, now: datetime) -> None:
         """Bookkeeping of an issued command: ledger, cooldowns, spares, repair marks."""
+        if cmd.kind is CommandKind.CHECKPOINT:
+            self._last_checkpoint[cmd.job_id] = now
         for node in cmd.targets:
             if cmd.kind is not CommandKind.NOTIFY:
                 self._last_acted[node] = max(now, self._last_acted.get(node, now))

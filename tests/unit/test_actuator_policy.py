@@ -150,6 +150,16 @@ def test_no_spare_checkpoints_and_keeps_running_degraded():
     assert p.isolations_in_window("job-1", T0) == 0
 
 
+def test_no_spare_checkpoints_at_most_once_per_interval_per_job():
+    p = auto(spare_nodes=(), checkpoint_min_interval_s=600)
+    first = p.on_alert(alert("fp-a-000001", node="node-3"), T0)
+    again = p.on_alert(alert("fp-b-000002", node="node-4"), T0 + timedelta(seconds=60))
+    later = p.on_alert(alert("fp-c-000003", node="node-5"), T0 + timedelta(seconds=700))
+    assert [c.kind for c in first.commands] == [CommandKind.CHECKPOINT, CommandKind.NOTIFY]
+    assert [c.kind for c in again.commands] == [CommandKind.NOTIFY]
+    assert [c.kind for c in later.commands] == [CommandKind.CHECKPOINT, CommandKind.NOTIFY]
+
+
 def test_no_spare_with_alert_policy_only_notifies():
     out = auto(spare_nodes=(), no_spare_policy="alert").on_alert(alert(), T0)
     assert kinds(out) == [(CommandKind.NOTIFY, ("node-3",), ())]
@@ -225,7 +235,8 @@ def test_spares_are_used_once_and_a_twice_isolated_node_goes_to_repair():
     p.on_control(control(spare_nodes=("node-1",)), T0)
     assert p.spares == []
     out = p.on_alert(alert("fp-d-000004", node="node-4"), T0 + timedelta(seconds=3))
-    assert kinds(out) == [(CommandKind.CHECKPOINT, (), ()), (CommandKind.NOTIFY, ("node-4",), ())]
+    # no spare left (node-1 is in repair); the replacements just checkpointed the job
+    assert kinds(out) == [(CommandKind.NOTIFY, ("node-4",), ())]
 
 
 # -- modes -------------------------------------------------------------------------------
