@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +210,20 @@ class _Pace:
         self.lag = lag
         self.published = 0
         self.processed = 0
+        self.sent_msgs = 0  #: step messages the job published
+        self.seen_msgs = 0  #: step messages detection consumed
         self.closed = False
         self._cond = threading.Condition()
 
-    def publish(self) -> None:
+    def publish(self, messages: int) -> None:
         with self._cond:
             self.published += 1
+            self.sent_msgs += messages
+
+    def seen(self, messages: int) -> None:
+        with self._cond:
+            self.seen_msgs += messages
+            self._cond.notify_all()
 
     def processed_one(self, count: int = 1) -> None:
         with self._cond:
@@ -268,6 +277,7 @@ class DetectionStage:
         self._seq = itertools.count()
         self._producer = make_producer(settings)
         self._commands: dict[str, Command] = {}
+        self._orphans: dict[str, CommandResult] = {}
         self.last_ts = 0.0
         self._consumer = make_consumer(
             settings,
@@ -293,10 +303,14 @@ class DetectionStage:
 
     def _relaunch(self, result: CommandResult) -> None:
         """A RESTART/ROLLBACK the job carried out: tell the detection core, so the
-        relaunch is not a hang and repeated step numbers are expected."""
+        relaunch is not a hang and repeated step numbers are expected. A result can
+        arrive before its command (two topics): it waits for the command."""
         cmd = self._commands.get(result.command_id)
+        if cmd is None:
+            self._orphans[result.command_id] = result
+            return
         relaunch = (CommandKind.RESTART, CommandKind.ROLLBACK)
-        if cmd and result.status is CommandStatus.SUCCEEDED and cmd.kind in relaunch:
+        if result.status is CommandStatus.SUCCEEDED and cmd.kind in relaunch:
             self.monitor.restarted(self.last_ts, removed_nodes=cmd.targets)
             self.restarts += 1
             self.pace.processed_one(count=0)
@@ -316,6 +330,8 @@ class DetectionStage:
             msg = d.message
             if isinstance(msg, Command):
                 self._commands[msg.command_id] = msg
+                if msg.command_id in self._orphans:
+                    self._relaunch(self._orphans.pop(msg.command_id))
             elif isinstance(msg, CommandResult):
                 self._relaunch(msg)
         for d in got:
@@ -332,7 +348,8 @@ class DetectionStage:
             for frame in self.assembler.add(msg):
                 self._frame(frame)
         self._idle = 0 if steps else self._idle + 1
-        if self._idle >= self.stall_polls:
+        self.pace.seen(steps)
+        if self._idle >= self.stall_polls and self.frames:
             self._health_until(float("inf"))  # the job is stalled: reports carry time
         self._producer.flush()
         self._consumer.commit()
@@ -399,11 +416,15 @@ class _JobController:
         next checkpoint boundary), then run and are reported."""
         self._restarts += [c for c in commands if c.kind is CommandKind.RESTART]
 
+    def restart_due(self) -> bool:
+        """Queued RESTARTs whose requested checkpoint is saved (or cannot be: stalled)."""
+        saving = self._ckpt_after is not None and len(self.job.checkpoints) <= self._ckpt_after
+        return bool(self._restarts) and (not saving or self.job.stalled)
+
     def at_boundary(self) -> bool:
         """Run the queued RESTARTs if their checkpoint is saved; True if it relaunched."""
-        saving = self._ckpt_after is not None and len(self.job.checkpoints) <= self._ckpt_after
-        if not self._restarts or (saving and not self.job.stalled):
-            return False  # nothing to do, or the requested checkpoint is not saved yet
+        if not self.restart_due():
+            return False
         self._ckpt_after = None
         first, *rest = self._restarts
         for cmd in rest:  # several episodes asked for a relaunch: one relaunch serves all
@@ -484,13 +505,19 @@ def run_demo(
         pace = _Pace(lag_frames)
         detection = DetectionStage(settings, scenario.job, pace)
         stack.callback(detection.close)
-        actuator = Actuator(settings)
+
+        # guardrail windows, cooldowns and command expiry run on the job's event time:
+        # the demo compresses hours into minutes
+        def sim_clock() -> datetime:
+            return datetime.fromtimestamp(job.ts, UTC)
+
+        actuator = Actuator(settings, clock=sim_clock)
         stack.callback(actuator.close)
         controller = _JobController(job)
         listener = CommandListener(
             settings, scenario.job, name="simulated-job",
             on_checkpoint=controller.checkpoint, on_isolate=controller.isolate,
-            on_rollback=controller.rollback,
+            on_rollback=controller.rollback, clock=sim_clock,
         ).start()  # fmt: skip
         controller.listener = listener
         stack.callback(listener.close)
@@ -515,11 +542,12 @@ def run_demo(
                 counts["truth"] += 1
             for ev in job.events():
                 if ev.frame is not None:
-                    for m in ev.frame.to_messages():
+                    messages = ev.frame.to_messages()
+                    for m in messages:
                         publish(producer, registry, "steps", m)
-                        counts["steps"] += 1
+                    counts["steps"] += len(messages)
                     producer.flush()
-                    pace.publish()
+                    pace.publish(len(messages))
                     pace.wait()
                 for h in ev.health:
                     publish(producer, registry, "health", h)
@@ -527,6 +555,9 @@ def run_demo(
                 if detection.error is not None:
                     raise detection.error
                 controller.queue(listener.poll_step_boundary(job.step))
+                if controller.restart_due():
+                    # compressed time: detection sees every step of the old run first
+                    pace.wait_until(lambda: pace.seen_msgs >= pace.sent_msgs)
                 if controller.at_boundary():
                     # compressed time: let detection see the relaunch before the
                     # relaunch's silent seconds are played to it

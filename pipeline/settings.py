@@ -108,6 +108,8 @@ class Settings(BaseSettings):
     guard_max_isolation_pct: float = Field(default=5.0, ge=0, le=100)
     guard_window_s: float = Field(default=3600.0, gt=0)
     guard_node_cooldown_s: float = Field(default=1800.0, ge=0)
+    #: at most one RESTART/ROLLBACK per job per this many seconds (no restart loops)
+    guard_relaunch_cooldown_s: float = Field(default=300.0, ge=0)
     spare_nodes: str = ""
     #: without a spare: checkpoint and keep running degraded, or alert only
     no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"

@@ -79,6 +79,8 @@ class PolicyParams:
     no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
     #: without a spare, at most one protective checkpoint per job per this many seconds
     checkpoint_min_interval_s: float = 600.0
+    #: at most one RESTART/ROLLBACK per job per this many seconds (no restart loops)
+    relaunch_cooldown_s: float = 300.0
     default_job_nodes: int = 0
 
     def __post_init__(self) -> None:
@@ -107,6 +109,7 @@ class PolicyParams:
             node_cooldown_s=settings.guard_node_cooldown_s,
             spare_nodes=tuple(settings.spare_pool),
             no_spare_policy=settings.no_spare_policy,
+            relaunch_cooldown_s=settings.guard_relaunch_cooldown_s,
             default_job_nodes=settings.guard_job_nodes,
         )
 
@@ -199,6 +202,7 @@ class Policy:
         self._isolations: list[tuple[datetime, str, str]] = []
         self._last_acted: dict[str, datetime] = {}
         self._last_checkpoint: dict[str, datetime] = {}
+        self._last_relaunch: dict[str, datetime] = {}
         self._breakers: dict[str, _Breaker] = {}
 
     # -- inputs ------------------------------------------------------------------------
@@ -464,6 +468,16 @@ class Policy:
         """Why the plan may not run now, or ``None``."""
         if not any(c.kind is not CommandKind.NOTIFY for c in plan.commands):
             return None
+        # a relaunch that replaces a node is governed by the circuit breaker; one that
+        # only relaunches (hang, divergence) must not loop
+        relaunch = (CommandKind.RESTART, CommandKind.ROLLBACK)
+        relaunches = plan.isolated is None and any(c.kind in relaunch for c in plan.commands)
+        last = self._last_relaunch.get(alert.job_id)
+        if relaunches and last is not None:
+            since = (now - last).total_seconds()
+            if since < self.params.relaunch_cooldown_s:
+                cool = self.params.relaunch_cooldown_s
+                return f"job {alert.job_id} relaunched {since:.0f}s ago (< {cool:.0f}s)"
         node = alert.node
         if node is not None and node in self._last_acted:
             since = (now - self._last_acted[node]).total_seconds()
@@ -487,6 +501,8 @@ class Policy:
         """Bookkeeping of an issued command: ledger, cooldowns, spares, repair marks."""
         if cmd.kind is CommandKind.CHECKPOINT:
             self._last_checkpoint[cmd.job_id] = now
+        if cmd.kind in (CommandKind.RESTART, CommandKind.ROLLBACK):
+            self._last_relaunch[cmd.job_id] = now
         for node in cmd.targets:
             if cmd.kind is not CommandKind.NOTIFY:
                 self._last_acted[node] = max(now, self._last_acted.get(node, now))

@@ -160,6 +160,17 @@ def test_no_spare_checkpoints_at_most_once_per_interval_per_job():
     assert [c.kind for c in later.commands] == [CommandKind.CHECKPOINT, CommandKind.NOTIFY]
 
 
+def test_a_job_is_relaunched_at_most_once_per_cooldown():
+    p = auto(relaunch_cooldown_s=300)
+    hang = dict(node=None, action=RA.RESTART, kind=AlertKind.HANG)
+    first = p.on_alert(alert("fp-hang-0001", **hang), T0)
+    again = p.on_alert(alert("fp-hang-0002", **hang), T0 + timedelta(seconds=30))
+    later = p.on_alert(alert("fp-hang-0003", **hang), T0 + timedelta(seconds=400))
+    assert [c.kind for c in first.commands] == [CommandKind.RESTART]
+    assert again.commands == [] and "relaunched 30s ago" in again.records[0].detail
+    assert [c.kind for c in later.commands] == [CommandKind.RESTART]
+
+
 def test_no_spare_with_alert_policy_only_notifies():
     out = auto(spare_nodes=(), no_spare_policy="alert").on_alert(alert(), T0)
     assert kinds(out) == [(CommandKind.NOTIFY, ("node-3",), ())]
