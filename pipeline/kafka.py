@@ -24,6 +24,7 @@ __all__ = [
     "Decoded",
     "client_config",
     "consume_decoded",
+    "consumer_config",
     "create_topics",
     "make_consumer",
     "make_producer",
@@ -78,10 +79,10 @@ def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
         raise BrokerError(f"cannot connect producer to {settings.kafka_bootstrap}: {exc}") from exc
 
 
-def make_consumer(
-    settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
-) -> KafkaConsumer:
-    """A consumer with manual commits (commit after the work is done)."""
+def consumer_config(settings: Settings, group_id: str | None, **overrides: Any) -> dict[str, Any]:
+    """Options of every stepguard consumer: manual commits, from the earliest offset,
+    large fetches, and short group timeouts on Tansu (its JoinGroup waits half the
+    session timeout)."""
     cfg = client_config(settings) | {
         "group_id": group_id,
         "enable_auto_commit": False,
@@ -90,7 +91,14 @@ def make_consumer(
     }
     if settings.is_tansu:
         cfg |= {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
-    cfg.update(overrides)
+    return cfg | overrides
+
+
+def make_consumer(
+    settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
+) -> KafkaConsumer:
+    """A consumer with manual commits (commit after the work is done)."""
+    cfg = consumer_config(settings, group_id, **overrides)
     try:
         consumer = KafkaConsumer(**cfg)
     except KafkaError as exc:

@@ -17,7 +17,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 
 from pipeline.errors import BrokerError
-from pipeline.kafka import Decoded, client_config, make_producer
+from pipeline.kafka import Decoded, consumer_config, make_producer
 from pipeline.settings import Settings
 from schemas import TOPICS, Rejected, TopicRegistry, decode
 
@@ -50,12 +50,7 @@ def assigned_consumer(
     settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
 ) -> KafkaConsumer:
     """A consumer assigned every partition of ``topics`` (manual commits)."""
-    cfg = client_config(settings) | {
-        "group_id": group_id,
-        "enable_auto_commit": False,
-        "auto_offset_reset": "earliest",
-    }
-    cfg.update(overrides)
+    cfg = consumer_config(settings, group_id, **overrides)
     try:
         consumer = KafkaConsumer(**cfg)
         consumer.assign(_partitions(consumer, topics))
