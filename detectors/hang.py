@@ -160,11 +160,17 @@ class HealthPresence:
     ----------
     factor
         A node is missing once ``now - last report > factor * its report interval``.
+    quorum
+        Nodes are only named while at least this fraction of the fleet reports on
+        time; when most nodes are quiet together the feed (or the reader) is behind.
     """
 
-    def __init__(self, factor: float = 3.0) -> None:
+    def __init__(self, factor: float = 3.0, quorum: float = 0.5) -> None:
         check_positive("factor", factor)
+        if not 0 <= quorum <= 1:
+            raise ValueError(f"quorum must be within [0, 1], got {quorum!r}")
         self.factor = factor
+        self.quorum = quorum
         self._last: dict[str, tuple[float, float]] = {}
 
     def learn(self, node: str, ts: float, interval_s: float) -> None:
@@ -180,8 +186,10 @@ class HealthPresence:
         reported within its own interval (otherwise the whole feed stopped)."""
         if not self._last:
             return {}
-        fresh = any(now - ts <= 1.5 * iv for ts, iv in self._last.values())
-        if not fresh:
+        fresh = sum(1 for ts, iv in self._last.values() if now - ts <= 1.5 * iv)
+        if fresh == 0 or fresh < self.quorum * len(self._last):
+            # most of the fleet is quiet at once: the feed stalled or lags, which says
+            # nothing about any one node (a cluster-wide shift is not a node fault)
             return {}
         out: dict[str, float] = {}
         for node, (ts, iv) in self._last.items():

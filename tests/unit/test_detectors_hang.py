@@ -91,3 +91,19 @@ def test_a_relaunch_is_not_a_hang_and_restarts_step_numbers():
     h.learn_step(4, ts=118.0)  # resumes from a checkpoint: step numbers repeat
     assert h.last_step == 4 and h.score(119.0) == pytest.approx(1.0)
     assert h.score(126.0) > 2.5  # after the grace a stall is a hang again
+
+
+def test_a_silent_node_is_named_only_while_most_of_the_fleet_reports():
+    from detectors.hang import HealthPresence
+
+    p = HealthPresence(factor=1.5)
+    for i in range(10):
+        p.learn(f"n{i}", ts=0.0, interval_s=10.0)
+    for i in range(1, 10):
+        p.learn(f"n{i}", ts=20.0, interval_s=10.0)
+    assert set(p.score(25.0)) == {"n0"}  # nine on time, one quiet
+    q = HealthPresence(factor=1.5)
+    for i in range(10):
+        q.learn(f"n{i}", ts=0.0, interval_s=10.0)
+    q.learn("n0", ts=20.0, interval_s=10.0)
+    assert q.score(25.0) == {}  # nine quiet together: the feed lags, no node is named
