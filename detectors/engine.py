@@ -903,6 +903,10 @@ class JobMonitor:
         for node in removed_nodes:
             self.presence.forget(node)
             self._removed.add(node)
+            node_id = self._node_id.get(node)
+            if node_id is not None:  # its ranks now run on a spare: fresh baselines
+                ranks = np.flatnonzero(self._rank_node == node_id).astype(np.int64)
+                self.baselines.forget(ranks)
 
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""

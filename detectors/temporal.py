@@ -243,6 +243,18 @@ class RankBaselines:
         self._last[sel] = s.excess[0, mask]
         self._steps[sel] += 1
 
+    def forget(self, slots: I64) -> None:
+        """Forget everything about ``slots``: new hardware now runs those ranks (a node
+        was replaced), so their baselines warm up again from scratch."""
+        inside = slots[slots < self.n_slots]
+        for ew in self._ew:
+            ew.n[inside] = 0
+            ew.mean[inside] = 0.0
+            ew.var[inside] = 0.0
+        self.reset(inside)
+        self._last[inside] = 0.0
+        self._steps[inside] = 0
+
     def reset(self, slots: I64) -> None:
         """Forget the CUSUM of ``slots`` (e.g. after an episode was acted upon)."""
         inside = slots[slots < self.n_slots]

@@ -49,6 +49,7 @@ from pipeline.kafka import (
 from pipeline.listener import CommandListener
 from pipeline.settings import Settings
 from pipeline.simulator import Scenario, SimulatedJob, load_suite
+from pipeline.simulator.control import JobController
 from schemas import (
     Alert,
     AlertState,
@@ -378,85 +379,6 @@ class DetectionStage:
         self._producer.close()
 
 
-class _JobController:
-    """The simulated job's side of the command topic, driven by the same
-    CommandListener that training code uses, applied at step boundaries."""
-
-    def __init__(self, job: SimulatedJob, listener: CommandListener | None = None) -> None:
-        self.job = job
-        self.listener = listener
-        self.applied: list[tuple[int, str, str]] = []
-        self._restarts: list[Command] = []
-        self.relaunches = 0
-        self._ckpt_after: int | None = None  # checkpoints saved when one was requested
-
-    def _resume_step(self, cmd: Command) -> int:
-        saved = [
-            c for c in self.job.checkpoints
-            if cmd.checkpoint_step is None or c <= cmd.checkpoint_step
-        ]  # fmt: skip
-        return min(saved[-1] + 1 if saved else 0, self.job.step)
-
-    def _swap(self, cmd: Command) -> list[str]:
-        done = []
-        for i, node in enumerate(cmd.targets):
-            if node in self.job.node_names:
-                spare = cmd.replacements[i] if i < len(cmd.replacements) else None
-                done.append(f"{node}->{self.job.isolate(node, spare)}")
-        return done
-
-    def checkpoint(self, cmd: Command, step: int) -> str:
-        self.job.checkpoint()
-        self._ckpt_after = len(self.job.checkpoints)
-        self.applied.append((step, "checkpoint", ""))
-        return f"checkpoint requested at step {step}"
-
-    def queue(self, commands: list[Command]) -> None:
-        """RESTARTs wait for a requested checkpoint to be saved (replace a node at the
-        next checkpoint boundary), then run and are reported."""
-        self._restarts += [c for c in commands if c.kind is CommandKind.RESTART]
-
-    def restart_due(self) -> bool:
-        """Queued RESTARTs whose requested checkpoint is saved (or cannot be: stalled)."""
-        saving = self._ckpt_after is not None and len(self.job.checkpoints) <= self._ckpt_after
-        return bool(self._restarts) and (not saving or self.job.stalled)
-
-    def at_boundary(self) -> bool:
-        """Run the queued RESTARTs if their checkpoint is saved; True if it relaunched."""
-        if not self.restart_due():
-            return False
-        self._ckpt_after = None
-        first, *rest = self._restarts
-        for cmd in rest:  # several episodes asked for a relaunch: one relaunch serves all
-            self._swap(cmd)
-        detail = self.restart(first, self.job.step)
-        if self.listener is not None:
-            for cmd in self._restarts:
-                self.listener.report(cmd, CommandStatus.SUCCEEDED, detail)
-        self._restarts.clear()
-        return True
-
-    def isolate(self, cmd: Command, step: int) -> str:
-        done = self._swap(cmd)
-        self.applied.append((step, "isolate", ",".join(done)))
-        return "isolated " + (", ".join(done) or "nothing (already out)")
-
-    def restart(self, cmd: Command, step: int) -> str:
-        self.relaunches += 1
-        self._swap(cmd)
-        resume = self._resume_step(cmd)
-        self.job.restart(resume)
-        self.applied.append((step, "restart", f"from {resume}"))
-        return f"restarted from step {resume}"
-
-    def rollback(self, cmd: Command, step: int) -> str:
-        self.relaunches += 1
-        resume = self._resume_step(cmd)
-        self.job.rollback(resume)
-        self.applied.append((step, "rollback", f"to {resume}"))
-        return f"rolled back to step {resume}"
-
-
 def run_demo(
     settings: Settings,
     scenario: Scenario,
@@ -513,7 +435,7 @@ def run_demo(
 
         actuator = Actuator(settings, clock=sim_clock)
         stack.callback(actuator.close)
-        controller = _JobController(job)
+        controller = JobController(job)
         listener = CommandListener(
             settings, scenario.job, name="simulated-job",
             on_checkpoint=controller.checkpoint, on_isolate=controller.isolate,

@@ -154,6 +154,7 @@ class _Episode:
     job_id: str
     first_step: int | None
     last_seq: int
+    last: Alert | None = None
     acted: set[str] = field(default_factory=set)
     observed: set[str] = field(default_factory=set)
 
@@ -230,8 +231,27 @@ class Policy:
             ep = _Episode(alert.job_id, alert.step, alert.seq)
             self._episodes[alert.fingerprint] = ep
         ep.last_seq = alert.seq
+        ep.last = alert
         if alert.step is not None and (ep.first_step is None or alert.step < ep.first_step):
             ep.first_step = alert.step
+        return self._consider(alert, ep, now, out)
+
+    def on_progress(self, job_id: str, step: int, ts: datetime, now: datetime) -> Outcome:
+        """The job reached ``step`` at event time ``ts``: a WARNING episode that has
+        persisted long enough since its last update confirms now (alerts are sent on
+        transitions only, so persistence shows in the job's progress)."""
+        out = self._close_expired_breakers(now)
+        for ep in list(self._episodes.values()):
+            last = ep.last
+            if ep.job_id != job_id or last is None or last.grade is not Grade.WARNING:
+                continue
+            probe = last.model_copy(update={"step": step, "ts": max(ts, last.ts)})
+            decided = self._consider(probe, ep, now, Outcome())
+            if decided.commands or decided.records or decided.alerts:
+                out.extend(decided)
+        return out
+
+    def _consider(self, alert: Alert, ep: _Episode, now: datetime, out: Outcome) -> Outcome:
         if not self._confirmed(alert, ep):
             out.note = "not confirmed"
             return out

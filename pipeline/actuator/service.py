@@ -126,7 +126,10 @@ class Actuator:
         now = self._clock()
         msg = rec.message
         if isinstance(msg, Alert):
-            return self.policy.on_alert(msg, now)
+            out = self.policy.on_alert(msg, now)
+            if msg.step is not None:  # every update shows the job's progress
+                out.extend(self.policy.on_progress(msg.job_id, msg.step, msg.ts, now))
+            return out
         if isinstance(msg, Approval):
             problem = signature_problem(msg, self._keys)
             if problem is not None:

@@ -195,6 +195,20 @@ class SimulatedJob:
         return self._stall is not None
 
     @property
+    def stall_kind(self) -> str | None:
+        """``hang``, ``dead`` (a node crashed) or ``restart`` while stalled, else None."""
+        return None if self._stall is None else self._stall.value
+
+    @property
+    def stalled_since(self) -> float | None:
+        return None if self._stall is None else self._stall_start
+
+    @property
+    def dead_nodes(self) -> list[str]:
+        """Nodes whose ranks died (a scheduler sees their processes gone)."""
+        return [self.node_names[i] for i in np.flatnonzero(~self._ranks_alive)]
+
+    @property
     def last_checkpoint(self) -> int | None:
         return self.checkpoints[-1] if self.checkpoints else None
 

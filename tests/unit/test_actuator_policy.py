@@ -349,3 +349,15 @@ def test_docstring_examples_run(module):
     mod = importlib.import_module(f"pipeline.actuator.{module}")
     failed, _ = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert failed == 0
+
+
+def test_a_warning_confirms_from_the_jobs_progress_without_a_new_update():
+    p = auto(warning_confirm_steps=20, warning_confirm_s=10_000)
+    assert p.on_alert(alert(grade=Grade.WARNING, step=100), T0).commands == []
+    assert p.on_progress("job-1", 110, T0, T0).commands == []
+    assert p.on_progress("job-2", 130, T0, T0).commands == []  # another job's progress
+    out = p.on_progress("job-1", 120, T0, T0)
+    assert [c.kind for c in out.commands] == [
+        CommandKind.CHECKPOINT, CommandKind.ISOLATE, CommandKind.RESTART,
+    ]  # fmt: skip
+    assert p.on_progress("job-1", 121, T0, T0).commands == []  # decided once
