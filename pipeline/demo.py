@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +248,10 @@ class _Pace:
             self._cond.notify_all()
 
 
+def _reached(detection: DetectionStage, ts: float) -> bool:
+    return detection.last_ts >= ts
+
+
 class DetectionStage:
     """The demo's detection path: steps + health from the broker, assembled into
     frames, the detection core, alerts to the decision topic.
@@ -297,10 +302,14 @@ class DetectionStage:
         must not make its nodes look silent)."""
         if not final and self._health_wm:
             ts = min(ts, *self._health_wm.values())
+        released = False
         while self._health and self._health[0][0] <= ts:
             hts, _, h = heapq.heappop(self._health)
             self.last_ts = max(self.last_ts, hts)
+            released = True
             self._emit(self.monitor.process_health(h) + self.monitor.tick(hts))
+        if released:
+            self.pace.processed_one(count=0)  # wake a job waiting for its stall to be seen
 
     def _relaunch(self, result: CommandResult) -> None:
         """A RESTART/ROLLBACK the job carried out: tell the detection core, so the
@@ -474,6 +483,11 @@ def run_demo(
                 for h in ev.health:
                     publish(producer, registry, "health", h)
                     counts["health"] += 1
+                if ev.frame is None and ev.health:
+                    # compressed time: a stall lasts long enough for detection to see
+                    # it (in real time it lasts seconds to minutes)
+                    producer.flush()
+                    pace.wait_until(partial(_reached, detection, ev.ts), timeout_s=5.0)
                 if detection.error is not None:
                     raise detection.error
                 controller.queue(listener.poll_step_boundary(job.step))

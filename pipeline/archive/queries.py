@@ -141,14 +141,16 @@ LIMIT {limit}
         ),
         AnalystQuery(
             "command_outcomes",
-            "Every command with its mode, targets and the latest result per executor.",
+            "Every command with its mode, targets and the latest result per executor (a final "
+            "status wins over 'accepted' at the same instant).",
             """
 SELECT c.ts AS issued, c.command_id AS command_id, c.kind AS kind, c.mode AS mode,
        arrayStringConcat(c.targets, ',') AS targets,
-       r.executor AS executor, r.status AS status, r.detail AS detail
+       r.executor AS executor, r.last_status AS status, r.last_detail AS detail
 FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = '{job}') AS c
-ANY LEFT JOIN (SELECT command_id, executor, argMax(status, ts_ms) AS status,
-                      argMax(detail, ts_ms) AS detail
+ANY LEFT JOIN (SELECT command_id, executor,
+                      argMax(status, ts_ms * 2 + (status != 'accepted')) AS last_status,
+                      argMax(detail, ts_ms * 2 + (status != 'accepted')) AS last_detail
                FROM {db}.command_results FINAL WHERE job_id = '{job}'
                GROUP BY command_id, executor) AS r USING (command_id)
 ORDER BY issued
