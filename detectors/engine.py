@@ -113,9 +113,10 @@ class MonitorConfig:
     ``missing_steps``               steps a rank is absent while others report
     ``missing_forget_steps``        a rank absent longer left the job
     ``health_missing_factor``       node health silent for this many of its declared
-                                    intervals while other nodes report (1.5: one
-                                    missed report, so a crashed node is named while
-                                    the job still hangs)
+                                    intervals while most nodes report (2.5: two
+                                    missed reports; a checkpoint save can stretch one
+                                    interval, and a crashed node is still named while
+                                    the job hangs)
     Divergence
     ``div_window`` / ``div_warmup`` rolling window of loss / grad norm, warm-up
     ``div_warning_z`` / ``div_critical_z``  one-sided robust z of loss or grad norm
@@ -176,7 +177,7 @@ class MonitorConfig:
     restart_grace_steps: float = 20.0
     missing_steps: int = 2
     missing_forget_steps: int = 50
-    health_missing_factor: float = 1.5
+    health_missing_factor: float = 2.5
     div_window: int = 50
     div_warmup: int = 20
     div_warning_z: float = 8.0
