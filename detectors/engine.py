@@ -520,6 +520,10 @@ class JobMonitor:
             grown = np.full(size, -1, dtype=np.int64)
             grown[: self._rank_node.shape[0]] = self._rank_node
             self._rank_node = grown
+        prev = self._rank_node[ranks]
+        moved = ranks[(prev >= 0) & (prev != nodes)]
+        if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
+            self.baselines.forget(moved.astype(np.int64))
         self._rank_node[ranks] = nodes
 
     # -- steps ---------------------------------------------------------------------
@@ -904,10 +908,6 @@ class JobMonitor:
         for node in removed_nodes:
             self.presence.forget(node)
             self._removed.add(node)
-            node_id = self._node_id.get(node)
-            if node_id is not None:  # its ranks now run on a spare: fresh baselines
-                ranks = np.flatnonzero(self._rank_node == node_id).astype(np.int64)
-                self.baselines.forget(ranks)
 
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""

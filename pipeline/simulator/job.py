@@ -176,6 +176,7 @@ class SimulatedJob:
         self._done = False
         self.checkpoints: list[int] = []
         self._useful = 0
+        self._diverged_cleared: set[str] = set()
         self._executed = 0
         self._stalled_s = 0.0
         self._mask_cache: dict[str, npt.NDArray[np.intp]] = {}
@@ -267,6 +268,13 @@ class SimulatedJob:
             dead = [self.node_names[i] for i in np.flatnonzero(~self._ranks_alive)]
             raise SimulationError(f"cannot restart with dead node(s) {dead}; isolate them")
         cost = 10.0 * self._nominal if cost_s is None else cost_s
+        for f in self.scenario.faults:  # resuming from before a divergence: the bad
+            if (  # batches are skipped on the way back (what teams do), it does not recur
+                f.kind == FaultKind.DIVERGENCE
+                and f.onset_step < self.step
+                and from_step <= f.onset_step
+            ):
+                self._diverged_cleared.add(f.fault_id or "")
         self.step = from_step
         self._useful = min(self._useful, from_step)
         self._stall = _Stall.RESTART
@@ -281,8 +289,13 @@ class SimulatedJob:
         self.restart(to_step, cost_s)
 
     def goodput(self) -> Goodput:
+        useful = self._useful
+        for f in self.scenario.faults:  # steps trained on a diverged model are not progress
+            cleared = (f.fault_id or "") in self._diverged_cleared
+            if f.kind == FaultKind.DIVERGENCE and not cleared and self.step > f.onset_step:
+                useful = min(useful, f.onset_step)
         return Goodput(
-            useful_steps=self._useful,
+            useful_steps=useful,
             executed_steps=self._executed,
             wall_s=self.ts - self.scenario.start_ts,
             stalled_s=self._stalled_s,
@@ -495,6 +508,8 @@ class SimulatedJob:
         g = (1.0 + 2.0 * math.exp(-step / 50.0)) * math.exp(0.1 * float(rng.standard_normal()))
         for f in s.faults:
             if f.kind != FaultKind.DIVERGENCE or step < f.onset_step:
+                continue
+            if (f.fault_id or "") in self._diverged_cleared:
                 continue
             k = step - f.onset_step
             nan_after = f.duration_steps or 10

@@ -364,3 +364,26 @@ def test_invalid_scenarios_are_refused_with_the_file_named(tmp_path: Path) -> No
         make(tp=3)
     with pytest.raises(ScenarioError, match="unknown"):
         load_suite(names=["no-such-scenario"])
+
+
+def test_steps_on_a_diverged_model_are_not_progress_until_rolled_back():
+    div = [{"kind": "divergence", "onset_step": 30, "duration_steps": 5, "magnitude": 4.0}]
+    passive = SimulatedJob(make(div, steps=60, checkpoint_every=20))
+    for _ in passive.events():
+        pass
+    assert passive.goodput().useful_steps == 30  # everything after the onset was wasted
+
+    active = SimulatedJob(make(div, steps=60, checkpoint_every=20))
+    rolled, after = False, []
+    for ev in active.events():
+        if ev.frame is None:
+            continue
+        if rolled:
+            after.append(ev.frame.loss[ev.frame.has_loss])
+        if not rolled and ev.frame.step == 35:
+            active.rollback(active.last_checkpoint + 1)  # last save before the onset
+            rolled = True
+    assert rolled and active.goodput().useful_steps == 60
+    # the bad batches were skipped on the way back: the loss stays finite and low
+    losses = np.concatenate(after)
+    assert np.isfinite(losses).all() and losses.max() < 12.0
