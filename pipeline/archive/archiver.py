@@ -64,6 +64,7 @@ class Archiver:
             settings,
             [self.registry.name(t) for t in logical],
             group_id or f"{settings.consumer_group}.archiver",
+            max_poll_records=max_batch,  # one poll can fill a batch
         )
 
     def poll_batch(self) -> int:
