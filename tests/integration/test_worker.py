@@ -304,7 +304,12 @@ def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers
     )
     got = {(a.fingerprint, a.seq, a.state) for a in decisions.items if a.kind is not AlertKind.HANG}
     # same episodes, same updates: nothing lost, nothing re-opened (duplicates allowed)
-    assert (sorted(got - ref_eps), sorted(ref_eps - got)) == ([], [])
+    extra = [
+        (a.kind.value, a.node, a.rank, a.step, a.state.value, a.summary[:80])
+        for a in decisions.items
+        if a.kind is not AlertKind.HANG and (a.fingerprint, a.seq, a.state) not in ref_eps
+    ]
+    assert (extra, sorted(ref_eps - got)) == ([], [])
 
 
 def _reference_alerts(sc: Scenario) -> list[Alert]:
