@@ -1,8 +1,8 @@
 """``stepguard report``: an HTML post-mortem of one job from the archive.
 
 For each incident (an alert episode naming a node) it plots the node's ranks'
-compute time against their pipeline-stage peers' median around the episode, and the
-job's step time; then the alert/command timeline and a summary table. Plots are
+compute time relative to the step's peer median around the episode, and the job's
+step time; then the alert/command timeline and a summary table. Plots are
 PNG files next to the HTML; the terminal gets a plain-text summary.
 """
 
@@ -80,16 +80,22 @@ def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) 
             f"SELECT rank, step, compute_s FROM {db}.steps FINAL WHERE job_id = '{job}' "
             f"AND node = '{inc.node}' AND step BETWEEN {lo} AND {hi} ORDER BY rank, step"
         )
+        # relative to the step's peer median: eval and checkpoint steps move everyone
+        # and vanish, a slow rank stands out by its own percentage
+        median = {int(r[0]): float(r[1]) for r in peer}
         by_rank: dict[int, tuple[list[int], list[float]]] = {}
         for rank, step, compute in mine:
+            base = median.get(int(step))
+            if not base:
+                continue
             xs, ys = by_rank.setdefault(int(rank), ([], []))
             xs.append(int(step))
-            ys.append(float(compute))
+            ys.append(100.0 * (float(compute) / base - 1.0))
         for rank, (xs, ys) in sorted(by_rank.items()):
             style = {"lw": 2.0} if rank == inc.rank else {"lw": 0.8, "alpha": 0.6}
             ax1.plot(xs, ys, label=f"rank {rank}", **style)
-    ax1.plot([r[0] for r in peer], [r[1] for r in peer], "k--", lw=1.5, label="peer median")
-    ax1.set_ylabel("compute (s)")
+    ax1.axhline(0.0, color="k", ls="--", lw=1.2, label="peer median")
+    ax1.set_ylabel("compute vs peer median (%)")
     ax1.set_title(f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), {inc.fingerprint}")
     ax1.legend(fontsize=7, ncol=3, loc="upper left")
     ax2.plot([r[0] for r in peer], [r[2] for r in peer], color="tab:red", label="step time")
