@@ -320,7 +320,11 @@ class Grader:
         }[transition]
         summary = f"{policy.kind.value} ({signal}) on {subject} {verb}: {evidence.detail}".strip()
         return Alert(
-            fingerprint=episode_fingerprint(self.job_id, signal, node, rank, st.first_step),
+            # the start time, not the first step: step numbers repeat after a restart,
+            # and two episodes of one subject must never share a fingerprint
+            fingerprint=episode_fingerprint(
+                self.job_id, signal, node, rank, round(st.started_ts * 1000)
+            ),
             seq=st.seq,
             kind=policy.kind,
             grade=grade,

@@ -85,9 +85,13 @@ class HangDetector:
         self._in_grace = True
 
     def learn_step(self, step: int, ts: float, ts_start: float | None = None) -> None:
-        """A step completed at event time ``ts``; older or repeated steps are ignored."""
+        """A step completed at event time ``ts``. A repeated or older step number is
+        ignored, unless it is newer in event time: then the job resumed from a
+        checkpoint (restart or rollback) and step numbers start again."""
         if self.last_step is not None and step <= self.last_step:
-            return
+            if self.last_ts is None or ts <= self.last_ts:
+                return
+            self.last_step = None  # relaunched: count from here
         if self.last_ts is not None and self.last_step is not None:
             interval = (ts - self.last_ts) / (step - self.last_step)
         elif ts_start is not None and ts_start < ts:

@@ -61,9 +61,7 @@ def _apply(controller: JobController, commands: Sequence[Command], step: int) ->
             controller.checkpoint(cmd, step)
         elif cmd.kind is CommandKind.ISOLATE:
             controller.isolate(cmd, step)
-        elif cmd.kind is CommandKind.ROLLBACK:
-            controller.rollback(cmd, step)
-    controller.queue(list(commands))
+    controller.queue(list(commands))  # RESTART and ROLLBACK at the next boundary
 
 
 def run_policy(

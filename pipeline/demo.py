@@ -448,7 +448,7 @@ def run_demo(
         listener = CommandListener(
             settings, scenario.job, name="simulated-job",
             on_checkpoint=controller.checkpoint, on_isolate=controller.isolate,
-            on_rollback=controller.rollback, clock=sim_clock,
+            clock=sim_clock,
         ).start()  # fmt: skip
         controller.listener = listener
         stack.callback(listener.close)

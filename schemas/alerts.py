@@ -105,8 +105,12 @@ class Alert(Message):
 
 
 def episode_fingerprint(
-    job_id: str, kind: str, node: str | None, rank: int | None, first_step: int
+    job_id: str, kind: str, node: str | None, rank: int | None, start: int
 ) -> str:
-    """A stable id for one episode: same subject and start step, same fingerprint."""
-    text = f"{job_id}\x1f{kind}\x1f{node or ''}\x1f{'' if rank is None else rank}\x1f{first_step}"
+    """A stable id for one episode: same subject and start, same fingerprint.
+
+    ``start`` identifies when the episode began; the detectors use its event time in
+    milliseconds (a step number can repeat after a restart from a checkpoint).
+    """
+    text = f"{job_id}\x1f{kind}\x1f{node or ''}\x1f{'' if rank is None else rank}\x1f{start}"
     return hashlib.sha256(text.encode()).hexdigest()[:24]

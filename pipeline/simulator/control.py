@@ -58,7 +58,8 @@ class JobController:
     def queue(self, commands: list[Command]) -> None:
         """RESTARTs wait for a requested checkpoint to be saved (replace a node at the
         next checkpoint boundary), then run and are reported."""
-        self._restarts += [c for c in commands if c.kind is CommandKind.RESTART]
+        relaunch = (CommandKind.RESTART, CommandKind.ROLLBACK)
+        self._restarts += [c for c in commands if c.kind in relaunch]
 
     def restart_due(self) -> bool:
         """Queued RESTARTs whose requested checkpoint is saved (or cannot be: stalled)."""
@@ -70,10 +71,15 @@ class JobController:
         if not self.restart_due():
             return False
         self._ckpt_after = None
-        first, *rest = self._restarts
+        first, *rest = sorted(  # a rollback goes furthest back: it serves a restart too
+            self._restarts, key=lambda c: c.kind is not CommandKind.ROLLBACK
+        )
         for cmd in rest:  # several episodes asked for a relaunch: one relaunch serves all
             self._swap(cmd)
-        detail = self.restart(first, self.job.step)
+        if first.kind is CommandKind.ROLLBACK:
+            detail = self.rollback(first, self.job.step)
+        else:
+            detail = self.restart(first, self.job.step)
         if self.listener is not None:
             for cmd in self._restarts:
                 self.listener.report(cmd, CommandStatus.SUCCEEDED, detail)

@@ -15,12 +15,20 @@ def test_hang_score_is_silence_in_median_step_times():
     assert h.score(28.0 + 6.0) == pytest.approx(3.0)
 
 
-def test_old_or_repeated_steps_do_not_count_as_progress():
+def test_redelivered_or_late_steps_do_not_count_as_progress():
     h = HangDetector(min_steps=1)
     h.learn_step(5, ts=10.0, ts_start=9.0)
-    h.learn_step(5, ts=50.0)
-    h.learn_step(3, ts=60.0)
+    h.learn_step(5, ts=10.0)  # the same step delivered again
+    h.learn_step(3, ts=8.0)  # a late report of an older step
     assert h.last_ts == 10.0 and h.last_step == 5
+
+
+def test_a_repeated_step_number_at_a_later_time_is_a_relaunch():
+    h = HangDetector(min_steps=1)
+    h.learn_step(5, ts=10.0, ts_start=9.0)
+    h.learn_step(3, ts=60.0, ts_start=59.0)  # resumed from a checkpoint at step 3
+    assert h.last_step == 3 and h.last_ts == 60.0
+    assert h.score(61.0) == pytest.approx(1.0)
 
 
 def test_skipped_steps_give_per_step_intervals():
