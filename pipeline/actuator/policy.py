@@ -521,7 +521,9 @@ class Policy:
         """Bookkeeping of an issued command: ledger, cooldowns, spares, repair marks."""
         if cmd.kind is CommandKind.CHECKPOINT:
             self._last_checkpoint[cmd.job_id] = now
-        if cmd.kind in (CommandKind.RESTART, CommandKind.ROLLBACK):
+        if cmd.kind in (CommandKind.RESTART, CommandKind.ROLLBACK) and not cmd.targets:
+            # only relaunches that replace no node count: a node replacement's restart
+            # is the circuit breaker's business and must not block a later rollback
             self._last_relaunch[cmd.job_id] = now
         for node in cmd.targets:
             if cmd.kind is not CommandKind.NOTIFY:

@@ -171,6 +171,14 @@ def test_a_job_is_relaunched_at_most_once_per_cooldown():
     assert [c.kind for c in later.commands] == [CommandKind.RESTART]
 
 
+def test_a_node_replacement_does_not_block_a_later_rollback():
+    p = auto(relaunch_cooldown_s=300)
+    p.on_alert(alert("fp-node3-0001", node="node-3"), T0)  # replace: checkpoint+isolate+restart
+    div = dict(node=None, action=RA.ROLLBACK, kind=AlertKind.DIVERGENCE)
+    out = p.on_alert(alert("fp-div-00001", **div), T0 + timedelta(seconds=60))
+    assert [c.kind for c in out.commands] == [CommandKind.ROLLBACK]
+
+
 def test_no_spare_with_alert_policy_only_notifies():
     out = auto(spare_nodes=(), no_spare_policy="alert").on_alert(alert(), T0)
     assert kinds(out) == [(CommandKind.NOTIFY, ("node-3",), ())]
