@@ -256,8 +256,10 @@ class WorkerCore:
         st.dirty = True
         try:
             for frame in st.assembler.add(msg):
-                out.alerts += st.monitor.tick(frame.ts)
+                # the step first: a long step that just ended (a checkpoint save) is
+                # progress, not a hang; the tick then checks the clock from there
                 out.alerts += st.monitor.process_step(frame)
+                out.alerts += st.monitor.tick(frame.ts)
                 out.steps += 1
                 out.rank_steps += frame.n_ranks
                 out.step_ts.append(frame.ts)

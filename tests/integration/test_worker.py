@@ -323,7 +323,7 @@ def _reference_alerts(sc: Scenario) -> list[Alert]:
         for m in ev.frame.to_messages():
             for f in asm.add(m):
                 out += [
-                    a for a in mon.tick(f.ts) + mon.process_step(f) if a.kind is not AlertKind.HANG
+                    a for a in mon.process_step(f) + mon.tick(f.ts) if a.kind is not AlertKind.HANG
                 ]
     return out
 

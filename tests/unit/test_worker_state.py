@@ -182,3 +182,23 @@ def test_bad_arguments_are_named(kw):
     args = {"n_partitions": 8} | kw
     with pytest.raises(ValueError, match=next(iter(kw))):
         WorkerCore(TOPICS, args.pop("n_partitions"), **args)
+
+
+def test_a_long_checkpoint_step_is_not_a_hang_for_the_worker():
+    """A checkpoint save that takes many step times ends with a completed step: the
+    worker scores the step before it looks at the hang clock."""
+    from pipeline.simulator import Scenario, SimulatedJob
+
+    sc = Scenario(name="ckpt", nodes=4, steps=80, warmup_steps=5, checkpoint_every=40,
+                  checkpoint_s=8.0)  # fmt: skip
+    core = WorkerCore(TOPICS, 8)
+    alerts, offset = [], 0
+    for ev in SimulatedJob(sc).events():
+        if ev.frame is None:
+            continue
+        for msg in ev.frame.to_messages():
+            out = core.handle_step(0, offset, b"ckpt", encode(msg), token=offset)
+            alerts += out.alerts
+            offset += 1
+    assert offset == 80 * 4
+    assert [a for a in alerts if a.kind is AlertKind.HANG] == []
