@@ -41,7 +41,6 @@ import json
 import math
 import os
 import platform
-import re
 import sys
 import time
 from collections import defaultdict
@@ -52,6 +51,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import river
+from _common import write_section
 
 from detectors.engine import JobMonitor
 from detectors.frame import PHASE_CODES, StepFrame
@@ -66,7 +66,6 @@ from schemas import Alert, FaultKind, NodeHealth, Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
-START, END = "<!-- detection_quality:start -->", "<!-- detection_quality:end -->"
 GRACE_STEPS = 20
 TRAIN = PHASE_CODES[Phase.TRAIN]
 XID_FATAL = frozenset({48, 79, 94, 95})
@@ -769,16 +768,6 @@ def markdown(result: dict[str, Any], env: dict[str, Any], suite: Sequence[Scenar
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, body: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{START}\n{body}{END}"
-    if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="representative subset (< 2 min)")
@@ -813,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     md = markdown(result, env, suite)
     if not args.no_md:
-        write_section(args.md, md)
+        write_section("detection_quality", md, args.md)
     print(md)
     return 0
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import write_section
 
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
@@ -45,7 +46,6 @@ from detectors.peer import PeerDetector
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
-START, END = "<!-- detector_throughput:start -->", "<!-- detector_throughput:end -->"
 SIZES = (1024, 16384, 131072)
 TARGET_PEER = 500_000
 WARMUP_STEPS = 25  # past the monitor's per-rank warm-up, so every stage is active
@@ -192,19 +192,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, body: str) -> None:
-    """Replace the section between the markers (append it if missing)."""
-    block = f"{START}\n{body}\n{END}"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        _, tail = rest.split(END, 1)
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="ranks per job")
@@ -234,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if args.write_md:
-        write_section(args.md, md)
+        write_section("detector_throughput", md, args.md)
     print(md)
     return 0
 

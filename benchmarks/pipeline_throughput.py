@@ -36,14 +36,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _common import write_section  # noqa: E402
+
 from pipeline.embedded import TansuBroker, free_port  # noqa: E402
 from pipeline.exporters import StepExporter  # noqa: E402
 from pipeline.kafka import create_topics, make_producer, registry_of  # noqa: E402
 from pipeline.settings import Settings, load_settings  # noqa: E402
 from schemas import RankSample, StepTelemetry, encode  # noqa: E402
-
-START = "<!-- pipeline_throughput:start -->"
-END = "<!-- pipeline_throughput:end -->"
 
 
 def node_message(job: str, node: int, step: int, ts: float, gpus: int = 8) -> bytes:
@@ -326,7 +325,6 @@ def write_markdown(results: dict, path: Path) -> None:
          "", ""),
     ]  # fmt: skip
     body = [
-        START,
         "## Pipeline throughput (`benchmarks/pipeline_throughput.py`)",
         "",
         f"Run {r['run_at']} on {r['broker']} ({r['mode']}, {os.cpu_count()} CPUs): "
@@ -346,15 +344,8 @@ def write_markdown(results: dict, path: Path) -> None:
         "steps meet one worker: at 16k ranks (2,048 node messages per step) that worker is "
         "saturated and the backlog is the latency. Bigger jobs need more ranks per message "
         "(rack-level pre-aggregation), not more workers.",
-        END,
     ]
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = "\n".join(body)
-    if START in text and END in text:
-        text = text[: text.index(START)] + block + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    write_section("pipeline_throughput", "\n".join(body), path)
 
 
 def main() -> None:

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def dq() -> ModuleType:
+    if str(ROOT / "benchmarks") not in sys.path:  # the script imports its sibling _common
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(
         "detection_quality", ROOT / "benchmarks" / "detection_quality.py"
     )
@@ -178,10 +180,11 @@ def test_static_threshold_names_an_arbitrary_rank(dq: ModuleType) -> None:
 def test_markdown_section_is_replaced_in_place(dq: ModuleType, tmp_path: Path) -> None:
     p = tmp_path / "B.md"
     p.write_text("# Benchmarks\n\nintro\n")
-    dq.write_section(p, "first\n")
-    dq.write_section(p, "second\n")
+    dq.write_section("detection_quality", "first\n", p)
+    dq.write_section("detection_quality", "second\n", p)
     text = p.read_text()
-    assert text.count(dq.START) == 1 and "second" in text and "first" not in text
+    assert text.count("<!-- detection_quality:start -->") == 1
+    assert "second" in text and "first" not in text
     assert text.startswith("# Benchmarks\n\nintro")
 
 
