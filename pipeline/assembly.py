@@ -21,6 +21,8 @@ __all__ = ["StepAssembler"]
 class _JobBuffer:
     pending: dict[int, dict[str, StepTelemetry]] = field(default_factory=lambda: defaultdict(dict))
     known_nodes: set[str] = field(default_factory=set)
+    #: per pending step, how many of ``known_nodes`` have reported it (O(1) completeness)
+    known_hits: dict[int, int] = field(default_factory=dict)
     emitted_through: int = -1
     emitted_ts: float = float("-inf")
     max_seen: int = -1
@@ -54,9 +56,13 @@ class StepAssembler:
             # a checkpoint; what is still buffered belongs to the abandoned run
             self.restarts += 1
             buf.pending.clear()
+            buf.known_hits.clear()
             buf.emitted_through = msg.step - 1
             buf.max_seen = msg.step - 1
-        buf.pending[msg.step][msg.node] = msg
+        nodes = buf.pending[msg.step]
+        if msg.node not in nodes and msg.node in buf.known_nodes:
+            buf.known_hits[msg.step] = buf.known_hits.get(msg.step, 0) + 1
+        nodes[msg.node] = msg
         buf.max_seen = max(buf.max_seen, msg.step)
         return self._drain(buf, force_below=buf.max_seen - self.lag_steps + 1)
 
@@ -69,13 +75,22 @@ class StepAssembler:
 
     def _drain(self, buf: _JobBuffer, force_below: int) -> list[StepFrame]:
         out = []
-        for step in sorted(buf.pending):
+        while buf.pending:
+            step = min(buf.pending)
             nodes = buf.pending[step]
-            complete = bool(buf.known_nodes) and buf.known_nodes <= set(nodes)
+            known = buf.known_nodes
+            complete = bool(known) and buf.known_hits.get(step, 0) >= len(known)
             if not (complete or step < force_below):
                 break
             del buf.pending[step]
-            buf.known_nodes = set(nodes) if step < force_below else buf.known_nodes | set(nodes)
+            buf.known_hits.pop(step, None)
+            if step < force_below or not known.issuperset(nodes):
+                # the set of nodes changed (one fell silent, or one joined): recount
+                buf.known_nodes = set(nodes) if step < force_below else known | set(nodes)
+                buf.known_hits = {
+                    s: sum(1 for n in pending if n in buf.known_nodes)
+                    for s, pending in buf.pending.items()
+                }
             buf.emitted_through = step
             frame = StepFrame.from_messages(list(nodes.values()))
             buf.emitted_ts = max(buf.emitted_ts, frame.ts)
