@@ -83,11 +83,13 @@ def archived_rate(settings: Any, backend: ArchiveBackend, msgs: list[StepTelemet
         t0 = time.perf_counter()
         while archiver.poll_batch() == 0 and time.perf_counter() - t0 < 60:
             pass
+        archiver.flush()  # the first batch is stored: group join and first fetch are behind
         t1, rows1 = time.perf_counter(), archiver.stats.rows
         idle = 0
         while archiver.stats.rows < want and idle < 20:
             got = archiver.poll_batch()
             idle = idle + 1 if got == 0 else 0
+        archiver.flush()
         elapsed = time.perf_counter() - t1
     finally:
         archiver.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArchiveError",
+    "ArchiveRowError",
     "BrokerError",
     "ConfigError",
     "EmbeddedServiceError",
@@ -29,6 +30,11 @@ class BrokerError(StepguardError):
 
 class ArchiveError(StepguardError):
     """ClickHouse (server or chDB) is unreachable or refused an operation."""
+
+
+class ArchiveRowError(ArchiveError):
+    """The archive refused the rows themselves (a value outside a column's type):
+    retrying cannot help; the source message goes to the dead-letter topic."""
 
 
 class EmbeddedServiceError(StepguardError):

@@ -22,6 +22,7 @@ from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, ke
 
 __all__ = [
     "Decoded",
+    "aiokafka_consumer_config",
     "client_config",
     "consume_decoded",
     "consumer_config",
@@ -92,6 +93,37 @@ def consumer_config(settings: Settings, group_id: str | None, **overrides: Any) 
     if settings.is_tansu:
         cfg |= {"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
     return cfg | overrides
+
+
+def aiokafka_consumer_config(settings: Settings, group_id: str | None) -> dict[str, Any]:
+    """:func:`consumer_config` spelled for aiokafka (the archiver's bulk consumer)."""
+    cfg = consumer_config(settings, group_id)
+    out: dict[str, Any] = {
+        k: cfg[k]
+        for k in (
+            "bootstrap_servers", "security_protocol", "group_id", "enable_auto_commit",
+            "auto_offset_reset", "max_partition_fetch_bytes", "session_timeout_ms",
+            "heartbeat_interval_ms", "sasl_mechanism", "sasl_plain_username",
+            "sasl_plain_password",
+        )
+        if k in cfg
+    }  # fmt: skip
+    # Large fetches, and a short broker-side wait: with the default 500 ms the fetch
+    # issued after a batch drains the buffer was seen to wait the full 500 ms.
+    out |= {
+        "fetch_max_bytes": 64 * 1024 * 1024,
+        "max_partition_fetch_bytes": 32 * 1024 * 1024,
+        "fetch_max_wait_ms": 20,
+    }
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        out["ssl_context"] = create_ssl_context(
+            cafile=cfg.get("ssl_cafile"),
+            certfile=cfg.get("ssl_certfile"),
+            keyfile=cfg.get("ssl_keyfile"),
+        )
+    return out
 
 
 def make_consumer(

@@ -6,20 +6,31 @@ import contextlib
 import copy
 import json
 import re
+import struct
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from pipeline.errors import ArchiveError
+import numpy as np
+
+from pipeline.errors import ArchiveError, ArchiveRowError
 from pipeline.settings import Settings
 
 __all__ = ["ArchiveBackend", "ChdbBackend", "Columns", "ServerBackend", "open_backend"]
 
-#: Column name -> values, all the same length.
-Columns = dict[str, list[Any]]
+#: Column name -> values, all the same length: either Python lists (the values the
+#: driver takes: datetimes, enum names, None for NULL) or, for bulk inserts, numpy
+#: arrays (enums as their integer codes, DateTime as UInt32 seconds, strings as object
+#: arrays, a nullable column as a masked array whose mask is NULL; NaN stays NaN).
+Columns = dict[str, Any]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ClickHouse error codes that mean "these values cannot be stored" rather than "the
+#: server is unwell": bad numbers, dates, enum elements, types, sizes.
+_ROW_ERROR_CODES = frozenset({6, 27, 38, 41, 53, 69, 70, 72, 117, 321, 691})
+_CODE = re.compile(r"Code: (\d+)")
 
 
 def _check_ident(name: str) -> str:
@@ -69,18 +80,42 @@ class ServerBackend:
             send_receive_timeout=timeout_s,
             settings={"use_numpy": False},
         )
+        # the archiver inserts from its own thread while others may query
+        self._lock = threading.RLock()
+        self._types: dict[tuple[str, str], dict[str, str]] = {}
+        # numpy arrays go through a second connection with the driver's numpy columns
+        self._numpy_client = Client(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 9000,
+            user=parts.username or "default",
+            password=parts.password or "",
+            database="default",
+            secure=parts.scheme == "clickhouses",
+            connect_timeout=min(timeout_s, 10.0),
+            send_receive_timeout=timeout_s,
+            settings={"use_numpy": True},
+        )
 
-    def _run(self, sql: str, data: Any = None, **kw: Any) -> Any:
+    def _run(self, sql: str, data: Any = None, client: Any = None, **kw: Any) -> Any:
         from clickhouse_driver.errors import Error as DriverError
+        from clickhouse_driver.errors import ServerException, TypeMismatchError
 
+        client = client or self._client
         try:
-            return (
-                self._client.execute(sql, data, **kw)
-                if data is not None
-                else (self._client.execute(sql, **kw))
-            )
+            with self._lock:  # a connection runs one query at a time
+                if data is None:
+                    return client.execute(sql, **kw)
+                return client.execute(sql, data, **kw)
+        except TypeMismatchError as exc:
+            raise ArchiveRowError(f"ClickHouse at {self._host}: {exc}") from exc
+        except ServerException as exc:
+            kind = ArchiveRowError if exc.code in _ROW_ERROR_CODES else ArchiveError
+            raise kind(f"ClickHouse at {self._host}: {exc}") from exc
         except (DriverError, OSError, EOFError) as exc:
             raise ArchiveError(f"ClickHouse at {self._host}: {exc}") from exc
+        except (ValueError, TypeError, OverflowError, struct.error) as exc:
+            # a value the driver cannot convert to the column's type
+            raise ArchiveRowError(f"ClickHouse at {self._host}: {exc!r}") from exc
 
     def execute(self, sql: str) -> None:
         self._run(sql)
@@ -97,11 +132,87 @@ class ServerBackend:
         if n == 0:
             return 0
         sql = f"INSERT INTO {self.database}.{_check_ident(table)} ({', '.join(names)}) VALUES"
-        self._run(sql, [columns[c] for c in names], columnar=True)
+        if not any(isinstance(columns[c], np.ndarray) for c in names):
+            self._run(sql, [columns[c] for c in names], columnar=True)
+            return n
+        _register_numpy_enums(self._column_types(table).values())
+        data, plain = _for_numpy_driver([columns[c] for c in names])
+        if plain:  # a NaN in a nullable column: the numpy driver would store NULL
+            self._run(sql, [_to_list(v) for v in columns.values()], columnar=True)
+        else:
+            self._run(sql, data, client=self._numpy_client, columnar=True)
         return n
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        key = (self.database, table)
+        if key not in self._types:
+            _, rows = self.query(f"DESCRIBE TABLE {self.database}.{_check_ident(table)}")
+            self._types[key] = {str(r[0]): str(r[1]) for r in rows}
+        return self._types[key]
 
     def close(self) -> None:
         self._client.disconnect()
+        self._numpy_client.disconnect()
+
+
+def _for_numpy_driver(columns: list[Any]) -> tuple[list[Any], bool]:
+    """Columns as clickhouse-driver's numpy columns take them, and whether one holds a
+    non-NULL NaN in a nullable column (the driver's numpy inserts turn those into NULL
+    through pandas.isnull unless the column is an object array with None for NULL)."""
+    out = []
+    for values in columns:
+        if isinstance(values, np.ma.MaskedArray):
+            data = np.asarray(values.data)
+            mask = np.ma.getmaskarray(values)
+            if np.isnan(data[~mask]).any():
+                return [], True
+            if mask.any():
+                data = data.astype(object)
+                data[mask] = None
+            out.append(data)
+        else:
+            out.append(
+                values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
+            )
+    return out, False
+
+
+def _to_list(values: Any) -> list[Any]:
+    """A numpy column as the plain driver's values (masked entries -> None)."""
+    if isinstance(values, np.ma.MaskedArray):
+        return [
+            None if m else v
+            for v, m in zip(values.data.tolist(), np.ma.getmaskarray(values).tolist(), strict=True)
+        ]
+    if isinstance(values, np.ndarray):
+        plain: list[Any] = values.tolist()
+        return plain
+    return list(values)
+
+
+_NUMPY_ENUMS: set[str] = set()
+
+
+def _register_numpy_enums(types: Any) -> None:
+    """Teach clickhouse-driver's numpy inserts our Enum8 columns.
+
+    clickhouse-driver 0.2 has no numpy Enum column and falls back to its generic one,
+    which converts item by item (0.6 us a row: the largest cost of a steps insert)
+    and logs a warning per insert. An Enum8 is an Int8 on the wire, so we register an
+    Int8 numpy column under the exact Enum8 type name; values are the enum's codes.
+    """
+    for ch_type in types:
+        if not ch_type.startswith("Enum8(") or ch_type in _NUMPY_ENUMS:
+            continue
+        try:
+            from clickhouse_driver.columns.numpy import service
+            from clickhouse_driver.columns.numpy.intcolumn import NumpyInt8Column
+        except ImportError:  # pragma: no cover - the driver's generic column still works
+            return
+        service.column_by_type[ch_type] = type(
+            "NumpyEnum8Column", (NumpyInt8Column,), {"ch_type": ch_type}
+        )
+        _NUMPY_ENUMS.add(ch_type)
 
 
 class ChdbBackend:
@@ -122,6 +233,7 @@ class ChdbBackend:
         except Exception as exc:  # chdb raises plain exceptions
             raise ArchiveError(f"cannot open chDB at {self.path}: {exc}") from exc
         self._types: dict[tuple[str, str], dict[str, str]] = {}
+        self._lock = threading.RLock()  # one query at a time, from any thread
         # NaN loss is a signal: keep it distinct from NULL in query results.
         self.execute("SET output_format_json_quote_denormals = 1")
 
@@ -133,16 +245,20 @@ class ChdbBackend:
 
     def execute(self, sql: str) -> None:
         try:
-            self._session.query(sql)
+            with self._lock:
+                self._session.query(sql)
         except Exception as exc:
-            raise ArchiveError(f"chDB: {exc}") from exc
+            found = _CODE.search(str(exc))
+            kind = ArchiveRowError if found and int(found[1]) in _ROW_ERROR_CODES else ArchiveError
+            raise kind(f"chDB: {exc}") from exc
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Rows typed like clickhouse-driver's: aware UTC datetimes, enum names, NaN."""
         try:
-            res = self._session.query(
-                sql.rstrip().rstrip(";"), "JSONCompactEachRowWithNamesAndTypes"
-            )
+            with self._lock:
+                res = self._session.query(
+                    sql.rstrip().rstrip(";"), "JSONCompactEachRowWithNamesAndTypes"
+                )
         except Exception as exc:
             raise ArchiveError(f"chDB: {exc}") from exc
         lines = [ln for ln in str(res).splitlines() if ln.strip()]
@@ -170,10 +286,12 @@ class ChdbBackend:
         types = self._column_types(_check_ident(table))
         try:
             arrow_rows = pa.table(  # noqa: F841 - read by chDB through Python(arrow_rows)
-                {c: pa.array(columns[c], type=_arrow_type(types[c])) for c in names}
+                {c: _arrow_array(columns[c], types[c]) for c in names}
             )
-        except (KeyError, pa.ArrowException) as exc:
-            raise ArchiveError(f"chDB: cannot build rows for {table}: {exc}") from exc
+        except KeyError as exc:
+            raise ArchiveError(f"chDB: {table} has no column {exc}") from exc
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+            raise ArchiveRowError(f"chDB: cannot build rows for {table}: {exc}") from exc
         sql = (
             f"INSERT INTO {self.database}.{table} ({', '.join(names)}) "
             f"SELECT {', '.join(names)} FROM Python(arrow_rows)"
@@ -191,6 +309,19 @@ class ChdbBackend:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing twice is harmless
             self._session.close()
+
+
+def _arrow_array(values: Any, ch_type: str) -> Any:
+    """An Arrow array for one column: lists typed from the ClickHouse type; numpy
+    arrays as they are (ClickHouse casts Int8 codes to the Enum, UInt32 to DateTime),
+    object arrays as strings, masked arrays with their mask as NULL."""
+    import pyarrow as pa
+
+    if isinstance(values, np.ma.MaskedArray):
+        return pa.array(np.asarray(values.data), mask=np.ma.getmaskarray(values))
+    if isinstance(values, np.ndarray):
+        return pa.array(values, type=pa.string() if values.dtype == object else None)
+    return pa.array(values, type=_arrow_type(ch_type))
 
 
 def _arrow_type(ch_type: str) -> Any:

@@ -13,7 +13,12 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from pipeline.archive.backend import Columns
+from pipeline.errors import ArchiveRowError
+from pipeline.fastdecode import StepColumns, from_models
 from schemas import (
     ActionRecord,
     Alert,
@@ -28,7 +33,7 @@ from schemas import (
     StepTelemetry,
 )
 
-__all__ = ["TABLE_OF", "rows_for"]
+__all__ = ["TABLE_OF", "rows_for", "step_table"]
 
 Row = dict[str, Any]
 
@@ -42,9 +47,15 @@ def _utc(ts: datetime) -> datetime:
 
 
 def _steps(m: StepTelemetry, _rec_ms: int) -> Iterable[Row]:
-    cols = _step_columns([m])
+    cols = _model_step_columns([m])
     for i in range(len(m.samples)):
-        yield {c: v[i] for c, v in cols.items()}
+        yield {c: _plain(v[i]) for c, v in cols.items()}
+
+
+def _plain(value: Any) -> Any:
+    if value is np.ma.masked:
+        return None
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _health(m: NodeHealth, _rec_ms: int) -> Iterable[Row]:
@@ -162,37 +173,74 @@ TABLE_OF: dict[type[Message], tuple[str, Callable[[Any, int], Iterable[Row]]]] =
 }
 
 
-_STEP_COLUMNS = (
-    "job_id", "step", "node", "rank", "local_rank", "dp_group", "pp_stage", "tp_group",
-    "phase", "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm",
-    "ts", "ts_ms", "ver",
-)  # fmt: skip
+# Value ranges of the steps table's integer columns (schemas/sql/001_*.sql); the
+# schema itself only says "non-negative", and numpy would wrap a value silently.
+_UINT_MAX = {"rank": 2**32 - 1, "local_rank": 2**16 - 1, "dp_group": 2**32 - 1,
+             "pp_stage": 2**32 - 1, "tp_group": 2**32 - 1}  # fmt: skip
+_UINT_TYPE = {"rank": np.uint32, "local_rank": np.uint16, "dp_group": np.uint32,
+              "pp_stage": np.uint32, "tp_group": np.uint32}  # fmt: skip
+_DATETIME_MAX_S = 2**32 - 1  # DateTime is seconds since 1970 in a UInt32
 
 
-def _step_columns(messages: list[StepTelemetry]) -> Columns:
-    """The steps table built column by column: telemetry is by far the largest table,
-    and skipping a dict per row doubles the archiver's throughput."""
-    cols: Columns = {c: [] for c in _STEP_COLUMNS}
-    for m in messages:
-        n = len(m.samples)
-        ts, ms = _utc(m.ts_end), _ms(m.ts_end)
-        for c, v in (("job_id", m.job_id), ("step", m.step), ("node", m.node), ("ts", ts),
-                     ("ts_ms", ms), ("ver", ms)):  # fmt: skip
-            cols[c].extend([v] * n)
-        samples = m.samples
-        cols["rank"].extend(s.rank for s in samples)
-        cols["local_rank"].extend(s.local_rank for s in samples)
-        cols["dp_group"].extend(s.dp_group for s in samples)
-        cols["pp_stage"].extend(s.pp_stage for s in samples)
-        cols["tp_group"].extend(s.tp_group for s in samples)
-        cols["phase"].extend(s.phase.value for s in samples)
-        cols["step_time_s"].extend(s.step_time_s for s in samples)
-        cols["compute_s"].extend(s.compute_s for s in samples)
-        cols["comm_wait_s"].extend(s.comm_wait_s for s in samples)
-        cols["data_wait_s"].extend(s.data_wait_s for s in samples)
-        cols["loss"].extend(s.loss for s in samples)
-        cols["grad_norm"].extend(s.grad_norm for s in samples)
-    return cols
+def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
+    """The steps table's columns (numpy arrays) for decoded telemetry, built without a
+    Python object per row, and the rows the table would reject.
+
+    Returns ``(columns, rejected)``: ``rejected`` maps a message position in ``cols``
+    (0 .. len(cols.messages) - 1) to the reason its rows cannot be stored (a rank
+    beyond the column's type, a time outside DateTime's range); their rows are left
+    out of ``columns``. Enum ``phase`` is given as its Int8 codes, ``ts`` as UInt32
+    seconds, and the nullable floats as masked arrays (mask = NULL, NaN kept).
+    """
+    rejected: dict[int, str] = {}
+    for name, top in _UINT_MAX.items():
+        values = getattr(cols, name)
+        for pos in np.unique(cols.sample_message[values > top]).tolist():
+            rejected.setdefault(pos, f"steps.{name}: value exceeds {top}")
+    ts_s = np.array([int(t.timestamp()) for t in cols.ts_end], dtype=np.int64)
+    ts_ms = np.array([_ms(t) for t in cols.ts_end], dtype=np.int64)
+    out_of_range = (ts_s < 0) | (ts_s > _DATETIME_MAX_S) | (ts_ms < 0)
+    for pos in np.flatnonzero(out_of_range).tolist():
+        rejected.setdefault(pos, f"steps.ts: {cols.ts_end[pos].isoformat()} is outside DateTime")
+    keep: npt.NDArray[np.bool_] | slice = slice(None)
+    if rejected:
+        keep = ~np.isin(cols.sample_message, np.fromiter(rejected, dtype=np.int64))
+    per_sample = cols.sample_message[keep]
+    table: Columns = {
+        "job_id": np.array(cols.job_id, dtype=object)[per_sample],
+        "step": cols.step.astype(np.uint64)[per_sample],
+        "node": np.array(cols.node, dtype=object)[per_sample],
+    }
+    for name, dtype in _UINT_TYPE.items():
+        table[name] = getattr(cols, name)[keep].astype(dtype)
+    table["phase"] = cols.phase[keep]
+    for name in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
+        table[name] = getattr(cols, name)[keep]
+    table["loss"] = _nullable(cols.loss[keep], cols.loss_null[keep])
+    table["grad_norm"] = _nullable(cols.grad_norm[keep], cols.grad_norm_null[keep])
+    table["ts"] = ts_s.astype(np.uint32)[per_sample]
+    table["ts_ms"] = ts_ms.astype(np.uint64)[per_sample]
+    table["ver"] = table["ts_ms"]
+    return table, rejected
+
+
+def _nullable(values: npt.NDArray[np.float64], nulls: npt.NDArray[np.bool_]) -> Any:
+    return np.ma.MaskedArray(values, mask=nulls)
+
+
+def _model_step_columns(messages: list[StepTelemetry]) -> Columns:
+    """The steps table's columns for validated models; ArchiveRowError when a row
+    cannot be stored (see :func:`step_table`)."""
+    cols = from_models(messages)
+    if cols.slow:
+        m = messages[cols.slow[0]]
+        raise ArchiveRowError(f"steps: {m.job_id}/{m.node}/{m.step}: an integer exceeds int64")
+    table, rejected = step_table(cols)
+    if rejected:
+        pos, reason = next(iter(rejected.items()))
+        m = messages[int(cols.messages[pos])]
+        raise ArchiveRowError(f"{reason} ({m.job_id}/{m.node}/{m.step})")
+    return table
 
 
 def rows_for(messages: Iterable[tuple[Message, int]]) -> dict[str, Columns]:
@@ -207,7 +255,7 @@ def rows_for(messages: Iterable[tuple[Message, int]]) -> dict[str, Columns]:
         table, mapper = TABLE_OF[type(msg)]
         buffers[table].extend(mapper(msg, rec_ms))
     if steps:
-        tables["steps"] = _step_columns(steps)
+        tables["steps"] = _model_step_columns(steps)
     for table, rows in buffers.items():
         if rows:
             tables[table] = {col: [r[col] for r in rows] for col in rows[0]}

@@ -1,0 +1,127 @@
+"""The archiver against a real broker and both ClickHouse backends: rows the table
+refuses become dead letters, NaN and NULL stay apart, and an unreachable ClickHouse
+loses nothing."""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime, timedelta
+
+import pytest
+
+from pipeline.archive import ServerBackend
+from pipeline.archive.archiver import Archiver
+from pipeline.errors import ArchiveError
+from pipeline.kafka import create_topics, make_producer, publish, registry_of
+from schemas import GpuHealth, NodeHealth
+from tests.factories import T0, step_telemetry
+
+pytestmark = pytest.mark.integration
+
+
+def _archive_until(archiver: Archiver, archive, sql: str, want: int, max_polls: int = 60):
+    """Poll until ``sql`` (a count) reaches ``want``; bounded by polls, not time."""
+    got = -1
+    for _ in range(max_polls):
+        archiver.poll_batch()
+        got = archive.query(sql)[1][0][0]
+        if got >= want:
+            break
+    return got
+
+
+def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(settings, archive):
+    registry = registry_of(settings)
+    create_topics(settings)
+    producer = make_producer(settings)
+    good = [step_telemetry(node=f"n{i}", step=1, first_rank=8 * i) for i in range(3)]
+    big_rank = step_telemetry(node="n7", step=1, first_rank=56)
+    big_rank = big_rank.model_copy(
+        update={"samples": (big_rank.samples[0].model_copy(update={"local_rank": 70_000}),)}
+    )
+    old = datetime(1960, 1, 1, tzinfo=T0.tzinfo)
+    too_old = step_telemetry(node="n8", step=1, first_rank=64).model_copy(
+        update={"ts_start": old, "ts_end": old + timedelta(seconds=1)}
+    )
+    gpu = GpuHealth(index=70_000, temperature_c=50, power_w=300, sm_clock_mhz=1400,
+                    utilization_pct=90)  # fmt: skip
+    health = NodeHealth(node="n0", ts=T0, gpus=(gpu,))
+    fine_health = NodeHealth(node="n1", ts=T0, gpus=(gpu.model_copy(update={"index": 1}),))
+    for msg in (*good, big_rank, too_old):
+        publish(producer, registry, "steps", msg)
+    publish(producer, registry, "health", health)
+    publish(producer, registry, "health", fine_health)
+    producer.flush()
+    db = archive.database
+    archiver = Archiver(settings, archive, max_batch=1000, max_wait_s=0.3)
+    try:
+        letters = _archive_until(
+            archiver, archive, f"SELECT count() FROM {db}.dead_letters WHERE stage = 'archive'", 3
+        )
+    finally:
+        archiver.close()
+        producer.close()
+    assert letters == 3
+    _, rows = archive.query(f"SELECT count(), uniqExact(node) FROM {db}.steps FINAL")
+    assert rows == [(24, 3)]
+    _, rows = archive.query(f"SELECT node FROM {db}.health FINAL")
+    assert rows == [("n1",)]
+    _, rows = archive.query(
+        f"SELECT source_topic, error FROM {db}.dead_letters FINAL ORDER BY source_topic, error"
+    )
+    assert [r[0] for r in rows] == [registry.name("health")] + [registry.name("steps")] * 2
+    assert "local_rank" in rows[1][1] + rows[2][1]
+    assert "DateTime" in rows[1][1] + rows[2][1]
+
+
+def test_nan_and_null_losses_stay_apart(settings, archive):
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for step, loss in enumerate((math.nan, None, 2.0)):
+        msg = step_telemetry(step=step, ranks=2)
+        samples = tuple(s.model_copy(update={"loss": loss}) for s in msg.samples)
+        publish(producer, registry, "steps", msg.model_copy(update={"samples": samples}))
+    producer.flush()
+    producer.close()
+    db = archive.database
+    archiver = Archiver(settings, archive, topics=["steps"], max_wait_s=0.3)
+    try:
+        _archive_until(archiver, archive, f"SELECT count() FROM {db}.steps", 6)
+    finally:
+        archiver.close()
+    _, rows = archive.query(
+        f"SELECT step, isNull(loss), ifNull(isNaN(loss), 0), phase FROM {db}.steps FINAL "
+        "ORDER BY step, rank"
+    )
+    assert rows == [(0, 0, 1, "train")] * 2 + [(1, 1, 0, "train")] * 2 + [(2, 0, 0, "train")] * 2
+
+
+def test_unreachable_clickhouse_retries_then_fails_with_nothing_committed(
+    settings, archive, caplog
+):
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for node in range(4):
+        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
+    producer.flush()
+    producer.close()
+    group = f"{settings.consumer_group}.retry"
+    nowhere = ServerBackend("clickhouse://default@127.0.0.1:1/nowhere", timeout_s=1)
+    failing = Archiver(settings, nowhere, topics=["steps"], group_id=group, max_wait_s=0.3,
+                       insert_attempts=2)  # fmt: skip
+    with caplog.at_level(logging.WARNING), pytest.raises(ArchiveError):
+        for _ in range(60):
+            failing.poll_batch()
+    failing.close()
+    assert any("retry in" in r.getMessage() for r in caplog.records)
+    # the same group starts again from the uncommitted offsets: nothing was lost
+    db = archive.database
+    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
+    try:
+        rows = _archive_until(again, archive, f"SELECT count() FROM {db}.steps FINAL", 32)
+    finally:
+        again.close()
+    assert rows == 32
