@@ -27,17 +27,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from schemas.telemetry import Phase, RankSample, StepTelemetry
 
-__all__ = ["PHASE_CODES", "PHASES", "StepFrame"]
+__all__ = ["PHASE_CODES", "PHASES", "NodeStep", "RankRow", "StepFrame"]
 
-#: Phase <-> int8 code used in frames.
+#: Phase <-> int8 code used in frames (keyed by the value too: Phase is a StrEnum).
 PHASES: tuple[Phase, ...] = (Phase.WARMUP, Phase.TRAIN, Phase.EVAL, Phase.CHECKPOINT)
-PHASE_CODES: dict[Phase, int] = {p: i for i, p in enumerate(PHASES)}
+PHASE_CODES: dict[str, int] = {p: i for i, p in enumerate(PHASES)}
 
 F64 = npt.NDArray[np.float64]
 I32 = npt.NDArray[np.int32]
@@ -55,6 +56,54 @@ _ROW = np.dtype(
         ("has_loss", np.bool_), ("grad_norm", np.float64), ("has_grad_norm", np.bool_),
     ]
 )  # fmt: skip
+
+
+class RankRow(Protocol):
+    """What a frame reads from one rank's sample (:class:`~schemas.RankSample` has it)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def dp_group(self) -> int: ...
+    @property
+    def pp_stage(self) -> int: ...
+    @property
+    def tp_group(self) -> int: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def step_time_s(self) -> float: ...
+    @property
+    def compute_s(self) -> float: ...
+    @property
+    def comm_wait_s(self) -> float: ...
+    @property
+    def data_wait_s(self) -> float: ...
+    @property
+    def loss(self) -> float | None: ...
+    @property
+    def grad_norm(self) -> float | None: ...
+
+
+class NodeStep(Protocol):
+    """What a frame reads from one node's message for a step: a validated
+    :class:`~schemas.StepTelemetry`, or a lighter view a fast decoder built from the
+    same JSON."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def ts_start(self) -> datetime: ...
+    @property
+    def ts_end(self) -> datetime: ...
+    @property
+    def samples(self) -> Sequence[RankRow]: ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -98,7 +147,7 @@ class StepFrame:
         return self.nodes[int(self.node_idx[i])]
 
     @classmethod
-    def from_messages(cls, messages: Sequence[StepTelemetry]) -> StepFrame:
+    def from_messages(cls, messages: Sequence[NodeStep]) -> StepFrame:
         """Merge the per-node messages of one step (same job and step) into a frame.
 
         One pass builds a tuple per rank and numpy converts the lot in C: at 16k ranks

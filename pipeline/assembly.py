@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from detectors.frame import StepFrame
-from schemas import StepTelemetry
+from detectors.frame import NodeStep, StepFrame
 
 __all__ = ["StepAssembler"]
 
 
 @dataclass
 class _JobBuffer:
-    pending: dict[int, dict[str, StepTelemetry]] = field(default_factory=lambda: defaultdict(dict))
+    pending: dict[int, dict[str, NodeStep]] = field(default_factory=lambda: defaultdict(dict))
     known_nodes: set[str] = field(default_factory=set)
     #: per pending step, how many of ``known_nodes`` have reported it (O(1) completeness)
     known_hits: dict[int, int] = field(default_factory=dict)
@@ -45,7 +44,7 @@ class StepAssembler:
         self.late_messages = 0
         self.restarts = 0
 
-    def add(self, msg: StepTelemetry) -> list[StepFrame]:
+    def add(self, msg: NodeStep) -> list[StepFrame]:
         """Add one message; return the frames it completed (possibly none)."""
         buf = self._jobs[msg.job_id]
         if msg.step <= buf.emitted_through:

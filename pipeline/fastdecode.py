@@ -28,6 +28,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,7 +44,9 @@ import numpy.typing as npt
 from schemas.codec import MAX_MESSAGE_BYTES
 from schemas.telemetry import Phase, StepTelemetry
 
-__all__ = ["PHASE_CODES", "StepColumns", "decode_steps", "from_models"]
+__all__ = [
+    "PHASE_CODES", "StepColumns", "StepView", "decode_step", "decode_steps", "from_models",
+]  # fmt: skip
 
 #: Phase -> the small integer the steps table's Enum8 stores for it.
 PHASE_CODES: Final[dict[str, int]] = {
@@ -364,3 +368,77 @@ def _invalid_messages(cols: StepColumns) -> npt.NDArray[np.int64]:
         repeated = (msg[1:] == msg[:-1]) & (rank[1:] == rank[:-1])
         bad = np.concatenate([bad, msg[1:][repeated]])
     return np.unique(bad)
+
+
+class StepView(msgspec.Struct, frozen=True, gc=False):
+    """One StepTelemetry the per-message fast path accepted, without pydantic models.
+
+    It has the attributes :class:`~detectors.frame.StepFrame` reads
+    (:class:`~detectors.frame.NodeStep`); ``samples`` are msgspec structs with
+    :class:`~schemas.RankSample`'s field names, ``phase`` as its plain string value.
+    """
+
+    job_id: str
+    node: str
+    step: int
+    ts_start: datetime
+    ts_end: datetime
+    samples: list[_Sample]
+
+
+# A seventh fractional digit (msgspec rounds, pydantic truncates) or an escape: pydantic.
+_PYDANTIC_TIME = re.compile(rb"[.,][0-9]{7}|\\")
+
+
+def decode_step(raw: bytes | None) -> StepView | None:
+    """Decode one steps-topic value, or return None for the caller to use
+    ``schemas.decode`` (invalid input, and valid but unusual input alike).
+
+    For a streaming consumer that handles one record at a time: about 4 us against
+    pydantic's 15 us for a node of eight ranks. Non-finite losses travel as strings
+    and go to pydantic too: they are rare, and they are the divergence signal.
+
+    >>> from datetime import UTC, datetime
+    >>> from schemas import RankSample, StepTelemetry, encode
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> s = RankSample(rank=7, local_rank=7, step_time_s=0.5, compute_s=0.4,
+    ...                comm_wait_s=0.1, data_wait_s=0.0, loss=2.5)
+    >>> v = decode_step(encode(StepTelemetry(job_id="j", node="n0", step=3, ts_start=t,
+    ...                                      ts_end=t, samples=(s,))))
+    >>> v.node, v.ts_end == t, v.samples[0].rank, v.samples[0].loss
+    ('n0', True, 7, 2.5)
+    >>> decode_step(b'{"job_id": "j"}') is None
+    True
+    """
+    if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii():
+        return None
+    try:
+        m = _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if _PYDANTIC_TIME.search(m.ts_start) or _PYDANTIC_TIME.search(m.ts_end):
+        return None
+    try:
+        start, end = _TIME.decode(m.ts_start), _TIME.decode(m.ts_end)
+    except msgspec.DecodeError:
+        return None
+    if end < start:
+        return None
+    ranks = set()
+    finite = math.isfinite
+    for s in m.samples:
+        if (
+            isinstance(s.loss, str)
+            or isinstance(s.grad_norm, str)
+            or not (
+                finite(s.step_time_s)
+                and finite(s.compute_s)
+                and finite(s.comm_wait_s)
+                and finite(s.data_wait_s)
+            )
+        ):
+            return None
+        ranks.add(s.rank)
+    if len(ranks) != len(m.samples):
+        return None
+    return StepView(m.job_id, m.node, m.step, start, end, m.samples)

@@ -240,6 +240,15 @@ def build_app(
         await deadletter.send(key=letter.source_topic.encode(), value=encode(letter))
         metrics.dead_letters.labels(letter.stage).inc()
 
+    records_children: dict[str, Any] = {}
+
+    def records_of(topic: str) -> Any:
+        """The per-topic child of the records counter (labels() costs a lock per call)."""
+        child = records_children.get(topic)
+        if child is None:
+            child = records_children[topic] = metrics.records.labels(topic)
+        return child
+
     @app.agent(job_inputs, name="stepguard.worker.jobs")
     async def jobs_agent(stream: Any) -> None:
         async for event in stream.noack().events():
@@ -264,7 +273,7 @@ def build_app(
             except Exception:  # never let one record kill the agent (Faust acks it)
                 log.exception("worker failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
                 event.ack()
-            metrics.records.labels(msg.topic).inc()
+            records_of(msg.topic).inc()
             last_read[(msg.topic, msg.partition)] = msg.offset
             metrics.process_seconds.observe(time.perf_counter() - started)
             metrics.jobs.set(len(core.jobs))

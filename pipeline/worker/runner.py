@@ -28,5 +28,20 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     metrics = WorkerMetrics()
     metrics.serve(settings.worker_metrics_port)
     wa = build_app(settings, n, metrics)
+    _use_uvloop()
     worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
+
+
+def _use_uvloop() -> None:
+    """Run Faust on uvloop where it is installed (Linux, macOS): Faust spends most of a
+    record's time in event-loop machinery (a task per record), which uvloop makes
+    cheaper. Without it the stock asyncio loop works the same, only slower."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        log.info("uvloop not installed; using the asyncio event loop")
+        return
+    import mode.loop
+
+    mode.loop.use("uvloop")

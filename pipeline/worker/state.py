@@ -38,7 +38,9 @@ from typing import Any
 from kafka.partitioner.default import murmur2
 
 from detectors.engine import JobMonitor, MonitorConfig
+from detectors.frame import NodeStep
 from pipeline.assembly import StepAssembler
+from pipeline.fastdecode import decode_step
 from schemas import Alert, DeadLetter, NodeHealth, Rejected, StepTelemetry, decode
 from schemas.codec import MAX_MESSAGE_BYTES
 
@@ -236,10 +238,16 @@ class WorkerCore:
     ) -> Outcome:
         """One StepTelemetry record from the steps topic."""
         topic = self.topics.steps
-        msg = decode(
-            StepTelemetry, value, topic=topic, partition=partition, offset=offset, key=key,
-            max_bytes=self.max_message_bytes,
-        )  # fmt: skip
+        # the msgspec fast path takes common telemetry; pydantic decides the rest and
+        # writes the dead letter's error
+        msg: NodeStep | Rejected | None = None
+        if value is None or len(value) <= self.max_message_bytes:
+            msg = decode_step(value)
+        if msg is None:
+            msg = decode(
+                StepTelemetry, value, topic=topic, partition=partition, offset=offset,
+                key=key, max_bytes=self.max_message_bytes,
+            )  # fmt: skip
         if isinstance(msg, Rejected):
             return Outcome(dead_letters=[msg.letter], release=[token])
         st = self.state(msg.job_id, load)
