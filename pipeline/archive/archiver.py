@@ -53,7 +53,8 @@ Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
 @dataclass
 class ArchiverStats:
-    messages: int = 0
+    fetched: int = 0  # messages fetched (stored, or in the insert thread's hands)
+    messages: int = 0  # messages stored (as rows or dead letters) and committed
     rows: int = 0
     batches: int = 0
     dead_letters: int = 0
@@ -123,18 +124,16 @@ class Archiver:
         await consumer.start()
         return consumer
 
-    async def _fetch(self, in_flight: Future[None] | None) -> list[Record]:
-        """Up to ``max_batch`` records, waiting at most ``max_wait_s`` for them; with
-        none yet, the wait also ends when the batch ``in_flight`` is done."""
+    async def _fetch(self) -> list[Record]:
+        """Up to ``max_batch`` records, waiting at most ``max_wait_s`` for them."""
         records: list[Record] = []
         deadline = time.monotonic() + self.max_wait_s
         while len(records) < self.max_batch:
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or (not records and in_flight is not None and in_flight.done()):
+            if left_ms <= 0:
                 break
-            slice_ms = left_ms if records or in_flight is None else min(left_ms, 20)
             got = await self._consumer.getmany(
-                timeout_ms=slice_ms, max_records=self.max_batch - len(records)
+                timeout_ms=left_ms, max_records=self.max_batch - len(records)
             )
             for batch in got.values():
                 records.extend(batch)
@@ -159,14 +158,15 @@ class Archiver:
         thread, which inserts it and commits its offsets. Returns its messages.
 
         The insert of one batch overlaps the fetch and decode of the next; commits stay
-        in batch order, each after the inserts it covers. A fetch that finds nothing
-        waits for the batch in flight, so ``stats`` is complete after a poll returns 0
-        (it returns early, before ``max_wait_s``, once that batch is done).
+        in batch order, each after the inserts it covers. A poll that fetches nothing
+        in ``max_wait_s`` waits for the batch in flight, as :meth:`flush` does, so
+        ``stats`` is complete after a poll returns 0.
         """
-        records = self._call(self._fetch(self._in_flight))
+        records = self._call(self._fetch())
         if not records:
             self._finish_in_flight()
             return 0
+        self.stats.fetched += len(records)
         batch = self._prepare(records)
         self._finish_in_flight()
         self._in_flight = self._inserter.submit(self._store_batch, batch)
