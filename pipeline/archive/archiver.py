@@ -33,7 +33,7 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from kafka import KafkaProducer
 
 from pipeline.archive.backend import ArchiveBackend, Columns
@@ -140,10 +140,18 @@ class Archiver:
         return records
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit a stored batch. Partitions that moved to another archiver in a
+        rebalance are left to it: it replays them, and FINAL reads collapse the rows."""
+        assigned = self._consumer.assignment()
+        mine = {tp: offset for tp, offset in offsets.items() if tp in assigned}
+        if len(mine) < len(offsets):
+            log.warning("not committing %s: reassigned, they will be replayed",
+                        sorted(str(tp) for tp in offsets.keys() - mine.keys()))  # fmt: skip
+        if not mine:
+            return
         try:
-            await self._consumer.commit(offsets)
-        except CommitFailedError as exc:
-            # partitions moved to another archiver: it replays them, FINAL collapses that
+            await self._consumer.commit(mine)
+        except (CommitFailedError, IllegalStateError) as exc:
             log.warning("commit after a rebalance failed (%s); the batch will be replayed", exc)
 
     def _stop_loop(self) -> None:
