@@ -48,6 +48,10 @@ def client_config(settings: Settings) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap.split(","),
         "security_protocol": settings.kafka_security_protocol,
+        # kafka-python backs off up to 30 s between reconnects; after a broker restart
+        # telemetry would then arrive seconds after the broker is back (and the worker
+        # restarts its hang clocks with a bounded grace)
+        "reconnect_backoff_max_ms": 1000,
     }
     if settings.kafka_security_protocol.startswith("SASL"):
         cfg["sasl_mechanism"] = settings.kafka_sasl_mechanism

@@ -6,13 +6,19 @@
 # Kafka version: 4.4.0 (org.apache.kafka:kafka_2.13 + kafka-tools 4.4.0, log4j2 2.25.5).
 # Override with KAFKA_VERSION; 4.x and 3.9.x are supported (3.9 uses log4j 1 / reload4j).
 #
-# Usage: scripts/kafka.sh start|stop|status|restart
+# Usage: scripts/kafka.sh start|stop|status|restart [--keep-data]
+#
+# By default every start begins with empty storage and stop deletes it (tests start
+# from a clean broker). With --keep-data, stop leaves the log dirs and metadata in
+# place and start reuses them (a durable restart: topics, records, committed offsets
+# and consumer groups survive), formatting only when there is nothing to keep.
 #
 # Environment (defaults):
 #   KAFKA_VERSION=4.4.0
 #   KAFKA_PORT=19092              client listener      PLAINTEXT://127.0.0.1:$KAFKA_PORT
 #   KAFKA_CONTROLLER_PORT=19093   KRaft controller     CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 #   KAFKA_HOME_DIR=/tmp/stepguard-kafka   state dir: jars, config, data, logs, pid file
+#   KAFKA_LIBS_DIR=$KAFKA_HOME_DIR/libs-$KAFKA_VERSION   the jars (share one between brokers)
 #   KAFKA_HEAP_OPTS="-Xms256m -Xmx512m"
 #   KAFKA_START_TIMEOUT=90        seconds to wait for the broker to answer
 #
@@ -20,7 +26,7 @@
 #   fetch-<ver>/pom.xml   generated pom (Maven caches the jars in ~/.m2)
 #   libs-<ver>/           copied jars (kept across stop/start, so a warm start skips Maven)
 #   config/               server.properties, log4j configs, tools client config
-#   data/                 log.dirs + metadata (removed by stop; every start begins empty)
+#   data/                 log.dirs + metadata (removed by stop unless --keep-data)
 #   logs/                 server.log, kafka.out (stdout/stderr), fetch log
 #   kafka.pid
 #
@@ -38,7 +44,8 @@ LOG4J2_VERSION="2.25.5"            # matches what kafka-server 4.4.0 brings
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 
 STATE="$KAFKA_HOME_DIR"
-LIBS="$STATE/libs-$KAFKA_VERSION"
+LIBS="${KAFKA_LIBS_DIR:-$STATE/libs-$KAFKA_VERSION}"
+KEEP_DATA=0
 FETCH="$STATE/fetch-$KAFKA_VERSION"
 CONF="$STATE/config"
 DATA="$STATE/data"
@@ -269,18 +276,21 @@ cmd_start() {
   fetch_jars
   write_config
 
-  # every start begins with empty storage
-  rm -rf "$DATA"
-  mkdir -p "$DATA"
-  : >"$LOGS/server.log"
   : >"$LOGS/readiness.log"
-
-  local cid
-  cid="$(random_cluster_id)"
-  if ! kafka_tool kafka.tools.StorageTool format --cluster-id "$cid" \
-      --config "$CONF/server.properties" --standalone >"$LOGS/format.log" 2>&1; then
-    cat "$LOGS/format.log" >&2
-    die "formatting the storage failed"
+  if [[ "$KEEP_DATA" == 1 && -f "$DATA/metadata/meta.properties" ]]; then
+    log "reusing the storage in $DATA (--keep-data)"
+  else
+    # a fresh broker: empty, formatted storage
+    rm -rf "$DATA"
+    mkdir -p "$DATA"
+    : >"$LOGS/server.log"
+    local cid
+    cid="$(random_cluster_id)"
+    if ! kafka_tool kafka.tools.StorageTool format --cluster-id "$cid" \
+        --config "$CONF/server.properties" --standalone >"$LOGS/format.log" 2>&1; then
+      cat "$LOGS/format.log" >&2
+      die "formatting the storage failed"
+    fi
   fi
 
   log "starting Kafka $KAFKA_VERSION on $BOOTSTRAP (controller 127.0.0.1:$KAFKA_CONTROLLER_PORT), state in $STATE"
@@ -351,7 +361,11 @@ cmd_stop() {
     log "not running"
   fi
   rm -f "$PIDFILE"
-  rm -rf "$DATA"
+  if [[ "$KEEP_DATA" == 1 ]]; then
+    log "storage kept in $DATA (--keep-data)"
+  else
+    rm -rf "$DATA"
+  fi
 }
 
 cmd_status() {
@@ -370,13 +384,22 @@ cmd_status() {
   fi
 }
 
+case "${2:-}" in
+  "") ;;
+  --keep-data) KEEP_DATA=1 ;;
+  *)
+    echo "usage: $0 start|stop|status|restart [--keep-data]" >&2
+    exit 2
+    ;;
+esac
+
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
   restart) cmd_stop; cmd_start ;;
   *)
-    echo "usage: $0 start|stop|status|restart" >&2
+    echo "usage: $0 start|stop|status|restart [--keep-data]" >&2
     exit 2
     ;;
 esac

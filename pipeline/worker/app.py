@@ -196,6 +196,8 @@ def build_app(
         snapshot_steps=settings.worker_snapshot_steps,
         snapshot_interval_s=settings.worker_snapshot_interval_s,
         max_message_bytes=settings.worker_max_message_bytes,
+        # a live pipeline delivers the worker's own ticks every interval
+        blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
     )
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip

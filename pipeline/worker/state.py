@@ -161,6 +161,13 @@ class WorkerCore:
         Larger records are dead-lettered before parsing.
     monitor_config
         Detector thresholds for new jobs.
+    blind_after_s
+        A worker that receives no record at all for this long (its own timer ticks
+        travel through the broker too, so a live pipeline never goes this quiet) was
+        cut off from the broker. When records flow again every job's hang clock
+        restarts, and runs only after this long again: exporters reconnect on their own
+        schedule, and an outage of the pipeline is not a hang of the job. Set it above
+        the tick interval.
     clock
         Wall clock (epoch seconds); injectable for tests.
     """
@@ -174,6 +181,7 @@ class WorkerCore:
         snapshot_interval_s: float = 2.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         monitor_config: MonitorConfig | None = None,
+        blind_after_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if n_partitions < 1:
@@ -182,13 +190,18 @@ class WorkerCore:
             raise ValueError("snapshot_steps must be >= 1")
         if snapshot_interval_s <= 0:
             raise ValueError("snapshot_interval_s must be positive")
+        if blind_after_s <= 0:
+            raise ValueError("blind_after_s must be positive")
         self.topics = topics
         self.n_partitions = n_partitions
         self.snapshot_steps = snapshot_steps
         self.snapshot_interval_s = snapshot_interval_s
         self.max_message_bytes = max_message_bytes
         self.monitor_config = monitor_config
+        self.blind_after_s = blind_after_s
         self.clock = clock
+        self._last_record_wall: float | None = None
+        self.blind_periods = 0
         self.jobs: dict[str, JobState] = {}
         self._held: dict[str, list[Any]] = {}
         self.unrouted_health = 0
@@ -237,6 +250,7 @@ class WorkerCore:
         load: Callable[[str], bytes | None] = lambda _: None,
     ) -> Outcome:
         """One StepTelemetry record from the steps topic."""
+        self._saw_record()
         topic = self.topics.steps
         # the msgspec fast path takes common telemetry; pydantic decides the rest and
         # writes the dead letter's error
@@ -306,6 +320,7 @@ class WorkerCore:
         load: Callable[[str], bytes | None] = lambda _: None,
     ) -> Outcome:
         """One record of the internal job topic: forwarded health, or a timer tick."""
+        self._saw_record()
         topic = self.topics.jobs
         if kind == "tick":
             return self._tick(partition, offset, key, value, token)
@@ -334,6 +349,23 @@ class WorkerCore:
             )
         return self._finish(st, out, token)
 
+    def _saw_record(self) -> None:
+        """Note that the broker delivered something; after a blind gap, restart every
+        job's hang clock with a grace of ``blind_after_s``."""
+        wall = self.clock()
+        last, self._last_record_wall = self._last_record_wall, wall
+        if last is None or wall - last < self.blind_after_s or not self.jobs:
+            return
+        gap = wall - last
+        self.blind_periods += 1
+        log.warning(
+            "no record for %.1fs (broker or network outage): the hang clocks of %d jobs "
+            "restart in %.1fs",
+            gap, len(self.jobs), self.blind_after_s,
+        )  # fmt: skip
+        for st in self.jobs.values():
+            st.arrived_wall = max(st.arrived_wall, wall + self.blind_after_s)
+
     def _tick(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
     ) -> Outcome:
@@ -354,6 +386,11 @@ class WorkerCore:
             return out
         out.alerts += st.monitor.tick(now)
         if out.alerts:
+            log.info(
+                "tick for %s (sent %.3f, read %.3f): %.2fs since its newest step arrived "
+                "-> %s", job_id, wall, self.clock(), wall - st.arrived_wall,
+                ", ".join(f"{a.kind.value} {a.state.value}" for a in out.alerts),
+            )  # fmt: skip
             # the tick changed what the episode says: it must survive a restart
             out.release.clear()
             st.offsets[(self.topics.jobs, partition)] = offset

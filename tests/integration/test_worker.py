@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,13 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from detectors.frame import StepFrame
 from pipeline.embedded import free_port
 from pipeline.exporters import StepExporter, play
 from pipeline.kafka import create_topics, make_consumer, make_producer, registry_of
-from pipeline.settings import Settings
+from pipeline.settings import Settings, load_settings
 from pipeline.simulator import Scenario, simulate
 from pipeline.worker.state import partition_for
 from schemas import Alert, AlertKind, AlertState, DeadLetter, Grade, decode, encode
+from tests.conftest import fresh_settings
 
 pytestmark = pytest.mark.integration
 
@@ -160,6 +163,30 @@ def firing(kind: AlertKind, node: str | None = None, grade: Grade | None = None)
     return pred
 
 
+def record_frame(exporter: StepExporter, frame: StepFrame) -> None:
+    """What the training loop does for one step: one call per rank."""
+    for m in frame.to_messages():
+        for s in m.samples:
+            exporter.record_step(
+                m.step,
+                s.rank,
+                s.step_time_s,
+                s.compute_s,
+                s.comm_wait_s,
+                s.data_wait_s,
+                local_rank=s.local_rank,
+                ts_start=m.ts_start.timestamp(),
+                ts_end=m.ts_end.timestamp(),
+                loss=s.loss,
+                grad_norm=s.grad_norm,
+                phase=s.phase.value,
+                dp_group=s.dp_group,
+                pp_stage=s.pp_stage,
+                tp_group=s.tp_group,
+                node=m.node,
+            )
+
+
 def test_straggler_from_step_exporters_reaches_decisions(settings, workers, decisions):
     sc = scenario(
         "straggler",
@@ -170,28 +197,8 @@ def test_straggler_from_step_exporters_reaches_decisions(settings, workers, deci
         settings, job_id=sc.job, node="node-0000", ranks_per_node=8, register_atexit=False
     )
     for ev in simulate(sc):
-        if ev.frame is None:
-            continue
-        for m in ev.frame.to_messages():
-            for s in m.samples:  # the training loop: one call per rank per step
-                exporter.record_step(
-                    m.step,
-                    s.rank,
-                    s.step_time_s,
-                    s.compute_s,
-                    s.comm_wait_s,
-                    s.data_wait_s,
-                    local_rank=s.local_rank,
-                    ts_start=m.ts_start.timestamp(),
-                    ts_end=m.ts_end.timestamp(),
-                    loss=s.loss,
-                    grad_norm=s.grad_norm,
-                    phase=s.phase.value,
-                    dp_group=s.dp_group,
-                    pp_stage=s.pp_stage,
-                    tp_group=s.tp_group,
-                    node=m.node,
-                )
+        if ev.frame is not None:
+            record_frame(exporter, ev.frame)
     stats = exporter.close(timeout=30)
     assert (stats.dropped, stats.invalid) == (0, 0)
     assert stats.sent == sc.nodes * sc.steps
@@ -418,3 +425,94 @@ def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
     assert "exceeds the limit of 32768" in errors
     assert "NodeHealth" in errors
     assert w.metric("stepguard_worker_dead_letters_total") == 3
+
+
+class DurableKafka:
+    """A broker of this test's own (``scripts/kafka.sh`` with ``--keep-data``), so the
+    session's shared broker is never restarted under other tests."""
+
+    def __init__(self, home: Path) -> None:
+        version = os.environ.get("KAFKA_VERSION", "4.4.0")
+        shared = Path(os.environ.get("KAFKA_HOME_DIR", "/tmp/stepguard-kafka"))
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "KAFKA_HOME_DIR": str(home),
+            "KAFKA_PORT": str(self.port),
+            "KAFKA_CONTROLLER_PORT": str(free_port()),
+        }
+        if (shared / f"libs-{version}" / ".complete").exists():
+            self.env["KAFKA_LIBS_DIR"] = str(shared / f"libs-{version}")  # no second fetch
+        self.bootstrap = f"127.0.0.1:{self.port}"
+
+    def _script(self, *args: str) -> None:
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "kafka.sh"), *args],
+            env=self.env, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, f"kafka.sh {' '.join(args)} failed:\n{out.stderr[-3000:]}"
+
+    def start(self) -> None:
+        self._script("start", "--keep-data")
+
+    def stop(self, keep: bool = True) -> None:
+        self._script("stop", *(["--keep-data"] if keep else []))
+
+
+def test_broker_restart_is_ridden_out_by_worker_and_exporter(tmp_path):
+    if not os.environ.get("STEPGUARD_TEST_KAFKA"):
+        pytest.skip("needs Apache Kafka's durable storage (Tansu keeps topics in memory)")
+    broker = DurableKafka(tmp_path / "kafka")
+    broker.start()
+    settings = fresh_settings(
+        load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="kafka")
+    )
+    create_topics(settings)
+    decisions = Topic(settings, "decisions", Alert)
+    w = Worker(settings, tmp_path, "restart")
+    try:
+        # 0.1 s steps played in real time: the broker goes away at step 50 and comes
+        # back while the job keeps training; the straggler starts after the restart
+        sc = scenario(
+            "broker-restart",
+            [{"kind": "straggler", "node": 5, "gpu": 2, "onset_step": 150, "magnitude": 0.3}],
+            steps=220, base_compute_s=0.1, collective_s=0.01,
+        )  # fmt: skip
+        frames = [ev.frame for ev in simulate(sc) if ev.frame is not None]
+        exporter = StepExporter.direct(
+            settings, job_id=sc.job, node="node-0000", ranks_per_node=8, register_atexit=False
+        )
+        deadline = time.monotonic() + 60
+        while w.metric("stepguard_worker_assigned_partitions") < 1:
+            assert time.monotonic() < deadline and w.proc.poll() is None, w.tail()
+            time.sleep(0.2)
+        restart = threading.Thread(target=lambda: (broker.stop(), broker.start()))
+        t0, step_s = time.monotonic(), frames[1].ts - frames[0].ts
+        slowest_call = 0.0
+        for i, frame in enumerate(frames):
+            if i == 50:
+                restart.start()
+            t = time.perf_counter()
+            record_frame(exporter, frame)
+            slowest_call = max(slowest_call, (time.perf_counter() - t) / frame.n_ranks)
+            time.sleep(max(0.0, t0 + (i + 1) * step_s - time.monotonic()))  # pacing
+        restart.join(timeout=180)
+        assert not restart.is_alive()
+        stats = exporter.close(timeout=60)
+        # the training loop never waited on the broker, and nothing was lost
+        assert slowest_call < 0.01
+        assert (stats.dropped_queue_full, stats.dropped_send) == (0, 0)
+        assert stats.sent == sc.nodes * sc.steps
+        items = decisions.wait(
+            firing(AlertKind.STRAGGLER, "node-0005", Grade.CRITICAL), 90, "straggler", w
+        )
+        assert w.proc.poll() is None, w.tail()
+        # nothing else: the outage itself is no hang and no straggler
+        assert {(a.kind, a.node) for a in items} == {(AlertKind.STRAGGLER, "node-0005")}, (
+            decisions.describe()
+        )
+        assert w.metric("stepguard_worker_rank_steps_total") >= 8 * sc.nodes * (sc.steps - 2)
+    finally:
+        decisions.close()
+        w.stop()
+        broker.stop(keep=False)

@@ -135,11 +135,35 @@ def test_tick_uses_last_event_time_plus_wall_time_and_fires_a_hang():
     partition, value = record
     assert partition == 0
     assert core.handle_job_record(0, 1, b"j", value, "tick", token="t1").alerts == []
-    clock.now += 60.0  # a minute of silence
-    _, value = core.tick_record("j")
-    out = core.handle_job_record(0, 2, b"j", value, "tick", token="t2")
-    assert [a.kind for a in out.alerts] == [AlertKind.HANG]
-    assert out.snapshot is not None or core.held("j") > 0
+    alerts = tick_every_second(core, clock, 60, offset=2)  # a minute without steps
+    assert [a.kind for a in alerts] == [AlertKind.HANG]
+    assert core.held("j") > 0 or core.jobs["j"].steps_since_snapshot == 0
+
+
+def tick_every_second(core: WorkerCore, clock: Clock, seconds: int, offset: int) -> list:
+    """What the worker's timer does: a tick through the broker every second."""
+    alerts = []
+    for i in range(seconds):
+        clock.now += 1.0
+        _, value = core.tick_record("j")
+        alerts += core.handle_job_record(0, offset + i, b"j", value, "tick", token=i).alerts
+    return alerts
+
+
+def test_a_broker_outage_is_not_a_hang_but_a_hang_after_it_still_is():
+    """No record at all (not even the worker's own ticks) means the worker was cut off
+    from the broker: the blind time does not count on the job's hang clock."""
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock, blind_after_s=5.0)
+    feed(core, range(30))
+    _, stale = core.tick_record("j")  # sent as the broker went away, delivered after
+    clock.now += 60.0
+    assert core.handle_job_record(0, 1, b"j", stale, "tick", token="t").alerts == []
+    assert tick_every_second(core, clock, 2, offset=2) == []
+    assert core.blind_periods == 1
+    # the job really is silent: the hang fires once the clock runs again
+    alerts = tick_every_second(core, clock, 60, offset=10)
+    assert [a.kind for a in alerts] == [AlertKind.HANG]
 
 
 def test_health_is_routed_to_the_partition_of_its_job():
@@ -177,7 +201,7 @@ def test_revoked_partitions_drop_jobs_and_held_records():
     assert core.jobs == {} and core.held("j") == 0
 
 
-@pytest.mark.parametrize("kw", [{"n_partitions": 0}, {"snapshot_steps": 0}])
+@pytest.mark.parametrize("kw", [{"n_partitions": 0}, {"snapshot_steps": 0}, {"blind_after_s": 0}])
 def test_bad_arguments_are_named(kw):
     args = {"n_partitions": 8} | kw
     with pytest.raises(ValueError, match=next(iter(kw))):
