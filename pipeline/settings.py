@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     worker_tick_interval_s: float = Field(default=1.0, gt=0)
     #: larger input messages go to the dead-letter topic
     worker_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    #: largest compressed detector snapshot of one job (~140 B per rank before zlib):
+    #: the changelog topic's max.message.bytes and the worker's request and fetch sizes
+    worker_max_snapshot_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     #: consumer-group session timeout of the worker (Tansu: 3-6 s, see INFRA.md)
     worker_session_timeout_s: float = Field(default=10.0, ge=1.0, le=300.0)
 

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from kafka import KafkaAdminClient, KafkaConsumer
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipeline.errors import BrokerError
@@ -88,18 +90,35 @@ def prepare_topics(settings: Settings) -> int:
             NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=cfg)
             for name, cfg in (
                 (jobs_topic_name(settings), {}),
-                (changelog_topic_name(settings), {"cleanup.policy": "compact"}),
+                (changelog_topic_name(settings), _changelog_config(settings)),
             )
             if name not in existing
         ]
         if new:
             with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics(new)
+        changelog = changelog_topic_name(settings)
+        if changelog in existing:  # maybe created with the broker's ~1 MB message limit
+            try:
+                admin.alter_configs(
+                    [ConfigResource("TOPIC", changelog, configs=_changelog_config(settings))]
+                )
+            except KafkaError as exc:
+                log.warning("could not raise max.message.bytes of %s: %s", changelog, exc)
     except KafkaError as exc:
         raise BrokerError(f"cannot create worker topics: {exc}") from exc
     finally:
         admin.close()
     return n
+
+
+def _changelog_config(settings: Settings) -> dict[str, str]:
+    """Compacted, and taking a whole job's snapshot (brokers default to ~1 MB, which a
+    job of ~7k ranks already exceeds)."""
+    return {
+        "cleanup.policy": "compact",
+        "max.message.bytes": str(settings.worker_max_snapshot_bytes),
+    }
 
 
 def _credentials(settings: Settings) -> Any:
@@ -180,10 +199,14 @@ def build_app(
         stream_wait_empty=False,  # records held for the next snapshot stay unacked
         processing_guarantee="at_least_once",
         producer_acks=1 if tansu else -1,
-        producer_max_request_size=8 * 1024 * 1024,
-        consumer_max_fetch_size=8 * 1024 * 1024,
+        producer_max_request_size=max(8 * 1024 * 1024, settings.worker_max_snapshot_bytes),
+        consumer_max_fetch_size=max(8 * 1024 * 1024, settings.worker_max_snapshot_bytes),
         **extra,
     )
+    # Faust's consumer long-polls 1.5 s: a partition left out of the fetch in flight
+    # (it still had buffered records when the fetch went out) waits that long for new
+    # data, which was most of a step's latency at 16k ranks (p50 0.6 s, p99 1.5 s)
+    app.transport.Consumer = _LowLatencyConsumer
     metrics = metrics or WorkerMetrics()
     registry = registry_of(settings)
     names = CoreTopics(
@@ -196,6 +219,7 @@ def build_app(
         snapshot_steps=settings.worker_snapshot_steps,
         snapshot_interval_s=settings.worker_snapshot_interval_s,
         max_message_bytes=settings.worker_max_message_bytes,
+        max_snapshot_bytes=settings.worker_max_snapshot_bytes,
         # a live pipeline delivers the worker's own ticks every interval
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
     )
@@ -339,6 +363,24 @@ def build_app(
 
     del jobs_agent, health_agent, tick_jobs, on_revoked, on_assigned
     return WorkerApp(app, core, metrics, settings, n_partitions)
+
+
+#: Broker-side wait of the worker's fetches (Faust hard-codes 1,500 ms).
+FETCH_MAX_WAIT_MS = 50
+
+
+class _LowLatencyConsumerThread(AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by consumer.start()
+        return consumer
+
+
+class _LowLatencyConsumer(AIOKafkaConsumer):
+    """Faust's aiokafka consumer with a short fetch wait (see ``FETCH_MAX_WAIT_MS``)."""
+
+    def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
+        return _LowLatencyConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
 
 def _header(headers: Any, name: str) -> str:

@@ -30,6 +30,7 @@ import json
 import logging
 import pickle
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 
 #: Header naming what a record on the worker's job topic carries: ``health`` | ``tick``.
 KIND_HEADER = "stepguard-kind"
+
+#: Prefix of a compressed snapshot (a bare pickle starts with b"\x80").
+_ZLIB = b"SGZ1"
 
 
 def partition_for(key: str, n_partitions: int) -> int:
@@ -99,10 +103,13 @@ class JobState:
     last_snapshot_wall: float = 0.0
 
     def to_bytes(self) -> bytes:
-        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+        """Pickle, zlib-compressed (level 1: ~40 ms for 128k ranks), behind a marker."""
+        return _ZLIB + zlib.compress(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL), 1)
 
     @staticmethod
     def from_bytes(blob: bytes) -> JobState:
+        if blob.startswith(_ZLIB):
+            blob = zlib.decompress(blob[len(_ZLIB) :])
         state = pickle.loads(blob)  # noqa: S301 - our own changelog, written by us
         if not isinstance(state, JobState):
             raise TypeError(f"table value is {type(state).__name__}, not JobState")
@@ -159,6 +166,9 @@ class WorkerCore:
         passed since the previous snapshot of a changed job.
     max_message_bytes
         Larger records are dead-lettered before parsing.
+    max_snapshot_bytes
+        Largest snapshot the changelog takes; a larger one is not written and the
+        records it would cover stay unacked (logged, ``oversized_snapshots``).
     monitor_config
         Detector thresholds for new jobs.
     blind_after_s
@@ -180,6 +190,7 @@ class WorkerCore:
         snapshot_steps: int = 10,
         snapshot_interval_s: float = 2.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_snapshot_bytes: int = 64 * 1024 * 1024,
         monitor_config: MonitorConfig | None = None,
         blind_after_s: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -199,6 +210,8 @@ class WorkerCore:
         self.max_message_bytes = max_message_bytes
         self.monitor_config = monitor_config
         self.blind_after_s = blind_after_s
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self.oversized_snapshots = 0
         self.clock = clock
         self._last_record_wall: float | None = None
         self.blind_periods = 0
@@ -408,7 +421,18 @@ class WorkerCore:
             st.steps_since_snapshot = 0
             st.dirty = False
             st.last_snapshot_wall = wall
-            out.snapshot = st.to_bytes()
+            blob = st.to_bytes()
+            if len(blob) > self.max_snapshot_bytes:
+                # the changelog would refuse it: keep the records unacked (they replay
+                # after a crash) and say which limit to raise
+                self.oversized_snapshots += 1
+                log.error(
+                    "snapshot of job %s is %d bytes, over STEPGUARD_WORKER_MAX_SNAPSHOT_BYTES"
+                    "=%d: not written, its records stay unacked",
+                    st.job_id, len(blob), self.max_snapshot_bytes,
+                )  # fmt: skip
+                return out
+            out.snapshot = blob
             out.release += self._held.pop(st.job_id, [])
         return out
 

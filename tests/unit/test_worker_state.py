@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -226,3 +227,22 @@ def test_a_long_checkpoint_step_is_not_a_hang_for_the_worker():
             offset += 1
     assert offset == 80 * 4
     assert [a for a in alerts if a.kind is AlertKind.HANG] == []
+
+
+def test_snapshots_are_compressed_and_old_plain_pickles_still_load():
+    core = WorkerCore(TOPICS, 8)
+    feed(core, range(12))
+    st = core.jobs["j"]
+    blob = st.to_bytes()
+    plain = pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(blob) < len(plain)
+    for b in (blob, plain):
+        assert JobState.from_bytes(b).monitor.last_step == st.monitor.last_step
+
+
+def test_a_snapshot_over_the_limit_is_not_written_and_its_records_stay_held():
+    core = WorkerCore(TOPICS, 8, snapshot_steps=3, max_snapshot_bytes=1000)
+    outs = feed(core, range(12))
+    assert all(o.snapshot is None for o in outs)
+    assert not [t for o in outs for t in o.release]
+    assert core.held("j") == 12 * 8 and core.oversized_snapshots > 0
