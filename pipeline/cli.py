@@ -422,6 +422,9 @@ def main() -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # kafka-python 3 warns whenever one of its own tasks holds its I/O loop > 100 ms:
+    # advice to its developers, noise in a busy 2-core demo; errors still show
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     try:
         app()
     except StepguardError as exc:
