@@ -26,6 +26,7 @@ STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detect
                               state is written to the table (steps / wall seconds)
 STEPGUARD_WORKER_TICK_INTERVAL_S  hang timer period of ``stepguard worker``
 STEPGUARD_WORKER_MAX_MESSAGE_BYTES  larger input goes to the dead-letter topic
+STEPGUARD_WORKER_MAX_SNAPSHOT_BYTES  largest compressed job snapshot (changelog limit)
 STEPGUARD_WORKER_SESSION_TIMEOUT_S  worker consumer-group session timeout
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
 STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
