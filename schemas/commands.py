@@ -28,7 +28,6 @@ __all__ = [
     "CommandKind",
     "CommandResult",
     "CommandStatus",
-    "RELAUNCHING",
     "command_id",
 ]
 
@@ -40,10 +39,6 @@ class CommandKind(StrEnum):
     ROLLBACK = "rollback"
     STOP = "stop"
     NOTIFY = "notify"
-
-
-#: Commands after which a job goes quiet while it relaunches (detectors allow for it).
-RELAUNCHING = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK, CommandKind.ISOLATE})
 
 
 class ActuatorMode(StrEnum):
