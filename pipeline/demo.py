@@ -62,6 +62,7 @@ from schemas import (
     NodeHealth,
     StepTelemetry,
 )
+from schemas.commands import RELAUNCHING
 
 __all__ = [
     "DEMO_DIR",
@@ -340,6 +341,9 @@ class DetectionStage:
             msg = d.message
             if isinstance(msg, Command):
                 self._commands[msg.command_id] = msg
+                if msg.job_id == self.monitor.job_id and msg.kind in RELAUNCHING:
+                    # the job goes quiet from now on while it relaunches: not a hang
+                    self.monitor.restarted(self.last_ts, removed_nodes=msg.targets)
                 if msg.command_id in self._orphans:
                     self._relaunch(self._orphans.pop(msg.command_id))
             elif isinstance(msg, CommandResult):

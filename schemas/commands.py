@@ -28,6 +28,7 @@ __all__ = [
     "CommandKind",
     "CommandResult",
     "CommandStatus",
+    "RELAUNCHING",
     "command_id",
 ]
 
@@ -39,6 +40,10 @@ class CommandKind(StrEnum):
     ROLLBACK = "rollback"
     STOP = "stop"
     NOTIFY = "notify"
+
+
+#: Commands after which a job goes quiet while it relaunches (detectors allow for it).
+RELAUNCHING = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK, CommandKind.ISOLATE})
 
 
 class ActuatorMode(StrEnum):
