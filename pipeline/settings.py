@@ -28,6 +28,7 @@ STEPGUARD_WORKER_TICK_INTERVAL_S  hang timer period of ``stepguard worker``
 STEPGUARD_WORKER_MAX_MESSAGE_BYTES  larger input goes to the dead-letter topic
 STEPGUARD_WORKER_MAX_SNAPSHOT_BYTES  largest compressed job snapshot (changelog limit)
 STEPGUARD_WORKER_SESSION_TIMEOUT_S  worker consumer-group session timeout
+STEPGUARD_WORKER_RECOVERY_TIMEOUT_S  exit (75) when table recovery stalls this long
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
 STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
                               verify (rotation); secret
@@ -97,6 +98,9 @@ class Settings(BaseSettings):
     worker_max_snapshot_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     #: consumer-group session timeout of the worker (Tansu: 3-6 s, see INFRA.md)
     worker_session_timeout_s: float = Field(default=10.0, ge=1.0, le=300.0)
+    #: a worker whose table recovery has not completed for this long exits (code 75)
+    #: for its supervisor to restart it (Faust's recovery can stall after a rebalance)
+    worker_recovery_timeout_s: float = Field(default=120.0, gt=0)
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"

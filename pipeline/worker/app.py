@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import ssl
 import time
 from dataclasses import dataclass
@@ -325,9 +326,22 @@ def build_app(
             metrics.records.labels(msg.topic).inc()
             last_read[(msg.topic, msg.partition)] = msg.offset
 
+    watchdog = RecoveryWatchdog(settings.worker_recovery_timeout_s)
+
     @app.timer(interval=settings.worker_tick_interval_s, name="stepguard.worker.tick")
     async def tick_jobs() -> None:
-        if app.rebalancing or not app.tables.recovery.completed.is_set():
+        busy = app.rebalancing or not app.tables.recovery.completed.is_set()
+        stalled = watchdog.check(busy)
+        if stalled is not None:
+            # Faust's changelog recovery can wait forever for records after a
+            # rebalance ("No event received for active tp"); a fresh process recovers
+            log.critical(
+                "table recovery has not completed for %.0fs "
+                "(STEPGUARD_WORKER_RECOVERY_TIMEOUT_S): exiting for a restart", stalled,
+            )  # fmt: skip
+            logging.shutdown()
+            os._exit(RECOVERY_STALLED_EXIT)
+        if busy:
             return
         owned = _owned(app, names.steps)
         for key, blob in list(table.items()):
@@ -363,6 +377,42 @@ def build_app(
 
     del jobs_agent, health_agent, tick_jobs, on_revoked, on_assigned
     return WorkerApp(app, core, metrics, settings, n_partitions)
+
+
+#: Exit status of a worker whose table recovery stalled (EX_TEMPFAIL: restart it).
+RECOVERY_STALLED_EXIT = 75
+
+
+class RecoveryWatchdog:
+    """How long the worker has been rebalancing or recovering without a break.
+
+    >>> t = [0.0]
+    >>> w = RecoveryWatchdog(10.0, clock=lambda: t[0])
+    >>> w.check(True), t.__setitem__(0, 9.0), w.check(True)
+    (None, None, None)
+    >>> t[0] = 10.5; w.check(True)
+    10.5
+    >>> w.check(False), w.check(True)  # recovered: the clock starts again
+    (None, None)
+    """
+
+    def __init__(self, timeout_s: float, clock: Any = time.monotonic) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._since: float | None = None
+
+    def check(self, recovering: bool) -> float | None:
+        """Seconds stalled when over the timeout, else None."""
+        if not recovering:
+            self._since = None
+            return None
+        now = self.clock()
+        if self._since is None:
+            self._since = now
+        stalled = now - self._since
+        return stalled if stalled > self.timeout_s else None
 
 
 #: Broker-side wait of the worker's fetches (Faust hard-codes 1,500 ms).

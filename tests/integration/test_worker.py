@@ -120,9 +120,14 @@ class Topic:
         self.model = model
         self.items: list = []
 
-    def wait(self, pred: Callable[[list], bool], timeout: float, what: str, worker=None):
+    def wait(
+        self, pred: Callable[[list], bool], timeout: float, what: str, worker=None,
+        supervise: Callable[[], None] | None = None,
+    ):  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if supervise is not None:
+                supervise()
             for records in self.consumer.poll(timeout_ms=300).values():
                 self.items += [decode(self.model, r.value) for r in records]
             if pred(self.items):
@@ -351,12 +356,16 @@ def test_second_worker_joins_splits_partitions_and_both_alert(settings, workers,
             "rebalance never receives the changelog records (stalls); runs on Apache Kafka"
         )
     jobs = _job_per_partition(8)
+    # Faust's changelog recovery of the partitions a worker keeps across a rebalance
+    # sometimes waits forever (~1 run in 10 here); the worker then exits for its
+    # supervisor, and this test restarts it as a supervisor would
+    fast = {"worker_recovery_timeout_s": "15"}
     faults = [
         {"kind": "straggler", "node": 1, "gpu": 0, "onset_step": 30, "magnitude": 0.3},
         {"kind": "straggler", "node": 2, "gpu": 5, "onset_step": 90, "magnitude": 0.3},
     ]
     scs = [scenario(j, faults, nodes=4, steps=140, job_id=j) for j in jobs]
-    a = workers("a")
+    a = workers("a", **fast)
     for sc in scs:
         play(settings, sc, speed=None, truth=False, stop_after_step=60)
     decisions.wait(
@@ -365,7 +374,7 @@ def test_second_worker_joins_splits_partitions_and_both_alert(settings, workers,
         "first straggler in every job",
         a,
     )
-    b = workers("b")
+    b = workers("b", **fast)
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline and b.metric("stepguard_worker_assigned_partitions") < 1:
         time.sleep(0.2)
@@ -379,22 +388,38 @@ def test_second_worker_joins_splits_partitions_and_both_alert(settings, workers,
                     producer.send(registry.name("steps"), key=sc.job.encode(), value=encode(m))
     producer.flush()
     producer.close()
+    running = {"a": a, "b": b}
+    restarts: list[int | None] = []
+
+    def supervise() -> None:
+        for name, w in list(running.items()):
+            if w.proc.poll() is not None:
+                restarts.append(w.proc.returncode)
+                running[name] = workers(f"{name}{len(restarts)}", **fast)
+
     decisions.wait(
         lambda xs: {x.job_id for x in xs if x.node == "node-0002"} == set(jobs),
-        60,
+        120,
         "second straggler in every job after the join",
         b,
+        supervise,
     )
-    assert a.metric("stepguard_worker_assigned_partitions") >= 1
-    assert (
-        a.metric("stepguard_worker_assigned_partitions")
-        + b.metric("stepguard_worker_assigned_partitions")
-        == 16
-    )  # steps + internal job topic, 8 partitions each, split between the two
-    second = [x for x in decisions.items if x.node == "node-0002"]
-    assert second
-    assert a.metric("stepguard_worker_alerts_total") > 0
-    assert b.metric("stepguard_worker_alerts_total") > 0
+    assert set(restarts) <= {75}, restarts  # only the recovery watchdog's exit
+    a, b = running["a"], running["b"]
+
+    def owned(w: Worker) -> float:
+        return w.metric("stepguard_worker_assigned_partitions")
+
+    deadline = time.monotonic() + 60  # a restarted worker may still be joining
+    while time.monotonic() < deadline and not (owned(a) >= 1 and owned(a) + owned(b) == 16):
+        supervise()
+        a, b = running["a"], running["b"]
+        time.sleep(0.2)
+    # steps + internal job topic, 8 partitions each, split between the two
+    assert owned(a) >= 1 and owned(a) + owned(b) == 16, (owned(a), owned(b), restarts)
+    if not restarts:  # both original workers alerted for their share
+        assert a.metric("stepguard_worker_alerts_total") > 0
+        assert b.metric("stepguard_worker_alerts_total") > 0
 
 
 def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
