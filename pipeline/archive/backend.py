@@ -69,32 +69,26 @@ class ServerBackend:
         parts = urlsplit(dsn)
         self.database = _check_ident((parts.path or "/default").strip("/") or "default")
         self._host = f"{parts.hostname}:{parts.port or 9000}"
-        self._client = Client(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 9000,
-            user=parts.username or "default",
-            password=parts.password or "",
-            database="default",
-            secure=parts.scheme == "clickhouses",
-            connect_timeout=min(timeout_s, 10.0),
-            send_receive_timeout=timeout_s,
-            settings={"use_numpy": False},
-        )
+
+        def connect(use_numpy: bool) -> Any:
+            return Client(
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 9000,
+                user=parts.username or "default",
+                password=parts.password or "",
+                database="default",
+                secure=parts.scheme == "clickhouses",
+                connect_timeout=min(timeout_s, 10.0),
+                send_receive_timeout=timeout_s,
+                settings={"use_numpy": use_numpy},
+            )
+
+        self._client = connect(use_numpy=False)
         # the archiver inserts from its own thread while others may query
         self._lock = threading.RLock()
         self._types: dict[tuple[str, str], dict[str, str]] = {}
         # numpy arrays go through a second connection with the driver's numpy columns
-        self._numpy_client = Client(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 9000,
-            user=parts.username or "default",
-            password=parts.password or "",
-            database="default",
-            secure=parts.scheme == "clickhouses",
-            connect_timeout=min(timeout_s, 10.0),
-            send_receive_timeout=timeout_s,
-            settings={"use_numpy": True},
-        )
+        self._numpy_client = connect(use_numpy=True)
 
     def _run(self, sql: str, data: Any = None, client: Any = None, **kw: Any) -> Any:
         from clickhouse_driver.errors import Error as DriverError
