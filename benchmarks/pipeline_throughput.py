@@ -90,14 +90,15 @@ class NodeMessages:
             for node in range(nodes)
         ]
 
-    def render(self, node: int, step: int, ts: float) -> bytes:
+    def render(self, step: int, ts: float) -> list[bytes]:
+        """Every node's message for ``step`` ending at ``ts`` (times formatted once)."""
         fmt = "%Y-%m-%dT%H:%M:%S.%fZ"
         args = {
             b"step": step,
             b"start": datetime.fromtimestamp(ts - 1.0, UTC).strftime(fmt).encode(),
             b"end": datetime.fromtimestamp(ts, UTC).strftime(fmt).encode(),
         }
-        return self.templates[node][step % 11] % args
+        return [variants[step % 11] % args for variants in self.templates]
 
 
 def fresh(settings: Settings) -> Settings:
@@ -129,8 +130,8 @@ def prefill(settings: Settings, job: str, nodes: int, steps: int) -> int:
     t0 = 1_800_000_000.0
     n = 0
     for step in range(steps):
-        for node in range(nodes):
-            producer.send(topic, key=job.encode(), value=messages.render(node, step, t0 + step))
+        for value in messages.render(step, t0 + step):
+            producer.send(topic, key=job.encode(), value=value)
             n += 1
     producer.flush(timeout=120)
     producer.close()
@@ -303,8 +304,8 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path):
         step = 0
         while w.value("stepguard_worker_steps_total") < 3 and time.monotonic() < deadline:
             now = time.time()
-            for node in range(nodes):
-                producer.send(topic, key=job.encode(), value=messages.render(node, step, now))
+            for value in messages.render(step, now):
+                producer.send(topic, key=job.encode(), value=value)
             producer.flush()
             step += 1
             time.sleep(1.0)
@@ -313,8 +314,8 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path):
         for _ in range(seconds):
             t_next += 1.0
             now = time.time()  # every rank of the synchronous job ends the step now
-            for node in range(nodes):
-                producer.send(topic, key=job.encode(), value=messages.render(node, step, now))
+            for value in messages.render(step, now):
+                producer.send(topic, key=job.encode(), value=value)
             producer.flush()
             step += 1
             time.sleep(max(0.0, t_next - time.monotonic()))
