@@ -45,3 +45,17 @@ def write_section(name: str, body: str, path: Path = BENCHMARKS_MD) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+def cores_busy() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat (Linux),
+    summed over cores; None elsewhere. Two readings give the cores kept busy between
+    them: (busy1 - busy0) / (total1 - total0) * os.cpu_count()."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / ticks, sum(fields) / ticks

@@ -175,12 +175,20 @@ def topics() -> None:
 
 @app.command()
 def archiver(
-    max_batch: Annotated[int, typer.Option(min=1, help="Rows per insert, at most.")] = 20000,
+    max_batch: Annotated[int, typer.Option(min=1, help="Messages per batch, at most.")] = 20000,
     max_wait_s: Annotated[float, typer.Option(min=0.05, help="Seconds per batch, at most.")] = 1.0,
+    decode_processes: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Processes decoding the steps topic (0: in this process). "
+            "Default: one per core but one, at most 4.",
+        ),
+    ] = None,
 ) -> None:
     """Archive every topic into ClickHouse; offsets are committed after each insert."""
     from pipeline.archive import migrate, open_backend
-    from pipeline.archive.archiver import Archiver
+    from pipeline.archive.archiver import Archiver, default_decode_processes
 
     settings = _settings()
     backend = open_backend(settings)
@@ -188,8 +196,16 @@ def archiver(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    service = Archiver(settings, backend, max_batch=max_batch, max_wait_s=max_wait_s)
-    err.print(f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database}")
+    if decode_processes is None:
+        decode_processes = default_decode_processes()
+    service = Archiver(
+        settings, backend, max_batch=max_batch, max_wait_s=max_wait_s,
+        decode_processes=decode_processes,
+    )  # fmt: skip
+    err.print(
+        f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database} "
+        f"({decode_processes} decode processes)"
+    )
     try:
         stats = service.run(stop.is_set)
     finally:

@@ -4,10 +4,13 @@ A crash between insert and commit replays the batch; the ReplacingMergeTree tabl
 collapse the duplicates, so readers using FINAL see each message once.
 
 Throughput (BENCHMARKS.md, "Archive ingest"): the consumer is aiokafka on an event loop
-of its own thread, so it fetches ahead while this thread decodes and inserts; the steps
+of its own thread, so it fetches ahead while batches are decoded and inserted; the steps
 topic (by far the largest) is decoded in bulk by :mod:`pipeline.fastdecode` into numpy
-columns, with no Python object per row. Every other topic, and any steps message the
-fast path leaves aside, goes through ``schemas.decode``.
+columns, with no Python object per row. That decode is most of the archiver's CPU, so
+with ``decode_processes`` it runs in a pool of processes (one GIL each) while this
+process fetches and inserts; batches are still stored and committed in fetch order.
+Every other topic, and any steps message the fast path leaves aside, goes through
+``schemas.decode``.
 
 Bad input never stops the archiver: a message that does not decode, or whose rows the
 table refuses (a value beyond a column's type), goes to the dead-letter topic with the
@@ -21,11 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import signal
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeAlias, TypeVar
@@ -37,18 +44,30 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from kafka import KafkaProducer
 
 from pipeline.archive.backend import ArchiveBackend, Columns
-from pipeline.archive.rows import rows_for, step_table
+from pipeline.archive.rows import (
+    StepRows,
+    pack_values,
+    rows_for,
+    step_rows,
+    step_rows_packed,
+    step_table,
+)
 from pipeline.errors import ArchiveError, ArchiveRowError, BrokerError
-from pipeline.fastdecode import StepColumns, decode_steps, from_models
+from pipeline.fastdecode import from_models
 from pipeline.kafka import aiokafka_consumer_config, make_producer, publish, registry_of
 from pipeline.settings import Settings
 from schemas import TOPICS, DeadLetter, Message, Rejected, StepTelemetry, decode
 
-__all__ = ["Archiver", "ArchiverStats"]
+__all__ = ["Archiver", "ArchiverStats", "default_decode_processes"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
+
+
+def default_decode_processes() -> int:
+    """One decode process per core but one (the fetch and insert thread's), up to 4."""
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
 @dataclass
@@ -75,6 +94,7 @@ class Archiver:
         max_wait_s: float = 1.0,
         producer: KafkaProducer | None = None,
         insert_attempts: int = 8,
+        decode_processes: int = 0,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -82,6 +102,8 @@ class Archiver:
             raise ValueError("max_wait_s must be positive")
         if insert_attempts < 1:
             raise ValueError("insert_attempts must be >= 1")
+        if decode_processes < 0:
+            raise ValueError("decode_processes must be >= 0")
         self.settings = settings
         self.backend = backend
         self.registry = registry_of(settings)
@@ -93,7 +115,12 @@ class Archiver:
         self._producer = producer or make_producer(settings)
         # one insert thread: batches are stored and committed one after another, in order
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="archiver-insert")
-        self._in_flight: Future[None] | None = None
+        # batches handed to it: one being stored while the next ones are decoded
+        self._in_flight: deque[Future[None]] = deque()
+        self._depth = decode_processes + 1
+        self._broken: BaseException | None = None  # a batch failed: store nothing after it
+        self._raised = False  # ... and the caller was told
+        self._decoders = _decode_pool(decode_processes) if decode_processes else None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="archiver-consumer", daemon=True
@@ -109,6 +136,8 @@ class Archiver:
         except KafkaError as exc:
             self._stop_loop()
             self._inserter.shutdown()
+            if self._decoders is not None:
+                self._decoders.shutdown(cancel_futures=True)
             raise BrokerError(
                 f"cannot connect consumer to {settings.kafka_bootstrap}: {exc}"
             ) from exc
@@ -124,19 +153,22 @@ class Archiver:
         await consumer.start()
         return consumer
 
-    async def _fetch(self) -> list[Record]:
-        """Up to ``max_batch`` records, waiting at most ``max_wait_s`` for them."""
-        records: list[Record] = []
+    async def _fetch(self) -> dict[TopicPartition, list[Record]]:
+        """Up to ``max_batch`` records by partition (in offset order), waiting at most
+        ``max_wait_s`` for them."""
+        records: dict[TopicPartition, list[Record]] = {}
+        count = 0
         deadline = time.monotonic() + self.max_wait_s
-        while len(records) < self.max_batch:
+        while count < self.max_batch:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
             got = await self._consumer.getmany(
-                timeout_ms=left_ms, max_records=self.max_batch - len(records)
+                timeout_ms=left_ms, max_records=self.max_batch - count
             )
-            for batch in got.values():
-                records.extend(batch)
+            for tp, batch in got.items():
+                records.setdefault(tp, []).extend(batch)
+                count += len(batch)
         return records
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
@@ -162,43 +194,52 @@ class Archiver:
     # -- one batch -------------------------------------------------------------------
 
     def poll_batch(self) -> int:
-        """Fetch and decode one batch (size or time bound), then hand it to the insert
-        thread, which inserts it and commits its offsets. Returns its messages.
+        """Fetch one batch (size or time bound), start decoding it, and hand it to the
+        insert thread, which inserts it and commits its offsets. Returns its messages.
 
-        The insert of one batch overlaps the fetch and decode of the next; commits stay
-        in batch order, each after the inserts it covers. A poll that fetches nothing
-        in ``max_wait_s`` waits for the batch in flight, as :meth:`flush` does, so
-        ``stats`` is complete after a poll returns 0.
+        The insert of one batch overlaps the fetch and decode of the next ones (up to
+        ``decode_processes`` decoding at once); commits stay in batch order, each after
+        the inserts it covers, and nothing is stored after a batch that failed. A poll
+        that fetches nothing in ``max_wait_s`` waits for the batches in flight, as
+        :meth:`flush` does, so ``stats`` is complete after a poll returns 0.
         """
         records = self._call(self._fetch())
         if not records:
             self._finish_in_flight()
             return 0
-        self.stats.fetched += len(records)
         batch = self._prepare(records)
-        self._finish_in_flight()
-        self._in_flight = self._inserter.submit(self._store_batch, batch)
-        return len(records)
+        self.stats.fetched += batch.size
+        while len(self._in_flight) >= self._depth:
+            self._wait_oldest()
+        self._in_flight.append(self._inserter.submit(self._store_batch, batch))
+        return batch.size
 
     def flush(self) -> None:
-        """Wait until the batch in flight is inserted and committed (its error, if
-        any, is raised here)."""
+        """Wait until every batch in flight is inserted and committed (the first
+        error, if any, is raised here)."""
         self._finish_in_flight()
 
     def _finish_in_flight(self) -> None:
-        """Wait for the batch being inserted; its failure is raised here."""
-        job, self._in_flight = self._in_flight, None
-        if job is not None:
-            job.result()
+        """Wait for the batches handed to the insert thread; a failure is raised here."""
+        while self._in_flight:
+            self._wait_oldest()
 
-    def _prepare(self, records: list[Record]) -> _Batch:
-        """Decode a batch and build its rows; nothing here touches the archive."""
-        batch = _Batch(size=len(records))
+    def _wait_oldest(self) -> None:
+        job = self._in_flight.popleft()
+        try:
+            job.result()
+        except BaseException:
+            self._raised = True
+            raise
+
+    def _prepare(self, records: dict[TopicPartition, list[Record]]) -> _Batch:
+        """Decode a batch and build its rows (or start to); nothing here touches the
+        archive."""
+        batch = _Batch(size=sum(map(len, records.values())))
         by_topic: dict[str, list[Record]] = defaultdict(list)
-        for rec in records:
-            by_topic[rec.topic].append(rec)
-            tp = TopicPartition(rec.topic, rec.partition)
-            batch.offsets[tp] = max(batch.offsets.get(tp, 0), rec.offset + 1)
+        for tp, recs in records.items():
+            by_topic[tp.topic].extend(recs)
+            batch.offsets[tp] = recs[-1].offset + 1
         for topic, recs in by_topic.items():
             logical = self.registry.logical_of(topic)
             if logical is None:
@@ -223,47 +264,79 @@ class Archiver:
         )  # fmt: skip
 
     def _prepare_steps(self, recs: list[Record], batch: _Batch) -> None:
-        """Decode the steps topic's records in bulk into the steps table's columns.
-        Records the fast path leaves aside are decoded by pydantic: dead letters, or
-        models whose columns are built the same way."""
-        cols = decode_steps([r.value for r in recs])
-        self._add_step_columns(cols, [recs[i] for i in cols.messages.tolist()], batch)
+        """Start decoding the steps topic's records in bulk into the steps table's
+        columns: in a decode process if there are any, else here and now."""
+        values = [r.value for r in recs]
+        rows: Future[StepRows]
+        if self._decoders is None:
+            rows = Future()
+            rows.set_result(step_rows(values))
+        else:
+            rows = self._decoders.submit(step_rows_packed, *pack_values(values))
+        batch.steps.append((recs, rows))
+
+    def _step_parts(
+        self,
+        recs: list[Record],
+        rows: Future[StepRows],
+        letters: list[tuple[Record, DeadLetter | None]],
+    ) -> list[_StepRows]:
+        """The decoded steps rows, and the records they leave aside: rows the table
+        refuses become dead letters; records the fast path left to pydantic become
+        dead letters or more rows, built the same way."""
+        try:
+            decoded = rows.result()
+        except BrokenProcessPool as exc:
+            raise ArchiveError(
+                f"a decode process died ({exc}); nothing after it is committed"
+            ) from exc
+        for i, reason in decoded.rejected.items():
+            letters.append((recs[i], _rejected_row(recs[i], reason)))
+        parts = [_StepRows(decoded.columns, decoded.row_value, recs, decoded.stored)]
         models: list[StepTelemetry] = []
         model_recs: list[Record] = []
-        for i in cols.slow:
+        for i in decoded.slow:
             out = self._decode(StepTelemetry, recs[i])
             if isinstance(out, Rejected):
-                batch.letters.append((recs[i], out.letter))
+                letters.append((recs[i], out.letter))
             else:
                 assert isinstance(out, StepTelemetry)
                 models.append(out)
                 model_recs.append(recs[i])
         if models:
-            more = from_models(models)
-            for i in more.slow:
+            cols = from_models(models)
+            for i in cols.slow:
                 error = "steps: an integer exceeds int64"
-                batch.letters.append((model_recs[i], _rejected_row(model_recs[i], error)))
-            self._add_step_columns(more, [model_recs[i] for i in more.messages.tolist()], batch)
-
-    @staticmethod
-    def _add_step_columns(cols: StepColumns, recs: list[Record], batch: _Batch) -> None:
-        if not recs:
-            return
-        table, rejected = step_table(cols)
-        for pos, reason in rejected.items():
-            batch.letters.append((recs[pos], _rejected_row(recs[pos], reason)))
-        kept = cols.sample_message
-        if rejected:
-            kept = kept[~np.isin(kept, np.fromiter(rejected, dtype=np.int64))]
-        units = [pos for pos in range(len(recs)) if pos not in rejected]
-        batch.steps.append(_StepRows(table, kept, [recs[pos] for pos in units], units))
+                letters.append((model_recs[i], _rejected_row(model_recs[i], error)))
+            table, rejected = step_table(cols)
+            index = cols.messages
+            for pos, reason in rejected.items():
+                rec = model_recs[int(index[pos])]
+                letters.append((rec, _rejected_row(rec, reason)))
+            row_pos = cols.sample_message
+            if rejected:
+                row_pos = row_pos[~np.isin(row_pos, np.fromiter(rejected, dtype=np.int64))]
+            stored = [int(index[pos]) for pos in range(len(index)) if pos not in rejected]
+            parts.append(_StepRows(table, index[row_pos], model_recs, stored))
+        return parts
 
     def _store_batch(self, batch: _Batch) -> None:
-        """On the insert thread: insert, send the dead letters, then commit."""
-        for part in batch.steps:
-            for pos, error in self._store("steps", part.units, part.build):
-                rec = part.recs[part.units.index(pos)]
-                batch.letters.append((rec, _rejected_row(rec, error)))
+        """On the insert thread: insert, send the dead letters, then commit; after a
+        batch failed, refuse the ones queued behind it (their commit would skip it)."""
+        if self._broken is not None:
+            raise ArchiveError("not stored: an earlier batch failed") from self._broken
+        try:
+            self._store_batch_now(batch)
+        except BaseException as exc:
+            self._broken = exc
+            raise
+
+    def _store_batch_now(self, batch: _Batch) -> None:
+        for recs, rows in batch.steps:
+            for part in self._step_parts(recs, rows, batch.letters):
+                for unit, error in self._store("steps", part.units, part.build):
+                    rec = part.recs[unit]
+                    batch.letters.append((rec, _rejected_row(rec, error)))
         self._store_generic(batch.generic, batch.letters)
         self._send_letters(batch.letters)
         self._call(self._commit(batch.offsets))
@@ -347,11 +420,20 @@ class Archiver:
         return self.stats
 
     def close(self) -> None:
-        """Finish the batch in flight (insert and commit), then stop the clients."""
+        """Finish the batches in flight (insert and commit), then stop the clients.
+        After a failure the caller has already seen, the batches queued behind it
+        are dropped uncommitted without raising again."""
         try:
-            self._finish_in_flight()
+            already_raised = self._raised
+            try:
+                self._finish_in_flight()
+            except Exception:
+                if not already_raised:
+                    raise
         finally:
             self._inserter.shutdown()
+            if self._decoders is not None:
+                self._decoders.shutdown(cancel_futures=True)
             try:
                 self._call(self._consumer.stop())
             finally:
@@ -365,26 +447,45 @@ class _StepRows:
     """The steps table's rows of one group of messages, ready to insert."""
 
     table: Columns
-    sample_unit: npt.NDArray[np.int64]  # per row: the unit (message position) it is from
-    recs: list[Record]  # per unit
-    units: list[int]
+    row_unit: npt.NDArray[np.int64]  # per row: the unit (index into recs) it is from
+    recs: list[Record]
+    units: list[int]  # the units whose rows are in table
 
     def build(self, subset: Sequence[int]) -> Columns:
         if len(subset) == len(self.units):
             return self.table
-        mask = np.isin(self.sample_unit, np.asarray(subset, dtype=np.int64))
+        mask = np.isin(self.row_unit, np.asarray(subset, dtype=np.int64))
         return {name: values[mask] for name, values in self.table.items()}
 
 
 @dataclass
 class _Batch:
-    """One fetched batch, decoded: what the insert thread stores and then commits."""
+    """One fetched batch: what the insert thread stores and then commits. The steps
+    records' rows may still be decoding (in a decode process)."""
 
     size: int
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    steps: list[_StepRows] = field(default_factory=list)
+    steps: list[tuple[list[Record], Future[StepRows]]] = field(default_factory=list)
     generic: list[tuple[Record, Message]] = field(default_factory=list)
     letters: list[tuple[Record, DeadLetter | None]] = field(default_factory=list)
+
+
+def _decode_pool(processes: int) -> ProcessPoolExecutor:
+    """Started decode processes (spawned: this process already runs threads), each
+    with the decode modules imported, so the first batch does not wait for them."""
+    pool = ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_sigint
+    )
+    for ready in [pool.submit(step_rows_packed, b"", np.zeros(0, np.int64))
+                  for _ in range(processes)]:  # fmt: skip
+        ready.result()
+    return pool
+
+
+def _leave_sigint() -> None:
+    """In a decode process: Ctrl-C reaches the whole process group, but stopping is the
+    archiver's to do (it finishes the batches in flight, then shuts the pool down)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _rejected_row(rec: Record, error: str) -> DeadLetter:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy.typing as npt
 
 from pipeline.archive.backend import Columns
 from pipeline.errors import ArchiveRowError
-from pipeline.fastdecode import StepColumns, from_models
+from pipeline.fastdecode import StepColumns, decode_steps, from_models
 from schemas import (
     ActionRecord,
     Alert,
@@ -33,7 +34,8 @@ from schemas import (
     StepTelemetry,
 )
 
-__all__ = ["TABLE_OF", "rows_for", "step_table"]
+__all__ = ["TABLE_OF", "StepRows", "pack_values", "rows_for", "step_rows", "step_rows_packed",
+           "step_table"]  # fmt: skip
 
 Row = dict[str, Any]
 
@@ -222,6 +224,78 @@ def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
     table["ts_ms"] = ts_ms.astype(np.uint64)[per_sample]
     table["ver"] = table["ts_ms"]
     return table, rejected
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepRows:
+    """The steps table's rows for a batch of raw steps-topic values, ready to insert.
+
+    Every input index is in exactly one of ``stored`` (its rows are in ``columns``),
+    ``rejected`` (decoded, but the table refuses its rows: the reason) or ``slow``
+    (left to ``schemas.decode``: unusual spelling, or invalid).
+    """
+
+    columns: Columns
+    row_value: npt.NDArray[np.int64]  # per row: the input index of its message
+    stored: list[int]
+    rejected: dict[int, str]
+    slow: list[int]
+
+
+def step_rows(values: Sequence[bytes | None]) -> StepRows:
+    """Decode raw steps-topic values (:func:`pipeline.fastdecode.decode_steps`) into the
+    steps table's columns (:func:`step_table`), indexed by input position.
+
+    >>> from datetime import UTC, datetime
+    >>> from schemas import RankSample, encode
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> s = RankSample(rank=0, local_rank=0, step_time_s=1, compute_s=1, comm_wait_s=0,
+    ...                data_wait_s=0)
+    >>> ok = encode(StepTelemetry(job_id="j", node="n", step=1, ts_start=t, ts_end=t,
+    ...                           samples=(s,)))
+    >>> big = ok.replace(b'"rank":0', b'"rank":4294967296')
+    >>> out = step_rows([b"{", ok, big])
+    >>> out.stored, out.rejected, out.slow, out.row_value.tolist()
+    ([1], {2: 'steps.rank: value exceeds 4294967295'}, [0], [1])
+    """
+    cols = decode_steps(values)
+    table, rejected = step_table(cols)
+    index = cols.messages
+    kept = [pos for pos in range(len(index)) if pos not in rejected]
+    row_pos = cols.sample_message
+    if rejected:
+        row_pos = row_pos[~np.isin(row_pos, np.fromiter(rejected, dtype=np.int64))]
+    return StepRows(
+        columns=table,
+        row_value=index[row_pos],
+        stored=index[kept].tolist(),
+        rejected={int(index[pos]): reason for pos, reason in rejected.items()},
+        slow=cols.slow,
+    )
+
+
+def pack_values(values: Sequence[bytes | None]) -> tuple[bytes, npt.NDArray[np.int64]]:
+    """Values as one buffer and their end offsets (-1 for a missing value): pickled
+    to a decode process as two objects, instead of one per message."""
+    ends = np.cumsum([len(v) if v is not None else 0 for v in values], dtype=np.int64)
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        ends[missing] = -1
+    return b"".join(v for v in values if v is not None), ends
+
+
+def step_rows_packed(joined: bytes, ends: npt.NDArray[np.int64]) -> StepRows:
+    """:func:`step_rows` of values packed by :func:`pack_values` (a decode process's
+    entry point)."""
+    values: list[bytes | None] = []
+    start = 0
+    for end in ends.tolist():
+        if end < 0:
+            values.append(None)
+            continue
+        values.append(joined[start:end])
+        start = end
+    return step_rows(values)
 
 
 def _nullable(values: npt.NDArray[np.float64], nulls: npt.NDArray[np.bool_]) -> Any:

@@ -31,7 +31,15 @@ def _archive_until(archiver: Archiver, archive, sql: str, want: int, max_polls: 
     return got
 
 
-def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(settings, archive):
+# 1: the steps topic is decoded in a separate process (what `stepguard archiver` does
+# on a machine with more than one core); 0: in the archiver's own process.
+decode_processes = pytest.mark.parametrize("decode_processes", [0, 1])
+
+
+@decode_processes
+def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(
+    settings, archive, decode_processes
+):
     registry = registry_of(settings)
     create_topics(settings)
     producer = make_producer(settings)
@@ -54,7 +62,8 @@ def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(setti
     publish(producer, registry, "health", fine_health)
     producer.flush()
     db = archive.database
-    archiver = Archiver(settings, archive, max_batch=1000, max_wait_s=0.3)
+    archiver = Archiver(settings, archive, max_batch=1000, max_wait_s=0.3,
+                        decode_processes=decode_processes)  # fmt: skip
     try:
         letters = _archive_until(
             archiver, archive, f"SELECT count() FROM {db}.dead_letters WHERE stage = 'archive'", 3
@@ -98,9 +107,12 @@ def test_nan_and_null_losses_stay_apart(settings, archive):
     assert rows == [(0, 0, 1, "train")] * 2 + [(1, 1, 0, "train")] * 2 + [(2, 0, 0, "train")] * 2
 
 
+@decode_processes
 def test_unreachable_clickhouse_retries_then_fails_with_nothing_committed(
-    settings, archive, caplog
+    settings, archive, caplog, decode_processes
 ):
+    """One message per batch: with a decode process, batches queue behind the failing
+    one, and none of them may commit past it."""
     registry = registry_of(settings)
     create_topics(settings, ["steps", "deadletter"])
     producer = make_producer(settings)
@@ -111,13 +123,64 @@ def test_unreachable_clickhouse_retries_then_fails_with_nothing_committed(
     group = f"{settings.consumer_group}.retry"
     nowhere = ServerBackend("clickhouse://default@127.0.0.1:1/nowhere", timeout_s=1)
     failing = Archiver(settings, nowhere, topics=["steps"], group_id=group, max_wait_s=0.3,
-                       insert_attempts=2)  # fmt: skip
-    with caplog.at_level(logging.WARNING), pytest.raises(ArchiveError):
+                       insert_attempts=2, max_batch=1,
+                       decode_processes=decode_processes)  # fmt: skip
+    with caplog.at_level(logging.WARNING), pytest.raises(ArchiveError) as failed:
         for _ in range(60):
             failing.poll_batch()
-    failing.close()
+    failing.close()  # the batches queued behind the failure are dropped, not raised again
+    assert "ClickHouse at 127.0.0.1:1" in str(failed.value)  # the first failure, not a follow-on
     assert any("retry in" in r.getMessage() for r in caplog.records)
     # the same group starts again from the uncommitted offsets: nothing was lost
+    db = archive.database
+    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
+    try:
+        rows = _archive_until(again, archive, f"SELECT count() FROM {db}.steps FINAL", 32)
+    finally:
+        again.close()
+    assert rows == 32
+
+
+class _FailsOnce:
+    """The archive, except that its first insert fails (ClickHouse gone for a moment)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.failed = False
+
+    def insert(self, table, columns):
+        if not self.failed:
+            self.failed = True
+            raise ArchiveError("ClickHouse restarting")
+        return self._inner.insert(table, columns)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@decode_processes
+def test_batches_queued_behind_a_failed_one_do_not_commit_past_it(
+    settings, archive, decode_processes
+):
+    """With decode processes, later batches are already queued when one fails; storing
+    and committing them would move the group's offset past the failed batch."""
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for node in range(4):
+        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
+    producer.flush()
+    producer.close()
+    group = f"{settings.consumer_group}.queued"
+    flaky = _FailsOnce(archive)
+    first = Archiver(settings, flaky, topics=["steps"], group_id=group, max_wait_s=0.3,
+                     insert_attempts=1, max_batch=1,
+                     decode_processes=decode_processes)  # fmt: skip
+    with pytest.raises(ArchiveError, match="ClickHouse restarting"):
+        for _ in range(60):
+            first.poll_batch()
+    first.close()
+    assert flaky.failed
     db = archive.database
     again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
     try:
