@@ -23,10 +23,14 @@ nothing committed, so nothing is lost.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import os
+import pickle
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections import defaultdict, deque
@@ -35,6 +39,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
@@ -49,7 +54,7 @@ from pipeline.archive.rows import (
     pack_values,
     rows_for,
     step_rows,
-    step_rows_packed,
+    step_rows_file,
     step_table,
 )
 from pipeline.errors import ArchiveError, ArchiveRowError, BrokerError
@@ -120,7 +125,7 @@ class Archiver:
         self._depth = decode_processes + 1
         self._broken: BaseException | None = None  # a batch failed: store nothing after it
         self._raised = False  # ... and the caller was told
-        self._decoders = _decode_pool(decode_processes) if decode_processes else None
+        self._decoders = _DecodePool(decode_processes) if decode_processes else None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="archiver-consumer", daemon=True
@@ -137,7 +142,7 @@ class Archiver:
             self._stop_loop()
             self._inserter.shutdown()
             if self._decoders is not None:
-                self._decoders.shutdown(cancel_futures=True)
+                self._decoders.close()
             raise BrokerError(
                 f"cannot connect consumer to {settings.kafka_bootstrap}: {exc}"
             ) from exc
@@ -267,29 +272,22 @@ class Archiver:
         """Start decoding the steps topic's records in bulk into the steps table's
         columns: in a decode process if there are any, else here and now."""
         values = [r.value for r in recs]
-        rows: Future[StepRows]
         if self._decoders is None:
-            rows = Future()
-            rows.set_result(step_rows(values))
+            decoded = step_rows(values)
+            batch.steps.append((recs, lambda: decoded))
         else:
-            rows = self._decoders.submit(step_rows_packed, *pack_values(values))
-        batch.steps.append((recs, rows))
+            batch.steps.append((recs, self._decoders.submit(values)))
 
     def _step_parts(
         self,
         recs: list[Record],
-        rows: Future[StepRows],
+        rows: Callable[[], StepRows],
         letters: list[tuple[Record, DeadLetter | None]],
     ) -> list[_StepRows]:
         """The decoded steps rows, and the records they leave aside: rows the table
         refuses become dead letters; records the fast path left to pydantic become
         dead letters or more rows, built the same way."""
-        try:
-            decoded = rows.result()
-        except BrokenProcessPool as exc:
-            raise ArchiveError(
-                f"a decode process died ({exc}); nothing after it is committed"
-            ) from exc
+        decoded = rows()
         for i, reason in decoded.rejected.items():
             letters.append((recs[i], _rejected_row(recs[i], reason)))
         parts = [_StepRows(decoded.columns, decoded.row_value, recs, decoded.stored)]
@@ -433,7 +431,7 @@ class Archiver:
         finally:
             self._inserter.shutdown()
             if self._decoders is not None:
-                self._decoders.shutdown(cancel_futures=True)
+                self._decoders.close()
             try:
                 self._call(self._consumer.stop())
             finally:
@@ -465,21 +463,56 @@ class _Batch:
 
     size: int
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    steps: list[tuple[list[Record], Future[StepRows]]] = field(default_factory=list)
+    steps: list[tuple[list[Record], Callable[[], StepRows]]] = field(default_factory=list)
     generic: list[tuple[Record, Message]] = field(default_factory=list)
     letters: list[tuple[Record, DeadLetter | None]] = field(default_factory=list)
 
 
-def _decode_pool(processes: int) -> ProcessPoolExecutor:
-    """Started decode processes (spawned: this process already runs threads), each
-    with the decode modules imported, so the first batch does not wait for them."""
-    pool = ProcessPoolExecutor(
-        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_sigint
-    )
-    for ready in [pool.submit(step_rows_packed, b"", np.zeros(0, np.int64))
-                  for _ in range(processes)]:  # fmt: skip
-        ready.result()
-    return pool
+class _DecodePool:
+    """Processes that decode the steps topic (spawned: the archiver already runs
+    threads). A batch goes to a process as a file and its rows come back as one, in a
+    private temporary directory (in memory where /dev/shm exists): through the pool's
+    pipes, every 64 KiB of a batch waited for the other side, and the decode process
+    sat idle for it (BENCHMARKS.md, "Archive ingest")."""
+
+    def __init__(self, processes: int) -> None:
+        shm = Path("/dev/shm")  # noqa: S108 - only as the parent of mkdtemp's private dir
+        where = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+        self._dir = Path(tempfile.mkdtemp(prefix="stepguard-archiver-", dir=where))
+        self._names = itertools.count()
+        self._pool = ProcessPoolExecutor(
+            processes, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_sigint
+        )
+        # start every process now, with the decode modules imported
+        for ready in [self.submit([]) for _ in range(processes)]:
+            ready()
+
+    def submit(self, values: list[bytes | None]) -> Callable[[], StepRows]:
+        """Start decoding ``values``; the returned call waits for their rows."""
+        joined, ends = pack_values(values)
+        src = self._dir / f"{next(self._names)}.in"
+        src.write_bytes(joined)
+        job = self._pool.submit(step_rows_file, str(src), ends, str(src.with_suffix(".out")))
+
+        def rows() -> StepRows:
+            try:
+                out = Path(job.result())
+            except BrokenProcessPool as exc:
+                raise ArchiveError(f"a decode process died: {exc}") from exc
+            finally:
+                src.unlink(missing_ok=True)
+            try:
+                # written by our decode process, in our 0700 directory
+                decoded: StepRows = pickle.loads(out.read_bytes())  # noqa: S301
+            finally:
+                out.unlink(missing_ok=True)
+            return decoded
+
+        return rows
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _leave_sigint() -> None:

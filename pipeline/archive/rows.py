@@ -8,6 +8,7 @@ ReplacingMergeTree collapses it.
 from __future__ import annotations
 
 import base64
+import pickle
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -34,8 +35,8 @@ from schemas import (
     StepTelemetry,
 )
 
-__all__ = ["TABLE_OF", "StepRows", "pack_values", "rows_for", "step_rows", "step_rows_packed",
-           "step_table"]  # fmt: skip
+__all__ = ["TABLE_OF", "StepRows", "pack_values", "rows_for", "step_rows", "step_rows_file",
+           "step_rows_packed", "step_table"]  # fmt: skip
 
 Row = dict[str, Any]
 
@@ -284,9 +285,20 @@ def pack_values(values: Sequence[bytes | None]) -> tuple[bytes, npt.NDArray[np.i
     return b"".join(v for v in values if v is not None), ends
 
 
+def step_rows_file(src: str, ends: npt.NDArray[np.int64], out: str) -> str:
+    """A decode process's entry point: :func:`step_rows_packed` of the buffer in file
+    ``src``, pickled into file ``out`` (returned). Both files are in a directory only
+    the archiver's user can write (the archiver's own temporary directory)."""
+    with open(src, "rb") as f:
+        joined = f.read()
+    rows = step_rows_packed(joined, ends)
+    with open(out, "wb") as f:
+        pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return out
+
+
 def step_rows_packed(joined: bytes, ends: npt.NDArray[np.int64]) -> StepRows:
-    """:func:`step_rows` of values packed by :func:`pack_values` (a decode process's
-    entry point)."""
+    """:func:`step_rows` of values packed by :func:`pack_values`."""
     values: list[bytes | None] = []
     start = 0
     for end in ends.tolist():
