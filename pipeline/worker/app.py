@@ -212,7 +212,7 @@ def build_app(
     registry = registry_of(settings)
     names = CoreTopics(
         steps=registry.name("steps"), health=registry.name("health"),
-        jobs=jobs_topic_name(settings),
+        jobs=jobs_topic_name(settings), commands=registry.name("commands"),
     )  # fmt: skip
     core = WorkerCore(
         names,
@@ -228,6 +228,7 @@ def build_app(
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip
     job_inputs = app.topic(names.steps, names.jobs, **raw)
     health_in = app.topic(names.health, **raw)
+    commands_in = app.topic(names.commands, **raw)
     jobs_out = app.topic(names.jobs, partitions=n_partitions, **raw)
     decisions = app.topic(registry.name("decisions"), **raw)
     deadletter = app.topic(registry.name("deadletter"), **raw)
@@ -326,6 +327,23 @@ def build_app(
             metrics.records.labels(msg.topic).inc()
             last_read[(msg.topic, msg.partition)] = msg.offset
 
+    @app.agent(commands_in, name="stepguard.worker.commands")
+    async def commands_agent(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                routed = core.route_command(msg.partition, msg.offset, msg.key, msg.value)
+                if routed is not None:
+                    await jobs_out.send(
+                        key=routed.job_id.encode(), value=routed.value,
+                        partition=routed.partition, headers=[(KIND_HEADER, b"command")],
+                    )  # fmt: skip
+            except Exception:
+                log.exception("command routing failed on %s[%d]@%d", msg.topic, msg.partition,
+                              msg.offset)  # fmt: skip
+            records_of(msg.topic).inc()
+            last_read[(msg.topic, msg.partition)] = msg.offset
+
     watchdog = RecoveryWatchdog(settings.worker_recovery_timeout_s)
 
     @app.timer(interval=settings.worker_tick_interval_s, name="stepguard.worker.tick")
@@ -375,7 +393,7 @@ def build_app(
         log.info("rebalance: own %d partitions of %s and %s", len(mine), names.steps,
                  names.jobs)  # fmt: skip
 
-    del jobs_agent, health_agent, tick_jobs, on_revoked, on_assigned
+    del jobs_agent, health_agent, commands_agent, tick_jobs, on_revoked, on_assigned
     return WorkerApp(app, core, metrics, settings, n_partitions)
 
 

@@ -42,8 +42,17 @@ from detectors.engine import JobMonitor, MonitorConfig
 from detectors.frame import NodeStep
 from pipeline.assembly import StepAssembler
 from pipeline.fastdecode import decode_step
-from schemas import Alert, DeadLetter, NodeHealth, Rejected, StepTelemetry, decode
+from schemas import (
+    Alert,
+    Command,
+    DeadLetter,
+    NodeHealth,
+    Rejected,
+    StepTelemetry,
+    decode,
+)
 from schemas.codec import MAX_MESSAGE_BYTES
+from schemas.commands import RELAUNCHING
 
 __all__ = [
     "KIND_HEADER",
@@ -56,7 +65,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Header naming what a record on the worker's job topic carries: ``health`` | ``tick``.
+#: Header naming what a record on the worker's job topic carries:
+#: ``health`` | ``tick`` | ``command``.
 KIND_HEADER = "stepguard-kind"
 
 #: Prefix of a compressed snapshot (a bare pickle starts with b"\x80").
@@ -82,7 +92,8 @@ class CoreTopics:
 
     steps: str
     health: str
-    jobs: str  #: internal: health re-keyed by job, and timer ticks
+    jobs: str  #: internal: health and relaunch commands re-keyed by job, timer ticks
+    commands: str = ""
 
 
 @dataclass
@@ -322,6 +333,20 @@ class WorkerCore:
             return None
         return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
 
+    def route_command(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> Forward | None:
+        """A command: forward restarts, rollbacks and isolations to their job's partition
+        (the job goes quiet while it relaunches); None for anything else. Executors own
+        bad commands (they dead-letter them), so an undecodable one is only skipped."""
+        msg = decode(
+            Command, value, topic=self.topics.commands, partition=partition, offset=offset,
+            key=key, max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected) or msg.kind not in RELAUNCHING:
+            return None
+        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+
     def handle_job_record(
         self,
         partition: int,
@@ -337,6 +362,8 @@ class WorkerCore:
         topic = self.topics.jobs
         if kind == "tick":
             return self._tick(partition, offset, key, value, token)
+        if kind == "command":
+            return self._command(partition, offset, key, value, token)
         msg = decode(
             NodeHealth, value, topic=topic, partition=partition, offset=offset, key=key,
             max_bytes=self.max_message_bytes,
@@ -378,6 +405,31 @@ class WorkerCore:
         )  # fmt: skip
         for st in self.jobs.values():
             st.arrived_wall = max(st.arrived_wall, wall + self.blind_after_s)
+
+    def _command(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Outcome:
+        """A relaunching command for a job we hold: its silence from now on is the
+        relaunch, not a hang (``JobMonitor.restarted``: a grace of restart_grace_steps
+        median step times), and the nodes it names stop reporting."""
+        topic = self.topics.jobs
+        msg = decode(Command, value, topic=topic, partition=partition, offset=offset, key=key)
+        if isinstance(msg, Rejected):
+            return Outcome(release=[token])
+        st = self.jobs.get(msg.job_id)
+        out = Outcome(job_id=msg.job_id)
+        now = st.now_estimate(self.clock()) if st is not None else None
+        if st is None or now is None or st.seen(topic, partition, offset):
+            out.release.append(token)
+            return out
+        st.offsets[(topic, partition)] = offset
+        st.dirty = True
+        st.monitor.restarted(now, removed_nodes=msg.targets)
+        log.info(
+            "%s %s issued: its hang clock allows for the relaunch (nodes %s)",
+            msg.job_id, msg.kind.value, ", ".join(msg.targets) or "none",
+        )  # fmt: skip
+        return self._finish(st, out, token)
 
     def _tick(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any

@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,22 @@ import yaml
 from detectors.frame import StepFrame
 from pipeline.embedded import free_port
 from pipeline.exporters import StepExporter, play
-from pipeline.kafka import create_topics, make_consumer, make_producer, registry_of
+from pipeline.kafka import create_topics, make_consumer, make_producer, publish, registry_of
 from pipeline.settings import Settings, load_settings
 from pipeline.simulator import Scenario, simulate
 from pipeline.worker.state import partition_for
-from schemas import Alert, AlertKind, AlertState, DeadLetter, Grade, decode, encode
+from schemas import (
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    DeadLetter,
+    Grade,
+    decode,
+    encode,
+)
 from tests.conftest import fresh_settings
 
 pytestmark = pytest.mark.integration
@@ -268,6 +280,29 @@ def test_hang_detected_by_timer_while_no_steps_arrive(settings, workers, decisio
     assert hang.grade is Grade.CRITICAL
     assert hang.step == 61
     assert not [a for a in items if a.kind is not AlertKind.HANG]
+
+
+def test_a_commanded_restart_is_not_a_hang_until_its_grace_runs_out(settings, workers, decisions):
+    """The actuator's restart command reaches the worker through the commands topic:
+    the silence while the job relaunches is allowed for (restart_grace_steps = 20
+    median step times, ~20 s here) instead of raising a hang after 2.5 (~2.6 s, as in
+    the test above). A job that never comes back still hangs once the grace is over."""
+    sc = scenario("relaunch", [], base_compute_s=1.0, collective_s=0.01, steps=100)
+    w = workers()
+    play(settings, sc, speed=None, stop_after_step=60)
+    quiet_since = time.monotonic()
+    producer = make_producer(settings)
+    command = Command(command_id="cmd-relaunch", kind=CommandKind.RESTART, job_id=sc.job,
+                      checkpoint_step=50, reason=("test",), mode=ActuatorMode.AUTO,
+                      issued_at=datetime.now(UTC))  # fmt: skip
+    publish(producer, registry_of(settings), "commands", command)
+    producer.flush()
+    producer.close()
+    items = decisions.wait(firing(AlertKind.HANG), 90, "the hang after the grace", w)
+    waited = time.monotonic() - quiet_since
+    assert [a.kind for a in items] == [AlertKind.HANG]
+    assert items[0].grade is Grade.CRITICAL
+    assert waited >= 15, (waited, w.tail())
 
 
 def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers, decisions):

@@ -8,7 +8,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pipeline.worker.state import CoreTopics, JobState, WorkerCore, partition_for
-from schemas import AlertKind, GpuHealth, NodeHealth, RankSample, StepTelemetry, encode
+from schemas import (
+    ActuatorMode,
+    AlertKind,
+    Command,
+    CommandKind,
+    GpuHealth,
+    NodeHealth,
+    RankSample,
+    StepTelemetry,
+    encode,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TOPICS = CoreTopics("steps", "health", "jobs")
@@ -246,3 +256,36 @@ def test_a_snapshot_over_the_limit_is_not_written_and_its_records_stay_held():
     assert all(o.snapshot is None for o in outs)
     assert not [t for o in outs for t in o.release]
     assert core.held("j") == 12 * 8 and core.oversized_snapshots > 0
+
+
+def relaunch_command(kind: CommandKind, targets: tuple[str, ...] = ()) -> bytes:
+    return encode(
+        Command(
+            command_id="cmd-0001", kind=kind, job_id="j", targets=targets, reason=("fp",),
+            mode=ActuatorMode.AUTO, issued_at=T0,
+        )
+    )  # fmt: skip
+
+
+def test_a_relaunch_command_gives_the_hang_clock_a_restart_grace():
+    """The job goes quiet while it restarts from a checkpoint: that silence is the
+    relaunch the actuator asked for, not a hang, until the grace runs out."""
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock)
+    feed(core, range(30))
+    assert core.route_command(0, 0, b"j", relaunch_command(CommandKind.CHECKPOINT)) is None
+    fwd = core.route_command(0, 1, b"j", relaunch_command(CommandKind.RESTART, ("n3",)))
+    assert fwd is not None and fwd.partition == partition_for("j", 8)
+    out = core.handle_job_record(fwd.partition, 1, b"j", fwd.value, "command", token="c")
+    assert out.alerts == []
+    # 10 s of silence (~8 median step times): a hang without the command
+    assert tick_every_second(core, clock, 10, offset=2) == []
+    alerts = tick_every_second(core, clock, 60, offset=20)
+    assert [a.kind for a in alerts] == [AlertKind.HANG]
+
+
+def test_without_the_command_the_same_silence_is_a_hang():
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock)
+    feed(core, range(30))
+    assert AlertKind.HANG in [a.kind for a in tick_every_second(core, clock, 10, offset=2)]
