@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from datetime import datetime, timedelta
 
 import pytest
@@ -188,3 +189,57 @@ def test_batches_queued_behind_a_failed_one_do_not_commit_past_it(
     finally:
         again.close()
     assert rows == 32
+
+
+class _Gated:
+    """The archive, except that the first insert waits until ``opened`` is set."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.opened = threading.Event()
+        self.waited = False
+
+    def insert(self, table, columns):
+        if not self.waited:
+            self.waited = True
+            assert self.opened.wait(60), "the test never opened the gate"
+        return self._inner.insert(table, columns)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_a_batch_stored_after_a_rebalance_commits_only_the_partitions_still_owned(
+    settings, archive, caplog
+):
+    """Archiver A fetched a batch from every partition; archiver B joins the group and
+    takes half of them while A is still inserting. A must not commit B's partitions
+    (B reads them from its own position), and nothing is lost or counted twice."""
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for job in range(16):  # keyed by job: spread over the 8 partitions
+        publish(producer, registry, "steps", step_telemetry(job=f"job-{job}", node="n0"))
+    producer.flush()
+    producer.close()
+    group = f"{settings.consumer_group}.rebalance"
+    gated = _Gated(archive)
+    a = Archiver(settings, gated, topics=["steps"], group_id=group, max_wait_s=0.3)
+    b = None
+    db = archive.database
+    try:
+        assert a.poll_batch() == 16  # the whole topic, now blocked in A's insert
+        b = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
+        # B joined when it stored its partitions' rows (A's are held at the gate)
+        assert _archive_until(b, archive, f"SELECT count() FROM {db}.steps", 1) > 0
+        with caplog.at_level(logging.WARNING):
+            gated.opened.set()
+            a.flush()
+        assert any("reassigned" in r.getMessage() for r in caplog.records)
+        # both stored B's partitions; FINAL reads them once
+        _, rows = archive.query(f"SELECT count(), uniqExact(job_id) FROM {db}.steps FINAL")
+        assert rows == [(16 * 8, 16)]
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
