@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             backends.insert(0, ("server", server))
         for name, backend in backends:
             migrate(backend)
-            raws, e2es, inprocs, firsts, busies = [], [], [], [], []
+            raws, e2es, inprocs, firsts = [], [], [], []
+            busies: list[Any] = []  # cores busy per archived run; None off Linux
             for rep in range(REPEATS):  # alternate raw and archived: same conditions
                 print(f"[{name}] raw insert of {n * RANKS_PER_NODE} rows ...", file=sys.stderr)
                 raws.append(raw_insert_rate(backend, msgs, batch))
@@ -173,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                 "archived_in_process_rows_per_s": round(statistics.median(inprocs or e2es)),
                 "first_batch_s": round(statistics.median(firsts), 2),
                 "cores_busy": None if None in busies else round(statistics.median(busies), 2),
+                "cpu_us_per_row": None
+                if None in busies
+                else round(
+                    statistics.median([b / x for b, x in zip(busies, e2es, strict=True)]) * 1e6, 2
+                ),
                 "version": str(version[0][0]),
                 "archived_runs": [round(x) for x in e2es],
                 "archived_in_process_runs": [round(x) for x in inprocs or e2es],
@@ -204,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{procs} decode process(es) (one per core but one); the in-process column is the "
         "same archiver decoding on its own thread, under the GIL it shares with fetch and "
         "insert. Cores busy: the whole machine's (archiver, broker, ClickHouse) during the "
-        f"archived runs, of {os.cpu_count()}.",
+        f"archived runs, of {os.cpu_count()}; CPU per row = cores busy / archived rows/s, "
+        "so cores / CPU per row is the most this machine can archive.",
         "",
         "| backend | version | archived rows/s | raw insert rows/s | archived / raw | "
-        "in-process decode rows/s | cores busy | first batch (s) | target |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "in-process decode rows/s | cores busy | CPU per row (us) | first batch (s) | target |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in ("server", "chdb"):
         if name in result:
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {r['version']} | {r['archived_rows_per_s']:,} | "
                 f"{r['raw_insert_rows_per_s']:,} | {r['ratio']:.0%} | "
                 f"{r['archived_in_process_rows_per_s']:,} | {r['cores_busy']} | "
-                f"{r['first_batch_s']} | {target} |"
+                f"{r['cpu_us_per_row']} | {r['first_batch_s']} | {target} |"
             )
     body = "\n".join(lines)
     print(body)

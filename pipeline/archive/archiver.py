@@ -71,8 +71,13 @@ Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
 
 def default_decode_processes() -> int:
-    """One decode process per core but one (the fetch and insert thread's), up to 4."""
-    return max(0, min(4, (os.cpu_count() or 1) - 1))
+    """One decode process per core this process may run on but one (the fetch and
+    insert threads'), up to 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # a container's cpuset, not the host's
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(4, cores - 1))
 
 
 @dataclass
