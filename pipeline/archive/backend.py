@@ -130,11 +130,8 @@ class ServerBackend:
             self._run(sql, [columns[c] for c in names], columnar=True)
             return n
         _register_numpy_enums(self._column_types(table).values())
-        data, plain = _for_numpy_driver([columns[c] for c in names])
-        if plain:  # a NaN in a nullable column: the numpy driver would store NULL
-            self._run(sql, [_to_list(v) for v in columns.values()], columnar=True)
-        else:
-            self._run(sql, data, client=self._numpy_client, columnar=True)
+        data = _for_numpy_driver([columns[c] for c in names])
+        self._run(sql, data, client=self._numpy_client, columnar=True)
         return n
 
     def _column_types(self, table: str) -> dict[str, str]:
@@ -149,17 +146,16 @@ class ServerBackend:
         self._numpy_client.disconnect()
 
 
-def _for_numpy_driver(columns: list[Any]) -> tuple[list[Any], bool]:
-    """Columns as clickhouse-driver's numpy columns take them, and whether one holds a
-    non-NULL NaN in a nullable column (the driver's numpy inserts turn those into NULL
-    through pandas.isnull unless the column is an object array with None for NULL)."""
+def _for_numpy_driver(columns: list[Any]) -> list[Any]:
+    """Columns as clickhouse-driver's numpy columns take them. A nullable column (a
+    masked array) becomes float64 when nothing is NULL, else an object array with None
+    for NULL; a NaN stays a NaN either way (the numpy Float columns test ``is None``,
+    not pandas.isnull: ``test_nan_and_null_losses_stay_apart``)."""
     out = []
     for values in columns:
         if isinstance(values, np.ma.MaskedArray):
             data = np.asarray(values.data)
             mask = np.ma.getmaskarray(values)
-            if np.isnan(data[~mask]).any():
-                return [], True
             if mask.any():
                 data = data.astype(object)
                 data[mask] = None
@@ -168,20 +164,7 @@ def _for_numpy_driver(columns: list[Any]) -> tuple[list[Any], bool]:
             out.append(
                 values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
             )
-    return out, False
-
-
-def _to_list(values: Any) -> list[Any]:
-    """A numpy column as the plain driver's values (masked entries -> None)."""
-    if isinstance(values, np.ma.MaskedArray):
-        return [
-            None if m else v
-            for v, m in zip(values.data.tolist(), np.ma.getmaskarray(values).tolist(), strict=True)
-        ]
-    if isinstance(values, np.ndarray):
-        plain: list[Any] = values.tolist()
-        return plain
-    return list(values)
+    return out
 
 
 _NUMPY_ENUMS: set[str] = set()
