@@ -1,7 +1,8 @@
 """Analyst queries over the archive, one named SQL per question.
 
 Every query runs unchanged on ClickHouse 18.16, chDB and current servers (no CTEs,
-no window functions), reads with FINAL so replays never double-count, and takes
+no window functions), reads with FINAL so replays never double-count, orders its rows
+completely (the same archive always answers in the same order), and takes
 ``{db}`` plus a few literal parameters. ``stepguard query NAME --job J`` prints one;
 the README's "Querying the archive" section shows each with what it answers.
 """
@@ -52,7 +53,7 @@ FROM (SELECT step, node, rank, pp_stage, compute_s FROM {db}.steps FINAL
 ANY LEFT JOIN (SELECT step, pp_stage, quantileExact(0.5)(compute_s) AS peer_median
                FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
                GROUP BY step, pp_stage) AS p USING (step, pp_stage)
-ORDER BY slowdown DESC, step
+ORDER BY slowdown DESC, step, node, rank
 LIMIT {limit}
 """,
         ),
@@ -74,7 +75,7 @@ SELECT ts, what, subject, detail FROM (
     SELECT ts, concat('result ', status) AS what, executor AS subject, detail
     FROM {db}.command_results FINAL WHERE job_id = '{job}'
 )
-ORDER BY ts, what
+ORDER BY ts, what, subject, detail
 """,
         ),
         AnalystQuery(
@@ -93,7 +94,7 @@ FROM (SELECT job_id, fault_id, kind, node, onset_step FROM {db}.fault_truth FINA
 ALL LEFT JOIN (SELECT job_id, node, step FROM {db}.alerts FINAL
                WHERE job_id = '{job}' AND state = 'firing') AS a USING (job_id)
 GROUP BY fault_id, kind, node, onset_step
-ORDER BY onset_step
+ORDER BY onset_step, fault_id
 """,
         ),
         AnalystQuery(
@@ -122,7 +123,7 @@ ANY LEFT JOIN (
                           GROUP BY job_id, step) AS st USING (job_id)) AS pre
     GROUP BY fault_id) AS b USING (fault_id)
 GROUP BY fault_id
-ORDER BY lost_gpu_hours DESC
+ORDER BY lost_gpu_hours DESC, fault_id
 """,
         ),
         AnalystQuery(
@@ -131,7 +132,7 @@ ORDER BY lost_gpu_hours DESC
             """
 SELECT node, uniqExactIf(fingerprint, ts >= now() - 7 * 86400) AS episodes_7d,
        uniqExact(fingerprint) AS episodes_30d,
-       groupUniqArray(kind) AS kinds
+       arraySort(groupUniqArray(kind)) AS kinds
 FROM {db}.alerts FINAL
 WHERE node != '' AND state = 'firing' AND ts >= now() - 30 * 86400
 GROUP BY node
@@ -153,7 +154,7 @@ ANY LEFT JOIN (SELECT command_id, executor,
                       argMax(detail, ts_ms * 2 + (status != 'accepted')) AS last_detail
                FROM {db}.command_results FINAL WHERE job_id = '{job}'
                GROUP BY command_id, executor) AS r USING (command_id)
-ORDER BY issued
+ORDER BY issued, command_id, executor
 """,
         ),
     )

@@ -4,21 +4,30 @@ loses nothing."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import subprocess
+import sys
 import threading
+import time
+import uuid
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from pipeline.archive import ServerBackend
+from pipeline.archive import TABLE_OF, ServerBackend
 from pipeline.archive.archiver import Archiver
+from pipeline.archive.queries import QUERIES, run_query
 from pipeline.errors import ArchiveError
 from pipeline.kafka import create_topics, make_producer, publish, registry_of
 from schemas import GpuHealth, NodeHealth
-from tests.factories import T0, step_telemetry
+from tests.conftest import TEST_CLICKHOUSE, _missing
+from tests.factories import T0, samples, step_telemetry
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _archive_until(archiver: Archiver, archive, sql: str, want: int, max_polls: int = 60):
@@ -243,3 +252,105 @@ def test_a_batch_stored_after_a_rebalance_commits_only_the_partitions_still_owne
         a.close()
         if b is not None:
             b.close()
+
+
+def _child(mode: str, settings, group: str, where: str, database: str, marker: Path):
+    args = [sys.executable, "-m", "tests.integration.archiver_child", mode,
+            settings.kafka_bootstrap, settings.broker_flavor, settings.topic_prefix, group,
+            where, database, str(marker)]  # fmt: skip
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.parametrize("kind", ["chdb", "server"])
+def test_killed_between_insert_and_commit_leaves_no_duplicate_and_no_gap(settings, kind, tmp_path):
+    """SIGKILL an archiver process after its first batch is stored and before that
+    batch's offsets are committed; the next archiver of the group stores the batch
+    again, and FINAL reads every row exactly once."""
+    if kind == "server":
+        if not TEST_CLICKHOUSE:
+            _missing("STEPGUARD_TEST_CLICKHOUSE is not set (no ClickHouse server)")
+        where = (
+            TEST_CLICKHOUSE.rsplit("/", 1)[0] if TEST_CLICKHOUSE.count("/") > 2 else TEST_CLICKHOUSE
+        )
+    else:
+        where = str(tmp_path / "chdb")  # the child owns it; this process has its own
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for node in range(6):  # one job: one partition, in this order
+        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
+    producer.flush()
+    producer.close()
+    group = f"{settings.consumer_group}.killed"
+    marker = tmp_path / "inserted"
+    stalled = _child("stall", settings, group, where, database, marker)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and stalled.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the child's marker file, bounded
+        assert marker.exists(), stalled.communicate(timeout=10)[0].decode(errors="replace")
+        assert marker.read_text().split() == ["steps", "16"]  # 2 messages of 8 ranks
+    finally:
+        stalled.kill()
+        stalled.communicate(timeout=10)
+    drain = _child("drain", settings, group, where, database, marker)
+    out, _ = drain.communicate(timeout=120)
+    assert drain.returncode == 0, out.decode(errors="replace")
+    counts = json.loads(out.decode().strip().splitlines()[-1])
+    try:
+        assert counts["final"] == counts["distinct"] == 6 * 8
+        # the first batch was stored twice (before the kill and after it): FINAL hides it
+        assert counts["raw"] >= counts["final"]
+    finally:
+        if kind == "server":
+            server = ServerBackend(f"{where}/{database}")
+            server.execute(f"DROP DATABASE IF EXISTS {database}")
+            server.close()
+
+
+def test_replaying_every_topic_gives_identical_query_results(settings, archive):
+    """A second consumer group reads every topic from the start into the same archive
+    (a replay): every table's FINAL count and every analyst query answer the same."""
+    registry = registry_of(settings)
+    create_topics(settings)
+    producer = make_producer(settings)
+    for logical, msg in samples().items():
+        publish(producer, registry, logical, msg)
+    for step in range(6, 12):  # a job with a slow rank, for the per-rank queries
+        for node in range(2):
+            m = step_telemetry(node=f"node-{node}", step=step, first_rank=8 * node)
+            if node == 1:
+                slow = m.samples[3].model_copy(update={"compute_s": 0.6})
+                m = m.model_copy(update={"samples": (*m.samples[:3], slow, *m.samples[4:])})
+            publish(producer, registry, "steps", m)
+    producer.flush()
+    producer.close()
+    db = archive.database
+
+    def answers() -> dict[str, object]:
+        out: dict[str, object] = {
+            table: archive.query(f"SELECT count() FROM {db}.{table} FINAL")[1]
+            for table in sorted({t for t, _ in TABLE_OF.values()})
+        }
+        for name in QUERIES:
+            out[name] = run_query(archive, name, job="job-1")
+        return out
+
+    def archive_all(group: str) -> None:
+        archiver = Archiver(settings, archive, group_id=group, max_batch=7, max_wait_s=0.3)
+        try:
+            for _ in range(120):
+                if archiver.poll_batch() == 0 and archiver.stats.messages >= 10 + 12:
+                    break
+        finally:
+            archiver.close()
+        assert archiver.stats.messages == 10 + 12
+
+    archive_all(f"{settings.consumer_group}.first")
+    first = answers()
+    archive_all(f"{settings.consumer_group}.replay")
+    assert answers() == first
+    assert first["steps"] == [(8 + 12 * 8,)]  # the sample's 8 ranks, then 12 x 8
+    slowest = first["rank_slowdown"][1][0]
+    assert slowest[1:3] == ("node-1", 11)  # node-1's rank 8 + 3
