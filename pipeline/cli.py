@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, TextIO
@@ -185,10 +186,13 @@ def archiver(
             "Default: one per core but one, at most 4.",
         ),
     ] = None,
+    progress_s: Annotated[
+        float, typer.Option(min=0, help="Seconds between progress lines (0: none).")
+    ] = 30.0,
 ) -> None:
     """Archive every topic into ClickHouse; offsets are committed after each insert."""
     from pipeline.archive import migrate, open_backend
-    from pipeline.archive.archiver import Archiver, default_decode_processes
+    from pipeline.archive.archiver import Archiver, ArchiverStats, default_decode_processes
 
     settings = _settings()
     backend = open_backend(settings)
@@ -206,8 +210,21 @@ def archiver(
         f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database} "
         f"({decode_processes} decode processes)"
     )
+    last = (time.monotonic(), 0)
+
+    def progress(stats: ArchiverStats) -> None:
+        nonlocal last
+        now = time.monotonic()
+        rate = (stats.rows - last[1]) / max(now - last[0], 1e-9)
+        last = (now, stats.rows)
+        err.print(
+            f"{time.strftime('%H:%M:%S')} archived {stats.messages:,} messages as "
+            f"{stats.rows:,} rows ({rate:,.0f} rows/s), {stats.dead_letters:,} dead letters",
+            soft_wrap=True,
+        )
+
     try:
-        stats = service.run(stop.is_set)
+        stats = service.run(stop.is_set, progress if progress_s else None, progress_s or 30.0)
     finally:
         service.close()
         backend.close()

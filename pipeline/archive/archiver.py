@@ -416,9 +416,19 @@ class Archiver:
             fut.get(timeout=30)
         self.stats.dead_letters += len(futures)
 
-    def run(self, stop: Callable[[], bool]) -> ArchiverStats:
+    def run(
+        self,
+        stop: Callable[[], bool],
+        progress: Callable[[ArchiverStats], None] | None = None,
+        every_s: float = 30.0,
+    ) -> ArchiverStats:
+        """Archive until ``stop()``; ``progress(stats)`` every ``every_s`` seconds."""
+        due = time.monotonic() + every_s
         while not stop():
             self.poll_batch()
+            if progress is not None and time.monotonic() >= due:
+                progress(self.stats)
+                due = time.monotonic() + every_s
         self._finish_in_flight()
         return self.stats
 

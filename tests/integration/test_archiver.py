@@ -354,3 +354,25 @@ def test_replaying_every_topic_gives_identical_query_results(settings, archive):
     assert first["steps"] == [(8 + 12 * 8,)]  # the sample's 8 ranks, then 12 x 8
     slowest = first["rank_slowdown"][1][0]
     assert slowest[1:3] == ("node-1", 11)  # node-1's rank 8 + 3
+
+
+def test_run_reports_progress_until_stopped(settings, archive):
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for node in range(3):
+        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
+    producer.flush()
+    producer.close()
+    seen: list[tuple[int, int]] = []
+    archiver = Archiver(settings, archive, topics=["steps"], max_batch=1, max_wait_s=0.3)
+    try:
+        stats = archiver.run(
+            lambda: len(seen) >= 60 or (bool(seen) and seen[-1][0] == 3),
+            lambda s: seen.append((s.messages, s.rows)),
+            every_s=0,
+        )
+    finally:
+        archiver.close()
+    assert seen[-1] == (3, 24) and (stats.messages, stats.rows) == (3, 24)
+    assert [m for m, _ in seen] == sorted(m for m, _ in seen)  # progress only grows
