@@ -63,7 +63,7 @@ from pipeline.kafka import aiokafka_consumer_config, make_producer, publish, reg
 from pipeline.settings import Settings
 from schemas import TOPICS, DeadLetter, Message, Rejected, StepTelemetry, decode
 
-__all__ = ["Archiver", "ArchiverStats", "default_decode_processes"]
+__all__ = ["Archiver", "ArchiverStats", "default_decode_processes", "remove_stale_scratch"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -492,8 +492,9 @@ class _DecodePool:
 
     def __init__(self, processes: int) -> None:
         shm = Path("/dev/shm")  # noqa: S108 - only as the parent of mkdtemp's private dir
-        where = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-        self._dir = Path(tempfile.mkdtemp(prefix="stepguard-archiver-", dir=where))
+        parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        remove_stale_scratch(parent)
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-", dir=parent))
         self._names = itertools.count()
         self._pool = ProcessPoolExecutor(
             processes, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_sigint
@@ -528,6 +529,33 @@ class _DecodePool:
     def close(self) -> None:
         self._pool.shutdown(cancel_futures=True)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_SCRATCH = "stepguard-archiver-"
+
+
+def remove_stale_scratch(parent: Path) -> list[Path]:
+    """Remove the scratch directories of decode pools whose archiver is gone (killed
+    before it could clean up: in /dev/shm they would hold memory until a reboot).
+    Returns what was removed."""
+    removed = []
+    for path in parent.glob(f"{_SCRATCH}*-*"):
+        pid = path.name[len(_SCRATCH) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _leave_sigint() -> None:
