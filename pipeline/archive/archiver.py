@@ -55,7 +55,7 @@ from pipeline.archive.rows import (
     rows_for,
     step_rows,
     step_rows_file,
-    step_table,
+    step_rows_of,
 )
 from pipeline.errors import ArchiveError, ArchiveRowError, BrokerError
 from pipeline.fastdecode import from_models
@@ -307,20 +307,13 @@ class Archiver:
                 models.append(out)
                 model_recs.append(recs[i])
         if models:
-            cols = from_models(models)
-            for i in cols.slow:
+            more = step_rows_of(from_models(models))
+            for i in more.slow:
                 error = "steps: an integer exceeds int64"
                 letters.append((model_recs[i], _rejected_row(model_recs[i], error)))
-            table, rejected = step_table(cols)
-            index = cols.messages
-            for pos, reason in rejected.items():
-                rec = model_recs[int(index[pos])]
-                letters.append((rec, _rejected_row(rec, reason)))
-            row_pos = cols.sample_message
-            if rejected:
-                row_pos = row_pos[~np.isin(row_pos, np.fromiter(rejected, dtype=np.int64))]
-            stored = [int(index[pos]) for pos in range(len(index)) if pos not in rejected]
-            parts.append(_StepRows(table, index[row_pos], model_recs, stored))
+            for i, reason in more.rejected.items():
+                letters.append((model_recs[i], _rejected_row(model_recs[i], reason)))
+            parts.append(_StepRows(more.columns, more.row_value, model_recs, more.stored))
         return parts
 
     def _store_batch(self, batch: _Batch) -> None:

@@ -36,7 +36,7 @@ from schemas import (
 )
 
 __all__ = ["TABLE_OF", "StepRows", "pack_values", "rows_for", "step_rows", "step_rows_file",
-           "step_rows_packed", "step_table"]  # fmt: skip
+           "step_rows_of", "step_rows_packed", "step_table"]  # fmt: skip
 
 Row = dict[str, Any]
 
@@ -259,7 +259,12 @@ def step_rows(values: Sequence[bytes | None]) -> StepRows:
     >>> out.stored, out.rejected, out.slow, out.row_value.tolist()
     ([1], {2: 'steps.rank: value exceeds 4294967295'}, [0], [1])
     """
-    cols = decode_steps(values)
+    return step_rows_of(decode_steps(values))
+
+
+def step_rows_of(cols: StepColumns) -> StepRows:
+    """:class:`StepRows` of decoded columns (``decode_steps``, or ``from_models``),
+    indexed as ``cols`` indexes its input; ``cols.slow`` becomes ``slow``."""
     table, rejected = step_table(cols)
     index = cols.messages
     kept = [pos for pos in range(len(index)) if pos not in rejected]
