@@ -53,11 +53,13 @@ from pipeline.simulator import Scenario, SimulatedJob, load_suite
 from pipeline.simulator.control import JobController
 from schemas import (
     Alert,
+    AlertKind,
     AlertState,
     Command,
     CommandKind,
     CommandResult,
     CommandStatus,
+    FaultKind,
     FaultTruth,
     NodeHealth,
     StepTelemetry,
@@ -166,12 +168,18 @@ class DemoSummary:
         return asdict(self)
 
 
+#: Faults that leave a rank dead: nothing completes until the job is restarted.
+_STALLS_THE_JOB = frozenset({FaultKind.CRASH, FaultKind.ECC_STORM})
+
+
 def match_alerts(
     truth: list[FaultTruth], alerts: list[Alert], grace_steps: int = 30
 ) -> tuple[list[FaultOutcome], int, int]:
     """Match firing alert episodes to faults: same node (or job-level for job-wide
-    faults) and a step inside [onset, end + grace]. Returns outcomes, alerts on traps,
-    and firing episodes that match no fault."""
+    faults) and a step inside [onset, end + grace]. A fault that kills a rank (crash,
+    and the XID 48 that ends an ECC storm) stops the whole job until a restart, so a
+    job-level hang in its window is its consequence, not a false alert. Returns
+    outcomes, alerts on traps, and firing episodes that match no fault."""
     firing = [a for a in alerts if a.state is AlertState.FIRING]
     first_by_fp: dict[str, Alert] = {}
     for a in sorted(firing, key=lambda a: (a.step or 0, a.seq)):
@@ -184,7 +192,12 @@ def match_alerts(
         hits = [
             a
             for a in episodes
-            if (f.node is None or a.node == f.node) and f.onset_step <= (a.step or 0) <= end
+            if f.onset_step <= (a.step or 0) <= end
+            and (
+                f.node is None
+                or a.node == f.node
+                or (f.kind in _STALLS_THE_JOB and not a.node and a.kind is AlertKind.HANG)
+            )
         ]
         if f.node is None:  # job-wide faults (hang, divergence) accept job-level alerts
             hits = [a for a in hits if a.kind.value in ("hang", "missing", "divergence")]
