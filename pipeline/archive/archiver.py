@@ -484,8 +484,7 @@ class _DecodePool:
     sat idle for it (BENCHMARKS.md, "Archive ingest")."""
 
     def __init__(self, processes: int) -> None:
-        shm = Path("/dev/shm")  # noqa: S108 - only as the parent of mkdtemp's private dir
-        parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        parent = _scratch_parent()
         remove_stale_scratch(parent)
         self._dir = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-", dir=parent))
         self._names = itertools.count()
@@ -525,6 +524,20 @@ class _DecodePool:
 
 
 _SCRATCH = "stepguard-archiver-"
+#: /dev/shm is used only with this much free: a batch of 20k messages takes ~48 MB
+#: there while it decodes, and Docker gives containers 64 MB unless told otherwise.
+_SHM_FREE_BYTES = 1 << 30
+
+
+def _scratch_parent() -> Path:
+    """Shared memory when it is there, writable and roomy; else the temporary directory."""
+    shm = Path("/dev/shm")  # noqa: S108 - only as the parent of mkdtemp's private dir
+    try:
+        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= _SHM_FREE_BYTES:
+            return shm
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
 
 
 def remove_stale_scratch(parent: Path) -> list[Path]:
