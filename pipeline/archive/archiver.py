@@ -500,7 +500,11 @@ class _DecodePool:
         joined, ends = pack_values(values)
         src = self._dir / f"{next(self._names)}.in"
         src.write_bytes(joined)
-        job = self._pool.submit(step_rows_file, str(src), ends, str(src.with_suffix(".out")))
+        try:
+            job = self._pool.submit(step_rows_file, str(src), ends, str(src.with_suffix(".out")))
+        except BrokenProcessPool as exc:  # one died before: the pool takes no more work
+            src.unlink(missing_ok=True)
+            raise ArchiveError(f"a decode process died: {exc}") from exc
 
         def rows() -> StepRows:
             try:

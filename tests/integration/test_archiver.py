@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -384,3 +386,31 @@ def test_run_reports_progress_until_stopped(settings, archive):
         archiver.close()
     assert seen[-1] == (3, 24) and (stats.messages, stats.rows) == (3, 24)
     assert [m for m, _ in seen] == sorted(m for m, _ in seen)  # progress only grows
+
+
+def test_a_killed_decode_process_fails_the_batch_and_loses_nothing(settings, archive):
+    """The OOM killer takes a decode process: the archiver stops with an error naming
+    it and commits nothing past the batch; the next archiver stores everything."""
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for node in range(4):
+        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
+    producer.flush()
+    producer.close()
+    group = f"{settings.consumer_group}.oom"
+    doomed = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3,
+                      decode_processes=1)  # fmt: skip
+    for pid in doomed._decoders._pool._processes:  # the pool's own processes
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ArchiveError, match="decode process"):
+        for _ in range(60):
+            doomed.poll_batch()
+    doomed.close()
+    db = archive.database
+    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
+    try:
+        rows = _archive_until(again, archive, f"SELECT count() FROM {db}.steps FINAL", 32)
+    finally:
+        again.close()
+    assert rows == 32
