@@ -478,9 +478,15 @@ class JobMonitor:
         self._removed: set[str] = set()
 
     # -- bookkeeping ---------------------------------------------------------------
+    #: the last step completed before a relaunch reset the hang clock (class default:
+    #: monitors pickled before this field existed)
+    _last_step: int = -1
+
     @property
     def last_step(self) -> int:
-        return -1 if self.hang.last_step is None else self.hang.last_step
+        """The last step the job completed. A relaunch resets the hang clock's, not
+        this: alerts raised while the job relaunches still name the job's step."""
+        return self._last_step if self.hang.last_step is None else self.hang.last_step
 
     def _lookup_nodes(self, frame: StepFrame) -> tuple[I64, list[str]]:
         """Global node ids of ``frame.nodes`` (new nodes get provisional ids) and the
@@ -572,6 +578,7 @@ class JobMonitor:
         g = self.grader
         # progress: a completed step resolves a hang
         self.hang.learn_step(step, ts, frame.ts_start)
+        self._last_step = self.last_step
         alerts = g.observe((), signals={"hang"}, step=step, ts=ts)
         if frame.n_ranks == 0:
             return alerts

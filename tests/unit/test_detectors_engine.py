@@ -206,3 +206,21 @@ def test_config_validation_names_the_field():
         MonitorConfig(straggler_exit=0.5)
     with pytest.raises(ValueError, match="job_id"):
         JobMonitor("")
+
+
+def test_alerts_raised_while_the_job_relaunches_name_its_last_step():
+    """restarted() resets the hang clock's step, but a hardware alert or a hang raised
+    during the relaunch still names the step the job had reached, not step 0."""
+    mon = JobMonitor("job")
+    last = None
+    for f in frames(steps=30):
+        mon.process_step(f)
+        last = f
+    mon.restarted(last.ts + 1, removed_nodes=())
+    hot = GpuHealth(index=0, temperature_c=60, power_w=300, sm_clock_mhz=1980,
+                    utilization_pct=90, xid_codes=(79,))  # fmt: skip
+    at = datetime.fromtimestamp(last.ts + 2, UTC)
+    (a,) = mon.process_health(NodeHealth(job_id="job", node="node-9", ts=at, gpus=(hot,)))
+    assert a.step == 29
+    hangs = [x for t in range(3, 200) for x in mon.tick(last.ts + t) if x.kind is AlertKind.HANG]
+    assert hangs and hangs[0].step == 30
