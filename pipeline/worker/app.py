@@ -40,7 +40,7 @@ from pipeline.errors import BrokerError
 from pipeline.kafka import client_config, create_topics, registry_of
 from pipeline.settings import Settings
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.state import KIND_HEADER, CoreTopics, Outcome, WorkerCore
+from pipeline.worker.state import KIND_HEADER, CoreTopics, Forward, Outcome, WorkerCore
 from schemas import Alert, DeadLetter, Rejected, encode
 
 __all__ = ["WorkerApp", "build_app", "prepare_topics"]
@@ -277,6 +277,13 @@ def build_app(
             child = records_children[topic] = metrics.records.labels(topic)
         return child
 
+    async def forward(routed: Forward, kind: bytes) -> None:
+        """Re-key a health report or command to its job's partition of the jobs topic."""
+        await jobs_out.send(
+            key=routed.job_id.encode(), value=routed.value, partition=routed.partition,
+            headers=[(KIND_HEADER, kind)],
+        )  # fmt: skip
+
     @app.agent(job_inputs, name="stepguard.worker.jobs")
     async def jobs_agent(stream: Any) -> None:
         async for event in stream.noack().events():
@@ -317,14 +324,11 @@ def build_app(
                 elif routed is None:
                     metrics.unrouted_health.inc()
                 else:
-                    await jobs_out.send(
-                        key=routed.job_id.encode(), value=routed.value,
-                        partition=routed.partition, headers=[(KIND_HEADER, b"health")],
-                    )  # fmt: skip
+                    await forward(routed, b"health")
             except Exception:
                 log.exception("health routing failed on %s[%d]@%d", msg.topic, msg.partition,
                               msg.offset)  # fmt: skip
-            metrics.records.labels(msg.topic).inc()
+            records_of(msg.topic).inc()
             last_read[(msg.topic, msg.partition)] = msg.offset
 
     @app.agent(commands_in, name="stepguard.worker.commands")
@@ -334,10 +338,7 @@ def build_app(
             try:
                 routed = core.route_command(msg.partition, msg.offset, msg.key, msg.value)
                 if routed is not None:
-                    await jobs_out.send(
-                        key=routed.job_id.encode(), value=routed.value,
-                        partition=routed.partition, headers=[(KIND_HEADER, b"command")],
-                    )  # fmt: skip
+                    await forward(routed, b"command")
             except Exception:
                 log.exception("command routing failed on %s[%d]@%d", msg.topic, msg.partition,
                               msg.offset)  # fmt: skip
