@@ -43,6 +43,27 @@ def _archive_until(archiver: Archiver, archive, sql: str, want: int, max_polls: 
     return got
 
 
+def _publish_steps(settings, nodes: int) -> None:
+    """``nodes`` step messages of one job (one partition, in node order), 8 ranks each."""
+    registry = registry_of(settings)
+    create_topics(settings, ["steps", "deadletter"])
+    producer = make_producer(settings)
+    for node in range(nodes):
+        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
+    producer.flush()
+    producer.close()
+
+
+def _stored_by_group(settings, archive, group: str, want: int) -> int:
+    """The steps rows (FINAL) once a fresh archiver of ``group`` has caught up."""
+    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
+    try:
+        sql = f"SELECT count() FROM {archive.database}.steps FINAL"
+        return _archive_until(again, archive, sql, want)
+    finally:
+        again.close()
+
+
 # 1: the steps topic is decoded in a separate process (what `stepguard archiver` does
 # on a machine with more than one core); 0: in the archiver's own process.
 decode_processes = pytest.mark.parametrize("decode_processes", [0, 1])
@@ -133,13 +154,7 @@ def test_unreachable_clickhouse_retries_then_fails_with_nothing_committed(
 ):
     """One message per batch: with a decode process, batches queue behind the failing
     one, and none of them may commit past it."""
-    registry = registry_of(settings)
-    create_topics(settings, ["steps", "deadletter"])
-    producer = make_producer(settings)
-    for node in range(4):
-        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
-    producer.flush()
-    producer.close()
+    _publish_steps(settings, 4)
     group = f"{settings.consumer_group}.retry"
     nowhere = ServerBackend("clickhouse://default@127.0.0.1:1/nowhere", timeout_s=1)
     failing = Archiver(settings, nowhere, topics=["steps"], group_id=group, max_wait_s=0.3,
@@ -152,13 +167,7 @@ def test_unreachable_clickhouse_retries_then_fails_with_nothing_committed(
     assert "ClickHouse at 127.0.0.1:1" in str(failed.value)  # the first failure, not a follow-on
     assert any("retry in" in r.getMessage() for r in caplog.records)
     # the same group starts again from the uncommitted offsets: nothing was lost
-    db = archive.database
-    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
-    try:
-        rows = _archive_until(again, archive, f"SELECT count() FROM {db}.steps FINAL", 32)
-    finally:
-        again.close()
-    assert rows == 32
+    assert _stored_by_group(settings, archive, group, 32) == 32
 
 
 class _FailsOnce:
@@ -184,13 +193,7 @@ def test_batches_queued_behind_a_failed_one_do_not_commit_past_it(
 ):
     """With decode processes, later batches are already queued when one fails; storing
     and committing them would move the group's offset past the failed batch."""
-    registry = registry_of(settings)
-    create_topics(settings, ["steps", "deadletter"])
-    producer = make_producer(settings)
-    for node in range(4):
-        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
-    producer.flush()
-    producer.close()
+    _publish_steps(settings, 4)
     group = f"{settings.consumer_group}.queued"
     flaky = _FailsOnce(archive)
     first = Archiver(settings, flaky, topics=["steps"], group_id=group, max_wait_s=0.3,
@@ -201,13 +204,7 @@ def test_batches_queued_behind_a_failed_one_do_not_commit_past_it(
             first.poll_batch()
     first.close()
     assert flaky.failed
-    db = archive.database
-    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
-    try:
-        rows = _archive_until(again, archive, f"SELECT count() FROM {db}.steps FINAL", 32)
-    finally:
-        again.close()
-    assert rows == 32
+    assert _stored_by_group(settings, archive, group, 32) == 32
 
 
 class _Gated:
@@ -285,13 +282,7 @@ def test_killed_between_insert_and_commit_leaves_no_duplicate_and_no_gap(setting
     else:
         where = str(tmp_path / "chdb")  # the child owns it; this process has its own
     database = f"t_{uuid.uuid4().hex[:12]}"
-    registry = registry_of(settings)
-    create_topics(settings, ["steps", "deadletter"])
-    producer = make_producer(settings)
-    for node in range(6):  # one job: one partition, in this order
-        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
-    producer.flush()
-    producer.close()
+    _publish_steps(settings, 6)
     group = f"{settings.consumer_group}.killed"
     marker = tmp_path / "inserted"
     stalled = _child("stall", settings, group, where, database, marker)
@@ -367,13 +358,7 @@ def test_replaying_every_topic_gives_identical_query_results(settings, archive):
 
 
 def test_run_reports_progress_until_stopped(settings, archive):
-    registry = registry_of(settings)
-    create_topics(settings, ["steps", "deadletter"])
-    producer = make_producer(settings)
-    for node in range(3):
-        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
-    producer.flush()
-    producer.close()
+    _publish_steps(settings, 3)
     seen: list[tuple[int, int]] = []
     archiver = Archiver(settings, archive, topics=["steps"], max_batch=1, max_wait_s=0.3)
     try:
@@ -391,13 +376,7 @@ def test_run_reports_progress_until_stopped(settings, archive):
 def test_a_killed_decode_process_fails_the_batch_and_loses_nothing(settings, archive):
     """The OOM killer takes a decode process: the archiver stops with an error naming
     it and commits nothing past the batch; the next archiver stores everything."""
-    registry = registry_of(settings)
-    create_topics(settings, ["steps", "deadletter"])
-    producer = make_producer(settings)
-    for node in range(4):
-        publish(producer, registry, "steps", step_telemetry(node=f"n{node}", first_rank=8 * node))
-    producer.flush()
-    producer.close()
+    _publish_steps(settings, 4)
     group = f"{settings.consumer_group}.oom"
     doomed = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3,
                       decode_processes=1)  # fmt: skip
@@ -407,10 +386,4 @@ def test_a_killed_decode_process_fails_the_batch_and_loses_nothing(settings, arc
         for _ in range(60):
             doomed.poll_batch()
     doomed.close()
-    db = archive.database
-    again = Archiver(settings, archive, topics=["steps"], group_id=group, max_wait_s=0.3)
-    try:
-        rows = _archive_until(again, archive, f"SELECT count() FROM {db}.steps FINAL", 32)
-    finally:
-        again.close()
-    assert rows == 32
+    assert _stored_by_group(settings, archive, group, 32) == 32
