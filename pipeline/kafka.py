@@ -2,6 +2,17 @@
 
 Every client is configured here, so security settings and the Tansu workarounds are
 applied in one place rather than sprinkled around the services.
+
+Low-volume topics that are read back at start-up (commands, actions, control, results;
+the actuator, its executors and the training-side command listener):
+
+- they are produced one record per batch (:func:`control_producer`): Tansu's end
+  offsets are only right then (INFRA.md), and these topics carry a few messages a
+  minute;
+- their consumers are assigned every partition instead of joining a group
+  (:func:`assigned_consumer`, no rebalance wait); with a ``group_id`` they still commit
+  and resume from committed offsets;
+- :func:`read_to_end` reads one back from its beginning to its current end.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -23,13 +34,16 @@ from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, ke
 __all__ = [
     "Decoded",
     "aiokafka_consumer_config",
+    "assigned_consumer",
     "client_config",
     "consume_decoded",
     "consumer_config",
+    "control_producer",
     "create_topics",
     "make_consumer",
     "make_producer",
     "publish",
+    "read_to_end",
     "registry_of",
 ]
 
@@ -82,6 +96,11 @@ def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
         return KafkaProducer(**cfg)
     except KafkaError as exc:
         raise BrokerError(f"cannot connect producer to {settings.kafka_bootstrap}: {exc}") from exc
+
+
+def control_producer(settings: Settings) -> KafkaProducer:
+    """A producer for low-volume topics that are read back to their end."""
+    return make_producer(settings, batch_size=1, linger_ms=0)
 
 
 def consumer_config(settings: Settings, group_id: str | None, **overrides: Any) -> dict[str, Any]:
@@ -230,3 +249,69 @@ def consume_decoded(
             yield Decoded(tp.topic, tp.partition, rec.offset, int(rec.timestamp), out)
     for fut in futures:
         fut.get(timeout=30)
+
+
+def _partitions(consumer: KafkaConsumer, topics: Iterable[str]) -> list[TopicPartition]:
+    out = []
+    for topic in topics:
+        parts = None
+        for _ in range(50):  # metadata of a just-created topic may lag a moment
+            parts = consumer.partitions_for_topic(topic)
+            if parts:
+                break
+            consumer.poll(timeout_ms=100)
+        if not parts:
+            raise BrokerError(f"topic {topic} has no partitions (was it created?)")
+        out += [TopicPartition(topic, p) for p in sorted(parts)]
+    return out
+
+
+def assigned_consumer(
+    settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
+) -> KafkaConsumer:
+    """A consumer assigned every partition of ``topics`` (manual commits)."""
+    cfg = consumer_config(settings, group_id, **overrides)
+    try:
+        consumer = KafkaConsumer(**cfg)
+        consumer.assign(_partitions(consumer, topics))
+    except KafkaError as exc:
+        raise BrokerError(f"cannot connect consumer to {settings.kafka_bootstrap}: {exc}") from exc
+    return consumer
+
+
+def read_to_end(
+    settings: Settings, registry: TopicRegistry, logical: str, max_polls: int = 10_000
+) -> list[Decoded]:
+    """Every decodable record of a topic from the beginning to its current end.
+
+    Undecodable records are logged and skipped (they were dead-lettered when first
+    consumed by their reader); records come in offset order per partition.
+    """
+    topic = registry.name(logical)
+    model = TOPICS[logical].model
+    consumer = assigned_consumer(settings, [topic], None)
+    try:
+        parts = list(consumer.assignment())
+        consumer.seek_to_beginning(*parts)
+        end = consumer.end_offsets(parts)
+        out: list[Decoded] = []
+        for _ in range(max_polls):
+            if all(consumer.position(tp) >= end[tp] for tp in parts):
+                return out
+            for tp, records in consumer.poll(timeout_ms=200).items():
+                for rec in records:
+                    if rec.offset >= end[tp]:
+                        continue
+                    msg = decode(model, rec.value, topic=tp.topic, partition=tp.partition,
+                                 offset=rec.offset)  # fmt: skip
+                    if isinstance(msg, Rejected):
+                        log.warning("skipping undecodable %s[%d]@%d: %s", tp.topic,
+                                    tp.partition, rec.offset, msg.error)  # fmt: skip
+                        continue
+                    out.append(Decoded(tp.topic, tp.partition, rec.offset,
+                                       int(rec.timestamp), msg))  # fmt: skip
+        raise BrokerError(f"could not read {topic} to its end {end}")
+    except KafkaError as exc:
+        raise BrokerError(f"cannot read {topic}: {exc}") from exc
+    finally:
+        consumer.close()

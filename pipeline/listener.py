@@ -30,10 +30,16 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
 from pipeline.actuator.signing import check_command
 from pipeline.errors import ConfigError
-from pipeline.kafka import create_topics, publish, registry_of
+from pipeline.kafka import (
+    assigned_consumer,
+    control_producer,
+    create_topics,
+    publish,
+    read_to_end,
+    registry_of,
+)
 from pipeline.settings import Settings
 from schemas import Command, CommandKind, CommandResult, CommandStatus, Rejected, decode
 

@@ -31,9 +31,8 @@ def _stop_event() -> threading.Event:
 
 
 def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
-    from pipeline.actuator._io import control_producer
     from pipeline.actuator.signing import sign
-    from pipeline.kafka import create_topics, publish, registry_of
+    from pipeline.kafka import control_producer, create_topics, publish, registry_of
 
     create_topics(settings, [logical])
     producer = control_producer(settings)

@@ -31,10 +31,17 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
 from pipeline.actuator.signing import Keys, check_command
 from pipeline.errors import StepguardError
-from pipeline.kafka import consume_decoded, create_topics, publish, registry_of
+from pipeline.kafka import (
+    assigned_consumer,
+    consume_decoded,
+    control_producer,
+    create_topics,
+    publish,
+    read_to_end,
+    registry_of,
+)
 from pipeline.settings import Settings
 from schemas import Command, CommandKind, CommandResult, CommandStatus
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.actuator._io import read_to_end
-from pipeline.kafka import create_topics, registry_of
+from pipeline.kafka import create_topics, read_to_end, registry_of
 from pipeline.settings import Settings
 from schemas import ActionRecord
 

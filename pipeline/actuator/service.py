@@ -21,11 +21,19 @@ from typing import Any
 
 from kafka import KafkaProducer
 
-from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
 from pipeline.actuator.policy import Outcome, Policy, PolicyParams
 from pipeline.actuator.signing import sign, signature_problem
 from pipeline.errors import ConfigError
-from pipeline.kafka import Decoded, consume_decoded, create_topics, publish, registry_of
+from pipeline.kafka import (
+    Decoded,
+    assigned_consumer,
+    consume_decoded,
+    control_producer,
+    create_topics,
+    publish,
+    read_to_end,
+    registry_of,
+)
 from pipeline.settings import Settings
 from schemas import Alert, Approval, ControlMessage
 

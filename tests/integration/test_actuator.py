@@ -15,12 +15,19 @@ from kafka import KafkaConsumer, TopicPartition
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from pipeline.actuator._io import assigned_consumer, control_producer, read_to_end
 from pipeline.actuator.executors import ExecutorRunner, SlurmExecutor
 from pipeline.actuator.service import Actuator
 from pipeline.actuator.signing import check_command, sign
 from pipeline.cli import app
-from pipeline.kafka import client_config, create_topics, publish, registry_of
+from pipeline.kafka import (
+    assigned_consumer,
+    client_config,
+    control_producer,
+    create_topics,
+    publish,
+    read_to_end,
+    registry_of,
+)
 from pipeline.listener import CommandListener
 from schemas import (
     TOPICS,
