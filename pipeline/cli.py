@@ -57,13 +57,8 @@ def demo(
 
     Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
     """
-    from pipeline.demo import (
-        find_scenario,
-        print_summary,
-        resize_scenario,
-        run_demo,
-        write_json,
-    )
+    from pipeline.demo import print_summary, run_demo, write_json
+    from pipeline.simulator import find_scenario, resize_scenario
 
     settings = _settings()
     sc = find_scenario(scenario)
@@ -102,7 +97,7 @@ def compare(
     """The same fault trace under passive, active and hybrid policies: goodput, lost
     GPU-hours, time to remedy, restarts, false isolations, checkpoint overhead."""
     from pipeline import compare as cmp
-    from pipeline.demo import find_scenario, resize_scenario
+    from pipeline.simulator import find_scenario, resize_scenario
 
     sc = find_scenario(scenario)
     if nodes is not None:

@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -38,7 +38,6 @@ from pipeline.archive.archiver import Archiver
 from pipeline.archive.backend import ArchiveBackend
 from pipeline.assembly import StepAssembler
 from pipeline.embedded import TansuBroker
-from pipeline.errors import ConfigError
 from pipeline.kafka import (
     consume_decoded,
     create_topics,
@@ -49,7 +48,7 @@ from pipeline.kafka import (
 )
 from pipeline.listener import CommandListener
 from pipeline.settings import Settings
-from pipeline.simulator import Scenario, SimulatedJob, load_suite
+from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from schemas import (
     Alert,
@@ -67,64 +66,10 @@ from schemas import (
 from schemas.commands import RELAUNCHING
 
 __all__ = [
-    "DEMO_DIR",
     "DemoSummary",
-    "find_scenario",
     "match_alerts",
-    "resize_scenario",
     "run_demo",
 ]
-
-DEMO_DIR = Path(__file__).parent / "demo_scenarios"
-
-
-def find_scenario(name: str) -> Scenario:
-    """A demo scenario by name, a suite scenario by name, or a YAML path."""
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        return Scenario.from_yaml(path)
-    candidate = DEMO_DIR / f"{name}.yaml"
-    if candidate.is_file():
-        return Scenario.from_yaml(candidate)
-    suite = {s.name: s for s in load_suite()}
-    if name in suite:
-        return suite[name]
-    demos = sorted(p.stem for p in DEMO_DIR.glob("*.yaml"))
-    raise ConfigError(
-        f"--scenario: unknown scenario {name!r}; demos: {demos}; suite: {sorted(suite)[:6]}..."
-    )
-
-
-def resize_scenario(scenario: Scenario, nodes: int | None, steps: int | None) -> Scenario:
-    """The same story on another job size: fault nodes and steps are scaled
-    proportionally (node 77 of 256 becomes node 19 of 64; onset 420 of 900 steps
-    becomes 140 of 300), so ``--nodes``/``--steps`` keep every fault and trap."""
-    data = scenario.model_dump()
-    fn = (nodes / scenario.nodes) if nodes else 1.0
-    fs = (steps / scenario.steps) if steps else 1.0
-    faults = []
-    for spec in data["faults"]:
-        f = dict(spec)
-        if f.get("node") is not None:
-            f["node"] = min(int(f["node"] * fn), (nodes or scenario.nodes) - 1)
-        f["onset_step"] = int(f["onset_step"] * fs)
-        for key in ("duration_steps", "ramp_steps"):
-            if f.get(key) is not None:
-                f[key] = max(1, int(f[key] * fs))
-        faults.append(f)
-    data["faults"] = faults
-    for key in ("eval_every", "checkpoint_every"):
-        if data.get(key):
-            data[key] = max(1, int(data[key] * fs))
-    data["warmup_steps"] = min(data["warmup_steps"], max(1, int(data["warmup_steps"] * fs)))
-    if nodes:
-        data["nodes"] = nodes
-    if steps:
-        data["steps"] = steps
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"--nodes/--steps: cannot resize {scenario.name}: {exc}") from exc
 
 
 @dataclass

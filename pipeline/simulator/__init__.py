@@ -11,6 +11,7 @@ Examples
 True
 """
 
+from pipeline.simulator.catalog import DEMO_DIR, find_scenario, resize_scenario
 from pipeline.simulator.job import Goodput, SimEvent, SimulatedJob, SimulationError, simulate
 from pipeline.simulator.scenario import (
     JOB_STOPPING_KINDS,
@@ -25,6 +26,7 @@ from pipeline.simulator.scenario import (
 )
 
 __all__ = [
+    "DEMO_DIR",
     "JOB_STOPPING_KINDS",
     "SCENARIO_DIR",
     "TRAP_KINDS",
@@ -36,7 +38,9 @@ __all__ = [
     "SimEvent",
     "SimulatedJob",
     "SimulationError",
+    "find_scenario",
     "load_suite",
     "node_name",
+    "resize_scenario",
     "simulate",
 ]

@@ -36,8 +36,8 @@ def simulate(
     truth: Annotated[bool, typer.Option(help="Also publish the ground truth.")] = True,
 ) -> None:
     """Play a scenario to the broker (steps, health, truth) in real time x SPEED."""
-    from pipeline.demo import find_scenario
     from pipeline.exporters.player import play
+    from pipeline.simulator import find_scenario
 
     settings = load_settings()
     sc = find_scenario(scenario)

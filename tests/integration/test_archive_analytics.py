@@ -11,8 +11,9 @@ from rich.console import Console
 from pipeline.archive import rows_for
 from pipeline.archive.queries import QUERIES, run_query
 from pipeline.archive.retention import parse_age, prune
-from pipeline.demo import find_scenario, run_demo
+from pipeline.demo import run_demo
 from pipeline.report import render_report
+from pipeline.simulator import find_scenario
 from tests.conftest import fresh_archive, fresh_settings
 from tests.factories import samples
 

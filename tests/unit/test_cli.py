@@ -66,8 +66,8 @@ def test_bad_setting_fails_fast_naming_the_variable(monkeypatch):
 
 
 def test_unknown_demo_scenario_is_a_clear_error():
-    from pipeline.demo import find_scenario
     from pipeline.errors import ConfigError
+    from pipeline.simulator import find_scenario
 
     with pytest.raises(ConfigError, match="--scenario"):
         find_scenario("no_such_scenario")
