@@ -1,8 +1,9 @@
 """Detection quality of ``JobMonitor`` over the simulator suite, with two baselines.
 
-Every scenario of ``pipeline/simulator/scenarios`` runs through a fresh
-``detectors.engine.JobMonitor``: ``process_step`` per frame, ``process_health`` per
-health report, ``tick(ts)`` on every event. The same frames also feed two baselines
+Every scenario of ``pipeline/simulator/scenarios`` runs through the detection core
+(``pipeline.detection.JobDetection``) around a fresh ``detectors.engine.JobMonitor``:
+``on_health`` per health report, ``on_frame`` per frame, ``tick(ts)`` on every
+event, in the core's event-time order. The same frames also feed two baselines
 measured in the same run:
 
 - **static_threshold**: alert when a train step's wall time exceeds 1.5 x the median
@@ -55,6 +56,7 @@ from _common import write_section
 
 from detectors.engine import JobMonitor
 from detectors.frame import PHASE_CODES, StepFrame
+from pipeline.detection import JobDetection
 from pipeline.simulator import (
     FaultSpec,
     Scenario,
@@ -214,7 +216,7 @@ class Run:
 
 
 def run_scenario(scenario: Scenario, factory: MonitorFactory) -> Run:
-    mon = factory(scenario.job)
+    detection = JobDetection(scenario.job, monitor=factory(scenario.job))
     static, rel = StaticThreshold(), RelativeScore()
     ups: dict[str, list[Update]] = {"monitor": [], "static_threshold": [], "relative_score": []}
     stall_start: dict[int, float] = {}
@@ -261,11 +263,11 @@ def run_scenario(scenario: Scenario, factory: MonitorFactory) -> Run:
                 fatal.setdefault(h.node, ev.ts)
         t0 = time.perf_counter()
         out: list[Alert] = []
-        if f is not None:
-            out += mon.process_step(f)
         for h in ev.health:
-            out += mon.process_health(h)
-        out += mon.tick(ev.ts)
+            out += detection.on_health(h)
+        if f is not None:
+            out += detection.on_frame(f)
+        out += detection.tick(ev.ts)
         spent += time.perf_counter() - t0
         conv(out, step, ev.ts)
         last_ts = ev.ts

@@ -7,7 +7,7 @@ what the policy costs, not how the bytes travel):
   checkpoint when it fails: a crashed node after the communication timeout (the
   peers' collectives time out; the scheduler then excludes the dead host), a hang
   once it reaches the communication timeout. Slow nodes are never noticed.
-- **active**: stepguard in auto mode: the detection core (``JobMonitor``) and the
+- **active**: stepguard in auto mode: the detection core (``JobDetection``) and the
   actuator's policy act at once, within the same guardrails as production.
 - **hybrid**: the same decisions, applied only after a modelled human approval delay.
 
@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from detectors.engine import JobMonitor
 from pipeline.actuator.policy import Policy, PolicyParams
+from pipeline.detection import JobDetection
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from schemas import ActuatorMode, Command, CommandKind
@@ -81,7 +81,7 @@ def run_policy(
     faulty = {t.node for t in truth if t.node}
     onset_ts: dict[str, float] = {}
     remedy_ts: dict[str, float] = {}
-    monitor = JobMonitor(scenario.job) if policy != "passive" else None
+    detection = JobDetection(scenario.job) if policy != "passive" else None
     actuator = Policy(
         PolicyParams(
             mode=ActuatorMode.AUTO, spare_nodes=tuple(job.spare_pool),
@@ -90,7 +90,6 @@ def run_policy(
     )  # fmt: skip
     delayed: list[tuple[float, int, list[Command]]] = []
     seq = 0
-    last_ts = scenario.start_ts
     relaunches_seen = 0
     marked = 0  # controller.applied entries already matched to faults
     for ev in job.events():
@@ -99,14 +98,13 @@ def run_policy(
             if t.fault_id not in onset_ts and job.step >= t.onset_step:
                 onset_ts[t.fault_id] = ev.ts
         decided: list[Command] = []
-        if monitor is not None:
+        if detection is not None:
             alerts = []
             for h in ev.health:
-                alerts += monitor.process_health(h)
+                alerts += detection.on_health(h)
             if ev.frame is not None:
-                alerts += monitor.process_step(ev.frame)
-                last_ts = ev.frame.ts
-            alerts += monitor.tick(ev.ts)
+                alerts += detection.on_frame(ev.frame)
+            alerts += detection.tick(ev.ts)
             for a in alerts:
                 decided += actuator.on_alert(a, now).commands
             if ev.frame is not None:
@@ -129,9 +127,9 @@ def run_policy(
                 controller.relaunches += 1
                 controller.applied.append((job.step, "restart", f"after timeout, {dead}"))
         controller.at_boundary()
-        if monitor is not None and controller.relaunches > relaunches_seen:
+        if detection is not None and controller.relaunches > relaunches_seen:
             relaunches_seen = controller.relaunches
-            monitor.restarted(last_ts, removed_nodes=job.isolated)
+            detection.relaunched(removed_nodes=job.isolated)
         for _, kind, detail in controller.applied[marked:]:
             if kind in ("isolate", "restart", "rollback"):
                 for t in truth:

@@ -4,14 +4,13 @@ simulator -> exporter (kafka-python) -> broker -> detection stage -> decision to
 -> archiver -> chDB, then scores the alerts against the simulator's ground truth.
 
 Stages run one after another in this process, so a 2-core laptop shows every part
-working on real services without Docker or a JVM. The detection stage here is the
-detection core driven directly; ``stepguard worker`` (Faust) is the production path.
+working on real services without Docker or a JVM. The detection stage drives the one
+detection core (:class:`~pipeline.detection.JobDetection`) that ``stepguard worker``
+(Faust, the production path) drives too.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import json
 import secrets
 import threading
@@ -31,12 +30,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from detectors.frame import StepFrame
 from pipeline.actuator.service import Actuator
 from pipeline.archive import migrate, open_backend
 from pipeline.archive.archiver import Archiver
 from pipeline.archive.backend import ArchiveBackend
-from pipeline.assembly import StepAssembler
+from pipeline.detection import JobDetection
 from pipeline.embedded import TansuBroker
 from pipeline.kafka import (
     consume_decoded,
@@ -55,15 +53,12 @@ from schemas import (
     AlertKind,
     AlertState,
     Command,
-    CommandKind,
     CommandResult,
-    CommandStatus,
     FaultKind,
     FaultTruth,
     NodeHealth,
     StepTelemetry,
 )
-from schemas.commands import RELAUNCHING
 
 __all__ = [
     "DemoSummary",
@@ -208,121 +203,79 @@ class _Pace:
 
 
 def _reached(detection: DetectionStage, ts: float) -> bool:
-    return detection.last_ts >= ts
+    return (detection.core.now or 0.0) >= ts
 
 
 class DetectionStage:
-    """The demo's detection path: steps + health from the broker, assembled into
-    frames, the detection core, alerts to the decision topic.
+    """The demo's detection path: steps, health, commands and results from the broker
+    into the one detection core (:class:`~pipeline.detection.JobDetection`, which
+    orders them on event time), alerts to the decision topic.
 
-    Health reports are held until the step stream passes their event time, or until
-    ``stall_polls`` polls in a row bring no step (a stalled job), and never beyond the
-    health partitions' watermark, so a report cannot make the job look hung while its
-    steps are still on their way, nor a node look silent while its partition lags. Commands and
-    results are read too: a RESTART/ROLLBACK the job carried out tells the detection
-    core that step numbers repeat and the relaunch is not a hang.
+    What is left here is transport: after ``stall_polls`` polls in a row bring no step
+    (a stalled job), the clock is ticked at the health partitions' watermark (the
+    oldest newest-report among them), so held reports carry the time forward while a
+    partition that is behind cannot make its nodes look silent.
     """
 
     def __init__(self, settings: Settings, job_id: str, pace: _Pace) -> None:
-        from detectors.engine import JobMonitor
-
         self.registry = registry_of(settings)
-        self.monitor = JobMonitor(job_id)
-        self.assembler = StepAssembler()
+        self.core = JobDetection(job_id)
         self.pace = pace
         self.alerts: list[Alert] = []
-        self.frames = 0
         self.messages = 0
-        self.restarts = 0
         self.stall_polls = 3
         self._idle = 0
         self.error: BaseException | None = None
-        self._health: list[tuple[float, int, NodeHealth]] = []
         self._health_wm: dict[int, float] = {}
-        self._seq = itertools.count()
         self._producer = make_producer(settings)
-        self._commands: dict[str, Command] = {}
-        self._orphans: dict[str, CommandResult] = {}
-        self.last_ts = 0.0
         self._consumer = make_consumer(
             settings,
             [self.registry.name(t) for t in ("steps", "health", "commands", "results")],
             f"{settings.consumer_group}.detect",
         )
 
+    @property
+    def frames(self) -> int:
+        return self.core.frames
+
+    @property
+    def restarts(self) -> int:
+        return self.core.relaunches
+
     def _emit(self, alerts: list[Alert]) -> None:
         for a in alerts:
             publish(self._producer, self.registry, "decisions", a)
         self.alerts.extend(alerts)
 
-    def _health_until(self, ts: float, *, final: bool = False) -> None:
-        """Process held reports up to event time ``ts`` and the health watermark (the
-        oldest newest-report among the health partitions: a partition that is behind
-        must not make its nodes look silent)."""
-        if not final and self._health_wm:
-            ts = min(ts, *self._health_wm.values())
-        released = False
-        while self._health and self._health[0][0] <= ts:
-            hts, _, h = heapq.heappop(self._health)
-            self.last_ts = max(self.last_ts, hts)
-            released = True
-            self._emit(self.monitor.process_health(h) + self.monitor.tick(hts))
-        if released:
-            self.pace.processed_one(count=0)  # wake a job waiting for its stall to be seen
-
-    def _relaunch(self, result: CommandResult) -> None:
-        """A RESTART/ROLLBACK the job carried out: tell the detection core, so the
-        relaunch is not a hang and repeated step numbers are expected. A result can
-        arrive before its command (two topics): it waits for the command."""
-        cmd = self._commands.get(result.command_id)
-        if cmd is None:
-            self._orphans[result.command_id] = result
-            return
-        relaunch = (CommandKind.RESTART, CommandKind.ROLLBACK)
-        if result.status is CommandStatus.SUCCEEDED and cmd.kind in relaunch:
-            self.monitor.restarted(self.last_ts, removed_nodes=cmd.targets)
-            self.restarts += 1
-            self.pace.processed_one(count=0)
-
-    def _frame(self, frame: StepFrame) -> None:
-        self.last_ts = max(self.last_ts, frame.ts)
-        self._health_until(frame.ts)
-        # the step first: a long step that just ended (a checkpoint save) is not a hang
-        self._emit(self.monitor.process_step(frame) + self.monitor.tick(frame.ts))
-        self.frames += 1
-        self.pace.processed_one()
-
     def poll(self) -> int:
+        core = self.core
         steps = 0
+        relaunches, now = core.relaunches, core.now
         got = list(consume_decoded(self._consumer, self.registry, self._producer, 200))
+        # commands and results first: a relaunch is known before the steps that follow it
         for d in got:
             msg = d.message
-            if isinstance(msg, Command):
-                self._commands[msg.command_id] = msg
-                if msg.job_id == self.monitor.job_id and msg.kind in RELAUNCHING:
-                    # the job goes quiet from now on while it relaunches: not a hang
-                    self.monitor.restarted(self.last_ts, removed_nodes=msg.targets)
-                if msg.command_id in self._orphans:
-                    self._relaunch(self._orphans.pop(msg.command_id))
-            elif isinstance(msg, CommandResult):
-                self._relaunch(msg)
+            if isinstance(msg, Command | CommandResult) and msg.job_id == core.job_id:
+                self._emit(
+                    core.on_command(msg) if isinstance(msg, Command) else core.on_result(msg)
+                )
         for d in got:
             msg = d.message
-            if isinstance(msg, Command | CommandResult):
-                continue
             if isinstance(msg, NodeHealth):
                 hts = msg.ts.timestamp()
-                heapq.heappush(self._health, (hts, next(self._seq), msg))
                 self._health_wm[d.partition] = max(self._health_wm.get(d.partition, hts), hts)
-                continue
-            assert isinstance(msg, StepTelemetry)
-            steps += 1
-            for frame in self.assembler.add(msg):
-                self._frame(frame)
+                self._emit(core.on_health(msg))
+            elif isinstance(msg, StepTelemetry):
+                steps += 1
+                detected = core.on_step(msg)
+                self._emit(detected.alerts)
+                self.pace.processed_one(len(detected.frames))
         self._idle = 0 if steps else self._idle + 1
         self.pace.seen(steps)
-        if self._idle >= self.stall_polls and self.frames:
-            self._health_until(float("inf"))  # the job is stalled: reports carry time
+        if self._idle >= self.stall_polls and core.frames and self._health_wm:
+            self._emit(core.tick(min(self._health_wm.values())))  # stalled: reports carry time
+        if core.relaunches != relaunches or core.now != now:
+            self.pace.processed_one(count=0)  # wake a job waiting for detection to see it
         self._producer.flush()
         self._consumer.commit()
         self.messages += len(got)
@@ -340,9 +293,7 @@ class DetectionStage:
         idle = 0
         while idle < idle_polls:
             idle = idle + 1 if self.poll() == 0 else 0
-        for frame in self.assembler.flush():
-            self._frame(frame)
-        self._health_until(float("inf"), final=True)
+        self._emit(self.core.flush())
         self._producer.flush()
 
     def close(self) -> None:

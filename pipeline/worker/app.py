@@ -40,7 +40,7 @@ from pipeline.errors import BrokerError
 from pipeline.kafka import client_config, create_topics, registry_of
 from pipeline.settings import Settings
 from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.state import KIND_HEADER, CoreTopics, Forward, Outcome, WorkerCore
+from pipeline.worker.state import KIND_HEADER, CoreTopics, Forward, Handled, WorkerCore
 from schemas import Alert, DeadLetter, Rejected, encode
 
 __all__ = ["WorkerApp", "build_app", "prepare_topics"]
@@ -244,7 +244,7 @@ def build_app(
         blob: bytes | None = table.get(job_id.encode())
         return blob
 
-    async def publish(out: Outcome) -> None:
+    async def publish(out: Handled) -> None:
         for alert in out.alerts:
             await send_alert(alert)
         for letter in out.dead_letters:

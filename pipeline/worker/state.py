@@ -1,20 +1,23 @@
 """The worker's logic without Faust: decode, route, detect, snapshot, tick.
 
 The Faust agents in :mod:`pipeline.worker.app` hand every record to
-:class:`WorkerCore` and act on the :class:`Outcome` it returns (send alerts and dead
+:class:`WorkerCore` and act on the :class:`Handled` it returns (send alerts and dead
 letters, write a snapshot to the table, ack the records the snapshot covers). Keeping
-the logic here makes it testable in milliseconds, without a broker.
+the logic here makes it testable in milliseconds, without a broker. Detection itself,
+and the order in which a job's records reach the detectors, is the one detection
+core, :class:`~pipeline.detection.JobDetection`; this module adds what a worker needs
+around it: decoding, offsets, snapshots, routing and the wall clock.
 
 State and offsets
 -----------------
-One :class:`JobState` per job: the :class:`~detectors.engine.JobMonitor`, the
-:class:`~pipeline.assembly.StepAssembler` and, per source topic partition, the last
-offset the state reflects. A snapshot (pickle) goes to the table every
-``snapshot_steps`` completed steps or ``snapshot_interval_s`` wall seconds; the records
-it covers are acked only then, so a committed offset is never ahead of the state in
-the changelog. After a crash the records since the last commit come back; those the
-snapshot already reflects are skipped by offset, the others are processed again and
-re-emit the same alerts (same fingerprint and seq: idempotent downstream).
+One :class:`JobState` per job: its :class:`~pipeline.detection.JobDetection` and, per
+source topic partition, the last offset the state reflects. A snapshot (pickle) goes
+to the table every ``snapshot_steps`` completed steps or ``snapshot_interval_s`` wall
+seconds; the records it covers are acked only then, so a committed offset is never
+ahead of the state in the changelog. After a crash the records since the last commit
+come back; those the snapshot already reflects are skipped by offset, the others are
+processed again and re-emit the same alerts (same fingerprint and seq: idempotent
+downstream).
 
 Examples
 --------
@@ -38,9 +41,9 @@ from typing import Any
 
 from kafka.partitioner.default import murmur2
 
-from detectors.engine import JobMonitor, MonitorConfig
+from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
-from pipeline.assembly import StepAssembler
+from pipeline.detection import JobDetection
 from pipeline.fastdecode import decode_step
 from schemas import (
     Alert,
@@ -57,8 +60,8 @@ from schemas.commands import RELAUNCHING
 __all__ = [
     "KIND_HEADER",
     "CoreTopics",
+    "Handled",
     "JobState",
-    "Outcome",
     "WorkerCore",
     "partition_for",
 ]
@@ -101,8 +104,7 @@ class JobState:
     """Everything the worker keeps for one job; pickled into the table."""
 
     job_id: str
-    monitor: JobMonitor
-    assembler: StepAssembler
+    detection: JobDetection
     partition: int = -1
     #: (topic, partition) -> last offset reflected in this state
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -138,8 +140,8 @@ class JobState:
 
 
 @dataclass
-class Outcome:
-    """What the agent must do for one record (in this order)."""
+class Handled:
+    """What the agent must do for one record it handed over (in this order)."""
 
     job_id: str | None = None
     alerts: list[Alert] = field(default_factory=list)
@@ -243,8 +245,7 @@ class WorkerCore:
             else:
                 st = JobState(
                     job_id,
-                    JobMonitor(job_id, self.monitor_config),
-                    StepAssembler(),
+                    JobDetection(job_id, self.monitor_config),
                     last_snapshot_wall=self.clock(),
                 )
             self.jobs[job_id] = st
@@ -272,7 +273,7 @@ class WorkerCore:
         value: bytes | None,
         token: Any,
         load: Callable[[str], bytes | None] = lambda _: None,
-    ) -> Outcome:
+    ) -> Handled:
         """One StepTelemetry record from the steps topic."""
         self._saw_record()
         topic = self.topics.steps
@@ -287,9 +288,9 @@ class WorkerCore:
                 key=key, max_bytes=self.max_message_bytes,
             )  # fmt: skip
         if isinstance(msg, Rejected):
-            return Outcome(dead_letters=[msg.letter], release=[token])
+            return Handled(dead_letters=[msg.letter], release=[token])
         st = self.state(msg.job_id, load)
-        out = Outcome(job_id=msg.job_id)
+        out = Handled(job_id=msg.job_id)
         if st.seen(topic, partition, offset):
             out.release.append(token)
             return out
@@ -301,11 +302,9 @@ class WorkerCore:
             st.arrived_wall = self.clock()
         st.dirty = True
         try:
-            for frame in st.assembler.add(msg):
-                # the step first: a long step that just ended (a checkpoint save) is
-                # progress, not a hang; the tick then checks the clock from there
-                out.alerts += st.monitor.process_step(frame)
-                out.alerts += st.monitor.tick(frame.ts)
+            detected = st.detection.on_step(msg)
+            out.alerts += detected.alerts
+            for frame in detected.frames:
                 out.steps += 1
                 out.rank_steps += frame.n_ranks
                 out.step_ts.append(frame.ts)
@@ -356,7 +355,7 @@ class WorkerCore:
         kind: str,
         token: Any,
         load: Callable[[str], bytes | None] = lambda _: None,
-    ) -> Outcome:
+    ) -> Handled:
         """One record of the internal job topic: forwarded health, or a timer tick."""
         self._saw_record()
         topic = self.topics.jobs
@@ -369,11 +368,11 @@ class WorkerCore:
             max_bytes=self.max_message_bytes,
         )  # fmt: skip
         if isinstance(msg, Rejected):
-            return Outcome(dead_letters=[msg.letter], release=[token])
+            return Handled(dead_letters=[msg.letter], release=[token])
         if msg.job_id is None:
-            return Outcome(release=[token])
+            return Handled(release=[token])
         st = self.state(msg.job_id, load)
-        out = Outcome(job_id=msg.job_id)
+        out = Handled(job_id=msg.job_id)
         if st.seen(topic, partition, offset):
             out.release.append(token)
             return out
@@ -381,7 +380,7 @@ class WorkerCore:
         st.partition = partition
         st.dirty = True
         try:
-            out.alerts += st.monitor.process_health(msg)
+            out.alerts += st.detection.on_health(msg)
         except Exception as exc:
             log.exception("detector failed on %s[%d]@%d", topic, partition, offset)
             out.dead_letters.append(
@@ -408,23 +407,23 @@ class WorkerCore:
 
     def _command(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
-    ) -> Outcome:
+    ) -> Handled:
         """A relaunching command for a job we hold: its silence from now on is the
-        relaunch, not a hang (``JobMonitor.restarted``: a grace of restart_grace_steps
-        median step times), and the nodes it names stop reporting."""
+        relaunch, not a hang (:meth:`JobDetection.on_command`: a grace of
+        restart_grace_steps median step times), and the nodes it names stop reporting."""
         topic = self.topics.jobs
         msg = decode(Command, value, topic=topic, partition=partition, offset=offset, key=key)
         if isinstance(msg, Rejected):
-            return Outcome(release=[token])
+            return Handled(release=[token])
         st = self.jobs.get(msg.job_id)
-        out = Outcome(job_id=msg.job_id)
+        out = Handled(job_id=msg.job_id)
         now = st.now_estimate(self.clock()) if st is not None else None
         if st is None or now is None or st.seen(topic, partition, offset):
             out.release.append(token)
             return out
         st.offsets[(topic, partition)] = offset
         st.dirty = True
-        st.monitor.restarted(now, removed_nodes=msg.targets)
+        out.alerts += st.detection.on_command(msg, now=now)
         log.info(
             "%s %s issued: its hang clock allows for the relaunch (nodes %s)",
             msg.job_id, msg.kind.value, ", ".join(msg.targets) or "none",
@@ -433,7 +432,7 @@ class WorkerCore:
 
     def _tick(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
-    ) -> Outcome:
+    ) -> Handled:
         try:
             body = json.loads(value or b"")
             job_id, wall = str(body["job_id"]), float(body["wall_s"])
@@ -441,28 +440,31 @@ class WorkerCore:
             letter = _dead_letter(
                 value, f"tick: {exc!r}", self.topics.jobs, partition, offset, key, "decode"
             )
-            return Outcome(dead_letters=[letter], release=[token])
+            return Handled(dead_letters=[letter], release=[token])
         st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
-        out = Outcome(job_id=job_id, release=[token])
+        out = Handled(job_id=job_id, release=[token])
         if st is None or st.seen(self.topics.jobs, partition, offset):
             return out
         now = st.now_estimate(wall)
         if now is None or now <= (st.last_event_ts or now):
             return out
-        out.alerts += st.monitor.tick(now)
+        held = st.detection.held_health
+        out.alerts += st.detection.tick(now)
         if out.alerts:
             log.info(
                 "tick for %s (sent %.3f, read %.3f): %.2fs since its newest step arrived "
                 "-> %s", job_id, wall, self.clock(), wall - st.arrived_wall,
                 ", ".join(f"{a.kind.value} {a.state.value}" for a in out.alerts),
             )  # fmt: skip
-            # the tick changed what the episode says: it must survive a restart
+        if out.alerts or st.detection.held_health != held:
+            # the tick changed what an episode says, or processed held health: that
+            # must survive a restart
             out.release.clear()
             st.offsets[(self.topics.jobs, partition)] = offset
             st.dirty = True
         return self._finish(st, out, token if not out.release else None)
 
-    def _finish(self, st: JobState, out: Outcome, token: Any) -> Outcome:
+    def _finish(self, st: JobState, out: Handled, token: Any) -> Handled:
         if token is not None:
             self._held.setdefault(st.job_id, []).append(token)
         wall = self.clock()

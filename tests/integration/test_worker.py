@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from detectors.frame import StepFrame
+from pipeline.detection import JobDetection
 from pipeline.embedded import free_port
 from pipeline.exporters import StepExporter, play
 from pipeline.kafka import create_topics, make_consumer, make_producer, publish, registry_of
@@ -367,18 +368,13 @@ def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers
 
 
 def _reference_alerts(sc: Scenario) -> list[Alert]:
-    from detectors.engine import JobMonitor
-    from pipeline.assembly import StepAssembler
-
-    mon, asm, out = JobMonitor(sc.job), StepAssembler(), []
+    """What the detection core says of the scenario's steps, without a broker."""
+    detection, out = JobDetection(sc.job), []
     for ev in simulate(sc):
         if ev.frame is None:
             continue
         for m in ev.frame.to_messages():
-            for f in asm.add(m):
-                out += [
-                    a for a in mon.process_step(f) + mon.tick(f.ts) if a.kind is not AlertKind.HANG
-                ]
+            out += [a for a in detection.on_step(m).alerts if a.kind is not AlertKind.HANG]
     return out
 
 

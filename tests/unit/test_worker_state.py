@@ -114,7 +114,7 @@ def test_replay_after_restart_skips_what_the_snapshot_reflects_and_repeats_alert
     assert skipped > 0
     st = again.jobs["j"]
     assert st.offsets[("steps", 0)] == 60 * 8 - 1
-    assert st.monitor.last_step == core.jobs["j"].monitor.last_step
+    assert st.detection.last_step == core.jobs["j"].detection.last_step
 
 
 def test_straggler_alerts_and_state_pickles():
@@ -134,7 +134,7 @@ def test_straggler_alerts_and_state_pickles():
     kinds = {(a.kind, a.node) for o in outs for a in o.alerts}
     assert (AlertKind.STRAGGLER, "n5") in kinds
     st = JobState.from_bytes(core.jobs["j"].to_bytes())
-    assert st.monitor.last_step == core.jobs["j"].monitor.last_step
+    assert st.detection.last_step == core.jobs["j"].detection.last_step
 
 
 def test_tick_uses_last_event_time_plus_wall_time_and_fires_a_hang():
@@ -247,7 +247,7 @@ def test_snapshots_are_compressed_and_old_plain_pickles_still_load():
     plain = pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
     assert len(blob) < len(plain)
     for b in (blob, plain):
-        assert JobState.from_bytes(b).monitor.last_step == st.monitor.last_step
+        assert JobState.from_bytes(b).detection.last_step == st.detection.last_step
 
 
 def test_a_snapshot_over_the_limit_is_not_written_and_its_records_stay_held():

@@ -1,0 +1,220 @@
+"""The one detection core: its event-time ordering, relaunches, bounds and state."""
+
+from __future__ import annotations
+
+import pickle
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from detectors.frame import StepFrame
+from pipeline.detection import JobDetection
+from pipeline.simulator import Scenario, simulate
+from schemas import (
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    Grade,
+    GpuHealth,
+    NodeHealth,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+STEP_S = 1.3
+NODES = 8
+
+
+def frame(step: int, ts_shift: float = 0.0) -> StepFrame:
+    """A healthy step of 8 nodes x 8 ranks ending at T0 + 1.3 (step + 1)."""
+    rng = np.random.default_rng(step)
+    compute = 1.0 + 0.005 * rng.standard_normal(NODES * 8)
+    return StepFrame.from_arrays(
+        "job",
+        step,
+        ts=T0 + STEP_S * (step + 1) + ts_shift,
+        compute=compute,
+        comm_wait=compute.max() + 0.05 - compute,
+    )
+
+
+def health(node: int, ts: float, xid: tuple[int, ...] = ()) -> NodeHealth:
+    gpu = GpuHealth(
+        index=0, temperature_c=60, power_w=500, sm_clock_mhz=1800, utilization_pct=99,
+        xid_codes=xid,
+    )  # fmt: skip
+    return NodeHealth(
+        job_id="job", node=f"node-{node}", ts=datetime.fromtimestamp(ts, UTC), gpus=(gpu,)
+    )
+
+
+def command(kind: CommandKind, cid: str = "cmd-1", targets: tuple[str, ...] = ()) -> Command:
+    return Command(
+        command_id=cid, kind=kind, job_id="job", targets=targets, reason=("f",),
+        mode=ActuatorMode.AUTO, issued_at=datetime.fromtimestamp(T0, UTC),
+    )  # fmt: skip
+
+
+def result(cid: str = "cmd-1", status: CommandStatus = CommandStatus.SUCCEEDED) -> CommandResult:
+    return CommandResult(
+        command_id=cid, job_id="job", executor="job", status=status,
+        ts=datetime.fromtimestamp(T0, UTC),
+    )  # fmt: skip
+
+
+def warm(det: JobDetection, steps: int = 30) -> list[Alert]:
+    out: list[Alert] = []
+    for s in range(steps):
+        out += det.on_frame(frame(s))
+    return out
+
+
+def firing(alerts: list[Alert], kind: AlertKind) -> list[Alert]:
+    return [a for a in alerts if a.kind is kind and a.state is AlertState.FIRING]
+
+
+def test_health_waits_until_the_steps_pass_its_event_time() -> None:
+    det = JobDetection("job")
+    warm(det, 10)
+    ahead = det.now + 3 * STEP_S  # a report sent while three steps are still in flight
+    assert det.on_health(health(1, ahead, xid=(79,))) == []
+    assert det.held_health == 1
+    assert det.on_frame(frame(10)) == [] and det.held_health == 1
+    det.on_frame(frame(11))
+    got = det.on_frame(frame(12))  # ends at or after the report: processed just before
+    assert det.held_health == 0
+    assert [(a.kind, a.grade, a.node) for a in firing(got, AlertKind.HARDWARE)] == [
+        (AlertKind.HARDWARE, Grade.CRITICAL, "node-1")
+    ]
+
+
+def test_a_tick_releases_the_reports_of_a_stalled_job_at_their_own_time() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    last = det.now
+    det.on_health(health(2, last + 0.5, xid=(79,)))
+    got = det.tick(last + 0.6)  # 0.5 step times of silence: no hang yet, the XID is news
+    assert det.held_health == 0
+    assert [a.kind for a in firing(got, AlertKind.HARDWARE)] == [AlertKind.HARDWARE]
+    assert firing(got, AlertKind.HANG) == []
+    assert firing(det.tick(last + 4 * STEP_S), AlertKind.HANG)  # and the clock runs on
+
+
+def test_a_report_ahead_of_the_steps_cannot_make_the_job_look_hung() -> None:
+    """The job runs; its steps lag on their partition, health arrives 10 steps ahead."""
+    det = JobDetection("job")
+    alerts = warm(det, 30)
+    for n in range(NODES):
+        alerts += det.on_health(health(n, det.now + 10 * STEP_S))
+    for s in range(30, 45):
+        alerts += det.on_frame(frame(s))
+    assert firing(alerts, AlertKind.HANG) == []
+
+
+def test_ticks_never_go_back_and_a_tick_at_a_checked_time_does_nothing() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    assert firing(det.tick(det.now + 10 * STEP_S), AlertKind.HANG)
+    now = det.now
+    assert det.tick(now) == [] and det.tick(now - 5) == []
+    assert det.now == now
+
+
+def test_a_relaunching_command_gives_the_relaunch_grace() -> None:
+    plain, commanded = JobDetection("job"), JobDetection("job")
+    for det in (plain, commanded):
+        warm(det, 30)
+    commanded.on_command(command(CommandKind.RESTART))
+    later = plain.now + 5 * STEP_S  # 5 step times of silence
+    assert firing(plain.tick(later), AlertKind.HANG)
+    assert firing(commanded.tick(later), AlertKind.HANG) == []
+    assert commanded.relaunches == 0  # issued, not carried out yet
+    assert commanded.on_command(command(CommandKind.CHECKPOINT, "cmd-2")) == []
+
+
+def test_a_result_before_its_command_waits_for_it() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    det.on_result(result("cmd-9"))
+    assert det.relaunches == 0
+    det.on_command(command(CommandKind.ROLLBACK, "cmd-9"))
+    assert det.relaunches == 1
+    det.on_command(command(CommandKind.ISOLATE, "cmd-10", ("node-3",)))
+    det.on_result(result("cmd-10"))  # an isolation is not a relaunch carried out
+    det.on_result(result("cmd-11", CommandStatus.FAILED))
+    assert det.relaunches == 1
+
+
+def test_remembered_commands_and_held_reports_are_bounded() -> None:
+    det = JobDetection("job", max_held_health=2, max_commands=3)
+    warm(det, 10)
+    for i in range(10):
+        det.on_command(command(CommandKind.RESTART, f"cmd-{i}"))
+        det.on_result(result(f"orphan-{i}"))
+    assert len(det._commands) == 3 and len(det._orphans) == 3
+    far = det.now + 1000.0
+    got: list[Alert] = []
+    for n in range(3):
+        got += det.on_health(health(n, far + n, xid=(79,) if n == 0 else ()))
+    assert det.held_health == 2  # the oldest went through at once
+    assert [a.node for a in firing(got, AlertKind.HARDWARE)] == ["node-0"]
+
+
+def test_records_of_another_job_are_refused() -> None:
+    det = JobDetection("job")
+    other = StepFrame.from_arrays("other", 0, ts=T0, compute=np.ones(8), comm_wait=np.zeros(8))
+    with pytest.raises(ValueError, match="other"):
+        det.on_frame(other)
+    with pytest.raises(ValueError, match="config or monitor"):
+        JobDetection("job", config=det.monitor.config, monitor=det.monitor)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="max_held_health"):
+        JobDetection("job", max_held_health=-1)
+
+
+def scenario() -> Scenario:
+    return Scenario.model_validate(
+        {
+            "name": "core", "nodes": 16, "steps": 140, "seed": 5,
+            "faults": [
+                {"kind": "straggler", "node": 4, "gpu": 1, "onset_step": 50, "magnitude": 0.25},
+                {"kind": "ecc_storm", "node": 9, "gpu": 3, "onset_step": 90},
+            ],
+        }
+    )  # fmt: skip
+
+
+def play(det: JobDetection, sc: Scenario, *, messages: bool, cut: int | None = None) -> list:
+    out: list[Alert] = []
+    for i, ev in enumerate(simulate(sc)):
+        if cut is not None and i == cut:
+            det = pickle.loads(pickle.dumps(det))  # a restart from the snapshot
+        for h in ev.health:
+            out += det.on_health(h)
+        if ev.frame is not None:
+            if messages:
+                for m in ev.frame.to_messages():
+                    out += det.on_step(m).alerts
+            else:
+                out += det.on_frame(ev.frame)
+        out += det.tick(ev.ts)
+    out += det.flush()
+    return [(a.fingerprint, a.seq, a.kind.value, a.grade.value, a.state.value) for a in out]
+
+
+def test_node_messages_and_whole_frames_give_the_same_alerts() -> None:
+    sc = scenario()
+    frames = play(JobDetection(sc.job), sc, messages=False)
+    assert {k for _, _, k, _, s in frames if s == "firing"} >= {"straggler", "hardware"}
+    assert play(JobDetection(sc.job), sc, messages=True) == frames
+
+
+def test_state_survives_a_pickle_round_trip_mid_run() -> None:
+    sc = scenario()
+    assert play(JobDetection(sc.job), sc, messages=True, cut=70) == play(
+        JobDetection(sc.job), sc, messages=True
+    )
