@@ -1,4 +1,9 @@
-"""The ``stepguard`` command line: every service and tool is a subcommand."""
+"""The ``stepguard`` command line: every service and tool is a subcommand.
+
+The worker and actuator own their subcommands (:mod:`pipeline.worker.cli`,
+:mod:`pipeline.actuator.cli`); this module adds them, and is the only one that imports
+them. Helpers all of them share are in :mod:`pipeline.cliutil`.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pipeline.actuator import cli as actuator_cli
+from pipeline.cliutil import console, err, stop_event
 from pipeline.errors import StepguardError
 from pipeline.settings import Settings, load_settings
+from pipeline.worker import cli as worker_cli
 
 app = typer.Typer(
     name="stepguard",
@@ -31,9 +38,6 @@ archive_app = typer.Typer(help="The ClickHouse archive: migrations and maintenan
 app.add_typer(archive_app, name="archive")
 schemas_app = typer.Typer(help="Message contracts: JSON Schemas.")
 app.add_typer(schemas_app, name="schemas")
-
-console = Console()
-err = Console(stderr=True)
 
 
 def _settings() -> Settings:
@@ -192,9 +196,7 @@ def archiver(
     settings = _settings()
     backend = open_backend(settings)
     migrate(backend)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_event()
     if decode_processes is None:
         decode_processes = default_decode_processes()
     service = Archiver(
@@ -430,20 +432,9 @@ def scenarios() -> None:
     console.print(table)
 
 
-def _register_service_commands() -> None:
-    """Service modules add their own subcommands to ``app`` (kept out of this file so
-    each service owns its CLI surface)."""
-    import importlib
-
-    for module in ("pipeline.worker.cli", "pipeline.actuator.cli"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):
-                raise
-
-
-_register_service_commands()
+# The services own their subcommands; they sit at the top level beside these.
+for _service in (worker_cli.commands, actuator_cli.commands):
+    app.registered_commands.extend(_service.registered_commands)
 
 
 def main() -> None:
@@ -461,8 +452,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Service modules register their commands on `pipeline.cli.app`, the imported
-    # module, not on this `__main__` copy: run that one.
-    from pipeline.cli import main as _main
-
-    _main()
+    main()

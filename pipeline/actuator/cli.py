@@ -1,10 +1,11 @@
-"""Subcommands of ``stepguard`` owned by the actuator and its executors."""
+"""Subcommands of ``stepguard`` owned by the actuator and its executors.
+
+:mod:`pipeline.cli` adds :data:`commands` to the ``stepguard`` command line.
+"""
 
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated
@@ -12,22 +13,26 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipeline.cli import app, console, err
+from pipeline.cliutil import console, err, stop_event
 from pipeline.settings import Settings, load_settings
 from schemas import ActuatorMode, Approval, ApprovalDecision, ControlMessage
 
-__all__ = ["actuator", "approve", "control", "executor", "pending", "reject", "resume_node"]
+__all__ = [
+    "actuator",
+    "approve",
+    "commands",
+    "control",
+    "executor",
+    "pending",
+    "reject",
+    "resume_node",
+]
+
+commands = typer.Typer()
 
 
 def _nodes(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
-
-
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
 
 
 def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
@@ -44,7 +49,7 @@ def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessag
         producer.close()
 
 
-@app.command()
+@commands.command()
 def actuator(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every action.")] = False,
     crash_after_publish: Annotated[bool, typer.Option(hidden=True)] = False,
@@ -64,7 +69,7 @@ def actuator(
         f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
         f"already issued, {len(act.policy.held)} held; consuming {settings.kafka_bootstrap}"
     )
-    stop = _stop_event()
+    stop = stop_event()
     try:
         stats = act.run(stop.is_set)
     finally:
@@ -75,7 +80,7 @@ def actuator(
     )
 
 
-@app.command()
+@commands.command()
 def approve(
     action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
     by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
@@ -88,7 +93,7 @@ def approve(
     console.print(f"approved {action_id}")
 
 
-@app.command()
+@commands.command()
 def reject(
     action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
     reason: Annotated[str, typer.Option(help="Why (kept as a calibration label).")],
@@ -101,7 +106,7 @@ def reject(
     console.print(f"rejected {action_id}")
 
 
-@app.command()
+@commands.command()
 def pending(
     all_states: Annotated[bool, typer.Option("--all", help="Every action, not only held.")] = False,
 ) -> None:
@@ -123,7 +128,7 @@ def pending(
     err.print(f"{shown} action(s)")
 
 
-@app.command()
+@commands.command()
 def control(
     mode: Annotated[ActuatorMode | None, typer.Option(help="observe | approve | auto")] = None,
     warning_confirm_steps: Annotated[int | None, typer.Option(min=1)] = None,
@@ -156,7 +161,7 @@ def control(
     console.print(f"control change {msg.change_id} sent")
 
 
-@app.command()
+@commands.command()
 def executor(
     kind: Annotated[str, typer.Argument(help="dry-run | slurm | webhook")] = "dry-run",
 ) -> None:
@@ -166,14 +171,14 @@ def executor(
     settings = load_settings()
     runner = ExecutorRunner(settings, make_executor(kind, settings))
     err.print(f"executor {kind}: {len(runner.done)} commands already done")
-    stop = _stop_event()
+    stop = stop_event()
     try:
         runner.run(stop.is_set)
     finally:
         runner.close()
 
 
-@app.command("resume-node")
+@commands.command("resume-node")
 def resume_node(node: Annotated[str, typer.Argument(help="Slurm node to put back.")]) -> None:
     """Put a drained node back into service (`scontrol update ... State=RESUME`)."""
     from pipeline.actuator.executors import SlurmExecutor

@@ -1,4 +1,7 @@
-"""Subcommands of ``stepguard`` owned by the worker and the exporters."""
+"""Subcommands of ``stepguard`` owned by the worker and the exporters.
+
+:mod:`pipeline.cli` adds :data:`commands` to the ``stepguard`` command line.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,15 @@ from typing import Annotated
 
 import typer
 
-from pipeline.cli import app, err
+from pipeline.cliutil import err
 from pipeline.settings import load_settings
 
-__all__ = ["export_health", "export_node", "simulate", "worker"]
+__all__ = ["commands", "export_health", "export_node", "simulate", "worker"]
+
+commands = typer.Typer()
 
 
-@app.command()
+@commands.command()
 def worker(
     loglevel: Annotated[str, typer.Option(help="Faust/worker log level.")] = "warning",
 ) -> None:
@@ -26,7 +31,7 @@ def worker(
     run_worker(load_settings(), loglevel=loglevel)
 
 
-@app.command()
+@commands.command()
 def simulate(
     scenario: Annotated[str, typer.Argument(help="Scenario name (suite/demo) or YAML path.")],
     speed: Annotated[
@@ -51,7 +56,7 @@ def simulate(
     )
 
 
-@app.command("export-health")
+@commands.command("export-health")
 def export_health(
     node: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
     job_id: Annotated[str | None, typer.Option(help="Job running on this node.")] = None,
@@ -71,7 +76,7 @@ def export_health(
     raise typer.Exit(code)
 
 
-@app.command("export-node")
+@commands.command("export-node")
 def export_node(
     socket_path: Annotated[Path, typer.Option("--socket", help="Unix socket to listen on.")],
     ranks_per_node: Annotated[int, typer.Option(min=1, help="Local ranks per step.")] = 8,
