@@ -1,12 +1,26 @@
 """Commands from the actuator, their results, and human approvals.
 
 A command id is derived from the alert episode and the action, so a replayed decision
-or a restarted actuator produces the same id and executors can refuse duplicates.
+or a restarted actuator produces the same id and executors can refuse duplicates. An
+approval names an *action* (``ActionRecord.action_id``, what ``stepguard pending``
+lists), whose commands the actuator issues once it is approved.
 
 Examples
 --------
 >>> command_id(["a1b2c3d4e5f6a7b8"], "isolate", ["node-3"])
 'cmd-...'
+
+An approval of version 1 named the action ``command_id``; it still decodes:
+
+>>> old = Approval.model_validate_json(
+...     '{"schema_version": 1, "command_id": "act-1234", "decision": "approve",'
+...     ' "by": "sre", "ts": "2026-01-01T00:00:00Z"}')
+>>> old.action_id, old.schema_version
+('act-1234', 1)
+>>> new = Approval(action_id="act-1234", decision=ApprovalDecision.APPROVE, by="sre",
+...                ts=old.ts)
+>>> new.schema_version, sorted(new.model_dump())[:2]
+(2, ['action_id', 'by'])
 """
 
 from __future__ import annotations
@@ -14,9 +28,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AwareDatetime, Field, NonNegativeInt
+from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from schemas._base import Message
 
@@ -106,14 +120,32 @@ class CommandResult(Message):
 
 
 class Approval(Message):
-    """A human decision on a held command (topic key: command id)."""
+    """A human decision on a held action (topic key: action id).
+
+    Version 2 renamed ``command_id`` to ``action_id`` (it always held an action id).
+    A version-1 message (``command_id``, no ``action_id``) still decodes, with its
+    ``schema_version`` 1 kept: its signature covers the version-1 fields.
+    """
 
     kind_name = "approval"
-    schema_version: Literal[1] = 1
-    command_id: str = Field(min_length=4, max_length=64)
+    schema_version: Literal[1, 2] = 2
+    action_id: str = Field(
+        min_length=4, max_length=64, description="The held action (ActionRecord.action_id)."
+    )
     decision: ApprovalDecision
     by: str = Field(min_length=1, max_length=256)
     reason: str = ""
     ts: AwareDatetime
     key_id: str | None = None
     signature: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_version_1(cls, data: Any) -> Any:
+        """Version 1 named the action id ``command_id``."""
+        if isinstance(data, dict) and "action_id" not in data and "command_id" in data:
+            data = {k: v for k, v in data.items() if k != "command_id"} | {
+                "action_id": data["command_id"],
+                "schema_version": data.get("schema_version", 1),
+            }
+        return data

@@ -19,7 +19,8 @@ SCHEMA_DIR = Path(__file__).parent / "jsonschema"
 
 def render(model: type[Message]) -> str:
     schema = model.model_json_schema(mode="serialization")
-    schema["$id"] = f"https://stepguard.dev/schemas/{model.kind_name}.v1.json"
+    version = model.model_fields["schema_version"].default
+    schema["$id"] = f"https://stepguard.dev/schemas/{model.kind_name}.v{version}.json"
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 

@@ -47,7 +47,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("decisions", "job_id", 4, Alert, "Graded alerts, one per episode update."),
         TopicSpec("commands", "job_id", 4, Command, "Actuator commands for executors."),
         TopicSpec("results", "job_id", 4, CommandResult, "Executor results per command."),
-        TopicSpec("approvals", "command_id", 1, Approval, "Human approve/reject decisions."),
+        TopicSpec("approvals", "action_id", 1, Approval, "Human approve/reject decisions."),
         TopicSpec("control", "scope", 1, ControlMessage, "Runtime actuator changes (archived)."),
         TopicSpec("actions", "action_id", 1, ActionRecord, "Actuator action records (held ...)."),
         TopicSpec("deadletter", "source_topic", 1, DeadLetter, "Undecodable or unstorable input."),

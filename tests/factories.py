@@ -62,6 +62,7 @@ def step_telemetry(
 def samples() -> dict[str, Message]:
     fp = episode_fingerprint("job-1", "straggler", "node-3", 27, 100)
     cid = command_id([fp], "isolate", ["node-3"])
+    aid = "act-0123456789abcdef01234567"
     return {
         "steps": step_telemetry(),
         "health": NodeHealth(
@@ -92,14 +93,14 @@ def samples() -> dict[str, Message]:
             status=CommandStatus.SUCCEEDED, detail="ok", ts=T0,
         ),
         "approvals": Approval(
-            command_id=cid, decision=ApprovalDecision.APPROVE, by="sre@example.com", ts=T0
+            action_id=aid, decision=ApprovalDecision.APPROVE, by="sre@example.com", ts=T0
         ),
         "control": ControlMessage(
             change_id="chg-1", mode=ActuatorMode.APPROVE, guard_max_isolations=2,
             by="sre@example.com", reason="canary", ts=T0,
         ),
         "actions": ActionRecord(
-            action_id="act-0123456789abcdef01234567", state=ActionState.HELD, job_id="job-1",
+            action_id=aid, state=ActionState.HELD, job_id="job-1",
             mode=ActuatorMode.APPROVE, reason=(fp,), summary="replace node-3", ts=T0,
         ),
         "deadletter": DeadLetter(

@@ -87,7 +87,7 @@ def approve(
     reason: Annotated[str, typer.Option(help="Why.")] = "",
 ) -> None:
     """Approve a held action; the actuator issues its commands (guardrails re-checked)."""
-    msg = Approval(command_id=action_id, decision=ApprovalDecision.APPROVE, by=by,
+    msg = Approval(action_id=action_id, decision=ApprovalDecision.APPROVE, by=by,
                    reason=reason, ts=datetime.now(UTC))  # fmt: skip
     _send_signed(load_settings(), "approvals", msg)
     console.print(f"approved {action_id}")
@@ -100,7 +100,7 @@ def reject(
     by: Annotated[str, typer.Option(help="Who rejects.")] = "cli",
 ) -> None:
     """Reject a held action; nothing is issued and the decision is archived."""
-    msg = Approval(command_id=action_id, decision=ApprovalDecision.REJECT, by=by,
+    msg = Approval(action_id=action_id, decision=ApprovalDecision.REJECT, by=by,
                    reason=reason, ts=datetime.now(UTC))  # fmt: skip
     _send_signed(load_settings(), "approvals", msg)
     console.print(f"rejected {action_id}")

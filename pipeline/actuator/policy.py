@@ -277,7 +277,7 @@ class Policy:
     def on_approval(self, approval: Approval, now: datetime) -> Outcome:
         """A (verified) human decision on a held action."""
         out = self._close_expired_breakers(now)
-        held = self.actions.get(approval.command_id)
+        held = self.actions.get(approval.action_id)
         if held is None or held.state is not ActionState.HELD:
             out.note = "no such held action"
             return out

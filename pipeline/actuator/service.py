@@ -141,7 +141,7 @@ class Actuator:
         if isinstance(msg, Approval):
             problem = signature_problem(msg, self._keys)
             if problem is not None:
-                log.warning("ignoring approval of %s by %s: %s", msg.command_id, msg.by, problem)
+                log.warning("ignoring approval of %s by %s: %s", msg.action_id, msg.by, problem)
                 return Outcome(note=f"approval refused: {problem}")
             return self.policy.on_approval(msg, now)
         if isinstance(msg, ControlMessage):

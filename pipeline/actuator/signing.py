@@ -3,6 +3,8 @@
 The signed bytes are the canonical JSON of the model without its ``key_id`` and
 ``signature`` fields (keys sorted, no whitespace, the JSON-mode dump pydantic sends on
 the wire), so a message signs the same before and after a trip through the broker.
+A version-1 ``Approval`` is checked against the bytes it was signed as, with the
+action id under its version-1 name ``command_id``.
 The first key of ``Settings.signing_keys`` signs; every key verifies (rotation).
 
 Examples
@@ -42,6 +44,8 @@ _UNSIGNED = {"key_id", "signature"}
 def canonical(message: Command | Approval | ControlMessage) -> bytes:
     """The bytes that are signed: sorted compact JSON without the signature fields."""
     data = message.model_dump(mode="json", exclude=_UNSIGNED)
+    if isinstance(message, Approval) and message.schema_version == 1:
+        data["command_id"] = data.pop("action_id")
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

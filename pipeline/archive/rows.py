@@ -113,8 +113,9 @@ def _result(m: CommandResult, _rec_ms: int) -> Iterable[Row]:
 
 def _approval(m: Approval, _rec_ms: int) -> Iterable[Row]:
     ms = _ms(m.ts)
+    # the column kept the name Approval had before version 2: no rename on ClickHouse 18.16
     yield {
-        "command_id": m.command_id, "decision": m.decision.value, "by": m.by,
+        "command_id": m.action_id, "decision": m.decision.value, "by": m.by,
         "reason": m.reason, "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
     }  # fmt: skip
 

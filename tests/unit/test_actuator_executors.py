@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import stat
@@ -80,9 +82,7 @@ def test_forged_tampered_unsigned_and_expired_commands_are_refused():
 
 
 def test_approvals_and_control_messages_sign_too():
-    a = sign(
-        Approval(command_id="act-1234", decision=ApprovalDecision.APPROVE, by="s", ts=T0), KEYS
-    )
+    a = sign(Approval(action_id="act-1234", decision=ApprovalDecision.APPROVE, by="s", ts=T0), KEYS)
     c = sign(ControlMessage(change_id="c1", mode=ActuatorMode.AUTO, by="s", ts=T0), KEYS)
     assert signature_problem(a, KEYS) is None and signature_problem(c, KEYS) is None
     assert b"signature" not in canonical(a) and b'"mode":"auto"' in canonical(c)
@@ -90,6 +90,28 @@ def test_approvals_and_control_messages_sign_too():
     assert signature_problem(upgraded, KEYS) == "bad signature"
     with pytest.raises(ConfigError, match="COMMAND_KEYS"):
         sign(c, [])
+
+
+def test_an_approval_signed_as_version_1_still_verifies():
+    # what `stepguard approve` sent before version 2: the MAC over the sorted compact
+    # JSON of the version-1 fields, the action id named command_id
+    fields = {"schema_version": 1, "command_id": "act-1234", "decision": "approve",
+              "by": "sre", "reason": "", "ts": "2026-11-29T12:00:00Z"}  # fmt: skip
+    signed_bytes = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    key_id, secret = KEYS[0]
+    mac = hmac.new(secret, signed_bytes, hashlib.sha256).hexdigest()
+    wire = json.dumps(fields | {"key_id": key_id, "signature": mac}).encode()
+    old = decode(Approval, wire)
+    assert isinstance(old, Approval) and old.action_id == "act-1234"
+    assert canonical(old) == signed_bytes
+    assert signature_problem(old, KEYS) is None
+    assert signature_problem(old.model_copy(update={"action_id": "act-9999"}), KEYS) == (
+        "bad signature"
+    )
+    # the same fields as version 2 are other bytes: a v1 signature does not carry over
+    assert signature_problem(old.model_copy(update={"schema_version": 2}), KEYS) == (
+        "bad signature"
+    )
 
 
 # -- dry-run -----------------------------------------------------------------------------

@@ -282,7 +282,7 @@ def test_approve_mode_holds_until_approved():
     aid = out.records[0].action_id
     assert aid == action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
     assert [r.action_id for r in p.held] == [aid]
-    ok = Approval(command_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
     out = p.on_approval(ok, T0 + timedelta(seconds=5))
     assert [r.state for r in out.records] == [ActionState.APPROVED]
     assert len(out.commands) == 3 and {c.mode for c in out.commands} == {ActuatorMode.APPROVE}
@@ -294,7 +294,7 @@ def test_approve_mode_reject_and_notifications_need_no_approval():
     p = auto(mode=ActuatorMode.APPROVE)
     assert len(p.on_alert(alert("fp-inv-00001", action=RA.INVESTIGATE), T0).commands) == 1
     aid = p.on_alert(alert(), T0).records[0].action_id
-    no = Approval(command_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0)
+    no = Approval(action_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0)
     out = p.on_approval(no, T0)
     assert out.commands == [] and out.records[0].state is ActionState.REJECTED
     assert out.records[0].detail == "fp" and out.records[0].by == "sre"
@@ -305,14 +305,14 @@ def test_resolved_episode_cancels_its_held_action():
     aid = p.on_alert(alert(), T0).records[0].action_id
     out = p.on_alert(alert(seq=1, state=AlertState.RESOLVED), T0)
     assert [(r.action_id, r.state) for r in out.records] == [(aid, ActionState.CANCELLED)]
-    ok = Approval(command_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
     assert p.on_approval(ok, T0).commands == []
 
 
 def test_approval_rechecks_the_guardrails():
     p = auto(mode=ActuatorMode.APPROVE, max_isolations=1)
     held = [p.on_alert(alert(f"fp-n{i}-0000", node=f"node-{i}"), T0).records[0] for i in range(2)]
-    ok = [Approval(command_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0)
+    ok = [Approval(action_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0)
           for h in held]  # fmt: skip
     assert len(p.on_approval(ok[0], T0).commands) == 3
     out = p.on_approval(ok[1], T0)

@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from schemas import (
     MESSAGE_MODELS,
     TOPICS,
+    Approval,
+    ApprovalDecision,
     DeadLetter,
     RankSample,
     Rejected,
@@ -21,7 +23,7 @@ from schemas import (
     encode,
 )
 from schemas.jsonschemas import SCHEMA_DIR, render
-from tests.factories import samples, step_telemetry
+from tests.factories import T0, samples, step_telemetry
 
 
 @pytest.mark.parametrize("model", MESSAGE_MODELS, ids=lambda m: m.kind_name)
@@ -120,3 +122,41 @@ def test_topic_registry_prefixes_and_rejects_unknown_names():
     assert reg.logical_of("other.topic") is None
     with pytest.raises(KeyError, match="unknown topic"):
         reg.name("nope")
+
+
+_APPROVAL_V1 = {
+    "schema_version": 1, "command_id": "act-0123456789abcdef01234567",
+    "decision": "reject", "by": "sre", "reason": "false positive",
+    "ts": "2026-11-29T12:00:00Z", "key_id": "k1", "signature": "ab" * 32,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("without_version", [False, True])
+def test_an_approval_of_version_1_decodes_its_command_id_as_the_action_id(without_version):
+    payload = {
+        k: v for k, v in _APPROVAL_V1.items() if k != "schema_version" or not without_version
+    }
+    old = decode(Approval, json.dumps(payload).encode())
+    assert isinstance(old, Approval)
+    assert old.action_id == "act-0123456789abcdef01234567"
+    assert old.schema_version == 1  # its signature covers the version-1 fields
+    assert (old.decision, old.by, old.reason) == (ApprovalDecision.REJECT, "sre", "false positive")
+
+
+def test_an_approval_is_sent_as_version_2_without_command_id():
+    new = Approval(action_id="act-0123456789abcdef01234567", decision=ApprovalDecision.REJECT,
+                   by="sre", reason="false positive", ts=T0)  # fmt: skip
+    payload = json.loads(encode(new))
+    assert payload["schema_version"] == 2 and "command_id" not in payload
+    assert payload["action_id"] == "act-0123456789abcdef01234567"
+    old = decode(Approval, json.dumps(_APPROVAL_V1).encode())
+    assert old.model_copy(update={"schema_version": 2, "key_id": None, "signature": None}) == new
+    assert TOPICS["approvals"].key == "action_id"
+
+
+def test_action_id_wins_over_a_stray_command_id():
+    payload = json.loads(
+        encode(Approval(action_id="act-new1", decision=ApprovalDecision.APPROVE, by="s", ts=T0))
+    )
+    payload["command_id"] = "act-old1"
+    assert decode(Approval, json.dumps(payload).encode()).action_id == "act-new1"
