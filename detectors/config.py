@@ -1,0 +1,203 @@
+"""MonitorConfig: every threshold of the detectors, in one frozen object.
+
+Built once (the worker reads it from settings) and passed to
+:class:`~detectors.engine.JobMonitor`; every value is checked on construction, the
+threshold orderings through :meth:`MonitorConfig.policies`, so a bad configuration
+fails at start-up, naming the argument, and never halfway through a job.
+
+Examples
+--------
+>>> cfg = MonitorConfig(straggler_warning=0.08)
+>>> cfg.straggler_warning, cfg.straggler_critical
+(0.08, 0.1)
+>>> cfg.policies()["straggler"].enter
+(None, 0.08, 0.1)
+>>> MonitorConfig(nic_window=0)
+Traceback (most recent call last):
+...
+ValueError: nic_window must be >= 1, got 0
+>>> MonitorConfig(straggler_exit=0.2)
+Traceback (most recent call last):
+...
+ValueError: exit must be <= the lowest enter threshold, got 0.2
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from detectors.grading import GradePolicy
+from detectors.hardware import FATAL_XIDS
+from detectors.signals import grade_policies
+
+__all__ = ["MonitorConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitorConfig:
+    """Every threshold of the detectors, in one frozen object.
+
+    Units: *fraction* = relative to the peer median (0.05 = 5 %); *z* = robust MAD
+    units; *steps* / *reports* = consecutive observations of the subject.
+
+    ==============================  =====================================================
+    Peer comparison
+    ``mad_floor_rel``               MAD floor as a fraction of the peer median (0.01)
+    ``min_group_size``              smaller pipeline stages fall back to the whole job
+    ``replica_correction``          subtract the replica's common mode (``dp_group`` =
+                                    model replica) measured on its other nodes
+    ``straggler_z``                 z of the slowdown excess needed to count at all
+    ``straggler_warning``           slowdown (fraction, above the rank's own baseline)
+    ``straggler_critical``          ... for CRITICAL
+    ``straggler_exit``              episode resolves below this
+    ``straggler_min_steps``         steps above ``straggler_warning`` before firing
+    ``straggler_critical_steps``    steps above ``straggler_critical`` before CRITICAL
+    ``culprit_comm_max``            a culprit's comm-wait excess (fraction of step time)
+                                    must not exceed this (culprits do not wait)
+    ``node_fraction``               share of a node's ranks flagged -> one node finding
+    ``data_stall_z`` / ``_warning`` data-wait excess (fraction of step time) of one rank
+    ``data_stall_critical``         ... for CRITICAL; ``data_stall_exit`` to resolve
+    ``nic_z`` / ``nic_spike``       comm-wait excess of a node's ranks that is a spike
+    ``nic_window``                  steps the spike fraction is counted over
+    ``nic_warning`` / ``nic_exit``  spike fraction to fire / to resolve
+    Temporal baselines
+    ``warmup_steps``                TRAIN steps a rank learns before it is scored
+    ``baseline_alpha``              EW weight of the per-rank baselines (slow);
+                                    ``baseline_alpha_up`` when above (default equal)
+    ``learn_gate_z``                values beyond this z are not learned
+    ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
+    ``degradation_z``               smoothed-excess z that marks a creep ...
+    ``degradation_cusum``           ... or CUSUM level (z units) that does
+    ``degradation_warning``         smoothed slowdown excess (fraction) that fires
+    ``degradation_critical``        ... for CRITICAL; ``degradation_exit`` to resolve
+    Hangs and missing data
+    ``hang_factor``                 no step for this many median step times: CRITICAL
+                                    (2.5, so a hang is flagged before 3 x the median
+                                    step time; ``tick`` runs after the step it follows)
+    ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
+    ``restart_grace_steps``         after :meth:`JobMonitor.restarted`, median step
+                                    times allowed for the relaunch before a hang
+    ``missing_steps``               steps a rank is absent while others report
+    ``missing_forget_steps``        a rank absent longer left the job
+    ``health_missing_factor``       node health silent for this many of its declared
+                                    intervals while most nodes report (2.5: two
+                                    missed reports; a checkpoint save can stretch one
+                                    interval, and a crashed node is still named while
+                                    the job hangs)
+    Divergence
+    ``div_window`` / ``div_warmup`` rolling window of loss / grad norm, warm-up
+    ``div_warning_z`` / ``div_critical_z``  one-sided robust z of loss or grad norm
+    ``div_exit_z``                  resolves below this
+    Hardware
+    ``hw_warmup_reports``           reports per GPU before baselines score
+    ``thermal_warning_c``           °C above fleet and own offset, while throttling
+    ``thermal_critical_c`` / ``thermal_exit_c``
+    ``thermal_extreme_c``           excess that counts even without throttling signs
+    ``clock_drop``                  SM-clock drop (fraction) that counts as throttling
+    ``ecc_z_warning``               Poisson z of the corrected-ECC count of one report
+                                    against max(own, fleet) rate (2 reports)
+    ``ecc_z_critical``
+    ``nvlink_z_warning``            ... of NVLink errors (2 reports)
+    ``nic_z_warning``               ... of NIC errors + retransmits (1 report)
+    ``fatal_xids``                  XIDs critical at once (with any uncorrectable ECC)
+    ``fatal_latch_reports``         reports a hard-rule episode stays open
+    Grading
+    ``hold_steps``                  observations below exit before resolving
+    ``cooloff_steps``               a re-fire this soon re-opens the same episode
+    ==============================  =====================================================
+    """
+
+    mad_floor_rel: float = 0.01
+    replica_correction: bool = True
+    min_group_size: int = 8
+    straggler_z: float = 3.0
+    straggler_warning: float = 0.05
+    straggler_critical: float = 0.10
+    straggler_exit: float = 0.025
+    straggler_min_steps: int = 3
+    straggler_critical_steps: int = 8
+    culprit_comm_max: float = 0.02
+    node_fraction: float = 0.5
+    data_stall_z: float = 4.0
+    data_stall_warning: float = 0.05
+    data_stall_critical: float = 0.25
+    data_stall_exit: float = 0.025
+    nic_z: float = 4.0
+    nic_spike: float = 0.05
+    nic_window: int = 20
+    nic_warning: float = 0.25
+    nic_exit: float = 0.1
+    warmup_steps: int = 20
+    baseline_alpha: float = 0.005
+    baseline_alpha_up: float = 0.005
+    learn_gate_z: float = 3.0
+    cusum_k: float = 1.0
+    cusum_clip: float = 4.0
+    degradation_z: float = 5.0
+    degradation_cusum: float = 15.0
+    degradation_warning: float = 0.02
+    degradation_critical: float = 0.10
+    degradation_exit: float = 0.01
+    hang_factor: float = 2.5
+    hang_window: int = 50
+    hang_min_steps: int = 5
+    restart_grace_steps: float = 20.0
+    missing_steps: int = 2
+    missing_forget_steps: int = 50
+    health_missing_factor: float = 2.5
+    div_window: int = 50
+    div_warmup: int = 20
+    div_warning_z: float = 8.0
+    div_critical_z: float = 20.0
+    div_exit_z: float = 4.0
+    hw_warmup_reports: int = 5
+    thermal_warning_c: float = 8.0
+    thermal_critical_c: float = 15.0
+    thermal_exit_c: float = 4.0
+    thermal_extreme_c: float = 20.0
+    clock_drop: float = 0.05
+    ecc_z_warning: float = 6.0
+    ecc_z_critical: float = 50.0
+    nvlink_z_warning: float = 6.0
+    nic_z_warning: float = 10.0
+    fatal_xids: frozenset[int] = FATAL_XIDS
+    fatal_latch_reports: int = 30
+    hold_steps: int = 5
+    cooloff_steps: int = 30
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{f.name} must be finite and >= 0, got {v!r}")
+        for name in (
+            "min_group_size",
+            "nic_window",
+            "warmup_steps",
+            "hang_window",
+            "hang_min_steps",
+            "missing_steps",
+            "missing_forget_steps",
+            "div_window",
+            "div_warmup",
+            "hw_warmup_reports",
+            "hold_steps",
+            "fatal_latch_reports",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 < self.node_fraction <= 1:
+            raise ValueError(f"node_fraction must be in (0, 1], got {self.node_fraction!r}")
+        for name in ("baseline_alpha", "baseline_alpha_up"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if self.div_warmup > self.div_window:
+            raise ValueError("div_warmup must be <= div_window")
+        self.policies()  # validates every threshold ordering
+
+    def policies(self) -> dict[str, GradePolicy]:
+        """The grading policy of every signal (:func:`detectors.signals.grade_policies`)."""
+        return grade_policies(self)
