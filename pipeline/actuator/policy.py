@@ -433,7 +433,8 @@ class Policy:
                 (cmd(CommandKind.ROLLBACK, checkpoint_step=to, summary=text),), None, None, text
             )
         if action is RecommendedAction.RESTART:
-            spare = self._spare(node)
+            # a relaunch that excludes no node (a job-wide hang) needs no replacement
+            spare = self._spare(node) if node else None
             repl = (spare,) if spare else ()
             text = f"restart excluding {node or 'nothing'}" + (
                 f", bringing in {spare}" if spare else ""

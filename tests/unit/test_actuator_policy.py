@@ -131,11 +131,12 @@ def test_restart_excludes_the_dead_node_and_names_a_spare():
     ]
 
 
-def test_restart_of_a_whole_hung_job_isolates_nothing():
+def test_restart_of_a_whole_hung_job_isolates_nothing_and_takes_no_spare():
     p = auto()
     out = p.on_alert(alert(kind=AlertKind.HANG, action=RA.RESTART, node=None), T0)
-    assert kinds(out) == [(CommandKind.RESTART, (), ("spare-0",))]
+    assert kinds(out) == [(CommandKind.RESTART, (), ())]
     assert p.isolations_in_window("job-1", T0) == 0
+    assert p.spares == ["spare-0", "spare-1", "spare-2"]
 
 
 def test_investigate_only_notifies():
