@@ -46,6 +46,7 @@ from detectors.grading import Grader
 from detectors.hang import HangDetector, HealthPresence, MissingRanks
 from detectors.hardware import HEALTH_SIGNALS, HardwareDetector
 from detectors.peer import PeerDetector, PeerScores
+from detectors.registry import NodeRegistry
 from detectors.signals import TRAIN_SIGNALS
 from detectors.temporal import RankBaselines, TemporalScores
 from schemas.alerts import Alert, Grade
@@ -165,19 +166,10 @@ class JobMonitor:
             fatal_latch_reports=cfg.fatal_latch_reports,
         )
         self.grader = Grader(job_id, cfg.policies())
+        self.nodes = NodeRegistry()
         self._nic = _NicWindow(cfg.nic_window)
-        self._node_names: list[str] = []
-        self._node_id: dict[str, int] = {}
-        self._rank_node = np.full(0, -1, dtype=np.int64)
-        self._frame_nodes: tuple[str, ...] = ()
-        self._frame_node_ids = np.zeros(0, dtype=np.int64)
+        self._last_step = -1  #: the last step completed before a relaunch
         self.steps_seen = 0
-        self._removed: set[str] = set()
-
-    # -- bookkeeping ---------------------------------------------------------------
-    #: the last step completed before a relaunch reset the hang clock (class default:
-    #: monitors pickled before this field existed)
-    _last_step: int = -1
 
     @property
     def last_step(self) -> int:
@@ -185,57 +177,13 @@ class JobMonitor:
         this: alerts raised while the job relaunches still name the job's step."""
         return self._last_step if self.hang.last_step is None else self.hang.last_step
 
-    def _lookup_nodes(self, frame: StepFrame) -> tuple[I64, list[str]]:
-        """Global node ids of ``frame.nodes`` (new nodes get provisional ids) and the
-        node names by id; reads state only."""
-        if frame.nodes == self._frame_nodes:
-            return self._frame_node_ids, self._node_names
-        known = self._node_id
-        names = self._node_names
-        new: dict[str, int] = {}
-        ids = np.empty(len(frame.nodes), dtype=np.int64)
-        for k, name in enumerate(frame.nodes):
-            i = known.get(name)
-            if i is None:
-                i = new.get(name)
-                if i is None:
-                    i = new[name] = len(names) + len(new)
-            ids[k] = i
-        if new:
-            names = [*names, *new]
-        return ids, names
-
-    def _register_nodes(self, frame: StepFrame) -> None:
-        if frame.nodes == self._frame_nodes:
-            return
-        for name in frame.nodes:
-            if name not in self._node_id:
-                self._node_id[name] = len(self._node_names)
-                self._node_names.append(name)
-            self._removed.discard(name)  # back in the job's steps: back in the job
-        self._frame_nodes = frame.nodes
-        self._frame_node_ids = np.asarray([self._node_id[n] for n in frame.nodes], dtype=np.int64)
-
-    def _record_ranks(self, ranks: I64, nodes: I64) -> None:
-        need = int(ranks.max()) + 1 if ranks.shape[0] else 0
-        if need > self._rank_node.shape[0]:
-            size = max(need, 2 * self._rank_node.shape[0])
-            grown = np.full(size, -1, dtype=np.int64)
-            grown[: self._rank_node.shape[0]] = self._rank_node
-            self._rank_node = grown
-        prev = self._rank_node[ranks]
-        moved = ranks[(prev >= 0) & (prev != nodes)]
-        if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
-            self.baselines.forget(moved.astype(np.int64))
-        self._rank_node[ranks] = nodes
-
     # -- steps ---------------------------------------------------------------------
     def score_step(self, frame: StepFrame) -> StepScores:
         """Score one step without changing any state: findings per signal family and
         what :meth:`process_step` needs to learn afterwards."""
         if frame.job_id != self.job_id:
             raise ValueError(f"frame of job {frame.job_id!r} given to monitor of {self.job_id!r}")
-        node_ids, names = self._lookup_nodes(frame)
+        node_ids, names = self.nodes.lookup(frame.nodes)
         rank_node = node_ids[frame.node_idx]
         train = frame.phase == _TRAIN
         train_step = bool(frame.n_ranks) and bool(train.mean() >= 0.5)
@@ -284,8 +232,10 @@ class JobMonitor:
         if s.train_step:
             alerts += g.observe(s.train_findings, signals=TRAIN_SIGNALS, step=step, ts=ts)
         # learn
-        self._register_nodes(frame)
-        self._record_ranks(frame.rank, s.rank_node)
+        self.nodes.register(frame.nodes)
+        moved = self.nodes.record_ranks(frame.rank, s.rank_node)
+        if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
+            self.baselines.forget(moved)
         self.missing.learn(frame.rank)
         if s.temporal is not None and s.values is not None and s.scales is not None:
             mask = s.train & ~self._critical_ranks(frame, s.rank_node)
@@ -299,39 +249,26 @@ class JobMonitor:
 
     def _open_nodes(self, signal: str) -> set[int]:
         """Global ids of nodes with an open node-level episode of ``signal``."""
-        return {
-            self._node_id[node]
+        ids = (
+            self.nodes.node_id(node)
             for sig, node, rank in self.grader.firing()
-            if sig == signal and rank is None and node in self._node_id
-        }
+            if sig == signal and rank is None and node is not None
+        )
+        return {i for i in ids if i is not None}
 
     def _firing_ranks(self, signal: str, frame: StepFrame, rank_node: I64) -> B:
         """Ranks of ``frame`` covered by an open episode of ``signal``."""
-        out = np.zeros(frame.n_ranks, dtype=bool)
-        for sig, node, rank in self.grader.firing():
-            if sig != signal:
-                continue
-            if rank is not None:
-                i = int(np.searchsorted(frame.rank, rank))
-                if i < frame.n_ranks and int(frame.rank[i]) == rank:
-                    out[i] = True
-            elif node is not None and node in self._node_id:
-                out |= rank_node == self._node_id[node]
-        return out
+        subjects = [(node, rank) for sig, node, rank in self.grader.firing() if sig == signal]
+        return self.nodes.rows_of(subjects, frame.rank, rank_node)
 
     def _critical_ranks(self, frame: StepFrame, rank_node: I64) -> B:
         """Ranks whose step-signal episode is CRITICAL: never learned from."""
-        out = np.zeros(frame.n_ranks, dtype=bool)
-        for (signal, node, rank), grade in self.grader.firing().items():
-            if grade is not Grade.CRITICAL or signal not in TRAIN_SIGNALS:
-                continue
-            if rank is not None:
-                i = int(np.searchsorted(frame.rank, rank))
-                if i < frame.n_ranks and int(frame.rank[i]) == rank:
-                    out[i] = True
-            elif node is not None and node in self._node_id:
-                out |= rank_node == self._node_id[node]
-        return out
+        subjects = [
+            (node, rank)
+            for (signal, node, rank), grade in self.grader.firing().items()
+            if grade is Grade.CRITICAL and signal in TRAIN_SIGNALS
+        ]
+        return self.nodes.rows_of(subjects, frame.rank, rank_node)
 
     def _loss_values(self, frame: StepFrame, train: B) -> tuple[float, float]:
         lmask = frame.has_loss & train & np.isfinite(frame.loss)
@@ -396,15 +333,16 @@ class JobMonitor:
         ranks, counts = ranks[keep], counts[keep]
         if ranks.shape[0] == 0:
             return []
-        nodes = self._rank_node[ranks]
-        absent = np.bincount(nodes, minlength=len(self._node_names))
+        rank_node, node_names = self.nodes.rank_node, self.nodes.names
+        nodes = rank_node[ranks]
+        absent = np.bincount(nodes, minlength=len(node_names))
         # ranks the job expects per node (seen recently)
         seen = self.missing.expected()
-        seen = seen[seen < self._rank_node.shape[0]]
-        per_node = np.bincount(self._rank_node[seen], minlength=len(self._node_names))
+        seen = seen[seen < rank_node.shape[0]]
+        per_node = np.bincount(rank_node[seen], minlength=len(node_names))
         out: list[Finding] = []
         for n in np.unique(nodes):
-            name = self._node_names[int(n)]
+            name = node_names[int(n)]
             sel = nodes == n
             if absent[n] >= per_node[n] and per_node[n] > 1:
                 c = float(np.median(counts[sel]))
@@ -580,7 +518,7 @@ class JobMonitor:
         """Score one node's hardware report, grade, then learn from it."""
         if msg.job_id is not None and msg.job_id != self.job_id:
             return []
-        if msg.node in self._removed:
+        if self.nodes.is_removed(msg.node):
             return []  # taken out of the job: its late reports are not the job's health
         ts = msg.ts.timestamp()
         step = max(self.last_step, 0)
@@ -611,7 +549,7 @@ class JobMonitor:
         self.hang.restart(now, self.config.restart_grace_steps)
         for node in removed_nodes:
             self.presence.forget(node)
-            self._removed.add(node)
+            self.nodes.remove(node)
 
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""
