@@ -313,6 +313,17 @@ class JobMonitor:
             self.presence.forget(node)
             self.nodes.remove(node)
 
+    def announce_phase(self, phase: str, ts: float, expected_s: float | None = None) -> None:
+        """The job announced a long ``phase`` (checkpoint, eval) starting at event time
+        ``ts``: until its next step completes, the hang clock measures the silence
+        against the phase's expected duration (:meth:`HangDetector.announce`)."""
+        self.hang.announce(phase, ts, expected_s)
+
+    def close(self, why: str, ts: float) -> list[Alert]:
+        """Resolve every open episode at event time ``ts``, saying ``why`` (the job
+        ended, or was abandoned); nothing re-opens from the old scores."""
+        return self.grader.close(why, step=max(self.last_step, 0), ts=ts)
+
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""
         g = self.grader

@@ -288,6 +288,40 @@ class Grader:
                 del self._subjects[key]
         return alerts
 
+    def close(self, why: str, *, step: int, ts: float, node: str | None = None) -> list[Alert]:
+        """Resolve every open episode (of ``node``, if given) at once, whatever its
+        scores say: the job ended, or the node left it. Each gets one RESOLVED update
+        that gives ``why``; every closed subject is forgotten, so nothing re-opens.
+
+        >>> from schemas import AlertKind
+        >>> from detectors.base import Finding
+        >>> hang = GradePolicy(AlertKind.HANG, enter=(None, None, 2.5), exit=1.0,
+        ...                    min_obs=(1, 1, 1))
+        >>> g = Grader("job-1", {"hang": hang})
+        >>> fs = [Finding("hang", None, None, 3.0, "seconds_since_step", 9.0, 3.0,
+        ...               detail="no step for 3.0 median step times")]
+        >>> [a.state.value for a in g.observe(fs, signals={"hang"}, step=7, ts=20.0)]
+        ['firing']
+        >>> [a.summary for a in g.close("job ended: completed", step=7, ts=21.0)]
+        ['hang (hang) on job resolved (job ended: completed): no step for 3.0 median step times']
+        >>> g.firing(), g.close("again", step=7, ts=22.0)
+        ({}, [])
+        """
+        alerts: list[Alert] = []
+        for key in sorted(self._subjects, key=_sort_key):
+            if node is not None and key[1] != node:
+                continue
+            tracked = self._subjects.pop(key)
+            st = tracked.state
+            if not st.firing or tracked.last is None:
+                continue
+            tracked.state = replace(
+                st, grade=-1, seq=st.seq + 1, resolved_at=st.n_obs, above=(0, 0, 0)
+            )
+            policy = self.policies[key[0]]
+            alerts.append(self._alert(key, tracked, Transition.RESOLVE, policy, step, ts, why))
+        return alerts
+
     def _alert(
         self,
         key: SubjectKey,
@@ -296,6 +330,7 @@ class Grader:
         policy: GradePolicy,
         step: int,
         ts: float,
+        why: str = "",
     ) -> Alert:
         st = tracked.state
         signal, node, rank = key
@@ -316,7 +351,7 @@ class Grader:
             Transition.NEW: "firing",
             Transition.ESCALATE: f"escalated to {grade.value}",
             Transition.REOPEN: "re-opened",
-            Transition.RESOLVE: "resolved",
+            Transition.RESOLVE: f"resolved ({why})" if why else "resolved",
         }[transition]
         summary = f"{policy.kind.value} ({signal}) on {subject} {verb}: {evidence.detail}".strip()
         return Alert(

@@ -27,15 +27,20 @@ messages). The core restores one order, on event time:
 4. **Ticks check the clock** at an event time the driver estimates (the worker:
    newest step time plus the wall time since it arrived). A tick never goes back in
    time.
-5. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
+5. **Lifecycle events** take effect when they are read: an announced long phase
+   (checkpoint, evaluation) gives the clock the phase's expected duration until the
+   next step completes; an end resolves every open episode ("job ended: <reason>")
+   and makes the job :attr:`~JobDetection.ended`: drivers then drop its state.
+6. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
    starts its relaunch grace at the current event time (the job goes quiet while it
    relaunches); the executor's SUCCEEDED result for a RESTART or ROLLBACK starts it
    again (the relaunch is done, the new run is starting). Step numbers going back
    with a newer event time are a relaunch too (rule 1).
 
-Held health and remembered commands are bounded (``max_held_health``,
-``max_commands``): beyond them the oldest report is processed at once, the oldest
-command forgotten.
+Everything kept is bounded: held health and remembered commands (``max_held_health``,
+``max_commands``: beyond them the oldest report is processed at once, the oldest
+command forgotten) and the ranks of the job (``max_ranks``: a message that would add
+more is refused with :class:`~pipeline.errors.CapacityError` before anything grows).
 
 Examples
 --------
@@ -64,13 +69,33 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
+
+import numpy as np
 
 from detectors.engine import JobMonitor, MonitorConfig
 from detectors.frame import NodeStep, StepFrame
 from pipeline.assembly import StepAssembler
-from schemas import Alert, Command, CommandKind, CommandResult, CommandStatus, NodeHealth
+from pipeline.errors import CapacityError
+from schemas import (
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    Evidence,
+    Grade,
+    JobEvent,
+    JobEventKind,
+    NodeHealth,
+    RecommendedAction,
+    episode_fingerprint,
+)
 from schemas.commands import RELAUNCHING
+from schemas.telemetry import MAX_RANKS_PER_JOB
 
 __all__ = ["Detected", "Detectors", "JobDetection"]
 
@@ -86,6 +111,8 @@ class Detectors(Protocol):
     def process_health(self, msg: NodeHealth) -> list[Alert]: ...
     def tick(self, now: float) -> list[Alert]: ...
     def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None: ...
+    def announce_phase(self, phase: str, ts: float, expected_s: float | None) -> None: ...
+    def close(self, why: str, ts: float) -> list[Alert]: ...
 
 
 @dataclass(slots=True)
@@ -116,6 +143,8 @@ class JobDetection:
         once beyond it.
     max_commands
         Relaunching commands remembered to match their results.
+    max_ranks
+        Distinct ranks the job may have (at most the schema's ``MAX_RANKS_PER_JOB``).
 
     The whole object pickles (the worker stores it in its changelog).
     """
@@ -129,6 +158,7 @@ class JobDetection:
         lag_steps: int = 2,
         max_held_health: int = 4096,
         max_commands: int = 256,
+        max_ranks: int = MAX_RANKS_PER_JOB,
     ) -> None:
         if monitor is not None and config is not None:
             raise ValueError("give either config or monitor, not both")
@@ -136,11 +166,18 @@ class JobDetection:
             raise ValueError(f"max_held_health must be >= 0, got {max_held_health!r}")
         if max_commands < 1:
             raise ValueError(f"max_commands must be >= 1, got {max_commands!r}")
+        if not 1 <= max_ranks <= MAX_RANKS_PER_JOB:
+            raise ValueError(f"max_ranks must be in [1, {MAX_RANKS_PER_JOB}], got {max_ranks!r}")
         self.job_id = job_id
         self.monitor: Detectors = monitor if monitor is not None else JobMonitor(job_id, config)
         self.assembler = StepAssembler(lag_steps)
         self.max_held_health = max_held_health
         self.max_commands = max_commands
+        self.max_ranks = max_ranks
+        #: why the job ended (an END event, or "abandoned"); None while it runs
+        self.ended: str | None = None
+        self._ranks = np.zeros(0, dtype=bool)
+        self._n_ranks = 0
         #: the newest event time the core has processed (frames, health, ticks)
         self.now: float | None = None
         #: frames processed, and relaunches carried out (results, :meth:`relaunched`)
@@ -155,6 +192,7 @@ class JobDetection:
     def on_step(self, msg: NodeStep) -> Detected:
         """One node's telemetry of one step: the alerts of the frames it completed."""
         self._check_job(msg.job_id)
+        self._count_ranks(msg)
         out = Detected()
         for frame in self.assembler.add(msg):
             out.alerts += self.on_frame(frame)
@@ -213,6 +251,52 @@ class JobDetection:
         self._grace(now, removed_nodes)
         self.relaunches += 1
 
+    def on_lifecycle(self, event: JobEvent) -> list[Alert]:
+        """A lifecycle event of the job (rule 5); returns the episodes an end resolved."""
+        self._check_job(event.job_id)
+        ts = event.ts.timestamp()
+        if event.kind is JobEventKind.PHASE and event.phase is not None:
+            self.monitor.announce_phase(event.phase.value, ts, event.expected_s)
+            return []
+        if event.kind is JobEventKind.END and event.reason is not None and self.ended is None:
+            self.ended = event.reason.value
+            return self.monitor.close(f"job ended: {self.ended}", max(ts, self.now or ts))
+        return []
+
+    def abandon(self, now: float, idle_s: float) -> list[Alert]:
+        """The job went silent for ``idle_s`` seconds without an end: resolve its open
+        episodes and say so in one INFO notice (a RESOLVED update of its own, so that
+        nothing stays open downstream once the state is dropped)."""
+        why = f"job abandoned: no record for {idle_s:.0f}s and no end or relaunch"
+        alerts = self.monitor.close(why, now) if self.ended is None else []
+        self.ended = "abandoned"
+        at = datetime.fromtimestamp(now, UTC)
+        step = max(self.last_step, 0)
+        alerts.append(
+            Alert(
+                fingerprint=episode_fingerprint(
+                    self.job_id, "abandoned", None, None, round(now * 1000)
+                ),
+                seq=0,
+                kind=AlertKind.MISSING,
+                grade=Grade.INFO,
+                state=AlertState.RESOLVED,
+                job_id=self.job_id,
+                step=step,
+                started_at=at,
+                ts=at,
+                evidence=Evidence(
+                    metric="seconds_idle",
+                    value=idle_s,
+                    deviation=0.0,
+                    detail=f"last step {self.last_step}; its detector state is dropped",
+                ),
+                recommended_action=RecommendedAction.NONE,
+                summary=why,
+            )
+        )
+        return alerts
+
     def tick(self, now: float) -> list[Alert]:
         """The clock at event time ``now`` (rule 4): held health up to ``now``, then
         hangs and silent nodes. A tick at or behind the current event time does
@@ -247,6 +331,27 @@ class JobDetection:
     def _check_job(self, job_id: str) -> None:
         if job_id != self.job_id:
             raise ValueError(f"record of job {job_id!r} given to detection of {self.job_id!r}")
+
+    def _count_ranks(self, msg: NodeStep) -> None:
+        """Refuse a message that would take the job beyond ``max_ranks`` ranks."""
+        ranks = np.fromiter((s.rank for s in msg.samples), dtype=np.int64)
+        if ranks.size == 0:
+            return
+        top = int(ranks.max())
+        if top >= MAX_RANKS_PER_JOB:
+            raise CapacityError(f"rank {top} is beyond the schema's {MAX_RANKS_PER_JOB}")
+        if top >= self._ranks.shape[0]:
+            grown = np.zeros(min(MAX_RANKS_PER_JOB, max(top + 1, 2 * self._ranks.shape[0])), bool)
+            grown[: self._ranks.shape[0]] = self._ranks
+            self._ranks = grown
+        new = int(np.count_nonzero(~self._ranks[ranks]))
+        if self._n_ranks + new > self.max_ranks:
+            raise CapacityError(
+                f"job {self.job_id} would have {self._n_ranks + new} ranks, over "
+                f"STEPGUARD_MAX_RANKS_PER_JOB={self.max_ranks}"
+            )
+        self._ranks[ranks] = True
+        self._n_ranks += new
 
     def _grace(self, now: float | None, removed_nodes: Iterable[str]) -> None:
         at = now if now is not None else self.now

@@ -10,6 +10,7 @@ __all__ = [
     "ArchiveError",
     "ArchiveRowError",
     "BrokerError",
+    "CapacityError",
     "ConfigError",
     "EmbeddedServiceError",
     "StepguardError",
@@ -39,3 +40,8 @@ class ArchiveRowError(ArchiveError):
 
 class EmbeddedServiceError(StepguardError):
     """An embedded service (Tansu broker) failed to start or stop."""
+
+
+class CapacityError(StepguardError):
+    """A record would take a service beyond one of its configured bounds (jobs per
+    worker, ranks per job): the record is dead-lettered, the service goes on."""

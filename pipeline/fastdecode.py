@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas.codec import MAX_MESSAGE_BYTES
-from schemas.telemetry import Phase, StepTelemetry
+from schemas.telemetry import MAX_RANKS_PER_JOB, Phase, StepTelemetry
 
 __all__ = [
     "PHASE_CODES", "StepColumns", "StepView", "decode_step", "decode_steps", "from_models",
@@ -61,6 +61,7 @@ _INT64_MAX = 2**63 - 1
 # ASCII (so msgspec's and pydantic's length, escape and UTF-8 rules agree), and unknown
 # fields send a message to pydantic (which ignores them, but also bounds their nesting).
 _Count = Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+_Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS_PER_JOB)]
 _Seconds = Annotated[float, msgspec.Meta(ge=0)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 _Time = Annotated[datetime, msgspec.Meta(tz=True)]
@@ -71,7 +72,7 @@ _Signal = float | None | Literal["NaN", "Infinity", "-Infinity"]
 
 
 class _Sample(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    rank: _Count
+    rank: _Rank
     local_rank: _Count
     step_time_s: _Seconds
     compute_s: _Seconds
@@ -193,7 +194,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
     >>> from datetime import UTC, datetime
     >>> from schemas import RankSample
     >>> t = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> s = RankSample(rank=2**70, local_rank=0, step_time_s=1, compute_s=1,
+    >>> s = RankSample(rank=0, local_rank=2**70, step_time_s=1, compute_s=1,
     ...                comm_wait_s=0, data_wait_s=0)
     >>> m = StepTelemetry(job_id="j", node="n", step=1, ts_start=t, ts_end=t, samples=(s,))
     >>> from_models([m]).slow

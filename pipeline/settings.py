@@ -29,6 +29,10 @@ STEPGUARD_WORKER_MAX_MESSAGE_BYTES  larger input goes to the dead-letter topic
 STEPGUARD_WORKER_MAX_SNAPSHOT_BYTES  largest compressed job snapshot (changelog limit)
 STEPGUARD_WORKER_SESSION_TIMEOUT_S  worker consumer-group session timeout
 STEPGUARD_WORKER_RECOVERY_TIMEOUT_S  exit (75) when table recovery stalls this long
+STEPGUARD_WORKER_MAX_JOBS     jobs one worker holds; records of more are dead-lettered
+STEPGUARD_JOB_IDLE_TTL_S      a job silent this long (no step, command or lifecycle
+                              record, no end) is dropped with one INFO alert
+STEPGUARD_MAX_RANKS_PER_JOB   distinct ranks per job; further ranks are dead-lettered
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
 STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
                               verify (rotation); secret
@@ -101,6 +105,13 @@ class Settings(BaseSettings):
     #: a worker whose table recovery has not completed for this long exits (code 75)
     #: for its supervisor to restart it (Faust's recovery can stall after a rebalance)
     worker_recovery_timeout_s: float = Field(default=120.0, gt=0)
+    #: jobs one worker holds at most; records of more jobs are dead-lettered
+    worker_max_jobs: int = Field(default=10_000, ge=1)
+    #: a job with no step, command or lifecycle record for this long (wall seconds) is
+    #: abandoned: its state is dropped with one INFO alert
+    job_idle_ttl_s: float = Field(default=3600.0, gt=0)
+    #: distinct ranks one job may have; records of further ranks are dead-lettered
+    max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"

@@ -26,6 +26,7 @@ from schemas.commands import (
 )
 from schemas.control import ActionRecord, ActionState, ControlMessage
 from schemas.deadletter import DeadLetter
+from schemas.lifecycle import EndReason, JobEvent, JobEventKind
 from schemas.telemetry import GpuHealth, NodeHealth, Phase, RankSample, StepTelemetry
 from schemas.topics import TOPICS, TopicRegistry, TopicSpec
 from schemas.truth import FaultKind, FaultTruth
@@ -42,6 +43,7 @@ MESSAGE_MODELS: tuple[type[Message], ...] = (
     FaultTruth,
     ControlMessage,
     ActionRecord,
+    JobEvent,
 )
 
 __all__ = [
@@ -62,11 +64,14 @@ __all__ = [
     "CommandStatus",
     "ControlMessage",
     "DeadLetter",
+    "EndReason",
     "Evidence",
     "FaultKind",
     "FaultTruth",
     "GpuHealth",
     "Grade",
+    "JobEvent",
+    "JobEventKind",
     "Message",
     "NodeHealth",
     "Phase",

@@ -25,7 +25,7 @@ from pydantic import AwareDatetime, Field, NonNegativeFloat, NonNegativeInt, mod
 
 from schemas._base import Message
 
-__all__ = ["GpuHealth", "NodeHealth", "Phase", "RankSample", "StepTelemetry"]
+__all__ = ["MAX_RANKS_PER_JOB", "GpuHealth", "NodeHealth", "Phase", "RankSample", "StepTelemetry"]
 
 
 class Phase(StrEnum):
@@ -37,10 +37,16 @@ class Phase(StrEnum):
     CHECKPOINT = "checkpoint"
 
 
+#: Ranks one job may number: rank ids are ``0 .. MAX_RANKS_PER_JOB - 1``, so whatever
+#: is kept per rank has a bound however hostile a message is (about a million GPUs:
+#: ten times the largest jobs run today).
+MAX_RANKS_PER_JOB = 1 << 20
+
+
 class RankSample(Message):
     """One rank's timings for one step, in seconds."""
 
-    rank: NonNegativeInt
+    rank: NonNegativeInt = Field(lt=MAX_RANKS_PER_JOB)
     local_rank: NonNegativeInt
     dp_group: NonNegativeInt = 0
     pp_stage: NonNegativeInt = 0

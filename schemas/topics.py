@@ -21,6 +21,7 @@ from schemas.alerts import Alert
 from schemas.commands import Approval, Command, CommandResult
 from schemas.control import ActionRecord, ControlMessage
 from schemas.deadletter import DeadLetter
+from schemas.lifecycle import JobEvent
 from schemas.telemetry import NodeHealth, StepTelemetry
 from schemas.truth import FaultTruth
 
@@ -47,6 +48,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("decisions", "job_id", 4, Alert, "Graded alerts, one per episode update."),
         TopicSpec("commands", "job_id", 4, Command, "Actuator commands for executors."),
         TopicSpec("results", "job_id", 4, CommandResult, "Executor results per command."),
+        TopicSpec("lifecycle", "job_id", 4, JobEvent, "Job start, long phases, end."),
         TopicSpec("approvals", "action_id", 1, Approval, "Human approve/reject decisions."),
         TopicSpec("control", "scope", 1, ControlMessage, "Runtime actuator changes (archived)."),
         TopicSpec("actions", "action_id", 1, ActionRecord, "Actuator action records (held ...)."),

@@ -21,11 +21,14 @@ from schemas import (
     CommandStatus,
     ControlMessage,
     DeadLetter,
+    EndReason,
     Evidence,
     FaultKind,
     FaultTruth,
     GpuHealth,
     Grade,
+    JobEvent,
+    JobEventKind,
     Message,
     NodeHealth,
     Phase,
@@ -35,6 +38,7 @@ from schemas import (
     command_id,
     episode_fingerprint,
 )
+from schemas.telemetry import MAX_RANKS_PER_JOB
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -111,6 +115,10 @@ def samples() -> dict[str, Message]:
             scenario="demo", job_id="job-1", fault_id="f1", kind=FaultKind.STRAGGLER,
             node="node-3", rank=27, onset_step=100, end_step=400, magnitude=0.2,
         ),
+        "lifecycle": JobEvent(
+            job_id="job-1", kind=JobEventKind.END, reason=EndReason.COMPLETED, ts=T0,
+            step=400, run="attempt-2", source="node-0",
+        ),
     }  # fmt: skip
 
 
@@ -125,7 +133,9 @@ _any_float = st.floats(allow_nan=True, allow_infinity=True)
 @st.composite
 def step_telemetry_st(draw: st.DrawFn) -> StepTelemetry:
     n = draw(st.integers(1, 8))
-    ranks = draw(st.lists(st.integers(0, 1 << 20), min_size=n, max_size=n, unique=True))
+    ranks = draw(
+        st.lists(st.integers(0, MAX_RANKS_PER_JOB - 1), min_size=n, max_size=n, unique=True)
+    )
     start = draw(_times)
     return StepTelemetry(
         job_id=draw(_text),

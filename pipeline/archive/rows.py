@@ -30,6 +30,7 @@ from schemas import (
     ControlMessage,
     DeadLetter,
     FaultTruth,
+    JobEvent,
     Message,
     NodeHealth,
     StepTelemetry,
@@ -162,6 +163,18 @@ def _action(m: ActionRecord, _rec_ms: int) -> Iterable[Row]:
     }  # fmt: skip
 
 
+def _job_event(m: JobEvent, _rec_ms: int) -> Iterable[Row]:
+    ms = _ms(m.ts)
+    yield {
+        "event_id": m.event_id, "job_id": m.job_id, "kind": m.kind.value,
+        "step": -1 if m.step is None else m.step,
+        "phase": m.phase.value if m.phase is not None else "",
+        "expected_s": m.expected_s or 0.0,
+        "reason": m.reason.value if m.reason is not None else "", "run": m.run,
+        "source": m.source, "detail": m.detail, "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+    }  # fmt: skip
+
+
 #: Model -> (table, row mapper taking the message and the broker record time in ms).
 TABLE_OF: dict[type[Message], tuple[str, Callable[[Any, int], Iterable[Row]]]] = {
     StepTelemetry: ("steps", _steps),
@@ -174,6 +187,7 @@ TABLE_OF: dict[type[Message], tuple[str, Callable[[Any, int], Iterable[Row]]]] =
     FaultTruth: ("fault_truth", _truth),
     ControlMessage: ("control_changes", _control),
     ActionRecord: ("actions", _action),
+    JobEvent: ("job_events", _job_event),
 }
 
 

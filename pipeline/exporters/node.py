@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.exporters.batcher import RankRecord, StepBatcher
 from pipeline.exporters.sink import KafkaSink
 from pipeline.settings import Settings
+from schemas import JobEvent
 
 __all__ = ["NodeAggregator", "run_node_aggregator"]
 
@@ -69,9 +70,12 @@ class NodeAggregator:
     def _handle(self, data: bytes) -> None:
         try:
             rows = json.loads(data)
+            if isinstance(rows, dict):  # a lifecycle event of the job
+                self.sink.send("lifecycle", JobEvent.model_validate(rows["event"]))
+                return
             now = time.monotonic()
             records = [RankRecord(*row, now) for row in rows]
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:
             self.malformed += 1
             log.warning("aggregator: malformed datagram: %s", exc)
             return

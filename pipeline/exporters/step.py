@@ -21,7 +21,16 @@ Example (direct)::
         ...
         exporter.record_step(step, rank, step_time, compute, comm_wait, data_wait,
                              local_rank=local_rank, loss=loss)
-    exporter.close()   # also registered with atexit
+        if step % 500 == 499:
+            with exporter.phase("checkpoint"):   # a long step: not a hang
+                save(step)
+    exporter.close()   # the job completed; close(reason="failed") after an error
+
+Lifecycle: the exporter announces the job's start when it is created, a long phase
+when :meth:`StepExporter.phase` is entered, and the end when :meth:`StepExporter.close`
+is called (``reason``: completed, failed or cancelled). The close registered with
+``atexit`` (a script that never called ``close``) announces no end: the reason is not
+known, and the job's silence is then judged as a hang, then abandoned.
 """
 
 from __future__ import annotations
@@ -33,13 +42,17 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.exporters.batcher import RankRecord, StepBatcher
 from pipeline.exporters.sink import KafkaSink
 from pipeline.settings import Settings
+from schemas import EndReason, JobEvent, JobEventKind, Phase
 
 __all__ = ["ExporterStats", "StepExporter"]
 
@@ -66,6 +79,7 @@ class ExporterStats:
 
 class _Transport(Protocol):
     def push(self, records: list[RankRecord]) -> None: ...
+    def event(self, event: JobEvent) -> None: ...
     def poll(self, now: float) -> None: ...
     def drain(self, timeout: float) -> None: ...
     def close(self, timeout: float) -> None: ...
@@ -80,6 +94,9 @@ class _Direct:
         for r in records:
             for msg in self.batcher.add(r):
                 self.sink.send("steps", msg)
+
+    def event(self, event: JobEvent) -> None:
+        self.sink.send("lifecycle", event)
 
     def poll(self, now: float) -> None:
         for msg in self.batcher.expire(now):
@@ -104,7 +121,7 @@ class _Socket:
         self.path = str(path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
-        self.sent = self.dropped = 0
+        self.sent = self.dropped = self.events_dropped = 0
 
     def push(self, records: list[RankRecord]) -> None:
         batch: list[list[object]] = []
@@ -118,6 +135,13 @@ class _Socket:
                 batch, size = [], 0
         if batch:
             self._send(batch)
+
+    def event(self, event: JobEvent) -> None:
+        data = json.dumps({"event": event.model_dump(mode="json")}).encode()
+        try:
+            self.sock.sendto(data, self.path)
+        except OSError:  # aggregator down: counted apart from records
+            self.events_dropped += 1
 
     def _send(self, batch: list[list[object]]) -> None:
         data = json.dumps(batch).encode()
@@ -149,6 +173,11 @@ class StepExporter:
         Where records go (use :meth:`direct` or :meth:`to_aggregator`).
     job_id, node
         Written into every record.
+    run
+        Run or attempt id written into lifecycle events (e.g. the scheduler's job id
+        and restart count), so analysts can tell a job's runs apart.
+    announce_start
+        Publish the job's START event when the exporter is created.
     queue_size
         Records buffered before ``record_step`` starts dropping.
     poll_s
@@ -164,6 +193,8 @@ class StepExporter:
         queue_size: int = 65536,
         poll_s: float = 0.005,
         register_atexit: bool = True,
+        run: str = "",
+        announce_start: bool = True,
     ) -> None:
         if not job_id or not node:
             raise ValueError("job_id and node must not be empty")
@@ -180,10 +211,15 @@ class StepExporter:
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._closed = False
+        self.run = run
+        self._last_step: int | None = None
+        self._events: collections.deque[JobEvent] = collections.deque(maxlen=1024)
+        if announce_start:
+            self._event(JobEventKind.START)
         self._thread = threading.Thread(target=self._run, name="stepguard-exporter", daemon=True)
         self._thread.start()
         if register_atexit:
-            atexit.register(self.close)
+            atexit.register(self._close_at_exit)
 
     @classmethod
     def direct(
@@ -263,7 +299,27 @@ class StepExporter:
             )
         )
         self._recorded += 1
+        self._last_step = step
         return True
+
+    @contextmanager
+    def phase(self, name: str, expected_s: float | None = None) -> Iterator[None]:
+        """Announce a long phase (``checkpoint``, ``eval``) for the block it wraps:
+        the silence until the next step is measured against the phase's expected
+        duration (``expected_s``, else what its past runs took), not the step time.
+
+        Publishes one small event when the block is entered; never blocks.
+        """
+        self._event(JobEventKind.PHASE, phase=Phase(name), expected_s=expected_s)
+        yield
+
+    def _event(self, kind: JobEventKind, **fields: Any) -> JobEvent:
+        event = JobEvent(
+            job_id=self.job_id, kind=kind, ts=datetime.now(UTC), step=self._last_step,
+            run=self.run, source=self.node, **fields,
+        )  # fmt: skip
+        self._events.append(event)  # the sender thread publishes it
+        return event
 
     def _run(self) -> None:
         q = self._queue
@@ -279,10 +335,12 @@ class StepExporter:
             try:
                 if batch:
                     self._transport.push(batch)
+                while self._events:
+                    self._transport.event(self._events.popleft())
                 self._transport.poll(time.monotonic())
             except Exception:  # the sender must survive anything
                 log.exception("exporter: sender failed")
-            if not batch:
+            if not batch and not q:  # records may have come while an event was sent
                 if self._stop.is_set():
                     return
                 self._idle.set()
@@ -303,8 +361,11 @@ class StepExporter:
             self._idle.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         self._transport.drain(max(0.0, deadline - time.monotonic()))
 
-    def close(self, timeout: float = 5.0) -> ExporterStats:
-        """Flush, stop the sender and report what was dropped (idempotent)."""
+    def close(
+        self, timeout: float = 5.0, reason: EndReason | str | None = EndReason.COMPLETED
+    ) -> ExporterStats:
+        """Flush, announce the job's end (``reason``; None: announce nothing), stop the
+        sender and report what was dropped (idempotent)."""
         if self._closed:
             return self.stats()
         self._closed = True
@@ -317,11 +378,15 @@ class StepExporter:
                 self._queue.clear()
                 self._dropped_full += lost
             else:
+                if reason is not None:
+                    self._event(JobEventKind.END, reason=EndReason(reason))
+                while self._events:  # the sender has stopped: publish what is left
+                    self._transport.event(self._events.popleft())
                 self._transport.drain(timeout)
         finally:
             self._transport.close(timeout)
             with_drops = self.stats()
-            atexit.unregister(self.close)
+            atexit.unregister(self._close_at_exit)
         if with_drops.dropped:
             log.warning(
                 "exporter %s/%s: %d of %d records dropped (queue full %d, send %d)",
@@ -333,6 +398,9 @@ class StepExporter:
                 with_drops.dropped_send,
             )
         return with_drops
+
+    def _close_at_exit(self) -> None:
+        self.close(reason=None)  # how the job ended is not known here
 
     def stats(self) -> ExporterStats:
         sent, dropped, invalid = self._transport.counts()

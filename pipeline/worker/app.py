@@ -3,7 +3,9 @@
 Topology (``P`` = partitions of the steps topic)::
 
     steps  (key job)  ───────────────────────────────┐
-    health (key node) ─► route_health ─► jobs (internal, key job, P partitions)
+    health (key node) ─► route_health ───┐            │
+    commands (relaunching) ─► route_command ─► jobs (internal, key job, P partitions)
+    lifecycle (key job) ─► route_lifecycle ┘           │
     timer (every tick interval) ─► tick records ─────┘        │
                                                               ▼
                                  job agent: WorkerCore ─► decisions, deadletter
@@ -213,6 +215,7 @@ def build_app(
     names = CoreTopics(
         steps=registry.name("steps"), health=registry.name("health"),
         jobs=jobs_topic_name(settings), commands=registry.name("commands"),
+        lifecycle=registry.name("lifecycle"),
     )  # fmt: skip
     core = WorkerCore(
         names,
@@ -221,6 +224,9 @@ def build_app(
         snapshot_interval_s=settings.worker_snapshot_interval_s,
         max_message_bytes=settings.worker_max_message_bytes,
         max_snapshot_bytes=settings.worker_max_snapshot_bytes,
+        max_jobs=settings.worker_max_jobs,
+        job_idle_ttl_s=settings.job_idle_ttl_s,
+        max_ranks_per_job=settings.max_ranks_per_job,
         # a live pipeline delivers the worker's own ticks every interval
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
     )
@@ -229,6 +235,7 @@ def build_app(
     job_inputs = app.topic(names.steps, names.jobs, **raw)
     health_in = app.topic(names.health, **raw)
     commands_in = app.topic(names.commands, **raw)
+    lifecycle_in = app.topic(names.lifecycle, **raw)
     jobs_out = app.topic(names.jobs, partitions=n_partitions, **raw)
     decisions = app.topic(registry.name("decisions"), **raw)
     deadletter = app.topic(registry.name("deadletter"), **raw)
@@ -300,7 +307,11 @@ def build_app(
                         msg.partition, msg.offset, msg.key, msg.value, kind, event, load
                     )
                 await publish(out)
-                if out.snapshot is not None and out.job_id is not None:
+                if out.tombstone and out.job_id is not None:
+                    # the job ended: a tombstone in the compacted changelog
+                    with contextlib.suppress(KeyError):
+                        del table[out.job_id.encode()]
+                elif out.snapshot is not None and out.job_id is not None:
                     table[out.job_id.encode()] = out.snapshot
                     metrics.snapshots.inc()
                 for held in out.release:
@@ -342,6 +353,22 @@ def build_app(
             except Exception:
                 log.exception("command routing failed on %s[%d]@%d", msg.topic, msg.partition,
                               msg.offset)  # fmt: skip
+            records_of(msg.topic).inc()
+            last_read[(msg.topic, msg.partition)] = msg.offset
+
+    @app.agent(lifecycle_in, name="stepguard.worker.lifecycle")
+    async def lifecycle_agent(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                routed = core.route_lifecycle(msg.partition, msg.offset, msg.key, msg.value)
+                if isinstance(routed, Rejected):
+                    await send_dead(routed.letter)
+                else:
+                    await forward(routed, b"lifecycle")
+            except Exception:
+                log.exception("lifecycle routing failed on %s[%d]@%d", msg.topic,
+                              msg.partition, msg.offset)  # fmt: skip
             records_of(msg.topic).inc()
             last_read[(msg.topic, msg.partition)] = msg.offset
 
@@ -394,7 +421,8 @@ def build_app(
         log.info("rebalance: own %d partitions of %s and %s", len(mine), names.steps,
                  names.jobs)  # fmt: skip
 
-    del jobs_agent, health_agent, commands_agent, tick_jobs, on_revoked, on_assigned
+    del jobs_agent, health_agent, commands_agent, lifecycle_agent, tick_jobs, on_revoked
+    del on_assigned
     return WorkerApp(app, core, metrics, settings, n_partitions)
 
 

@@ -34,6 +34,7 @@ import logging
 import pickle
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,11 +45,14 @@ from kafka.partitioner.default import murmur2
 from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from pipeline.detection import JobDetection
+from pipeline.errors import CapacityError
 from pipeline.fastdecode import decode_step
 from schemas import (
     Alert,
     Command,
     DeadLetter,
+    JobEvent,
+    JobEventKind,
     NodeHealth,
     Rejected,
     StepTelemetry,
@@ -56,6 +60,7 @@ from schemas import (
 )
 from schemas.codec import MAX_MESSAGE_BYTES
 from schemas.commands import RELAUNCHING
+from schemas.telemetry import MAX_RANKS_PER_JOB
 
 __all__ = [
     "KIND_HEADER",
@@ -69,7 +74,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Header naming what a record on the worker's job topic carries:
-#: ``health`` | ``tick`` | ``command``.
+#: ``health`` | ``tick`` | ``command`` | ``lifecycle``.
 KIND_HEADER = "stepguard-kind"
 
 #: Prefix of a compressed snapshot (a bare pickle starts with b"\x80").
@@ -95,8 +100,9 @@ class CoreTopics:
 
     steps: str
     health: str
-    jobs: str  #: internal: health and relaunch commands re-keyed by job, timer ticks
+    jobs: str  #: internal: health, relaunch commands, lifecycle re-keyed by job; ticks
     commands: str = ""
+    lifecycle: str = ""
 
 
 @dataclass
@@ -111,6 +117,9 @@ class JobState:
     #: newest step event time seen (epoch s) and the wall time it arrived
     last_event_ts: float | None = None
     arrived_wall: float = 0.0
+    #: wall time of the last step, command or lifecycle record (not health: node
+    #: agents outlive jobs); the idle TTL counts from here
+    active_wall: float = 0.0
     steps_since_snapshot: int = 0
     dirty: bool = False
     last_snapshot_wall: float = 0.0
@@ -154,6 +163,8 @@ class Handled:
     steps: int = 0
     #: event-time ends of the steps completed (for the latency metric)
     step_ts: list[float] = field(default_factory=list)
+    #: the job ended or was abandoned: delete its table entry (a changelog tombstone)
+    tombstone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +195,15 @@ class WorkerCore:
         records it would cover stay unacked (logged, ``oversized_snapshots``).
     monitor_config
         Detector thresholds for new jobs.
+    max_jobs
+        Jobs held at once; a record that would add one more is dead-lettered.
+    job_idle_ttl_s
+        A job with no step, command or lifecycle record for this many wall seconds,
+        and no end, is abandoned: one INFO alert, its state dropped, a tombstone.
+    max_ranks_per_job
+        Distinct ranks per job; a message that would add more is dead-lettered.
+    max_ended
+        Ended jobs remembered (so that their late records raise nothing).
     blind_after_s
         A worker that receives no record at all for this long (its own timer ticks
         travel through the broker too, so a live pipeline never goes this quiet) was
@@ -205,6 +225,10 @@ class WorkerCore:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_snapshot_bytes: int = 64 * 1024 * 1024,
         monitor_config: MonitorConfig | None = None,
+        max_jobs: int = 10_000,
+        job_idle_ttl_s: float = 3600.0,
+        max_ranks_per_job: int = MAX_RANKS_PER_JOB,
+        max_ended: int = 65_536,
         blind_after_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -216,6 +240,10 @@ class WorkerCore:
             raise ValueError("snapshot_interval_s must be positive")
         if blind_after_s <= 0:
             raise ValueError("blind_after_s must be positive")
+        if max_jobs < 1 or max_ended < 1:
+            raise ValueError("max_jobs and max_ended must be >= 1")
+        if job_idle_ttl_s <= 0:
+            raise ValueError("job_idle_ttl_s must be positive")
         self.topics = topics
         self.n_partitions = n_partitions
         self.snapshot_steps = snapshot_steps
@@ -231,12 +259,25 @@ class WorkerCore:
         self.jobs: dict[str, JobState] = {}
         self._held: dict[str, list[Any]] = {}
         self.unrouted_health = 0
+        self.max_jobs = max_jobs
+        self.job_idle_ttl_s = job_idle_ttl_s
+        self.max_ranks_per_job = max_ranks_per_job
+        self.max_ended = max_ended
+        #: job -> event time of its end: records up to then are the ended run's
+        self.ended: OrderedDict[str, float] = OrderedDict()
+        self.after_end = 0  #: records of ended jobs ignored
+        self.refused = 0  #: records dead-lettered for a capacity limit
 
     # -- state --------------------------------------------------------------------------
     def state(self, job_id: str, load: Callable[[str], bytes | None]) -> JobState:
         """The job's live state: cached, else the table's snapshot, else a new one."""
         st = self.jobs.get(job_id)
         if st is None:
+            if len(self.jobs) >= self.max_jobs:
+                raise CapacityError(
+                    f"worker holds {len(self.jobs)} jobs, STEPGUARD_WORKER_MAX_JOBS="
+                    f"{self.max_jobs}: job {job_id} is not taken on"
+                )
             blob = load(job_id)
             if blob is not None:
                 st = JobState.from_bytes(blob)
@@ -245,8 +286,9 @@ class WorkerCore:
             else:
                 st = JobState(
                     job_id,
-                    JobDetection(job_id, self.monitor_config),
+                    JobDetection(job_id, self.monitor_config, max_ranks=self.max_ranks_per_job),
                     last_snapshot_wall=self.clock(),
+                    active_wall=self.clock(),
                 )
             self.jobs[job_id] = st
         return st
@@ -289,14 +331,20 @@ class WorkerCore:
             )  # fmt: skip
         if isinstance(msg, Rejected):
             return Handled(dead_letters=[msg.letter], release=[token])
-        st = self.state(msg.job_id, load)
+        ts = msg.ts_end.timestamp()
+        if self._ended_before(msg.job_id, ts):
+            return Handled(release=[token])
+        try:
+            st = self.state(msg.job_id, load)
+        except CapacityError as exc:
+            return self._refuse(exc, value, topic, partition, offset, key, token)
         out = Handled(job_id=msg.job_id)
         if st.seen(topic, partition, offset):
             out.release.append(token)
             return out
         st.offsets[(topic, partition)] = offset
         st.partition = partition
-        ts = msg.ts_end.timestamp()
+        st.active_wall = self.clock()
         if st.last_event_ts is None or ts >= st.last_event_ts:
             st.last_event_ts = ts
             st.arrived_wall = self.clock()
@@ -308,6 +356,12 @@ class WorkerCore:
                 out.steps += 1
                 out.rank_steps += frame.n_ranks
                 out.step_ts.append(frame.ts)
+        except CapacityError as exc:
+            self.refused += 1
+            log.warning("%s[%d]@%d refused: %s", topic, partition, offset, exc)
+            out.dead_letters.append(
+                _dead_letter(value, str(exc), topic, partition, offset, key, "limit")
+            )
         except Exception as exc:  # a detector bug must not stop the job's other steps
             log.exception("detector failed on %s[%d]@%d", topic, partition, offset)
             out.dead_letters.append(
@@ -346,6 +400,18 @@ class WorkerCore:
             return None
         return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
 
+    def route_lifecycle(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> Forward | Rejected:
+        """A lifecycle event: forward it to its job's partition, or a dead letter."""
+        msg = decode(
+            JobEvent, value, topic=self.topics.lifecycle, partition=partition, offset=offset,
+            key=key, max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return msg
+        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+
     def handle_job_record(
         self,
         partition: int,
@@ -356,22 +422,28 @@ class WorkerCore:
         token: Any,
         load: Callable[[str], bytes | None] = lambda _: None,
     ) -> Handled:
-        """One record of the internal job topic: forwarded health, or a timer tick."""
+        """One record of the internal job topic: forwarded health, command or
+        lifecycle event, or a timer tick."""
         self._saw_record()
         topic = self.topics.jobs
         if kind == "tick":
             return self._tick(partition, offset, key, value, token)
         if kind == "command":
             return self._command(partition, offset, key, value, token)
+        if kind == "lifecycle":
+            return self._lifecycle(partition, offset, key, value, token, load)
         msg = decode(
             NodeHealth, value, topic=topic, partition=partition, offset=offset, key=key,
             max_bytes=self.max_message_bytes,
         )  # fmt: skip
         if isinstance(msg, Rejected):
             return Handled(dead_letters=[msg.letter], release=[token])
-        if msg.job_id is None:
+        if msg.job_id is None or self._ended_before(msg.job_id, msg.ts.timestamp()):
             return Handled(release=[token])
-        st = self.state(msg.job_id, load)
+        try:
+            st = self.state(msg.job_id, load)
+        except CapacityError as exc:
+            return self._refuse(exc, value, topic, partition, offset, key, token)
         out = Handled(job_id=msg.job_id)
         if st.seen(topic, partition, offset):
             out.release.append(token)
@@ -423,6 +495,7 @@ class WorkerCore:
             return out
         st.offsets[(topic, partition)] = offset
         st.dirty = True
+        st.active_wall = self.clock()
         out.alerts += st.detection.on_command(msg, now=now)
         log.info(
             "%s %s issued: its hang clock allows for the relaunch (nodes %s)",
@@ -448,6 +521,15 @@ class WorkerCore:
         now = st.now_estimate(wall)
         if now is None or now <= (st.last_event_ts or now):
             return out
+        idle = wall - st.active_wall
+        if idle >= self.job_idle_ttl_s:
+            out.alerts += st.detection.abandon(now, idle)
+            log.warning(
+                "job %s abandoned: no step, command or lifecycle record for %.0fs "
+                "(STEPGUARD_JOB_IDLE_TTL_S=%.0f): its state is dropped",
+                job_id, idle, self.job_idle_ttl_s,
+            )  # fmt: skip
+            return self._drop(st, out, st.last_event_ts or now)
         held = st.detection.held_health
         out.alerts += st.detection.tick(now)
         if out.alerts:
@@ -463,6 +545,93 @@ class WorkerCore:
             st.offsets[(self.topics.jobs, partition)] = offset
             st.dirty = True
         return self._finish(st, out, token if not out.release else None)
+
+    def _lifecycle(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
+    ) -> Handled:
+        """A job's start, long phase or end. An end resolves the job's episodes and
+        drops its state (tombstone); its late records are ignored from then on, until
+        a record newer than the end (a new run under the same id) starts afresh."""
+        topic = self.topics.jobs
+        msg = decode(
+            JobEvent, value, topic=topic, partition=partition, offset=offset, key=key,
+            max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Handled(dead_letters=[msg.letter], release=[token])
+        ts = msg.ts.timestamp()
+        if self._ended_before(msg.job_id, ts):
+            return Handled(release=[token])
+        if msg.kind is JobEventKind.START:
+            return Handled(job_id=msg.job_id, release=[token])
+        st = self.jobs.get(msg.job_id)
+        if st is None and msg.kind is JobEventKind.END:
+            try:  # a snapshot stored before this worker took the partition
+                st = self.state(msg.job_id, load) if load(msg.job_id) is not None else None
+            except CapacityError:
+                st = None
+            if st is None:
+                self._mark_ended(msg.job_id, ts)
+                return Handled(job_id=msg.job_id, release=[token], tombstone=True)
+        if st is None or st.seen(topic, partition, offset):
+            return Handled(job_id=msg.job_id, release=[token])
+        st.offsets[(topic, partition)] = offset
+        st.dirty = True
+        st.active_wall = self.clock()
+        out = Handled(job_id=msg.job_id)
+        out.alerts += st.detection.on_lifecycle(msg)
+        if st.detection.ended is not None:
+            log.info("job %s ended (%s): its state is dropped", msg.job_id, msg.reason)
+            return self._drop(st, out, ts, token)
+        return self._finish(st, out, token)
+
+    def _ended_before(self, job_id: str, ts: float) -> bool:
+        """True for a record of an ended run; a newer record un-ends the job."""
+        end = self.ended.get(job_id)
+        if end is None:
+            return False
+        if ts <= end:
+            self.after_end += 1
+            return True
+        del self.ended[job_id]
+        return False
+
+    def _mark_ended(self, job_id: str, ts: float) -> None:
+        self.ended[job_id] = max(ts, self.ended.get(job_id, ts))
+        self.ended.move_to_end(job_id)
+        while len(self.ended) > self.max_ended:
+            self.ended.popitem(last=False)
+
+    def _drop(self, st: JobState, out: Handled, end_ts: float, token: Any = None) -> Handled:
+        """Forget an ended job: its held records are acked, its table entry deleted."""
+        self.jobs.pop(st.job_id, None)
+        self._mark_ended(st.job_id, max(end_ts, st.last_event_ts or end_ts))
+        out.release += self._held.pop(st.job_id, [])
+        if token is not None:
+            out.release.append(token)
+        out.tombstone = True
+        return out
+
+    def _refuse(
+        self,
+        exc: CapacityError,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        token: Any,
+    ) -> Handled:
+        self.refused += 1
+        log.warning("%s[%d]@%d refused: %s", topic, partition, offset, exc)
+        letter = _dead_letter(value, str(exc), topic, partition, offset, key, "limit")
+        return Handled(dead_letters=[letter], release=[token])
 
     def _finish(self, st: JobState, out: Handled, token: Any) -> Handled:
         if token is not None:
@@ -501,7 +670,7 @@ class WorkerCore:
 
     def adopt(self, job_id: str, blob: bytes, owned: set[int]) -> bool:
         """Load a job found in the table (after a restart) when its partition is ours."""
-        if job_id in self.jobs:
+        if job_id in self.jobs or job_id in self.ended or len(self.jobs) >= self.max_jobs:
             return False
         st = JobState.from_bytes(blob)
         if st.partition not in owned:

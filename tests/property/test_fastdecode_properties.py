@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pipeline.fastdecode import PHASE_CODES, StepColumns, decode_steps, from_models
 from schemas import Phase, RankSample, Rejected, StepTelemetry, decode, encode
+from schemas.telemetry import MAX_RANKS_PER_JOB
 from tests.factories import step_telemetry_st
 
 _ascii = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
@@ -22,7 +23,9 @@ _float = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=F
 def ascii_steps(draw: st.DrawFn) -> StepTelemetry:
     """Valid telemetry the fast path is meant to take: ASCII names, int64 values."""
     n = draw(st.integers(1, 8))
-    ranks = draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n, unique=True))
+    ranks = draw(
+        st.lists(st.integers(0, MAX_RANKS_PER_JOB - 1), min_size=n, max_size=n, unique=True)
+    )
     start = draw(st.datetimes(datetime(1960, 1, 1), datetime(2200, 1, 1), timezones=st.just(UTC)))
     signal = st.none() | st.floats(allow_nan=True, allow_infinity=True)
     return StepTelemetry(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pickle
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 
 from detectors.frame import StepFrame
 from pipeline.detection import JobDetection
+from pipeline.errors import CapacityError
 from pipeline.simulator import Scenario, simulate
 from schemas import (
     ActuatorMode,
@@ -20,9 +21,13 @@ from schemas import (
     CommandKind,
     CommandResult,
     CommandStatus,
-    Grade,
+    EndReason,
     GpuHealth,
+    Grade,
+    JobEvent,
+    JobEventKind,
     NodeHealth,
+    Phase,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
@@ -218,3 +223,52 @@ def test_state_survives_a_pickle_round_trip_mid_run() -> None:
     assert play(JobDetection(sc.job), sc, messages=True, cut=70) == play(
         JobDetection(sc.job), sc, messages=True
     )
+
+
+def lifecycle(kind: JobEventKind, ts: float, **kw: object) -> JobEvent:
+    return JobEvent(job_id="job", kind=kind, ts=datetime.fromtimestamp(ts, UTC), **kw)
+
+
+def test_an_end_resolves_every_open_episode_once() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    assert firing(det.tick(det.now + 10 * STEP_S), AlertKind.HANG)
+    got = det.on_lifecycle(lifecycle(JobEventKind.END, det.now, reason=EndReason.FAILED))
+    assert [(a.kind, a.state) for a in got] == [(AlertKind.HANG, AlertState.RESOLVED)]
+    assert "job ended: failed" in got[0].summary and det.ended == "failed"
+    assert det.on_lifecycle(lifecycle(JobEventKind.END, det.now, reason=EndReason.FAILED)) == []
+
+
+def test_an_announced_phase_waits_for_its_expected_duration_then_hangs() -> None:
+    plain, announced = JobDetection("job"), JobDetection("job")
+    for det in (plain, announced):
+        warm(det, 30)
+    start = announced.now
+    announced.on_lifecycle(
+        lifecycle(JobEventKind.PHASE, start, phase=Phase.CHECKPOINT, expected_s=20 * STEP_S)
+    )
+    assert firing(plain.tick(start + 10 * STEP_S), AlertKind.HANG)
+    assert firing(announced.tick(start + 10 * STEP_S), AlertKind.HANG) == []
+    assert firing(announced.tick(start + 60 * STEP_S), AlertKind.HANG)  # 3x: a hang
+
+
+def test_an_abandoned_job_gets_one_info_notice() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    got = det.abandon(det.now + 3600, 3600)
+    assert [(a.kind, a.grade, a.state) for a in got] == [
+        (AlertKind.MISSING, Grade.INFO, AlertState.RESOLVED)
+    ]
+    assert det.ended == "abandoned" and "job abandoned" in got[0].summary
+
+
+def test_a_message_that_would_exceed_the_rank_cap_is_refused_before_anything_grows() -> None:
+    det = JobDetection("job", max_ranks=16)
+    msgs = frame(0).to_messages()
+    for m in msgs[:2]:
+        det.on_step(m)
+    with pytest.raises(CapacityError, match="STEPGUARD_MAX_RANKS_PER_JOB=16"):
+        det.on_step(msgs[2])
+    det.on_step(frame(1).to_messages()[1])  # known ranks go on
+    with pytest.raises(ValueError, match="max_ranks"):
+        JobDetection("job", max_ranks=0)

@@ -12,7 +12,7 @@ from pipeline.embedded import free_port
 from pipeline.exporters import RankRecord, StepBatcher, StepExporter
 from pipeline.exporters.health import NvmlReader, NvmlUnavailable, run_health_exporter
 from pipeline.settings import load_settings
-from schemas import NodeHealth, StepTelemetry
+from schemas import EndReason, JobEvent, NodeHealth, Phase, StepTelemetry
 
 
 def rec(step: int, rank: int, node: str = "n0", **kw) -> RankRecord:
@@ -89,16 +89,30 @@ def test_exporter_sends_records_to_the_aggregator_socket(tmp_path):
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(path))
     server.settimeout(10)
-    exporter = StepExporter.to_aggregator(path, job_id="j", node="n3", register_atexit=False)
+    exporter = StepExporter.to_aggregator(
+        path, job_id="j", node="n3", register_atexit=False, run="attempt-1"
+    )
     for rank in range(8):
         exporter.record_step(5, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank, loss=float("nan"))
     exporter.flush()
-    rows = []
-    while len(rows) < 8:
-        rows += json.loads(server.recv(65536))
-    exporter.close()
+    with exporter.phase("checkpoint", expected_s=30.0):
+        exporter.flush()
+    exporter.close(reason="failed")
+    rows, events = [], []
+    while len(events) < 3:
+        got = json.loads(server.recv(65536))
+        if isinstance(got, dict):
+            events.append(JobEvent.model_validate(got["event"]))
+        else:
+            rows += got
     server.close()
     assert [r[:4] for r in rows] == [["j", "n3", 5, r] for r in range(8)]
+    assert [(e.kind.value, e.step, e.phase, e.expected_s, e.reason) for e in events] == [
+        ("start", None, None, None, None),
+        ("phase", 5, Phase.CHECKPOINT, 30.0, None),
+        ("end", 5, None, None, EndReason.FAILED),
+    ]
+    assert {(e.job_id, e.run, e.source) for e in events} == {("j", "attempt-1", "n3")}
 
 
 def test_bad_exporter_arguments_are_named():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from datetime import UTC, datetime, timedelta
 
@@ -11,17 +12,24 @@ from pipeline.worker.state import CoreTopics, JobState, WorkerCore, partition_fo
 from schemas import (
     ActuatorMode,
     AlertKind,
+    AlertState,
     Command,
     CommandKind,
+    EndReason,
     GpuHealth,
+    Grade,
+    JobEvent,
+    JobEventKind,
     NodeHealth,
+    Phase,
     RankSample,
+    Rejected,
     StepTelemetry,
     encode,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-TOPICS = CoreTopics("steps", "health", "jobs")
+TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
 
 
 class Clock:
@@ -289,3 +297,99 @@ def test_without_the_command_the_same_silence_is_a_hang():
     core = WorkerCore(TOPICS, 8, clock=clock)
     feed(core, range(30))
     assert AlertKind.HANG in [a.kind for a in tick_every_second(core, clock, 10, offset=2)]
+
+
+def job_event(kind: JobEventKind, seconds: float, **kw) -> bytes:
+    return encode(JobEvent(job_id="j", kind=kind, ts=T0 + timedelta(seconds=seconds), **kw))
+
+
+def test_a_job_that_ended_raises_no_hang_and_its_state_is_dropped():
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock)
+    feed(core, range(30))
+    alerts = tick_every_second(core, clock, 60, offset=1)
+    assert [a.kind for a in alerts] == [AlertKind.HANG]  # silent without an end: a hang
+    end = job_event(JobEventKind.END, 1.3 * 31, reason=EndReason.COMPLETED)
+    fwd = core.route_lifecycle(1, 7, b"j", end)
+    assert (fwd.job_id, fwd.partition) == ("j", partition_for("j", 8))
+    out = core.handle_job_record(0, 100, b"j", fwd.value, "lifecycle", token="end")
+    assert [(a.kind, a.state) for a in out.alerts] == [(AlertKind.HANG, AlertState.RESOLVED)]
+    assert "job ended: completed" in out.alerts[0].summary
+    assert out.tombstone and "end" in out.release and core.held("j") == 0
+    assert "j" not in core.jobs and core.tick_record("j") is None
+    # a late message of the ended run is ignored; a newer one is a new run, from scratch
+    late = core.handle_step(0, 5000, b"j", step_msg(29, 3), token="late")
+    assert (late.release, late.alerts, core.after_end) == (["late"], [], 1)
+    assert "j" not in core.jobs
+    core.handle_step(0, 5001, b"j", step_msg(40, 3), token="new")
+    assert core.jobs["j"].detection.last_step == -1
+
+
+def test_an_end_for_a_job_this_worker_never_held_still_tombstones_it():
+    core = WorkerCore(TOPICS, 8)
+    end = job_event(JobEventKind.END, 5.0, reason=EndReason.CANCELLED)
+    out = core.handle_job_record(0, 1, b"j", end, "lifecycle", token="e")
+    assert out.tombstone and out.release == ["e"] and core.ended == {"j": T0.timestamp() + 5}
+
+
+def test_an_announced_checkpoint_is_not_a_hang():
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock)
+    feed(core, range(30))
+    last = core.jobs["j"].last_event_ts
+    phase = job_event(JobEventKind.PHASE, last - T0.timestamp(), phase=Phase.CHECKPOINT,
+                      expected_s=30.0)  # fmt: skip
+    assert core.handle_job_record(0, 1, b"j", phase, "lifecycle", token="p").alerts == []
+    assert tick_every_second(core, clock, 30, offset=2) == []  # 23 step times of silence
+    assert [a.kind for a in tick_every_second(core, clock, 40, offset=40)] == [AlertKind.HANG]
+
+
+def test_a_job_silent_past_its_idle_ttl_is_abandoned_with_one_info_alert():
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock, job_idle_ttl_s=120.0)
+    feed(core, range(30))
+    alerts = tick_every_second(core, clock, 119, offset=1)
+    clock.now += 1.0
+    _, value = core.tick_record("j")
+    out = core.handle_job_record(0, 500, b"j", value, "tick", token="last")
+    alerts += out.alerts
+    assert out.tombstone and "last" in out.release and core.held("j") == 0
+    assert [(a.kind, a.grade, a.state) for a in alerts] == [
+        (AlertKind.HANG, Grade.CRITICAL, AlertState.FIRING),
+        (AlertKind.HANG, Grade.CRITICAL, AlertState.RESOLVED),
+        (AlertKind.MISSING, Grade.INFO, AlertState.RESOLVED),
+    ]
+    assert "job abandoned" in alerts[-1].summary
+    assert "j" not in core.jobs and core.tick_record("j") is None
+
+
+def test_jobs_beyond_the_cap_are_dead_lettered_not_taken_on():
+    core = WorkerCore(TOPICS, 8, max_jobs=2)
+    for job in ("a", "b"):
+        assert not core.handle_step(0, 0, b"x", step_msg(0, 0, job=job), token=job).dead_letters
+    out = core.handle_step(0, 1, b"x", step_msg(0, 0, job="c"), token="c")
+    (letter,) = out.dead_letters
+    assert (letter.stage, out.release, sorted(core.jobs)) == ("limit", ["c"], ["a", "b"])
+    assert "STEPGUARD_WORKER_MAX_JOBS=2" in letter.error and core.refused == 1
+
+
+def test_hostile_rank_ids_and_too_many_ranks_are_dead_lettered():
+    core = WorkerCore(TOPICS, 8, max_ranks_per_job=16)
+    hostile = json.loads(step_msg(0, 0))
+    hostile["samples"][0]["rank"] = 500_000_000
+    out = core.handle_step(0, 0, b"j", json.dumps(hostile).encode(), token="h")
+    assert out.dead_letters and "rank" in out.dead_letters[0].error and core.jobs == {}
+    for node in range(2):
+        assert not core.handle_step(0, 1 + node, b"j", step_msg(0, node), token=node).dead_letters
+    out = core.handle_step(0, 3, b"j", step_msg(0, 2), token="third")
+    (letter,) = out.dead_letters
+    assert letter.stage == "limit" and "STEPGUARD_MAX_RANKS_PER_JOB=16" in letter.error
+    assert core.handle_step(0, 4, b"j", step_msg(1, 1), token="known").dead_letters == []
+
+
+def test_malformed_lifecycle_events_are_dead_lettered():
+    core = WorkerCore(TOPICS, 8)
+    bad = core.route_lifecycle(
+        0, 3, b"j", b'{"job_id": "j", "kind": "end", "ts": "2026-01-01T00:00:00Z"}'
+    )
+    assert isinstance(bad, Rejected) and "reason" in bad.letter.error
