@@ -4,6 +4,12 @@ Exporters publish one message per node per step; detectors want the whole step. 
 step is complete when every node seen recently has reported it, or when a message
 ``lag_steps`` steps later arrives (a silent node must not block the job's view: its
 absence is itself the signal the hang detector looks for).
+
+A message for a step already handed out is *late* (counted, dropped: a late node is
+a signal, not a new step) unless it is newer in event time than everything the job
+has sent: then step numbers went back, and the job was relaunched from a checkpoint.
+A straggler's late message always predates the later steps that forced its step out,
+so lateness alone never reads as a relaunch.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ class _JobBuffer:
     emitted_through: int = -1
     emitted_ts: float = float("-inf")
     max_seen: int = -1
+    #: newest event time of any message of the job
+    newest_ts: float = float("-inf")
 
 
 class StepAssembler:
@@ -47,12 +55,13 @@ class StepAssembler:
     def add(self, msg: NodeStep) -> list[StepFrame]:
         """Add one message; return the frames it completed (possibly none)."""
         buf = self._jobs[msg.job_id]
+        ts = msg.ts_end.timestamp()
         if msg.step <= buf.emitted_through:
-            if msg.ts_end.timestamp() <= buf.emitted_ts:
+            if ts <= max(buf.emitted_ts, buf.newest_ts):
                 self.late_messages += 1  # that step is already out; a late node is a signal
                 return []
-            # a step number seen before but a newer event time: the job restarted from
-            # a checkpoint; what is still buffered belongs to the abandoned run
+            # a step number seen before but newer than anything the job sent: the job
+            # restarted from a checkpoint; what is still buffered is the abandoned run's
             self.restarts += 1
             buf.pending.clear()
             buf.known_hits.clear()
@@ -63,6 +72,7 @@ class StepAssembler:
             buf.known_hits[msg.step] = buf.known_hits.get(msg.step, 0) + 1
         nodes[msg.node] = msg
         buf.max_seen = max(buf.max_seen, msg.step)
+        buf.newest_ts = max(buf.newest_ts, ts)
         return self._drain(buf, force_below=buf.max_seen - self.lag_steps + 1)
 
     def flush(self) -> list[StepFrame]:

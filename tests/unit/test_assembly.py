@@ -72,3 +72,21 @@ def test_a_restart_from_a_checkpoint_replays_step_numbers():
     out = asm.add(later) + asm.flush()
     assert [f.step for f in out] == [2]
     assert asm.restarts == 1 and asm.late_messages == 0
+
+
+def test_a_late_message_newer_than_its_step_is_not_taken_for_a_relaunch():
+    """n2 falls behind: step 1 is forced out without it, step 3 is still pending. Its
+    message for step 1 then arrives, ending later than the frames handed out (its own
+    clock is later) but before step 3: late, and the pending step 3 is kept."""
+    from datetime import timedelta
+
+    asm = StepAssembler(lag_steps=2)
+    out = [f for m in _msgs(0) for f in asm.add(m)]
+    for m in _msgs(1)[:2] + _msgs(2)[:2] + _msgs(3)[:1]:
+        out += asm.add(m)
+    assert [f.step for f in out] == [0, 1, 2]  # 3 waits for n1
+    late = _msgs(1)[2]
+    late = late.model_copy(update={"ts_end": late.ts_end + timedelta(seconds=1.2)})
+    assert asm.add(late) == []
+    assert (asm.late_messages, asm.restarts) == (1, 0)
+    assert [f.step for f in asm.add(_msgs(3)[1])] == [3]
