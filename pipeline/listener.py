@@ -20,6 +20,11 @@ reports SUCCEEDED, or FAILED when the callback raises.
 Commands this listener already carried out (a SUCCEEDED or FAILED result read back
 from the results topic at start) are skipped, so a restarted training process does not
 restart itself again.
+
+Lifecycle: before it calls ``on_checkpoint`` the listener announces a checkpoint phase
+(the save that follows is not a hang); a STOP carried out announces the job's end
+(cancelled); leaving ``with CommandListener(...)`` announces the end too (completed,
+or failed when the block raised). ``close(reason=...)`` does the same by hand.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import queue
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from pipeline.actuator.signing import check_command
 from pipeline.errors import ConfigError
@@ -41,7 +47,18 @@ from pipeline.kafka import (
     registry_of,
 )
 from pipeline.settings import Settings
-from schemas import Command, CommandKind, CommandResult, CommandStatus, Rejected, decode
+from schemas import (
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    EndReason,
+    JobEvent,
+    JobEventKind,
+    Phase,
+    Rejected,
+    decode,
+)
 
 __all__ = ["Callback", "CommandListener"]
 
@@ -109,7 +126,7 @@ class CommandListener:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Read back past results, start the consumer thread, wait until it is assigned."""
-        create_topics(self.settings, ["commands", "results"])
+        create_topics(self.settings, ["commands", "results", "lifecycle"])
         for rec in read_to_end(self.settings, self.registry, "results"):
             res = rec.message
             if (
@@ -125,7 +142,11 @@ class CommandListener:
         self._raise_if_failed()
         return self
 
-    def close(self) -> None:
+    def close(self, reason: EndReason | str | None = None) -> None:
+        """Stop listening; with a ``reason`` (completed, failed, cancelled), announce
+        the job's end first."""
+        if reason is not None:
+            self.announce(JobEventKind.END, reason=EndReason(reason))
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -135,8 +156,16 @@ class CommandListener:
     def __enter__(self) -> CommandListener:
         return self.start()
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(EndReason.COMPLETED if exc_type is None else EndReason.FAILED)
+
+    def announce(self, kind: JobEventKind, step: int | None = None, **fields: Any) -> None:
+        """Publish a lifecycle event of the job (does not wait for the broker)."""
+        event = JobEvent(
+            job_id=self.job_id, kind=kind, ts=self._clock(), step=step, source=self.name,
+            **fields,
+        )  # fmt: skip
+        publish(self._producer, self.registry, "lifecycle", event)
 
     # -- training-loop API -----------------------------------------------------------------
     def poll_step_boundary(self, step: int, wait_s: float = 0.0) -> list[Command]:
@@ -159,6 +188,8 @@ class CommandListener:
             if callback is None:
                 out.append(cmd)
                 continue
+            if cmd.kind is CommandKind.CHECKPOINT:  # the save is long: not a hang
+                self.announce(JobEventKind.PHASE, step, phase=Phase.CHECKPOINT)
             try:
                 detail = callback(cmd, step)
             except Exception as exc:  # the training code's failure, reported not raised
@@ -166,6 +197,8 @@ class CommandListener:
                 self.report(cmd, CommandStatus.FAILED, f"{type(exc).__name__}: {exc}")
                 continue
             self.report(cmd, CommandStatus.SUCCEEDED, detail)
+            if cmd.kind is CommandKind.STOP:
+                self.announce(JobEventKind.END, step, reason=EndReason.CANCELLED)
             out.append(cmd)
 
     def report(self, cmd: Command, status: CommandStatus, detail: str = "") -> None:

@@ -59,8 +59,8 @@ LIMIT {limit}
         ),
         AnalystQuery(
             "incident_timeline",
-            "Every alert update, command and command result of a job in event-time order: "
-            "first sign, alert, confirmation, command, recovery.",
+            "Every alert update, command, command result and lifecycle event of a job in "
+            "event-time order: start, first sign, alert, confirmation, command, recovery, end.",
             """
 SELECT ts, what, subject, detail FROM (
     SELECT ts, concat('alert ', kind, ' ', toString(grade), ' ', toString(state)) AS what,
@@ -74,6 +74,13 @@ SELECT ts, what, subject, detail FROM (
     UNION ALL
     SELECT ts, concat('result ', status) AS what, executor AS subject, detail
     FROM {db}.command_results FINAL WHERE job_id = '{job}'
+    UNION ALL
+    SELECT ts, concat('job ', kind, if(phase != '', concat(' ', phase), ''),
+                      if(reason != '', concat(' ', reason), '')) AS what,
+           source AS subject,
+           concat(if(step >= 0, concat('step ', toString(step)), ''), if(run != '',
+                  concat(' run ', run), ''), if(detail != '', concat(': ', detail), '')) AS detail
+    FROM {db}.job_events FINAL WHERE job_id = '{job}'
 )
 ORDER BY ts, what, subject, detail
 """,
@@ -138,6 +145,20 @@ WHERE node != '' AND state = 'firing' AND ts >= now() - 30 * 86400
 GROUP BY node
 ORDER BY episodes_30d DESC, node
 LIMIT {limit}
+""",
+        ),
+        AnalystQuery(
+            "job_runs",
+            "A job's runs (by run id): when each started, how many long phases it "
+            "announced, when and why it ended (empty reason: no end was announced) and the "
+            "last step it reported then.",
+            """
+SELECT run, minIf(ts, kind = 'start') AS started, countIf(kind = 'phase') AS phases,
+       maxIf(ts, kind = 'end') AS ended, argMaxIf(reason, ts_ms, kind = 'end') AS end_reason,
+       maxIf(step, kind = 'end') AS last_step
+FROM {db}.job_events FINAL WHERE job_id = '{job}'
+GROUP BY run
+ORDER BY started, run
 """,
         ),
         AnalystQuery(

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
+from detectors.frame import PHASES
 from pipeline.kafka import create_topics, make_producer, publish, registry_of
 from pipeline.settings import Settings
 from pipeline.simulator import Scenario, simulate
+from schemas import EndReason, JobEvent, JobEventKind, Phase
 
 __all__ = ["PlayStats", "play"]
 
@@ -28,11 +32,16 @@ def play(
     speed: float | None = 1.0,
     truth: bool = True,
     stop_after_step: int | None = None,
+    lifecycle: bool = True,
+    announce_phases: bool = False,
 ) -> PlayStats:
     """Publish the scenario's steps and health; ``speed=None`` means as fast as possible.
 
-    ``stop_after_step`` ends the playback after that step (the job goes silent, as a
-    hung job does).
+    With ``lifecycle`` the job's START comes first and its END (completed) last, as
+    training code's exporter publishes them; with ``announce_phases`` every checkpoint
+    and eval step is announced when it starts (``StepExporter.phase``).
+    ``stop_after_step`` ends the playback after that step without an end (the job goes
+    silent, as a hung job does).
     """
     if speed is not None and speed <= 0:
         raise ValueError("speed must be positive (or None for --max)")
@@ -47,11 +56,19 @@ def play(
             for t in scenario.truth():
                 publish(producer, registry, "truth", t)
                 stats.truth_messages += 1
+        if lifecycle:
+            publish(producer, registry, "lifecycle", _event(scenario, JobEventKind.START, start_ts))
+        last_ts, last_step, stopped = start_ts, 0, False
         for ev in simulate(scenario):
-            if speed is not None:
-                delay = t0 + (ev.ts - start_ts) / speed - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
+            if announce_phases and ev.frame is not None and ev.frame.n_ranks:
+                phase = Phase(PHASES[int(ev.frame.phase[0])])
+                if phase in (Phase.CHECKPOINT, Phase.EVAL):
+                    _wait(t0, ev.frame.ts_start - start_ts, speed)
+                    ann = _event(scenario, JobEventKind.PHASE, ev.frame.ts_start, last_step,
+                                 phase=phase)  # fmt: skip
+                    publish(producer, registry, "lifecycle", ann)
+                    producer.flush()
+            _wait(t0, ev.ts - start_ts, speed)
             if ev.frame is not None:
                 for m in ev.frame.to_messages():
                     publish(producer, registry, "steps", m)
@@ -60,10 +77,35 @@ def play(
             for h in ev.health:
                 publish(producer, registry, "health", h)
                 stats.health_messages += 1
+            last_ts, last_step = ev.ts, max(ev.step, 0)
             if stop_after_step is not None and ev.step >= stop_after_step:
+                stopped = True
                 break
+        if lifecycle and not stopped:
+            end = _event(scenario, JobEventKind.END, last_ts, last_step, reason=EndReason.COMPLETED)
+            publish(producer, registry, "lifecycle", end)
         producer.flush(timeout=60)
     finally:
         producer.close(timeout=10)
     stats.wall_s = time.monotonic() - t0
     return stats
+
+
+def _wait(t0: float, offset_s: float, speed: float | None) -> None:
+    if speed is not None:
+        delay = t0 + offset_s / speed - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _event(
+    scenario: Scenario,
+    kind: JobEventKind,
+    ts: float,
+    step: int | None = None,
+    **fields: Any,
+) -> JobEvent:
+    return JobEvent(
+        job_id=scenario.job, kind=kind, ts=datetime.fromtimestamp(ts, UTC), step=step,
+        source="simulator", **fields,
+    )  # fmt: skip

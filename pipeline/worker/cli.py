@@ -39,8 +39,15 @@ def simulate(
     ] = 1.0,
     max_speed: Annotated[bool, typer.Option("--max", help="Publish as fast as possible.")] = False,
     truth: Annotated[bool, typer.Option(help="Also publish the ground truth.")] = True,
+    lifecycle: Annotated[
+        bool, typer.Option(help="Publish the job's start and end (lifecycle topic).")
+    ] = True,
+    announce_phases: Annotated[
+        bool, typer.Option(help="Announce each checkpoint and eval step when it starts.")
+    ] = False,
 ) -> None:
-    """Play a scenario to the broker (steps, health, truth) in real time x SPEED."""
+    """Play a scenario to the broker (steps, health, truth, lifecycle) in real time x
+    SPEED."""
     from pipeline.exporters.player import play
     from pipeline.simulator import find_scenario
 
@@ -48,7 +55,10 @@ def simulate(
     sc = find_scenario(scenario)
     err.print(f"simulate {sc.name}: {sc.nodes} nodes, {sc.steps} steps -> "
               f"{settings.kafka_bootstrap}")  # fmt: skip
-    stats = play(settings, sc, speed=None if max_speed else speed, truth=truth)
+    stats = play(
+        settings, sc, speed=None if max_speed else speed, truth=truth, lifecycle=lifecycle,
+        announce_phases=announce_phases,
+    )  # fmt: skip
     err.print(
         f"published {stats.steps} steps: {stats.step_messages} step messages, "
         f"{stats.health_messages} health reports, {stats.truth_messages} truth; "

@@ -60,6 +60,6 @@ def test_direct_exporter_publishes_steps_keyed_by_job(settings):
         for rank in range(2):
             exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
     stats = exporter.close()
-    assert (stats.sent, stats.dropped) == (5, 0)
+    assert (stats.sent, stats.dropped) == (5 + 2, 0)  # 5 steps, the job's start and end
     got = read_steps(settings, want=5)
     assert sorted(m.step for m in got) == list(range(5))

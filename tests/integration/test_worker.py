@@ -27,6 +27,7 @@ from pipeline.exporters import StepExporter, play
 from pipeline.kafka import create_topics, make_consumer, make_producer, publish, registry_of
 from pipeline.settings import Settings, load_settings
 from pipeline.simulator import Scenario, simulate
+from pipeline.worker.app import changelog_topic_name
 from pipeline.worker.state import partition_for
 from schemas import (
     ActuatorMode,
@@ -472,6 +473,7 @@ def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
         producer.send(registry.name("steps"), key=b"dlq", value=b"{not json").get(30),
         producer.send(registry.name("health"), key=b"n1", value=b'{"node": 5}').get(30),
         producer.send(registry.name("steps"), key=b"dlq", value=b"x" * 40_000).get(30),
+        producer.send(registry.name("steps"), key=b"dlq", value=_hostile_rank()).get(30),
     ]
     producer.close()
     dead = Topic(settings, "deadletter", DeadLetter)
@@ -479,7 +481,7 @@ def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
         w = workers(worker_max_message_bytes="32768")
         play(settings, sc, speed=None, truth=False)
         decisions.wait(firing(AlertKind.STRAGGLER, "node-0007"), 40, "straggler", w)
-        letters = dead.wait(lambda xs: len(xs) >= 3, 30, "three dead letters", w)
+        letters = dead.wait(lambda xs: len(xs) >= 4, 30, "four dead letters", w)
     finally:
         dead.close()
     coords = {(d.source_topic, d.partition, d.offset) for d in letters}
@@ -487,7 +489,14 @@ def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
     errors = " | ".join(d.error for d in letters)
     assert "exceeds the limit of 32768" in errors
     assert "NodeHealth" in errors
-    assert w.metric("stepguard_worker_dead_letters_total") == 3
+    assert "less than 1048576" in errors  # a rank id no per-rank array is sized by
+    assert w.metric("stepguard_worker_dead_letters_total") == 4
+
+
+def _hostile_rank() -> bytes:
+    msg = next(simulate(scenario("dlq", []))).frame.to_messages()[0]
+    sample = msg.samples[0].model_copy(update={"rank": 500_000_000})  # unvalidated copy
+    return encode(msg.model_copy(update={"samples": (sample,)}))
 
 
 class DurableKafka:
@@ -579,3 +588,82 @@ def test_broker_restart_is_ridden_out_by_worker_and_exporter(tmp_path):
         decisions.close()
         w.stop()
         broker.stop(keep=False)
+
+
+# -- job lifecycle, in real time --------------------------------------------------------
+
+#: ~0.27 s steps; a checkpoint every 50 steps takes ~4.6 s, 17 step times
+CHECKPOINTED = {"base_compute_s": 0.25, "collective_s": 0.01, "checkpoint_every": 50,
+                "checkpoint_s": 4.6, "warmup_steps": 5}  # fmt: skip
+
+
+def _end_of_step(sc: Scenario, step: int) -> float:
+    return max(e.ts for e in simulate(sc) if e.frame is not None and e.step == step)
+
+
+def test_learned_checkpoints_are_not_hangs_but_a_checkpoint_that_never_ends_is(
+    settings, workers, decisions
+):
+    """Played in real time through ``stepguard worker``, unannounced: the first two
+    checkpoints (steps 49, 99) teach the period, the third (149) raises no hang, and
+    the job then stops where its fourth checkpoint is due (199): a hang, reported
+    before the silence reaches 3 x the learned checkpoint duration."""
+    sc = scenario("ckpt-learned", [], steps=200, **CHECKPOINTED)
+    w = workers()
+    play(settings, sc, speed=1.0, stop_after_step=198)
+
+    def hangs(items: list) -> list[Alert]:
+        return [a for a in items if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]
+
+    items = decisions.wait(
+        lambda xs: any(a.step == 199 for a in hangs(xs)), 60, "the hang at the 4th checkpoint", w
+    )
+    ckpt = _end_of_step(sc, 149) - _end_of_step(sc, 148)  # what a checkpoint takes
+    # the hang clock names the step in progress: 149 is the third checkpoint
+    assert [a.step for a in hangs(items) if a.step > 100] == [199], decisions.describe()
+    silence = hangs(items)[-1].ts.timestamp() - _end_of_step(sc, 198)  # event time
+    assert ckpt < silence < 3 * ckpt, (silence, ckpt)
+    assert not [a for a in items if a.kind is not AlertKind.HANG]
+
+
+def test_announced_checkpoints_are_not_hangs_and_an_ended_job_raises_none(
+    settings, workers, decisions
+):
+    """Every checkpoint announced (even the first raises no hang); the job then ends
+    (END, completed): no hang follows, and its table entry is tombstoned. A second job
+    that goes silent afterwards hangs, which proves the timer ran past the first
+    job's threshold."""
+    sc = scenario("ckpt-announced", [], steps=120, **CHECKPOINTED)
+    w = workers()
+    play(settings, sc, speed=1.0, announce_phases=True)
+    other = scenario("after-end", [], steps=60, job_id="after-end", **CHECKPOINTED)
+    play(settings, other, speed=1.0, stop_after_step=40)
+    items = decisions.wait(firing(AlertKind.HANG), 60, "the second job's hang", w)
+    assert [(a.job_id, a.step) for a in items if a.kind is AlertKind.HANG] == [("after-end", 41)], (
+        decisions.describe()
+    )
+    changelog = make_consumer(settings, [changelog_topic_name(settings)], None)
+    try:
+        last: dict[bytes, bytes | None] = {}
+        deadline = time.monotonic() + 30
+        while last.get(sc.job.encode(), b"") is not None and time.monotonic() < deadline:
+            for records in changelog.poll(timeout_ms=300).values():
+                last |= {r.key: r.value for r in records}
+    finally:
+        changelog.close()
+    assert last.get(sc.job.encode(), b"") is None, "no tombstone for the ended job"
+
+
+def test_a_worker_over_its_job_cap_dead_letters_the_extra_job(settings, workers, decisions):
+    first, second = (scenario(j, [], steps=40, job_id=j) for j in ("cap-a", "cap-b"))
+    dead = Topic(settings, "deadletter", DeadLetter)
+    try:
+        w = workers(worker_max_jobs="1")
+        play(settings, first, speed=None, lifecycle=False)
+        play(settings, second, speed=None, lifecycle=False)
+        letters = dead.wait(lambda xs: len(xs) >= second.nodes * second.steps, 60, "cap", w)
+    finally:
+        dead.close()
+    assert {d.stage for d in letters} == {"limit"}
+    assert all("STEPGUARD_WORKER_MAX_JOBS=1" in d.error for d in letters)
+    assert {d.key for d in letters} == {b"cap-b"}
