@@ -13,19 +13,14 @@ Scored per :class:`schemas.NodeHealth` report (one node, all its GPUs, vectorise
   scored as a Poisson z against the expected count at the baseline rate,
   ``(k - lam) / sqrt(lam + 1)`` with ``lam = max(own EW rate, fleet median rate) * dt``,
   so background noise on a busy counter does not page while a storm does.
-- ``hw_fatal`` (hard rule): any increase of ``ecc_uncorrected`` (a first report with a
-  non-zero count counts as one) or any XID in ``fatal_xids``. Score 1, latched for
-  ``fatal_latch_reports`` reports so the episode stays open.
-
-:data:`FATAL_XIDS` (NVIDIA XID catalogue): 48 double-bit ECC error; 63 ECC page
-retirement / row-remap event; 64 ECC page retirement or row-remap failure; 74 NVLink
-error; 79 GPU fallen off the bus; 94 contained ECC error; 95 uncontained ECC error;
-119 GSP RPC timeout; 120 GSP error. Other XIDs (application faults such as 13, 31,
-43) are not scored.
+- ``hw_fatal`` (hard rule, :mod:`detectors.hardware_rules`): any increase of
+  ``ecc_uncorrected`` or any XID in ``fatal_xids`` (default :data:`FATAL_XIDS`).
+  Score 1, latched for ``fatal_latch_reports`` reports so the episode stays open.
 
 Counters going down (reboot, driver reload) re-base and give a zero count. Baseline
 scores are neutral until a GPU has ``warmup_reports`` reports; the hard rules apply at
-once. Power is reported in the evidence only.
+once. Power is reported in the evidence only. The state kept per node and across the
+fleet, and a report read against it, are :mod:`detectors.hardware_state`'s.
 
 Examples
 --------
@@ -52,153 +47,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from detectors._stats import EWArrays
 from detectors.base import Finding, check_positive
+from detectors.hardware_rules import FATAL_XIDS, fatal_findings, learn_fatal
+from detectors.hardware_state import FleetState, NodeState, Prepared
 from schemas.telemetry import NodeHealth
 
 __all__ = ["FATAL_XIDS", "HEALTH_SIGNALS", "HardwareDetector", "Prepared"]
 
 F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-
-#: XID codes that are critical at once (see the module docstring).
-FATAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120})
 
 #: Signals produced from NodeHealth reports.
 HEALTH_SIGNALS: frozenset[str] = frozenset(
     {"thermal", "ecc_rate", "nvlink_errors", "nic_errors", "hw_fatal"}
 )
-
-_RATE_ALPHA = 0.05
-_OFFSET_ALPHA = 0.02
-
-
-_T = TypeVar("_T", bound=np.generic)
-
-
-def _grow(a: npt.NDArray[_T], n: int, fill: float = 0.0) -> npt.NDArray[_T]:
-    if a.shape[0] >= n:
-        return a
-    out = np.full(max(n, 2 * a.shape[0]), fill, dtype=a.dtype)
-    out[: a.shape[0]] = a
-    return out
-
-
-@dataclass
-class _Node:
-    """One node: per-GPU arrays indexed by position (``pos`` maps GPU index)."""
-
-    n: int = 0
-    last_ts: float = -math.inf
-    nic: int = 0  #: last cumulative errors + retransmits
-    nic_rate: EWArrays = field(default_factory=lambda: EWArrays(1, _RATE_ALPHA, warmup=5))
-    pos: dict[int, int] = field(default_factory=dict)
-    fleet_slot: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    gpu_n: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    ecc_corr: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    ecc_unc: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    nvlink: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    latch: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    latch_detail: dict[int, str] = field(default_factory=dict)
-    temp_off: EWArrays = field(default_factory=lambda: EWArrays(0, _OFFSET_ALPHA, warmup=5))
-    clock_off: EWArrays = field(default_factory=lambda: EWArrays(0, _OFFSET_ALPHA, warmup=5))
-    ecc_rate: EWArrays = field(default_factory=lambda: EWArrays(0, _RATE_ALPHA, warmup=5))
-    nvl_rate: EWArrays = field(default_factory=lambda: EWArrays(0, _RATE_ALPHA, warmup=5))
-    _key: tuple[int, ...] = ()
-    _idx: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-    def positions(self, indices: tuple[int, ...], fleet: _Fleet | None, node: str) -> I64:
-        """Positions of the GPUs of a report (registering new GPUs when ``fleet``)."""
-        if indices == self._key:
-            return self._idx
-        out = np.full(len(indices), -1, dtype=np.int64)
-        for i, gi in enumerate(indices):
-            p = self.pos.get(gi)
-            if p is None and fleet is not None:
-                p = self.pos[gi] = len(self.pos)
-                n = p + 1
-                self.gpu_n = _grow(self.gpu_n, n)
-                self.ecc_corr = _grow(self.ecc_corr, n)
-                self.ecc_unc = _grow(self.ecc_unc, n)
-                self.nvlink = _grow(self.nvlink, n)
-                self.latch = _grow(self.latch, n)
-                self.fleet_slot = _grow(self.fleet_slot, n, -1)
-                self.fleet_slot[p] = fleet.add_gpu(node, gi)
-                for ew in (self.temp_off, self.clock_off, self.ecc_rate, self.nvl_rate):
-                    ew.grow(n)
-            out[i] = -1 if p is None else p
-        if fleet is not None:
-            self._key, self._idx = indices, out
-        return out
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Prepared:
-    """One NodeHealth report as arrays, with the counts since the previous report."""
-
-    msg: NodeHealth
-    ts: float
-    dt: float  #: seconds since the node's previous report (inf-like before the first)
-    indices: tuple[int, ...]
-    temp: F64
-    clock: F64
-    corr: I64
-    unc: I64
-    nvl: I64
-    nic_total: int
-    d_ecc: F64
-    d_nvl: F64
-    d_nic: float
-    known: npt.NDArray[np.bool_]  #: GPUs with a previous report to count from
-    xid_fatal: npt.NDArray[np.bool_]
-
-
-@dataclass
-class _Fleet:
-    """Latest value per GPU and per node across the fleet, with cached medians."""
-
-    slots: int = 0
-    temp: F64 = field(default_factory=lambda: np.zeros(0))
-    clock: F64 = field(default_factory=lambda: np.zeros(0))
-    ecc: F64 = field(default_factory=lambda: np.zeros(0))
-    nvl: F64 = field(default_factory=lambda: np.zeros(0))
-    nic: dict[str, float] = field(default_factory=dict)
-    medians: tuple[float, float, float, float, float] = (math.nan, math.nan, 0.0, 0.0, 0.0)
-    updates: int = 0
-    fresh: bool = False
-
-    def add_gpu(self, node: str, index: int) -> int:
-        s = self.slots
-        self.slots += 1
-        self.temp = _grow(self.temp, self.slots, math.nan)
-        self.clock = _grow(self.clock, self.slots, math.nan)
-        self.ecc = _grow(self.ecc, self.slots, math.nan)
-        self.nvl = _grow(self.nvl, self.slots, math.nan)
-        return s
-
-    def refresh(self) -> None:
-        n = self.slots
-
-        def med(a: F64, default: float) -> float:
-            v = a[:n]
-            v = v[np.isfinite(v)]
-            return float(np.median(v)) if v.size else default
-
-        self.medians = (
-            med(self.temp, math.nan),
-            med(self.clock, math.nan),
-            med(self.ecc, 0.0),
-            med(self.nvl, 0.0),
-            float(np.median(list(self.nic.values()))) if self.nic else 0.0,
-        )
-        self.updates = 0
-        self.fresh = True
 
 
 def _poisson_z(count: F64, expected: F64) -> F64:
@@ -249,69 +114,14 @@ class HardwareDetector:
         self.fatal_xids = frozenset(int(x) for x in fatal_xids)
         self.fatal_latch_reports = fatal_latch_reports
         self.fleet_refresh = fleet_refresh
-        self._nodes: dict[str, _Node] = {}
-        self._fleet = _Fleet()
+        self._nodes: dict[str, NodeState] = {}
+        self._fleet = FleetState()
 
     def prepare(self, msg: NodeHealth) -> Prepared:
         """Read one report into arrays and count events since the node's previous
         report (reads state only). Valid until the next :meth:`learn_prepared`."""
-        st = self._nodes.get(msg.node) or _Node()
-        gpus = msg.gpus
-        rows = np.array(
-            [
-                (
-                    g.index,
-                    g.temperature_c,
-                    g.sm_clock_mhz,
-                    g.ecc_corrected,
-                    g.ecc_uncorrected,
-                    g.nvlink_errors,
-                )
-                for g in gpus
-            ],
-            dtype=np.float64,
-        ).reshape(len(gpus), 6)
-        indices = tuple(int(g.index) for g in gpus)
-        corr = rows[:, 3].astype(np.int64)
-        nvl = rows[:, 5].astype(np.int64)
-        pos = st.positions(indices, None, msg.node)
-        ts = msg.ts.timestamp()
-        dt = ts - st.last_ts
-        nic_total = msg.nic_errors + msg.nic_retransmits
-        d_ecc, d_nvl, d_nic, known = self._counts(st, pos, corr, nvl, nic_total, dt)
-        return Prepared(
-            msg=msg,
-            ts=ts,
-            dt=dt,
-            indices=indices,
-            temp=rows[:, 1],
-            clock=rows[:, 2],
-            corr=corr,
-            unc=rows[:, 4].astype(np.int64),
-            nvl=nvl,
-            nic_total=nic_total,
-            d_ecc=d_ecc,
-            d_nvl=d_nvl,
-            d_nic=d_nic,
-            known=known,
-            xid_fatal=np.array(
-                [bool(self.fatal_xids.intersection(g.xid_codes)) for g in gpus], dtype=bool
-            ),
-        )
-
-    @staticmethod
-    def _counts(
-        st: _Node, pos: I64, corr: I64, nvl: I64, nic: int, dt: float
-    ) -> tuple[F64, F64, float, npt.NDArray[np.bool_]]:
-        """Counts since the previous report (0 for new GPUs, resets and first reports)."""
-        if st.n == 0 or dt <= 0 or st.gpu_n.shape[0] == 0:
-            zero = np.zeros(pos.shape[0])
-            return zero, zero.copy(), 0.0, np.zeros(pos.shape[0], dtype=bool)
-        p = np.where(pos >= 0, pos, 0)
-        known = (pos >= 0) & (st.gpu_n[p] > 0)
-        d_ecc = np.where(known, np.maximum(corr - st.ecc_corr[p], 0), 0).astype(np.float64)
-        d_nvl = np.where(known, np.maximum(nvl - st.nvlink[p], 0), 0).astype(np.float64)
-        return d_ecc, d_nvl, float(max(0, nic - st.nic)), known
+        st = self._nodes.get(msg.node) or NodeState()
+        return st.read(msg, self.fatal_xids)
 
     def score_one(self, msg: NodeHealth) -> list[Finding]:
         """Findings of one report (reads state only; no finding means all clear)."""
@@ -320,9 +130,9 @@ class HardwareDetector:
     def score_prepared(self, prep: Prepared) -> list[Finding]:
         """Findings of a report read by :meth:`prepare` (reads state only)."""
         msg = prep.msg
-        st = self._nodes.get(msg.node) or _Node()
+        st = self._nodes.get(msg.node) or NodeState()
         node = msg.node
-        indices, temp, clock, unc = prep.indices, prep.temp, prep.clock, prep.unc
+        indices, temp, clock = prep.indices, prep.temp, prep.clock
         pos = st.positions(indices, None, node)
         have = pos >= 0
         p = np.where(have, pos, 0)
@@ -331,31 +141,8 @@ class HardwareDetector:
         dt = prep.dt
         d_ecc, d_nvl, d_nic, known = prep.d_ecc, prep.d_nvl, prep.d_nic, prep.known
         f_temp, f_clock, f_ecc, f_nvl, f_nic = self._fleet.medians
-        out: list[Finding] = []
-        # hard rules
-        prev_unc = np.where(seen, st.ecc_unc[p], 0) if sized else np.zeros(len(indices), np.int64)
-        latch = np.where(seen, st.latch[p], 0) if sized else np.zeros(len(indices), np.int64)
-        for i, g in enumerate(msg.gpus):
-            reasons = []
-            if unc[i] > prev_unc[i]:
-                reasons.append(f"uncorrectable ECC +{int(unc[i] - prev_unc[i])}")
-            if prep.xid_fatal[i]:
-                fatal = sorted(set(g.xid_codes) & self.fatal_xids)
-                reasons.append("fatal XID " + ",".join(map(str, fatal)))
-            if reasons or latch[i] > 0:
-                detail = "; ".join(reasons) or st.latch_detail.get(int(p[i]), "earlier fatal")
-                out.append(
-                    Finding(
-                        "hw_fatal",
-                        node,
-                        None,
-                        1.0,
-                        "ecc_uncorrected",
-                        float(unc[i]),
-                        1.0,
-                        detail=f"GPU {g.index}: {detail}",
-                    )
-                )
+        # hard rules: critical at once, no warm-up
+        out = fatal_findings(prep, st, p, seen, self.fatal_xids)
         warm = seen & (st.gpu_n[p] >= self.warmup_reports) if sized else seen
         if not warm.any():
             return out
@@ -449,7 +236,7 @@ class HardwareDetector:
         node = msg.node
         st = self._nodes.get(node)
         if st is None:
-            st = self._nodes[node] = _Node()
+            st = self._nodes[node] = NodeState()
         ts = prep.ts
         if ts <= st.last_ts:
             return
@@ -467,13 +254,8 @@ class HardwareDetector:
         dt, nic_total = prep.dt, prep.nic_total
         d_ecc, d_nvl, d_nic, known = prep.d_ecc, prep.d_nvl, prep.d_nic, prep.known
         f_temp, f_clock, _, _, _ = fl.medians
-        # hard-rule latch
-        prev_unc = np.where(first_seen | (st.gpu_n[pos] == 0), 0, st.ecc_unc[pos])
-        fatal = (unc > prev_unc) | prep.xid_fatal
-        st.latch[pos] = np.where(fatal, self.fatal_latch_reports, np.maximum(st.latch[pos] - 1, 0))
-        for p in pos[fatal]:
-            st.latch_detail[int(p)] = "after uncorrectable ECC / fatal XID"
-        # baselines
+        # hard-rule latch, then the baselines
+        learn_fatal(prep, st, pos, first_seen, self.fatal_latch_reports)
         if (
             math.isfinite(f_temp)
             and math.isfinite(f_clock)
