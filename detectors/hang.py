@@ -1,15 +1,14 @@
-"""Hangs and missing telemetry: silence is a signal, not a zero.
+"""Hangs: a job that stops completing steps.
 
-- :class:`HangDetector`: a job that completes no step within ``factor`` times its
-  median step time is hung, unless a long step it learned to expect (a periodic
-  checkpoint or eval) or a phase the job announced is due: then the silence is
-  measured against that step's own duration. Measured on event time:
-  :meth:`HangDetector.score` takes ``now`` (the worker calls it from ``tick(now)``
-  when no data arrives).
-- :class:`MissingRanks`: ranks that reported recently but are absent from the current
-  step while the rest of the job progresses (a crashed node or a dead exporter).
-- :class:`HealthPresence`: a node whose health reports stop while other nodes keep
-  reporting.
+:class:`HangDetector`: a job that completes no step within ``factor`` times its
+median step time is hung, unless a long step it learned to expect (a periodic
+checkpoint or eval) or a phase the job announced is due: then the silence is measured
+against that step's own duration (:mod:`detectors.long_steps`). Measured on event
+time: :meth:`HangDetector.score` takes ``now`` (the worker calls it from
+``tick(now)`` when no data arrives).
+
+Missing ranks and silent nodes live in :mod:`detectors.presence`; their classes are
+re-exported here.
 
 Examples
 --------
@@ -23,18 +22,14 @@ Examples
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import numpy as np
-import numpy.typing as npt
 
 from detectors.base import check_positive
+from detectors.long_steps import AnnouncedPhases, PeriodicLongSteps
+from detectors.presence import HealthPresence, MissingRanks
 
 __all__ = ["HangDetector", "HealthPresence", "MissingRanks"]
-
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-B = npt.NDArray[np.bool_]
 
 
 class HangDetector:
@@ -46,19 +41,18 @@ class HangDetector:
     is not restarted at every checkpoint:
 
     - **Periodic long steps** (checkpoint saves, eval steps), learned. A completed
-      step is *long* when its interval is at least ``long_ratio`` median step times.
-      Two long steps ``g`` steps apart make a candidate period ``g``: the next one is
-      due ``g`` steps later (within ``tolerance`` steps). A candidate whose due step
-      comes and goes without a long step is dropped; once its long step arrives it is
-      confirmed, and a confirmed period is dropped after two missed due steps in a row.
-      Each period keeps the durations of its last eight long steps; its *typical
-      duration* is their maximum (the interval from the step before to its end).
-      Several periods live side by side (evals every 25 steps, checkpoints every 60).
+      step is *long* when its interval is at least ``long_ratio`` median step times
+      (its duration: the interval from the step before to its end). Two long steps
+      ``g`` steps apart make a candidate period ``g`` whose next long step is due
+      ``g`` steps later; a period is confirmed when it comes and dropped when due
+      steps pass without one. Its *typical duration* is the longest of its last
+      eight long steps (:class:`~detectors.long_steps.PeriodicLongSteps`).
     - **Announced phases** (:meth:`announce`): the exporter says a long phase starts
       (``"checkpoint"``, ``"eval"``, ...), perhaps with its expected duration. Its
       expected duration is the larger of the announced one and the longest of its last
       eight announced runs; with neither, ``phase_steps`` median step times. The next
-      completed step ends the announcement and records its duration.
+      completed step ends the announcement and records its duration
+      (:class:`~detectors.long_steps.AnnouncedPhases`).
 
     While such a step is due (the step after :attr:`last_step` is at a learned
     position, or a phase is announced), the job may stay silent for ``long_margin``
@@ -134,13 +128,6 @@ class HangDetector:
     (2.4, 2.5)
     """
 
-    #: long-step durations kept per period and per announced phase name
-    DURATIONS_KEPT = 8
-    #: unexplained long steps remembered to pair into candidate periods
-    LOOSE_KEPT = 4
-    #: announced phase names whose durations are remembered
-    PHASES_KEPT = 8
-
     def __init__(
         self,
         factor: float = 3.0,
@@ -181,24 +168,8 @@ class HangDetector:
         self.last_ts: float | None = None
         self._in_grace = False
         self._last_long = False  # whether the last completed step was long
-        # learned periods, one row each; period 0 marks a free row
-        k = self.DURATIONS_KEPT
-        self._period = np.zeros(max_periods, dtype=np.int64)
-        self._anchor = np.zeros(max_periods, dtype=np.int64)  # step of its last long step
-        self._hits = np.zeros(max_periods, dtype=np.int64)  # due long steps that came
-        self._misses = np.zeros(max_periods, dtype=np.int64)  # due steps missed in a row
-        self._born = np.zeros(max_periods, dtype=np.int64)  # creation order
-        self._durations = np.zeros((max_periods, k))
-        self._n_durations = np.zeros(max_periods, dtype=np.int64)
-        self._created = 0
-        # recent long steps no period explained: (step, duration)
-        self._loose_steps = np.zeros(0, dtype=np.int64)
-        self._loose_durations = np.zeros(0)
-        # announced phase in progress and the recent durations of each phase name
-        self.phase: str | None = None
-        self._phase_ts = 0.0
-        self._phase_expected: float | None = None
-        self._phase_durations: dict[str, list[float]] = {}
+        self._periods = PeriodicLongSteps(tolerance, max_periods)
+        self._phases = AnnouncedPhases()
 
     @property
     def median_step_time(self) -> float | None:
@@ -210,11 +181,12 @@ class HangDetector:
     @property
     def learned_periods(self) -> dict[int, float]:
         """Confirmed periods (in steps) and the typical duration of their long steps."""
-        out: dict[int, float] = {}
-        for i in np.flatnonzero((self._period > 0) & (self._hits > 0)):
-            p, d = int(self._period[i]), self._typical(int(i))
-            out[p] = max(d, out.get(p, 0.0))
-        return out
+        return self._periods.learned
+
+    @property
+    def phase(self) -> str | None:
+        """The announced phase in progress, or None."""
+        return self._phases.phase
 
     @property
     def expected_step_time(self) -> float | None:
@@ -225,13 +197,14 @@ class HangDetector:
         if med is None or med <= 0:
             return None
         allowance = self.factor * med
-        due = self._due_duration()
+        due = 0.0 if self.last_step is None else self._periods.due_duration(self.last_step + 1)
         if due > 0:
             allowance = max(allowance, self.long_margin * due)
         if self.phase is not None and self.last_ts is not None:
-            expected = self._phase_expected_s()
+            expected = self._phases.expected_s()
             budget = self.phase_steps * med if expected is None else expected
-            allowance = max(allowance, self._phase_ts - self.last_ts + self.long_margin * budget)
+            started = self._phases.started
+            allowance = max(allowance, started - self.last_ts + self.long_margin * budget)
         if allowance <= self.factor * med:
             return med  # exactly today's scale when nothing long is due
         return allowance / self.factor
@@ -256,7 +229,7 @@ class HangDetector:
             check_positive("expected_s", expected_s)
         if self.last_ts is not None and ts < self.last_ts and not self._in_grace:
             return
-        self.phase, self._phase_ts, self._phase_expected = phase, ts, expected_s
+        self._phases.announce(phase, ts, expected_s)
 
     def restart(self, ts: float, grace_steps: float) -> None:
         """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
@@ -267,7 +240,7 @@ class HangDetector:
         self.last_step = None
         self.last_ts = ts + grace_steps * med
         self._in_grace = True
-        self.phase = None
+        self._phases.cancel()
 
     def learn_step(self, step: int, ts: float, ts_start: float | None = None) -> None:
         """A step completed at event time ``ts``. A repeated or older step number is
@@ -277,7 +250,7 @@ class HangDetector:
             if self.last_ts is None or ts <= self.last_ts:
                 return
             self.last_step = None  # relaunched: count from here
-        self._rewind(step)
+        self._periods.rewind(step)
         if self.last_step is None:
             self._last_long = False
         gap = None if self.last_step is None else step - self.last_step
@@ -294,14 +267,12 @@ class HangDetector:
             and med is not None
             and interval >= self.long_ratio * med
         )
-        explained = False
-        if self.phase is not None and ts >= self._phase_ts:
-            self._remember_phase(self.phase, ts - self._phase_ts)
-            self.phase, explained = None, True
+        explained = self._phases.end(ts)
         if is_long and interval is not None:
-            explained = self._learn_long(step, interval, isolated=not self._last_long) or explained
+            isolated = not self._last_long
+            explained = self._periods.learn(step, interval, isolated=isolated) or explained
         self._last_long = is_long
-        self._expire(step)
+        self._periods.expire(step)
         if interval is not None and interval > 0 and not (is_long and explained):
             self._intervals[self._count % self.window] = interval
             self._count += 1
@@ -310,210 +281,3 @@ class HangDetector:
             self.last_ts, self._in_grace = ts, False
         else:
             self.last_ts = ts if self.last_ts is None else max(ts, self.last_ts)
-
-    # -- periodic long steps ---------------------------------------------------------
-    def _typical(self, i: int) -> float:
-        n = min(int(self._n_durations[i]), self.DURATIONS_KEPT)
-        return float(self._durations[i, :n].max()) if n else 0.0
-
-    def _due(self, step: int) -> npt.NDArray[np.intp]:
-        """Rows whose next long step is due at ``step`` (within the tolerance)."""
-        nxt = self._anchor + self._period
-        hit = (self._period > 0) & (np.abs(step - nxt) <= self.tolerance)
-        return np.flatnonzero(hit)
-
-    def _due_duration(self) -> float:
-        """Typical duration of the long step due next (0 if none is due)."""
-        if self.last_step is None:
-            return 0.0
-        rows = self._due(self.last_step + 1)
-        return max((self._typical(int(i)) for i in rows), default=0.0)
-
-    def _push_duration(self, i: int, duration: float) -> None:
-        self._durations[i, self._n_durations[i] % self.DURATIONS_KEPT] = duration
-        self._n_durations[i] += 1
-
-    def _learn_long(self, step: int, duration: float, *, isolated: bool) -> bool:
-        """Learn a long step; True when a period explains it. A long step that follows
-        another one and is not due is no periodic phase but a slower job: not learned
-        as long, so the median moves to the new step time."""
-        rows = self._due(step)
-        if rows.size:
-            self._anchor[rows] = step
-            self._hits[rows] += 1
-            self._misses[rows] = 0
-            # the duration goes to the period whose long steps it resembles most (a
-            # checkpoint that is also an eval step must not stretch the evals)
-            typical = np.array([self._typical(int(i)) for i in rows])
-            closest = int(rows[np.argmin(np.abs(np.log(duration / typical)))])
-            self._push_duration(closest, duration)
-            return True
-        if not isolated:
-            return False
-        min_period = 2 * self.tolerance + 2
-        for prev, prev_duration in zip(
-            self._loose_steps.tolist(), self._loose_durations.tolist(), strict=True
-        ):
-            if step - prev >= min_period:
-                self._add_candidate(step - prev, step, (prev_duration, duration))
-        kept = self.LOOSE_KEPT
-        self._loose_steps = np.append(self._loose_steps, step)[-kept:]
-        self._loose_durations = np.append(self._loose_durations, duration)[-kept:]
-        return False
-
-    def _add_candidate(self, period: int, step: int, durations: tuple[float, float]) -> None:
-        same = (self._period == period) & (self._anchor == step)
-        if same.any():
-            return
-        free = np.flatnonzero(self._period == 0)
-        if free.size:
-            i = int(free[0])
-        else:
-            unconfirmed = np.flatnonzero(self._hits == 0)
-            if not unconfirmed.size:
-                return
-            i = int(unconfirmed[np.argmin(self._born[unconfirmed])])
-        self._period[i], self._anchor[i] = period, step
-        self._hits[i] = self._misses[i] = 0
-        self._born[i], self._created = self._created, self._created + 1
-        self._n_durations[i] = 0
-        for d in durations:
-            self._push_duration(i, d)
-
-    def _expire(self, step: int) -> None:
-        """Count the due long steps that did not come by ``step``; drop candidates at
-        their first miss and confirmed periods at their second in a row."""
-        active = self._period > 0
-        late = np.flatnonzero(active & (step >= self._anchor + self._period + self.tolerance))
-        if not late.size:
-            return
-        periods = self._period[late]
-        self._anchor[late] += periods * ((step - self.tolerance - self._anchor[late]) // periods)
-        self._misses[late] += 1
-        drop = late[(self._hits[late] == 0) | (self._misses[late] >= 2)]
-        self._period[drop] = 0
-
-    def _rewind(self, step: int) -> None:
-        """Step numbers went back (relaunch, rollback): move each period's anchor to
-        its last position before ``step``, forget long steps at or after it."""
-        back = (self._period > 0) & (self._anchor >= step)
-        if back.any():
-            p = self._period[back]
-            self._anchor[back] -= p * ((self._anchor[back] - step) // p + 1)
-        if self._loose_steps.size and self._loose_steps.max() >= step:
-            keep = self._loose_steps < step
-            self._loose_steps = self._loose_steps[keep]
-            self._loose_durations = self._loose_durations[keep]
-
-    # -- announced phases ------------------------------------------------------------
-    def _phase_expected_s(self) -> float | None:
-        seen = self._phase_durations.get(self.phase or "", [])
-        known = [d for d in (self._phase_expected, max(seen, default=None)) if d is not None]
-        return max(known) if known else None
-
-    def _remember_phase(self, phase: str, duration: float) -> None:
-        if duration <= 0:
-            return
-        if phase not in self._phase_durations and len(self._phase_durations) >= self.PHASES_KEPT:
-            del self._phase_durations[next(iter(self._phase_durations))]
-        kept = self._phase_durations.setdefault(phase, [])
-        kept.append(duration)
-        del kept[: -self.DURATIONS_KEPT]
-
-
-class MissingRanks:
-    """Consecutive steps each recently seen rank has been absent.
-
-    Parameters
-    ----------
-    forget_steps
-        A rank absent for more than this many steps is no longer expected (it left
-        the job); its count drops back to zero.
-    """
-
-    def __init__(self, forget_steps: int = 50) -> None:
-        if forget_steps < 1:
-            raise ValueError(f"forget_steps must be >= 1, got {forget_steps!r}")
-        self.forget_steps = forget_steps
-        self._missing = np.zeros(0, dtype=np.int64)
-        self._seen = np.zeros(0, dtype=bool)
-        self._steps = 0
-
-    def score(self, present: I64) -> tuple[I64, I64]:
-        """Ranks expected but absent from ``present`` and their consecutive-missing count
-        including this step (reads state only)."""
-        if self._seen.shape[0] == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        absent = self._seen.copy()
-        inside = present[present < absent.shape[0]]
-        absent[inside] = False
-        ranks = np.flatnonzero(absent)
-        counts = self._missing[ranks] + 1
-        keep = counts <= self.forget_steps
-        return ranks[keep].astype(np.int64), counts[keep]
-
-    def expected(self) -> I64:
-        """Ranks currently expected to report."""
-        return np.flatnonzero(self._seen).astype(np.int64)
-
-    def learn(self, present: I64) -> None:
-        need = int(present.max()) + 1 if present.shape[0] else 0
-        if need > self._seen.shape[0]:
-            extra = max(need, 2 * self._seen.shape[0]) - self._seen.shape[0]
-            self._seen = np.concatenate((self._seen, np.zeros(extra, dtype=bool)))
-            self._missing = np.concatenate((self._missing, np.zeros(extra, dtype=np.int64)))
-        self._missing[self._seen] += 1
-        self._missing[present] = 0
-        self._seen[present] = True
-        gone = self._seen & (self._missing > self.forget_steps)
-        self._seen[gone] = False
-        self._missing[gone] = 0
-
-
-class HealthPresence:
-    """Nodes whose health reports stopped while other nodes keep reporting.
-
-    Parameters
-    ----------
-    factor
-        A node is missing once ``now - last report > factor * its report interval``.
-    quorum
-        Nodes are only named while at least this fraction of the fleet reports on
-        time; when most nodes are quiet together the feed (or the reader) is behind.
-    """
-
-    def __init__(self, factor: float = 3.0, quorum: float = 0.5) -> None:
-        check_positive("factor", factor)
-        if not 0 <= quorum <= 1:
-            raise ValueError(f"quorum must be within [0, 1], got {quorum!r}")
-        self.factor = factor
-        self.quorum = quorum
-        self._last: dict[str, tuple[float, float]] = {}
-
-    def learn(self, node: str, ts: float, interval_s: float) -> None:
-        old = self._last.get(node)
-        if old is None or ts >= old[0]:
-            self._last[node] = (ts, interval_s)
-
-    def nodes(self) -> Iterable[str]:
-        return self._last.keys()
-
-    def score(self, now: float) -> dict[str, float]:
-        """Silence of each silent node in units of its interval, only while another node
-        reported within its own interval (otherwise the whole feed stopped)."""
-        if not self._last:
-            return {}
-        fresh = sum(1 for ts, iv in self._last.values() if now - ts <= 1.5 * iv)
-        if fresh == 0 or fresh < self.quorum * len(self._last):
-            # most of the fleet is quiet at once: the feed stalled or lags, which says
-            # nothing about any one node (a cluster-wide shift is not a node fault)
-            return {}
-        out: dict[str, float] = {}
-        for node, (ts, iv) in self._last.items():
-            silence = (now - ts) / iv
-            if silence > 1.0:
-                out[node] = silence
-        return out
-
-    def forget(self, node: str) -> None:
-        self._last.pop(node, None)
