@@ -5,7 +5,8 @@ per-rank baselines, data-loader stalls, NIC flapping, missing ranks, divergence)
 grades, then learns; ``process_health(msg)`` does the same for one node's hardware
 report; ``tick(now)`` checks, on event time, for hangs and silent nodes when no data
 arrives. Each returns the alert updates caused (new episode, escalation, re-open,
-resolve) — usually none. The monitor is deterministic and pickles.
+resolve) — usually none. The monitor is deterministic and plain data
+(:mod:`pipeline.statecodec` writes it to the worker's changelog).
 
 Examples
 --------
@@ -319,10 +320,11 @@ class JobMonitor:
         against the phase's expected duration (:meth:`HangDetector.announce`)."""
         self.hang.announce(phase, ts, expected_s)
 
-    def close(self, why: str, ts: float) -> list[Alert]:
-        """Resolve every open episode at event time ``ts``, saying ``why`` (the job
-        ended, or was abandoned); nothing re-opens from the old scores."""
-        return self.grader.close(why, step=max(self.last_step, 0), ts=ts)
+    def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]:
+        """Resolve every open episode (of ``node``, if given) at event time ``ts``,
+        saying ``why`` (the job ended or was abandoned, the node left the job);
+        nothing re-opens from the old scores."""
+        return self.grader.close(why, step=max(self.last_step, 0), ts=ts, node=node)
 
     def tick(self, now: float) -> list[Alert]:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""

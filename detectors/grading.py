@@ -35,7 +35,14 @@ from datetime import UTC, datetime
 
 from detectors.base import Finding, SubjectKey
 from detectors.episodes import GRADES, EpisodeState, GradePolicy, Transition, advance
-from schemas.alerts import Alert, AlertState, Grade, RecommendedAction, episode_fingerprint
+from schemas.alerts import (
+    Alert,
+    AlertState,
+    Grade,
+    RecommendedAction,
+    episode_fingerprint,
+    incident_key,
+)
 
 __all__ = [
     "GRADES",
@@ -56,6 +63,7 @@ class _Tracked:
     state: EpisodeState
     last: Finding | None = None
     grade_fired: int = -1
+    incident: str = ""  #: group key, fixed when the episode opens
 
 
 @dataclass
@@ -73,6 +81,8 @@ class Grader:
     job_id: str
     policies: Mapping[str, GradePolicy]
     _subjects: dict[SubjectKey, _Tracked] = field(default_factory=dict, repr=False)
+    #: (culprit node or "", alert kind) -> key of its open incident
+    _groups: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -135,6 +145,28 @@ class Grader:
                 del self._subjects[key]
         return alerts
 
+    def _incident(self, key: SubjectKey, tracked: _Tracked, transition: Transition) -> str:
+        """The incident an update belongs to: a new episode joins its culprit's open
+        incident of the same kind, or opens one; the last episode to resolve closes
+        it. An episode keeps its incident for life."""
+        group = (key[1] or "", self.policies[key[0]].kind.value)
+        if transition is Transition.NEW or not tracked.incident:
+            open_key = self._groups.get(group)
+            tracked.incident = open_key or incident_key(
+                self.job_id, key[1], group[1], round(tracked.state.started_ts * 1000)
+            )
+        if transition is Transition.RESOLVE:
+            still_open = any(
+                t.state.firing and t.incident == tracked.incident
+                for k, t in self._subjects.items()
+                if k != key
+            )
+            if not still_open and self._groups.get(group) == tracked.incident:
+                del self._groups[group]
+        else:
+            self._groups.setdefault(group, tracked.incident)
+        return tracked.incident
+
     def close(self, why: str, *, step: int, ts: float, node: str | None = None) -> list[Alert]:
         """Resolve every open episode (of ``node``, if given) at once, whatever its
         scores say: the job ended, or the node left it. Each gets one RESOLVED update
@@ -158,15 +190,17 @@ class Grader:
         for key in sorted(self._subjects, key=_sort_key):
             if node is not None and key[1] != node:
                 continue
-            tracked = self._subjects.pop(key)
+            tracked = self._subjects[key]
             st = tracked.state
             if not st.firing or tracked.last is None:
+                del self._subjects[key]
                 continue
             tracked.state = replace(
                 st, grade=-1, seq=st.seq + 1, resolved_at=st.n_obs, above=(0, 0, 0)
             )
             policy = self.policies[key[0]]
             alerts.append(self._alert(key, tracked, Transition.RESOLVE, policy, step, ts, why))
+            del self._subjects[key]
         return alerts
 
     def _alert(
@@ -220,6 +254,7 @@ class Grader:
             evidence=evidence,
             recommended_action=action,
             summary=summary[:1000],
+            incident=self._incident(key, tracked, transition),
         )
 
 

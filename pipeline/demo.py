@@ -54,8 +54,11 @@ from schemas import (
     AlertState,
     Command,
     CommandResult,
+    EndReason,
     FaultKind,
     FaultTruth,
+    JobEvent,
+    JobEventKind,
     NodeHealth,
     StepTelemetry,
 )
@@ -227,10 +230,14 @@ class DetectionStage:
         self._idle = 0
         self.error: BaseException | None = None
         self._health_wm: dict[int, float] = {}
+        self._ended: list[JobEvent] = []
         self._producer = make_producer(settings)
         self._consumer = make_consumer(
             settings,
-            [self.registry.name(t) for t in ("steps", "health", "commands", "results")],
+            [
+                self.registry.name(t)
+                for t in ("steps", "health", "commands", "results", "lifecycle")
+            ],
             f"{settings.consumer_group}.detect",
         )
 
@@ -265,6 +272,11 @@ class DetectionStage:
                 hts = msg.ts.timestamp()
                 self._health_wm[d.partition] = max(self._health_wm.get(d.partition, hts), hts)
                 self._emit(core.on_health(msg))
+            elif isinstance(msg, JobEvent) and msg.job_id == core.job_id:
+                if msg.kind is JobEventKind.END:
+                    self._ended.append(msg)  # after the job's last steps: see drain()
+                else:
+                    self._emit(core.on_lifecycle(msg))
             elif isinstance(msg, StepTelemetry):
                 steps += 1
                 detected = core.on_step(msg)
@@ -294,6 +306,8 @@ class DetectionStage:
         while idle < idle_polls:
             idle = idle + 1 if self.poll() == 0 else 0
         self._emit(self.core.flush())
+        for event in self._ended:
+            self._emit(self.core.on_lifecycle(event))
         self._producer.flush()
 
     def close(self) -> None:
@@ -384,6 +398,7 @@ def run_demo(
             for t in truth:
                 publish(producer, registry, "truth", t)
                 counts["truth"] += 1
+            publish(producer, registry, "lifecycle", _job_event(scenario, JobEventKind.START, job))
             for ev in job.events():
                 if ev.frame is not None:
                     messages = ev.frame.to_messages()
@@ -419,6 +434,10 @@ def run_demo(
                     info=f"alerts {dict(grades)} commands {actuator.stats.commands} "
                     f"goodput {job.goodput().fraction:.2f}",
                 )  # fmt: skip
+            # the training code's exporter announces the end when it closes
+            end = _job_event(scenario, JobEventKind.END, job, reason=EndReason.COMPLETED)
+            publish(producer, registry, "lifecycle", end)
+            counts["lifecycle"] += 2
             producer.flush()
             progress.stop_task(task)
 
@@ -472,6 +491,13 @@ def run_demo(
             notes=[*notes, f"topics: {', '.join(sorted(topics.values()))}"],
         )  # fmt: skip
     return summary
+
+
+def _job_event(scenario: Scenario, kind: JobEventKind, job: SimulatedJob, **kw: Any) -> JobEvent:
+    return JobEvent(
+        job_id=scenario.job, kind=kind, ts=datetime.fromtimestamp(job.ts, UTC),
+        step=max(job.step, 0), source="simulated-job", **kw,
+    )  # fmt: skip
 
 
 def print_summary(summary: DemoSummary, console: Console) -> None:

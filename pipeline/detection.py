@@ -65,7 +65,6 @@ Examples
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -112,7 +111,7 @@ class Detectors(Protocol):
     def tick(self, now: float) -> list[Alert]: ...
     def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None: ...
     def announce_phase(self, phase: str, ts: float, expected_s: float | None) -> None: ...
-    def close(self, why: str, ts: float) -> list[Alert]: ...
+    def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]: ...
 
 
 @dataclass(slots=True)
@@ -146,7 +145,8 @@ class JobDetection:
     max_ranks
         Distinct ranks the job may have (at most the schema's ``MAX_RANKS_PER_JOB``).
 
-    The whole object pickles (the worker stores it in its changelog).
+    The whole object is plain data: :mod:`pipeline.statecodec` writes and reads it
+    (the worker stores it in its changelog).
     """
 
     def __init__(
@@ -184,7 +184,7 @@ class JobDetection:
         self.frames = 0
         self.relaunches = 0
         self._held: list[tuple[float, int, NodeHealth]] = []
-        self._seq = itertools.count()
+        self._seq = 0  #: arrival order of held reports (ties on event time)
         self._commands: OrderedDict[str, Command] = OrderedDict()
         self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
 
@@ -215,7 +215,8 @@ class JobDetection:
         (rule 2). Returns what an overflow of the hold released (usually nothing)."""
         if msg.job_id is not None:
             self._check_job(msg.job_id)
-        heapq.heappush(self._held, (msg.ts.timestamp(), next(self._seq), msg))
+        self._seq += 1
+        heapq.heappush(self._held, (msg.ts.timestamp(), self._seq, msg))
         alerts: list[Alert] = []
         while len(self._held) > self.max_held_health:
             hts, _, h = heapq.heappop(self._held)
@@ -235,14 +236,20 @@ class JobDetection:
 
     def on_result(self, result: CommandResult) -> list[Alert]:
         """An executor's result: a RESTART or ROLLBACK carried out restarts the grace
-        now. A result that arrives before its command waits for it."""
+        now, and the episodes of the nodes it left out resolve (they left the job). A
+        result that arrives before its command waits for it."""
         self._check_job(result.job_id)
         cmd = self._commands.get(result.command_id)
         if cmd is None:
             self._remember(self._orphans, result.command_id, result)
-        elif result.status is CommandStatus.SUCCEEDED and cmd.kind in _RELAUNCHED:
-            self.relaunched(removed_nodes=cmd.targets)
-        return []
+            return []
+        if result.status is not CommandStatus.SUCCEEDED or cmd.kind not in _RELAUNCHED:
+            return []
+        self.relaunched(removed_nodes=cmd.targets)
+        # the nodes it left out are out of the job: their episodes end with them
+        at = self.now if self.now is not None else result.ts.timestamp()
+        why = f"{', '.join(cmd.targets)} left the job ({cmd.kind.value} {cmd.command_id})"
+        return [a for node in cmd.targets for a in self.monitor.close(why, at, node=node)]
 
     def relaunched(self, now: float | None = None, removed_nodes: Iterable[str] = ()) -> None:
         """The job relaunches at event time ``now`` (default: the current event time),

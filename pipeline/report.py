@@ -1,9 +1,10 @@
 """``stepguard report``: an HTML post-mortem of one job from the archive.
 
-For each incident (an alert episode naming a node) it plots the node's ranks'
-compute time relative to the step's peer median around the episode, and the job's
-step time; then the alert/command timeline and a summary table. Plots are
-PNG files next to the HTML; the terminal gets a plain-text summary.
+For each incident (every episode of one culprit and one kind while any was open:
+``Alert.incident``) it plots the culprit node's ranks' compute time relative to the
+step's peer median around the incident, and the job's step time; then the
+alert/command timeline and a summary table. Plots are PNG files next to the HTML; the
+terminal gets a plain-text summary.
 """
 
 from __future__ import annotations
@@ -26,14 +27,18 @@ __all__ = ["Incident", "ReportResult", "incidents", "render_report"]
 
 @dataclass(frozen=True, slots=True)
 class Incident:
-    fingerprint: str
+    """Every episode of one culprit and one kind while any was open (Alert.incident)."""
+
+    key: str
     kind: str
     node: str
-    rank: int
+    ranks: tuple[int, ...]
+    episodes: int
     first_step: int
     last_step: int
     worst_grade: str
     resolved: bool
+    fingerprints: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,27 +49,28 @@ class ReportResult:
 
 
 def incidents(backend: ArchiveBackend, job: str, incident: str | None = None) -> list[Incident]:
-    db = backend.database
-    where = f"job_id = '{job}'" + (f" AND fingerprint = '{incident}'" if incident else "")
-    _, rows = backend.query(
-        f"SELECT fingerprint, any(kind), any(node), any(rank), min(step), max(step), "
-        f"max(toUInt8(grade)), max(toUInt8(state)) FROM {db}.alerts FINAL WHERE {where} "
-        "GROUP BY fingerprint ORDER BY min(step), fingerprint"
-    )
+    """The job's incidents (the ``incidents`` query); ``incident`` keeps the one with
+    that key or holding an episode with that fingerprint."""
+    _, rows = run_query(backend, "incidents", job=job)
     grades = {0: "info", 1: "warning", 2: "critical"}
-    return [
+    found = [
         Incident(
             str(r[0]),
             str(r[1]),
             str(r[2]),
-            int(r[3]),
+            tuple(int(x) for x in r[3]),
             int(r[4]),
             int(r[5]),
-            grades.get(int(r[6]), "?"),
-            bool(r[7]),
+            int(r[6]),
+            grades.get(int(r[7]), "?"),
+            bool(r[8]),
+            tuple(str(x) for x in r[9]),
         )
         for r in rows
     ]
+    if incident:
+        found = [i for i in found if incident == i.key or incident in i.fingerprints]
+    return found
 
 
 def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) -> Path:
@@ -92,11 +98,11 @@ def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) 
             xs.append(int(step))
             ys.append(100.0 * (float(compute) / base - 1.0))
         for rank, (xs, ys) in sorted(by_rank.items()):
-            style = {"lw": 2.0} if rank == inc.rank else {"lw": 0.8, "alpha": 0.6}
+            style = {"lw": 2.0} if rank in inc.ranks else {"lw": 0.8, "alpha": 0.6}
             ax1.plot(xs, ys, label=f"rank {rank}", **style)
     ax1.axhline(0.0, color="k", ls="--", lw=1.2, label="peer median")
     ax1.set_ylabel("compute vs peer median (%)")
-    ax1.set_title(f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), {inc.fingerprint}")
+    ax1.set_title(f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), incident {inc.key}")
     ax1.legend(fontsize=7, ncol=3, loc="upper left")
     ax2.plot([r[0] for r in peer], [r[2] for r in peer], color="tab:red", label="step time")
     ax2.set_ylabel("step time (s)")
@@ -104,10 +110,14 @@ def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) 
     for ax in (ax1, ax2):
         ax.axvspan(inc.first_step, inc.last_step, color="orange", alpha=0.15)
     fig.tight_layout()
-    path = out / f"incident-{inc.fingerprint}.png"
+    path = out / f"incident-{inc.key}.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ",".join(str(r) for r in ranks) if ranks else "all"
 
 
 def _table(cols: list[str], rows: list[tuple[Any, ...]]) -> str:
@@ -127,11 +137,12 @@ def render_report(
     tl_cols, timeline = run_query(backend, "incident_timeline", job=job)
     cmd_cols, commands = run_query(backend, "command_outcomes", job=job)
     summary_rows = [
-        (i.fingerprint, i.kind, i.node or "(job)", i.rank if i.rank >= 0 else "",
-         i.first_step, i.last_step, i.worst_grade, "resolved" if i.resolved else "open")
+        (i.key, i.kind, i.node or "(job)", _ranks(i.ranks), i.episodes, i.first_step,
+         i.last_step, i.worst_grade, "resolved" if i.resolved else "open")
         for i in found
     ]  # fmt: skip
-    summary_cols = ["episode", "kind", "node", "rank", "first step", "last step", "grade", "state"]
+    summary_cols = ["incident", "kind", "culprit", "ranks", "episodes", "first step",
+                    "last step", "grade", "state"]  # fmt: skip
     parts = [
         "<!doctype html><meta charset='utf-8'>",
         f"<title>stepguard report: {html.escape(job)}</title>",
@@ -151,7 +162,8 @@ def render_report(
     lines = [f"job {job}: {len(found)} incident(s)"]
     lines += [
         f"  {i.kind:<12} {i.node or '(job)':<12} steps {i.first_step}-{i.last_step} "
-        f"{i.worst_grade:<8} {'resolved' if i.resolved else 'open'}"
+        f"{i.worst_grade:<8} {'resolved' if i.resolved else 'open':<8} "
+        f"{i.episodes} episode(s){', ranks ' + _ranks(i.ranks) if i.ranks else ''}"
         for i in found
     ]
     lines.append(f"  {len(commands)} command(s); report: {out_html}")

@@ -12,6 +12,7 @@ from schemas.alerts import (
     Grade,
     RecommendedAction,
     episode_fingerprint,
+    incident_key,
 )
 from schemas.codec import MAX_MESSAGE_BYTES, Rejected, decode, encode, key_of
 from schemas.commands import (
@@ -85,5 +86,6 @@ __all__ = [
     "decode",
     "encode",
     "episode_fingerprint",
+    "incident_key",
     "key_of",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "Grade",
     "RecommendedAction",
     "episode_fingerprint",
+    "incident_key",
 ]
 
 
@@ -102,6 +103,27 @@ class Alert(Message):
     evidence: Evidence
     recommended_action: RecommendedAction = RecommendedAction.INVESTIGATE
     summary: str = ""
+    incident: str = Field(
+        default="",
+        max_length=64,
+        description=(
+            "Group key of the incident: every episode of one culprit (the node, or the "
+            "job for job-wide causes) and one kind while any of them is open; group "
+            "pages on it (Alertmanager's group_by), the ranks are listed inside."
+        ),
+    )
+
+
+def incident_key(job_id: str, node: str | None, kind: str, start: int) -> str:
+    """The group key of an incident: its job, culprit (node, or the whole job), kind
+    and the start (event time, ms) of its first episode.
+
+    >>> incident_key("j", "node-3", "straggler", 1000) == incident_key("j", "node-3",
+    ...                                                               "straggler", 1000)
+    True
+    """
+    text = f"incident\x1f{job_id}\x1f{node or ''}\x1f{kind}\x1f{start}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def episode_fingerprint(

@@ -27,7 +27,6 @@ import itertools
 import logging
 import multiprocessing
 import os
-import pickle
 import shutil
 import signal
 import tempfile
@@ -48,6 +47,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from kafka import KafkaProducer
 
+from pipeline import statecodec
 from pipeline.archive.backend import ArchiveBackend, Columns
 from pipeline.archive.rows import (
     StepRows,
@@ -514,10 +514,14 @@ class _DecodePool:
             finally:
                 src.unlink(missing_ok=True)
             try:
-                # written by our decode process, in our 0700 directory
-                decoded: StepRows = pickle.loads(out.read_bytes())  # noqa: S301
+                # written by our decode process, in our 0700 directory; read as data
+                decoded = statecodec.loads(out.read_bytes(), max_bytes=1 << 34)
+            except statecodec.StateFormatError as exc:
+                raise ArchiveError(f"unreadable decode result: {exc}") from exc
             finally:
                 out.unlink(missing_ok=True)
+            if not isinstance(decoded, StepRows):
+                raise ArchiveError(f"decode process wrote {type(decoded).__name__}")
             return decoded
 
         return rows

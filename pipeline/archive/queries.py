@@ -148,6 +148,28 @@ LIMIT {limit}
 """,
         ),
         AnalystQuery(
+            "incidents",
+            "A job's incidents: every episode of one culprit (node, or the job) and one "
+            "kind while any was open, with the ranks inside, its steps, worst grade and "
+            "whether every episode resolved (alerts archived before incidents existed "
+            "count one episode each).",
+            """
+SELECT grp AS incident, any(kind) AS kind, any(node) AS culprit,
+       arraySort(groupUniqArrayIf(rank, rank >= 0)) AS ranks, count() AS episodes,
+       min(first_step) AS first_step, max(last_step) AS last_step,
+       max(worst) AS worst_grade, min(resolved) AS resolved,
+       arraySort(groupArray(fingerprint)) AS fingerprints
+FROM (SELECT if(incident != '', incident, fingerprint) AS grp, fingerprint, any(kind) AS kind,
+             any(node) AS node, any(rank) AS rank, min(step) AS first_step,
+             max(step) AS last_step, max(toUInt8(grade)) AS worst,
+             argMax(toUInt8(state), seq) AS resolved
+      FROM {db}.alerts FINAL WHERE job_id = '{job}'
+      GROUP BY grp, fingerprint)
+GROUP BY grp
+ORDER BY first_step, incident
+""",
+        ),
+        AnalystQuery(
             "job_runs",
             "A job's runs (by run id): when each started, how many long phases it "
             "announced, when and why it ended (empty reason: no end was announced) and the "

@@ -8,7 +8,6 @@ ReplacingMergeTree collapses it.
 from __future__ import annotations
 
 import base64
-import pickle
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipeline import statecodec
 from pipeline.archive.backend import Columns
 from pipeline.errors import ArchiveRowError
 from pipeline.fastdecode import StepColumns, decode_steps, from_models
@@ -87,7 +87,7 @@ def _alert(m: Alert, _rec_ms: int) -> Iterable[Row]:
         "peer_median": e.peer_median, "baseline": e.baseline, "deviation": e.deviation,
         "trend": e.trend, "detail": e.detail, "recommended_action": m.recommended_action.value,
         "summary": m.summary, "started_at": _utc(m.started_at), "ts": _utc(m.ts),
-        "ts_ms": ms, "ver": ms,
+        "ts_ms": ms, "ver": ms, "incident": m.incident,
     }  # fmt: skip
 
 
@@ -296,7 +296,7 @@ def step_rows_of(cols: StepColumns) -> StepRows:
 
 
 def pack_values(values: Sequence[bytes | None]) -> tuple[bytes, npt.NDArray[np.int64]]:
-    """Values as one buffer and their end offsets (-1 for a missing value): pickled
+    """Values as one buffer and their end offsets (-1 for a missing value): handed
     to a decode process as two objects, instead of one per message."""
     ends = np.cumsum([len(v) if v is not None else 0 for v in values], dtype=np.int64)
     missing = [i for i, v in enumerate(values) if v is None]
@@ -307,13 +307,14 @@ def pack_values(values: Sequence[bytes | None]) -> tuple[bytes, npt.NDArray[np.i
 
 def step_rows_file(src: str, ends: npt.NDArray[np.int64], out: str) -> str:
     """A decode process's entry point: :func:`step_rows_packed` of the buffer in file
-    ``src``, pickled into file ``out`` (returned). Both files are in a directory only
-    the archiver's user can write (the archiver's own temporary directory)."""
+    ``src``, written to file ``out`` (returned) by :mod:`pipeline.statecodec`. Both
+    files are in a directory only the archiver's user can write (the archiver's own
+    temporary directory)."""
     with open(src, "rb") as f:
         joined = f.read()
     rows = step_rows_packed(joined, ends)
     with open(out, "wb") as f:
-        pickle.dump(rows, f, protocol=pickle.HIGHEST_PROTOCOL)
+        f.write(statecodec.dumps(rows, level=0))  # plain data, never pickle
     return out
 
 

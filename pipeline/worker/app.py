@@ -4,7 +4,7 @@ Topology (``P`` = partitions of the steps topic)::
 
     steps  (key job)  ───────────────────────────────┐
     health (key node) ─► route_health ───┐            │
-    commands (relaunching) ─► route_command ─► jobs (internal, key job, P partitions)
+    commands, results ─► route_command/_result ─► jobs (internal, key job, P partitions)
     lifecycle (key job) ─► route_lifecycle ┘           │
     timer (every tick interval) ─► tick records ─────┘        │
                                                               ▼
@@ -215,7 +215,7 @@ def build_app(
     names = CoreTopics(
         steps=registry.name("steps"), health=registry.name("health"),
         jobs=jobs_topic_name(settings), commands=registry.name("commands"),
-        lifecycle=registry.name("lifecycle"),
+        lifecycle=registry.name("lifecycle"), results=registry.name("results"),
     )  # fmt: skip
     core = WorkerCore(
         names,
@@ -236,6 +236,7 @@ def build_app(
     health_in = app.topic(names.health, **raw)
     commands_in = app.topic(names.commands, **raw)
     lifecycle_in = app.topic(names.lifecycle, **raw)
+    results_in = app.topic(names.results, **raw)
     jobs_out = app.topic(names.jobs, partitions=n_partitions, **raw)
     decisions = app.topic(registry.name("decisions"), **raw)
     deadletter = app.topic(registry.name("deadletter"), **raw)
@@ -356,6 +357,20 @@ def build_app(
             records_of(msg.topic).inc()
             last_read[(msg.topic, msg.partition)] = msg.offset
 
+    @app.agent(results_in, name="stepguard.worker.results")
+    async def results_agent(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            try:
+                routed = core.route_result(msg.partition, msg.offset, msg.key, msg.value)
+                if routed is not None:
+                    await forward(routed, b"result")
+            except Exception:
+                log.exception("result routing failed on %s[%d]@%d", msg.topic, msg.partition,
+                              msg.offset)  # fmt: skip
+            records_of(msg.topic).inc()
+            last_read[(msg.topic, msg.partition)] = msg.offset
+
     @app.agent(lifecycle_in, name="stepguard.worker.lifecycle")
     async def lifecycle_agent(stream: Any) -> None:
         async for event in stream.events():
@@ -421,7 +436,8 @@ def build_app(
         log.info("rebalance: own %d partitions of %s and %s", len(mine), names.steps,
                  names.jobs)  # fmt: skip
 
-    del jobs_agent, health_agent, commands_agent, lifecycle_agent, tick_jobs, on_revoked
+    del jobs_agent, health_agent, commands_agent, results_agent, lifecycle_agent, tick_jobs
+    del on_revoked
     del on_assigned
     return WorkerApp(app, core, metrics, settings, n_partitions)
 

@@ -11,7 +11,8 @@ around it: decoding, offsets, snapshots, routing and the wall clock.
 State and offsets
 -----------------
 One :class:`JobState` per job: its :class:`~pipeline.detection.JobDetection` and, per
-source topic partition, the last offset the state reflects. A snapshot (pickle) goes
+source topic partition, the last offset the state reflects. A snapshot
+(:mod:`pipeline.statecodec`: plain data, never pickle) goes
 to the table every ``snapshot_steps`` completed steps or ``snapshot_interval_s`` wall
 seconds; the records it covers are acked only then, so a committed offset is never
 ahead of the state in the changelog. After a crash the records since the last commit
@@ -31,9 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,12 +43,16 @@ from kafka.partitioner.default import murmur2
 
 from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
+from pipeline import statecodec
 from pipeline.detection import JobDetection
 from pipeline.errors import CapacityError
 from pipeline.fastdecode import decode_step
+from pipeline.statecodec import StateFormatError
 from schemas import (
     Alert,
     Command,
+    CommandResult,
+    CommandStatus,
     DeadLetter,
     JobEvent,
     JobEventKind,
@@ -74,11 +77,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Header naming what a record on the worker's job topic carries:
-#: ``health`` | ``tick`` | ``command`` | ``lifecycle``.
+#: ``health`` | ``tick`` | ``command`` | ``result`` | ``lifecycle``.
 KIND_HEADER = "stepguard-kind"
-
-#: Prefix of a compressed snapshot (a bare pickle starts with b"\x80").
-_ZLIB = b"SGZ1"
 
 
 def partition_for(key: str, n_partitions: int) -> int:
@@ -103,11 +103,12 @@ class CoreTopics:
     jobs: str  #: internal: health, relaunch commands, lifecycle re-keyed by job; ticks
     commands: str = ""
     lifecycle: str = ""
+    results: str = ""
 
 
 @dataclass
 class JobState:
-    """Everything the worker keeps for one job; pickled into the table."""
+    """Everything the worker keeps for one job; written to the table as plain data."""
 
     job_id: str
     detection: JobDetection
@@ -125,16 +126,16 @@ class JobState:
     last_snapshot_wall: float = 0.0
 
     def to_bytes(self) -> bytes:
-        """Pickle, zlib-compressed (level 1: ~40 ms for 128k ranks), behind a marker."""
-        return _ZLIB + zlib.compress(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        """The state as a :mod:`pipeline.statecodec` blob (zlib level 1)."""
+        return statecodec.dumps(self)
 
     @staticmethod
-    def from_bytes(blob: bytes) -> JobState:
-        if blob.startswith(_ZLIB):
-            blob = zlib.decompress(blob[len(_ZLIB) :])
-        state = pickle.loads(blob)  # noqa: S301 - our own changelog, written by us
+    def from_bytes(blob: bytes, max_bytes: int = 512 * 1024 * 1024) -> JobState:
+        """Read a snapshot back; :class:`~pipeline.statecodec.StateFormatError` when
+        it is not a readable JobState (nothing in it is ever executed)."""
+        state = statecodec.loads(blob, max_bytes=max_bytes)
         if not isinstance(state, JobState):
-            raise TypeError(f"table value is {type(state).__name__}, not JobState")
+            raise StateFormatError(f"table value is {type(state).__name__}, not JobState")
         return state
 
     def seen(self, topic: str, partition: int, offset: int) -> bool:
@@ -155,7 +156,7 @@ class Handled:
     job_id: str | None = None
     alerts: list[Alert] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    #: pickled JobState to write to the table under ``job_id`` before releasing
+    #: the JobState blob to write to the table under ``job_id`` before releasing
     snapshot: bytes | None = None
     #: tokens (Faust events) that may be acked now
     release: list[Any] = field(default_factory=list)
@@ -253,6 +254,9 @@ class WorkerCore:
         self.blind_after_s = blind_after_s
         self.max_snapshot_bytes = max_snapshot_bytes
         self.oversized_snapshots = 0
+        self.unreadable_snapshots = 0
+        #: largest inflated snapshot read back (the compressed limit x a generous ratio)
+        self.max_state_bytes = 16 * max_snapshot_bytes
         self.clock = clock
         self._last_record_wall: float | None = None
         self.blind_periods = 0
@@ -279,8 +283,8 @@ class WorkerCore:
                     f"{self.max_jobs}: job {job_id} is not taken on"
                 )
             blob = load(job_id)
-            if blob is not None:
-                st = JobState.from_bytes(blob)
+            st = self._read(job_id, blob) if blob is not None else None
+            if st is not None:
                 st.arrived_wall = self.clock()  # restart the hang clock on takeover
                 st.last_snapshot_wall = self.clock()
             else:
@@ -291,6 +295,21 @@ class WorkerCore:
                     active_wall=self.clock(),
                 )
             self.jobs[job_id] = st
+        return st
+
+    def _read(self, job_id: str, blob: bytes) -> JobState | None:
+        """A snapshot from the table, or None when it is unreadable: logged, counted,
+        and the job's state is rebuilt from the records replayed after it."""
+        try:
+            st = JobState.from_bytes(blob, max_bytes=self.max_state_bytes)
+        except StateFormatError as exc:
+            self.unreadable_snapshots += 1
+            log.error("snapshot of job %s is unreadable (%s): starting it afresh", job_id, exc)
+            return None
+        if st.job_id != job_id:
+            self.unreadable_snapshots += 1
+            log.error("snapshot under %s holds job %s: starting it afresh", job_id, st.job_id)
+            return None
         return st
 
     def drop_partitions(self, partitions: Iterable[int]) -> int:
@@ -400,6 +419,20 @@ class WorkerCore:
             return None
         return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
 
+    def route_result(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None
+    ) -> Forward | None:
+        """An executor's result: forward a SUCCEEDED one to its job's partition (a
+        relaunch carried out restarts the grace and its left-out nodes' episodes
+        resolve); None for anything else. Bad results are the actuator's to judge."""
+        msg = decode(
+            CommandResult, value, topic=self.topics.results, partition=partition,
+            offset=offset, key=key, max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected) or msg.status is not CommandStatus.SUCCEEDED:
+            return None
+        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+
     def route_lifecycle(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
     ) -> Forward | Rejected:
@@ -432,6 +465,8 @@ class WorkerCore:
             return self._command(partition, offset, key, value, token)
         if kind == "lifecycle":
             return self._lifecycle(partition, offset, key, value, token, load)
+        if kind == "result":
+            return self._result(partition, offset, key, value, token)
         msg = decode(
             NodeHealth, value, topic=topic, partition=partition, offset=offset, key=key,
             max_bytes=self.max_message_bytes,
@@ -501,6 +536,23 @@ class WorkerCore:
             "%s %s issued: its hang clock allows for the relaunch (nodes %s)",
             msg.job_id, msg.kind.value, ", ".join(msg.targets) or "none",
         )  # fmt: skip
+        return self._finish(st, out, token)
+
+    def _result(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Handled:
+        """A SUCCEEDED result for a job we hold (:meth:`JobDetection.on_result`)."""
+        topic = self.topics.jobs
+        msg = decode(CommandResult, value, topic=topic, partition=partition, offset=offset,
+                     key=key)  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Handled(release=[token])
+        st = self.jobs.get(msg.job_id)
+        if st is None or st.seen(topic, partition, offset):
+            return Handled(job_id=msg.job_id, release=[token])
+        st.offsets[(topic, partition)] = offset
+        st.dirty = True
+        out = Handled(job_id=msg.job_id, alerts=st.detection.on_result(msg))
         return self._finish(st, out, token)
 
     def _tick(
@@ -672,8 +724,8 @@ class WorkerCore:
         """Load a job found in the table (after a restart) when its partition is ours."""
         if job_id in self.jobs or job_id in self.ended or len(self.jobs) >= self.max_jobs:
             return False
-        st = JobState.from_bytes(blob)
-        if st.partition not in owned:
+        st = self._read(job_id, blob)
+        if st is None or st.partition not in owned:
             return False
         st.arrived_wall = self.clock()
         st.last_snapshot_wall = self.clock()

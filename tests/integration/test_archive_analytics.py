@@ -128,3 +128,16 @@ def test_prune_drops_only_whole_old_days(archive):
     assert rows == [("f" * 24,)]
     with pytest.raises(ValueError, match="older-than"):
         parse_age("soon")
+
+
+def test_the_straggler_is_one_incident_and_the_run_ended_completed(smoke_run):
+    _, summary, archive = smoke_run
+    cols, rows = run_query(archive, "incidents", job=summary.job_id)
+    incidents = [dict(zip(cols, r, strict=True)) for r in rows]
+    on_culprit = [i for i in incidents if i["culprit"] == "node-0005"]
+    assert len(on_culprit) == len({i["kind"] for i in on_culprit}), incidents  # one per kind
+    straggler = next(i for i in on_culprit if i["kind"] == "straggler")
+    assert list(straggler["ranks"]) == [43] and straggler["resolved"] == 1
+    cols, runs = run_query(archive, "job_runs", job=summary.job_id)
+    (run,) = [dict(zip(cols, r, strict=True)) for r in runs]
+    assert run["end_reason"] == "completed" and run["last_step"] >= summary.steps_completed - 1

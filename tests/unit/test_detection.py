@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pickle
 from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 
 from detectors.frame import StepFrame
+from pipeline import statecodec
 from pipeline.detection import JobDetection
 from pipeline.errors import CapacityError
 from pipeline.simulator import Scenario, simulate
@@ -197,7 +197,7 @@ def play(det: JobDetection, sc: Scenario, *, messages: bool, cut: int | None = N
     out: list[Alert] = []
     for i, ev in enumerate(simulate(sc)):
         if cut is not None and i == cut:
-            det = pickle.loads(pickle.dumps(det))  # a restart from the snapshot
+            det = statecodec.loads(statecodec.dumps(det))  # a restart from the snapshot
         for h in ev.health:
             out += det.on_health(h)
         if ev.frame is not None:
@@ -218,7 +218,7 @@ def test_node_messages_and_whole_frames_give_the_same_alerts() -> None:
     assert play(JobDetection(sc.job), sc, messages=True) == frames
 
 
-def test_state_survives_a_pickle_round_trip_mid_run() -> None:
+def test_state_survives_a_snapshot_round_trip_mid_run() -> None:
     sc = scenario()
     assert play(JobDetection(sc.job), sc, messages=True, cut=70) == play(
         JobDetection(sc.job), sc, messages=True
@@ -272,3 +272,19 @@ def test_a_message_that_would_exceed_the_rank_cap_is_refused_before_anything_gro
     det.on_step(frame(1).to_messages()[1])  # known ranks go on
     with pytest.raises(ValueError, match="max_ranks"):
         JobDetection("job", max_ranks=0)
+
+
+def test_a_node_left_out_by_a_relaunch_has_its_episodes_resolved() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    slow: list[Alert] = []
+    for s in range(30, 45):
+        f = frame(s)
+        f.compute[8:16] *= 1.3  # every rank of node-1
+        f.comm_wait[:] = f.compute.max() + 0.05 - f.compute
+        slow += det.on_frame(f)
+    assert [a.node for a in firing(slow, AlertKind.STRAGGLER)][:1] == ["node-1"]
+    det.on_command(command(CommandKind.RESTART, "cmd-5", ("node-1",)))
+    got = det.on_result(result("cmd-5"))
+    assert {(a.node, a.state) for a in got} == {("node-1", AlertState.RESOLVED)}
+    assert all("node-1 left the job (restart cmd-5)" in a.summary for a in got)

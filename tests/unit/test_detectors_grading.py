@@ -135,3 +135,30 @@ def test_policy_validation_names_the_argument(kwargs, match):
 def test_grader_needs_a_job():
     with pytest.raises(ValueError, match="job_id"):
         Grader("", {"straggler": POLICY})
+
+
+def test_episodes_of_one_culprit_and_kind_group_into_one_incident_while_any_is_open():
+    g = Grader("job", {"straggler": POLICY})
+
+    def step(i, subjects):
+        fs = [Finding("straggler", n, r, 0.3, "compute_s", 1.3, 9.0) for n, r in subjects]
+        return g.observe(fs, signals={"straggler"}, step=i, ts=1000.0 + i)
+
+    out = []
+    for i in range(3):  # ranks 3 and 5 of n1 and rank 9 of n2 go slow together
+        out += step(i, [("n1", 3), ("n1", 5), ("n2", 9)])
+    for i in range(3, 6):  # rank 5 recovers; rank 3 keeps n1's incident open
+        out += step(i, [("n1", 3), ("n2", 9)])
+    for i in range(6, 9):  # rank 7 of n1 joins the open incident
+        out += step(i, [("n1", 3), ("n1", 7), ("n2", 9)])
+    by_rank = {}
+    for a in out:
+        by_rank.setdefault(a.rank, set()).add(a.incident)
+    assert all(len(keys) == 1 for keys in by_rank.values())
+    assert by_rank[3] == by_rank[5] == by_rank[7] != by_rank[9]
+    for i in range(9, 30):  # everyone recovers: both incidents close (and cool off)
+        out += step(i, [])
+    for i in range(30, 33):  # later, n1 again: a new episode in a new incident
+        out += step(i, [("n1", 3)])
+    assert {a.incident for a in out if a.step >= 30} != by_rank[3]
+    assert all(a.incident for a in out)

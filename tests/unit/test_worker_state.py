@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 from datetime import UTC, datetime, timedelta
+from typing import ClassVar
 
 import pytest
 
@@ -15,6 +16,8 @@ from schemas import (
     AlertState,
     Command,
     CommandKind,
+    CommandResult,
+    CommandStatus,
     EndReason,
     GpuHealth,
     Grade,
@@ -247,15 +250,37 @@ def test_a_long_checkpoint_step_is_not_a_hang_for_the_worker():
     assert [a for a in alerts if a.kind is AlertKind.HANG] == []
 
 
-def test_snapshots_are_compressed_and_old_plain_pickles_still_load():
+class _Payload:
+    """What an attacker who can write the changelog would put there."""
+
+    ran: ClassVar[list[str]] = []
+
+    def __reduce__(self):
+        return (_Payload.ran.append, ("code ran",))
+
+
+def test_snapshots_are_data_and_a_pickle_in_the_changelog_is_never_executed(tmp_path):
     core = WorkerCore(TOPICS, 8)
     feed(core, range(12))
     st = core.jobs["j"]
     blob = st.to_bytes()
-    plain = pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL)
-    assert len(blob) < len(plain)
-    for b in (blob, plain):
-        assert JobState.from_bytes(b).detection.last_step == st.detection.last_step
+    assert JobState.from_bytes(blob).detection.last_step == st.detection.last_step
+    assert len(blob) < len(pickle.dumps(st, protocol=pickle.HIGHEST_PROTOCOL))
+    hostile = {
+        "pickle": pickle.dumps(_Payload()),
+        "truncated": blob[: len(blob) // 2],
+        "other job": blob,  # job j's snapshot stored under another job's key
+    }
+    for name, value in hostile.items():
+        fresh = WorkerCore(TOPICS, 8)
+        job = "other" if name == "other job" else "j"
+        out = fresh.handle_step(
+            0, 0, job.encode(), step_msg(0, 0, job=job), token="t", load=lambda _, v=value: v
+        )
+        assert not out.dead_letters, name
+        assert fresh.unreadable_snapshots == 1, name
+        assert fresh.jobs[job].detection.last_step == -1, name  # rebuilt from records
+    assert _Payload.ran == []
 
 
 def test_a_snapshot_over_the_limit_is_not_written_and_its_records_stay_held():
@@ -393,3 +418,29 @@ def test_malformed_lifecycle_events_are_dead_lettered():
         0, 3, b"j", b'{"job_id": "j", "kind": "end", "ts": "2026-01-01T00:00:00Z"}'
     )
     assert isinstance(bad, Rejected) and "reason" in bad.letter.error
+
+
+def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
+    core = WorkerCore(TOPICS, 8)
+    feed(core, range(30))
+    outs = [
+        core.handle_step(
+            0,
+            10_000 + i,
+            b"j",
+            step_msg(30 + i // 8, i % 8, slow=1.3 if i % 8 == 5 else 1.0),
+            token=None,
+        )
+        for i in range(8 * 20)
+    ]
+    assert (AlertKind.STRAGGLER, "n5") in {(a.kind, a.node) for o in outs for a in o.alerts}
+    cmd = core.route_command(0, 1, b"j", relaunch_command(CommandKind.RESTART, ("n5",)))
+    core.handle_job_record(cmd.partition, 1, b"j", cmd.value, "command", token="c")
+    failed = CommandResult(command_id="cmd-0001", job_id="j", executor="job",
+                           status=CommandStatus.FAILED, ts=T0)  # fmt: skip
+    assert core.route_result(0, 0, b"j", encode(failed)) is None
+    done = encode(failed.model_copy(update={"status": CommandStatus.SUCCEEDED}))
+    fwd = core.route_result(0, 1, b"j", done)
+    out = core.handle_job_record(fwd.partition, 2, b"j", fwd.value, "result", token="r")
+    assert {(a.node, a.state) for a in out.alerts} == {("n5", AlertState.RESOLVED)}
+    assert "n5 left the job" in out.alerts[0].summary
