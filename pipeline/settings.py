@@ -44,6 +44,9 @@ STEPGUARD_WEBHOOK_TIMEOUT_S / _RETRIES  per-POST timeout and retries of the webh
 STEPGUARD_WARNING_CONFIRM_S   seconds a WARNING must persist (or WARNING_CONFIRM_STEPS)
 STEPGUARD_GUARD_JOB_NODES     job size for the percentage guardrail (0: unknown)
 STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor
+STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
+STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
+                              commands, actions, cooldowns, repair marks, job sizes)
 ============================  ==========================================================
 """
 
@@ -142,6 +145,11 @@ class Settings(BaseSettings):
     webhook_retries: int = Field(default=3, ge=0)
     #: the ``scontrol`` executable used by the Slurm executor
     slurm_scontrol: str = "scontrol"
+    #: a held action nobody approved or rejected for this long expires (archived)
+    hold_ttl_s: float = Field(default=1800.0, gt=0)
+    #: hard cap of each of the actuator's memory maps (oldest dropped first); the
+    #: normal bound is time (the guard window, cooldowns, stale and hold horizons)
+    actuator_max_tracked: int = Field(default=10_000, ge=100)
 
     clickhouse_dsn: SecretStr | None = None
     chdb_path: Path = Path(".stepguard/archive")

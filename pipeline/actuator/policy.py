@@ -10,6 +10,23 @@ windows and cooldowns, because executors compare ``expires_at`` with their own c
 and a rebuilt actuator reads the windows back from ``issued_at``. Event time
 (``alert.ts``) decides staleness and how long a WARNING has persisted.
 
+Held actions (approve mode) are announced: a NOTIFY command for the webhook and a
+GUARDRAIL alert on the decisions topic, both naming the action id and the held alert's
+kind, grade, node, rank and age. Undecided after ``hold_ttl_s`` a hold expires: a
+CANCELLED record whose detail starts with ``expired``; the GUARDRAIL alert resolves
+whenever the hold ends (approved, rejected, expired, cancelled).
+
+Memory: everything the policy keeps per episode, command, action, node or job is
+stamped with ``now`` and forgotten :attr:`Policy.horizon_s` after (the longest of the
+guard window, the cooldowns, the command TTL, the stale-alert, confirmation and hold
+horizons), so inside that horizon no decision changes. Pruning runs on every input and
+on :meth:`Policy.on_tick`. Repair marks (nodes that failed twice in a window) and job
+sizes are kept past the horizon. Every map also has a hard cap, ``max_tracked`` entries
+(oldest dropped first, counted in :attr:`Policy.evicted`): a backstop against an alert
+storm, not the normal bound. An episode silent for longer than the horizon is
+forgotten; should it fire again it is decided afresh (its command ids are the same, so
+executors, which remember what they ran, skip them).
+
 Examples
 --------
 >>> from datetime import UTC, datetime
@@ -30,12 +47,14 @@ Examples
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pipeline.settings import Settings
 from schemas import (
@@ -60,6 +79,9 @@ from schemas import (
 __all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]
 
 _ISOLATING = (RecommendedAction.ISOLATE, RecommendedAction.REPLACE_AT_CHECKPOINT)
+#: detail of the record of a hold that nobody decided in time (state CANCELLED)
+EXPIRED = "expired"
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,10 +104,18 @@ class PolicyParams:
     #: at most one RESTART/ROLLBACK per job per this many seconds (no restart loops)
     relaunch_cooldown_s: float = 300.0
     default_job_nodes: int = 0
+    #: a held action nobody approved or rejected for this long expires
+    hold_ttl_s: float = 1800.0
+    #: hard cap of every per-episode, per-command, per-action and per-node map
+    max_tracked: int = 10_000
 
     def __post_init__(self) -> None:
         if self.command_ttl_s <= 0:
             raise ValueError("command_ttl_s must be positive")
+        if self.hold_ttl_s <= 0:
+            raise ValueError("hold_ttl_s must be positive")
+        if self.max_tracked < 1:
+            raise ValueError("max_tracked must be >= 1")
         if self.warning_confirm_steps < 1:
             raise ValueError("warning_confirm_steps must be >= 1")
         if self.max_isolations < 0:
@@ -111,6 +141,8 @@ class PolicyParams:
             no_spare_policy=settings.no_spare_policy,
             relaunch_cooldown_s=settings.guard_relaunch_cooldown_s,
             default_job_nodes=settings.guard_job_nodes,
+            hold_ttl_s=settings.hold_ttl_s,
+            max_tracked=settings.actuator_max_tracked,
         )
 
     def with_control(self, msg: ControlMessage) -> PolicyParams:
@@ -154,6 +186,7 @@ class _Episode:
     job_id: str
     first_step: int | None
     last_seq: int
+    touched: datetime  # ``now`` of its last update
     last: Alert | None = None
     acted: set[str] = field(default_factory=set)
     observed: set[str] = field(default_factory=set)
@@ -181,6 +214,21 @@ def action_id(fingerprint: str, action: RecommendedAction, node: str | None) -> 
     return "act-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def _touch(d: dict[str, _V], key: str, value: _V) -> None:
+    """Set ``d[key]`` and move it to the end: dicts stay ordered oldest first."""
+    d.pop(key, None)
+    d[key] = value
+
+
+def _drop_front(d: dict[str, _V], stale: Callable[[_V], bool]) -> None:
+    """Drop entries from the front (oldest) while they are stale."""
+    while d:
+        key = next(iter(d))
+        if not stale(d[key]):
+            return
+        del d[key]
+
+
 class Policy:
     """Episodes, confirmation, modes, guardrails and the spare pool. Pure and picklable.
 
@@ -193,11 +241,17 @@ class Policy:
     def __init__(self, params: PolicyParams) -> None:
         self.params = params
         self.spares: list[str] = list(params.spare_nodes)
-        self.repair: set[str] = set()
+        #: nodes isolated twice within a window -> when marked (never spares again)
+        self.repair: dict[str, datetime] = {}
         self.job_nodes: dict[str, int] = {}
-        self.issued: set[str] = set()
+        #: command id -> when issued
+        self.issued: dict[str, datetime] = {}
+        #: latest record per action id, oldest first
         self.actions: dict[str, ActionRecord] = {}
-        self._episodes: dict[str, _Episode] = {}
+        #: entries dropped by the hard cap (``max_tracked``) rather than by age
+        self.evicted = 0
+        self._holding: dict[str, datetime] = {}  # held action id -> held since
+        self._episodes: dict[str, _Episode] = {}  # least recently updated first
         self._newest_ts: datetime | None = None
         #: (issued_at, job, node) of every isolation, oldest first
         self._isolations: list[tuple[datetime, str, str]] = []
@@ -209,7 +263,7 @@ class Policy:
     # -- inputs ------------------------------------------------------------------------
     def on_alert(self, alert: Alert, now: datetime) -> Outcome:
         """One alert update; see the module docstring for the meaning of ``now``."""
-        out = self._close_expired_breakers(now)
+        out = self._housekeeping(now)
         if alert.kind is AlertKind.GUARDRAIL:
             out.note = "own guardrail alert"
             return out
@@ -228,8 +282,10 @@ class Policy:
             out.note = out.note or "resolved"
             return out
         if ep is None:
-            ep = _Episode(alert.job_id, alert.step, alert.seq)
-            self._episodes[alert.fingerprint] = ep
+            ep = _Episode(alert.job_id, alert.step, alert.seq, now)
+        ep.touched = now
+        _touch(self._episodes, alert.fingerprint, ep)
+        self._cap(self._episodes)
         ep.last_seq = alert.seq
         ep.last = alert
         if alert.step is not None and (ep.first_step is None or alert.step < ep.first_step):
@@ -240,7 +296,7 @@ class Policy:
         """The job reached ``step`` at event time ``ts``: a WARNING episode that has
         persisted long enough since its last update confirms now (alerts are sent on
         transitions only, so persistence shows in the job's progress)."""
-        out = self._close_expired_breakers(now)
+        out = self._housekeeping(now)
         for ep in list(self._episodes.values()):
             last = ep.last
             if ep.job_id != job_id or last is None or last.grade is not Grade.WARNING:
@@ -275,8 +331,8 @@ class Policy:
         return out
 
     def on_approval(self, approval: Approval, now: datetime) -> Outcome:
-        """A (verified) human decision on a held action."""
-        out = self._close_expired_breakers(now)
+        """A (verified) human decision on a held action (an expired one is refused)."""
+        out = self._housekeeping(now)
         held = self.actions.get(approval.action_id)
         if held is None or held.state is not ActionState.HELD:
             out.note = "no such held action"
@@ -285,11 +341,13 @@ class Policy:
             out.records.append(
                 self._record(held, ActionState.REJECTED, now, approval.reason, approval.by)
             )
+            out.alerts.append(self._hold_notice(held, now, f"rejected by {approval.by}"))
             return out
         if self.params.mode is ActuatorMode.OBSERVE:
             out.records.append(
                 self._record(held, ActionState.REFUSED, now, "actuator is in observe mode")
             )
+            out.alerts.append(self._hold_notice(held, now, "refused: observe mode"))
             return out
         assert held.alert is not None  # held records always carry their alert
         ep = self._episodes.get(held.alert.fingerprint)
@@ -297,11 +355,15 @@ class Policy:
         for c in held.commands:  # a rollback target was fixed when the action was held
             if c.kind is CommandKind.ROLLBACK and c.checkpoint_step is not None:
                 first_step = c.checkpoint_step + 1
-        out.extend(
-            self._decide(
-                held.action_id, held.alert, first_step, now, ActuatorMode.APPROVE, approval.by
-            )
+        decided = self._decide(
+            held.action_id, held.alert, first_step, now, ActuatorMode.APPROVE, approval.by
         )
+        ended = f"approved by {approval.by}"
+        for rec in decided.records:
+            if rec.action_id == held.action_id and rec.state is not ActionState.APPROVED:
+                ended += f" but {rec.state.value}: {rec.detail}"
+        out.extend(decided)
+        out.alerts.append(self._hold_notice(held, now, ended))
         return out
 
     def on_control(self, msg: ControlMessage, now: datetime) -> Outcome:
@@ -310,27 +372,86 @@ class Policy:
         if msg.spare_nodes is not None:
             self.spares = [n for n in msg.spare_nodes if n not in self.repair]
         if msg.job_id is not None and msg.job_nodes is not None:
-            self.job_nodes[msg.job_id] = msg.job_nodes
+            _touch(self.job_nodes, msg.job_id, msg.job_nodes)
+            self._cap(self.job_nodes)
         out = Outcome(note="control applied")
         if msg.reset_breaker:
             for job in list(self._breakers):
                 out.alerts.append(self._resolve_breaker(job, now))
         return out
 
+    def on_tick(self, now: datetime) -> Outcome:
+        """Time passing without input: expire holds, close breakers, forget the old.
+
+        The service calls it after every poll, so a hold expires on time even when
+        nothing arrives.
+        """
+        out = self._housekeeping(now)
+        out.note = out.note or "tick"
+        return out
+
     # -- rebuilding from the output topics -------------------------------------------------
     def restore_command(self, cmd: Command) -> None:
         """Replay one command read back from the commands topic (start-up rebuild)."""
-        self.issued.add(cmd.command_id)
+        self._issue(cmd.command_id, cmd.issued_at)
         self._apply_issue(cmd, cmd.issued_at)
 
     def restore_record(self, record: ActionRecord) -> None:
         """Replay one action record (latest per id wins) read back at start-up."""
-        self.actions[record.action_id] = record
+        self._keep_record(record)
+
+    # -- memory ------------------------------------------------------------------------
+    @property
+    def horizon_s(self) -> float:
+        """Seconds anything is remembered: the longest a guardrail looks back."""
+        p = self.params
+        return max(
+            p.window_s, p.node_cooldown_s, p.relaunch_cooldown_s, p.checkpoint_min_interval_s,
+            p.command_ttl_s, p.stale_alert_s, p.warning_confirm_s, p.hold_ttl_s,
+        )  # fmt: skip
+
+    def prune(self, now: datetime, *, full: bool = False) -> None:
+        """Forget what is older than :attr:`horizon_s` before ``now``.
+
+        Maps are ordered oldest first, so pruning stops at the first entry still
+        needed; ``full`` scans everything (after a start-up rebuild, whose records come
+        partition by partition rather than in time order).
+        """
+        cut = now - timedelta(seconds=self.horizon_s)
+        if full:
+            self.issued = {k: t for k, t in self.issued.items() if t >= cut}
+            self._episodes = {k: e for k, e in self._episodes.items() if e.touched >= cut}
+            self.actions = {
+                k: r for k, r in self.actions.items()
+                if r.ts >= cut or r.state is ActionState.HELD
+            }  # fmt: skip
+            for d in (self._last_acted, self._last_checkpoint, self._last_relaunch):
+                for key in [k for k, t in d.items() if t < cut]:
+                    del d[key]
+        _drop_front(self.issued, lambda t: t < cut)
+        _drop_front(self._episodes, lambda e: e.touched < cut)
+        # a hold leaves by expiring (hold_ttl_s <= horizon), never by pruning
+        _drop_front(self.actions, lambda r: r.ts < cut and r.state is not ActionState.HELD)
+        for d in (self._last_acted, self._last_checkpoint, self._last_relaunch):
+            _drop_front(d, lambda t: t < cut)
+        stale = bisect.bisect_left(self._isolations, cut, key=lambda i: i[0])
+        del self._isolations[:stale]
+
+    def memory(self) -> dict[str, int]:
+        """Entries per map (for logs and tests)."""
+        return {
+            "episodes": len(self._episodes), "issued": len(self.issued),
+            "actions": len(self.actions), "held": len(self._holding),
+            "isolations": len(self._isolations), "node_cooldowns": len(self._last_acted),
+            "checkpoints": len(self._last_checkpoint), "relaunches": len(self._last_relaunch),
+            "breakers": len(self._breakers), "repair": len(self.repair),
+            "job_nodes": len(self.job_nodes),
+        }  # fmt: skip
 
     # -- queries -----------------------------------------------------------------------
     @property
     def held(self) -> list[ActionRecord]:
-        return [r for r in self.actions.values() if r.state is ActionState.HELD]
+        return [self.actions[a] for a in self._holding]
 
     def isolations_in_window(self, job_id: str, now: datetime) -> int:
         since = now - timedelta(seconds=self.params.window_s)
@@ -391,14 +512,20 @@ class Policy:
             return out
         executable = [c for c in plan.commands if c.kind is not CommandKind.NOTIFY]
         if mode is ActuatorMode.APPROVE and by is None and executable:
-            out.records.append(self._record(record, ActionState.HELD, now, "awaiting approval"))
+            held = self._record(record, ActionState.HELD, now, "awaiting approval")
+            out.records.append(held)
+            out.alerts.append(self._hold_notice(held, now))
+            notice = self._hold_command(held, now)
+            if notice.command_id not in self.issued:
+                self._issue(notice.command_id, now)
+                out.commands.append(notice)
             return out
         if by is not None:
             out.records.append(self._record(record, ActionState.APPROVED, now, "", by))
         for cmd in plan.commands:
             if cmd.command_id in self.issued:
                 continue
-            self.issued.add(cmd.command_id)
+            self._issue(cmd.command_id, now)
             self._apply_issue(cmd, now)
             out.commands.append(cmd)
         if not out.commands:
@@ -521,14 +648,17 @@ class Policy:
     def _apply_issue(self, cmd: Command, now: datetime) -> None:
         """Bookkeeping of an issued command: ledger, cooldowns, spares, repair marks."""
         if cmd.kind is CommandKind.CHECKPOINT:
-            self._last_checkpoint[cmd.job_id] = now
+            _touch(self._last_checkpoint, cmd.job_id, now)
+            self._cap(self._last_checkpoint)
         if cmd.kind in (CommandKind.RESTART, CommandKind.ROLLBACK) and not cmd.targets:
             # only relaunches that replace no node count: a node replacement's restart
             # is the circuit breaker's business and must not block a later rollback
-            self._last_relaunch[cmd.job_id] = now
+            _touch(self._last_relaunch, cmd.job_id, now)
+            self._cap(self._last_relaunch)
         for node in cmd.targets:
             if cmd.kind is not CommandKind.NOTIFY:
-                self._last_acted[node] = max(now, self._last_acted.get(node, now))
+                _touch(self._last_acted, node, max(now, self._last_acted.get(node, now)))
+                self._cap(self._last_acted)
         for spare in cmd.replacements:
             if spare in self.spares:
                 self.spares.remove(spare)
@@ -537,12 +667,16 @@ class Policy:
         since = now - timedelta(seconds=self.params.window_s)
         for node in cmd.targets:
             previous = [ts for ts, _, n in self._isolations if n == node and ts > since]
-            self._isolations.append((now, cmd.job_id, node))
+            bisect.insort(self._isolations, (now, cmd.job_id, node), key=lambda i: i[0])
             if previous:
-                self.repair.add(node)
+                _touch(self.repair, node, now)  # oldest mark first out at the cap
+                self._cap(self.repair)
                 if node in self.spares:
                     self.spares.remove(node)
-        self._isolations.sort(key=lambda item: item[0])
+        excess = len(self._isolations) - self.params.max_tracked
+        if excess > 0:
+            del self._isolations[:excess]
+            self.evicted += excess
 
     def _open_breaker(self, alert: Alert, now: datetime, why: str) -> list[Alert]:
         job = alert.job_id
@@ -576,8 +710,26 @@ class Policy:
     def _close_expired_breakers(self, now: datetime) -> Outcome:
         out = Outcome()
         for job, b in list(self._breakers.items()):
-            if now >= b.open_until:
+            if now >= b.open_until or len(self._breakers) > self.params.max_tracked:
                 out.alerts.append(self._resolve_breaker(job, now))
+        return out
+
+    def _housekeeping(self, now: datetime) -> Outcome:
+        """Before any input: expire holds, close breakers, forget what is past use."""
+        out = self._expire_held(now)
+        out.extend(self._close_expired_breakers(now))
+        self.prune(now)
+        return out
+
+    def _expire_held(self, now: datetime) -> Outcome:
+        out = Outcome()
+        ttl = self.params.hold_ttl_s
+        for aid, since in list(self._holding.items()):
+            if (now - since).total_seconds() >= ttl:
+                held = self.actions[aid]
+                why = f"{EXPIRED}: neither approved nor rejected within {ttl:.0f}s"
+                out.records.append(self._record(held, ActionState.CANCELLED, now, why))
+                out.alerts.append(self._hold_notice(held, now, why))
         return out
 
     def _cancel_held(self, fingerprint: str, now: datetime) -> Outcome:
@@ -587,7 +739,74 @@ class Policy:
                 out.records.append(
                     self._record(rec, ActionState.CANCELLED, now, "episode resolved")
                 )
+                out.alerts.append(self._hold_notice(rec, now, "cancelled: episode resolved"))
         return out
+
+    def _hold_text(self, held: ActionRecord) -> tuple[str, float]:
+        """What a person needs to decide on a hold, and the held alert's age (s)."""
+        a, aid = held.alert, held.action_id
+        if a is None:  # records always carry their alert; older ones may not
+            what, age = "alert", 0.0
+        else:
+            age = max(0.0, (a.ts - a.started_at).total_seconds())
+            where = f"node {a.node}" if a.node else "the whole job"
+            rank = "" if a.rank is None else f" rank {a.rank}"
+            what = f"{a.kind.value} {a.grade.value} on {where}{rank}, firing for {age:.0f}s"
+        return (
+            f"waiting for approval: {aid} ({what}) in job {held.job_id}: {held.summary}; "
+            f"`stepguard approve {aid}` or `stepguard reject {aid} --reason ...` "
+            f"within {self.params.hold_ttl_s:.0f}s"
+        ), age
+
+    def _hold_notice(self, held: ActionRecord, now: datetime, ended: str = "") -> Alert:
+        """The decisions-topic side of a hold: FIRING while held, RESOLVED once it ends
+        (``ended`` says how). ``held`` is the HELD record."""
+        text, age = self._hold_text(held)
+        a = held.alert
+        return Alert(
+            fingerprint="held-" + held.action_id.removeprefix("act-"), seq=1 if ended else 0,
+            kind=AlertKind.GUARDRAIL, grade=a.grade if a else Grade.WARNING,
+            state=AlertState.RESOLVED if ended else AlertState.FIRING, job_id=held.job_id,
+            node=a.node if a else None, rank=a.rank if a else None, step=a.step if a else None,
+            started_at=held.ts, ts=now,
+            evidence=Evidence(metric="held_alert_age_s", value=age, deviation=0.0,
+                              detail=ended or f"action {held.action_id} awaits approval"),
+            recommended_action=RecommendedAction.INVESTIGATE,
+            summary=f"{ended}: {held.action_id}" if ended else text,
+        )  # fmt: skip
+
+    def _hold_command(self, held: ActionRecord, now: datetime) -> Command:
+        """The NOTIFY that carries a hold to people (the webhook executor posts it)."""
+        text, _ = self._hold_text(held)
+        a = held.alert
+        targets = (a.node,) if a is not None and a.node else ()
+        return Command(
+            command_id=command_id(held.reason, f"notify-held:{held.action_id}", targets),
+            kind=CommandKind.NOTIFY, job_id=held.job_id, targets=targets,
+            reason=held.reason, mode=ActuatorMode.APPROVE, issued_at=now,
+            expires_at=now + timedelta(seconds=self.params.hold_ttl_s), summary=text[:500],
+        )  # fmt: skip
+
+    def _issue(self, cid: str, now: datetime) -> None:
+        _touch(self.issued, cid, now)
+        self._cap(self.issued)
+
+    def _cap(self, d: dict[str, _V], also: dict[str, datetime] | None = None) -> None:
+        """The hard cap: drop the oldest entries of ``d`` (and their keys in ``also``)."""
+        while len(d) > self.params.max_tracked:
+            key = next(iter(d))
+            del d[key]
+            if also is not None:
+                also.pop(key, None)
+            self.evicted += 1
+
+    def _keep_record(self, rec: ActionRecord) -> None:
+        _touch(self.actions, rec.action_id, rec)
+        if rec.state is ActionState.HELD:
+            _touch(self._holding, rec.action_id, rec.ts)
+        else:
+            self._holding.pop(rec.action_id, None)
+        self._cap(self.actions, also=self._holding)  # an evicted action is not held
 
     def _record(
         self,
@@ -600,5 +819,5 @@ class Policy:
         rec = base.model_copy(
             update={"state": state, "detail": detail, "ts": now, "by": by or base.by}
         )
-        self.actions[rec.action_id] = rec
+        self._keep_record(rec)
         return rec

@@ -231,3 +231,28 @@ def test_webhook_unreachable_fails_and_urls_are_checked():
         WebhookExecutor(["http://127.0.0.1:9/x"], timeout_s=1, retries=0).execute(command())
     with pytest.raises(ValueError, match="http"):
         WebhookExecutor(["file:///etc/passwd"])
+
+
+def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
+    from pipeline.actuator.policy import Policy, PolicyParams
+    from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
+
+    fired = Alert(
+        fingerprint="fp-node3-0001", seq=0, kind=AlertKind.HARDWARE, grade=Grade.CRITICAL,
+        state=AlertState.FIRING, job_id="job-1", node="node-3", rank=5, step=100,
+        started_at=T0, ts=T0 + timedelta(seconds=90),
+        evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
+        recommended_action=RecommendedAction.ISOLATE,
+    )  # fmt: skip
+    policy = Policy(PolicyParams(mode=ActuatorMode.APPROVE, spare_nodes=("spare-0",)))
+    out = policy.on_alert(fired, T0 + timedelta(seconds=95))
+    [held], [notice] = out.records, out.commands
+    signed = sign(notice, KEYS)
+    assert check_command(signed, KEYS, T0 + timedelta(seconds=95)) is None  # executors take it
+    WebhookExecutor([receiver["url"]], retries=0).execute(signed)
+    [a] = receiver["bodies"][0]["alerts"]
+    summary = a["annotations"]["summary"]
+    assert summary.startswith(f"waiting for approval: {held.action_id}")
+    assert "hardware critical on node node-3 rank 5, firing for 90s" in summary
+    assert f"stepguard approve {held.action_id}" in summary
+    assert a["labels"]["nodes"] == "node-3" and a["endsAt"] > a["startsAt"]

@@ -17,11 +17,13 @@ from schemas import (
     AlertState,
     Approval,
     ApprovalDecision,
+    Command,
     CommandKind,
     ControlMessage,
     Evidence,
     Grade,
     RecommendedAction,
+    command_id,
 )
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -279,13 +281,17 @@ def test_observe_mode_records_what_it_would_do_and_issues_nothing():
 def test_approve_mode_holds_until_approved():
     p = auto(mode=ActuatorMode.APPROVE)
     out = p.on_alert(alert(), T0)
-    assert out.commands == [] and out.records[0].state is ActionState.HELD
+    assert [c.kind for c in out.commands] == [CommandKind.NOTIFY]  # the hold, for people
+    assert out.records[0].state is ActionState.HELD
     aid = out.records[0].action_id
     assert aid == action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
     assert [r.action_id for r in p.held] == [aid]
     ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
     out = p.on_approval(ok, T0 + timedelta(seconds=5))
     assert [r.state for r in out.records] == [ActionState.APPROVED]
+    assert [(a.state, a.evidence.detail) for a in out.alerts] == [
+        (AlertState.RESOLVED, "approved by sre")
+    ]
     assert len(out.commands) == 3 and {c.mode for c in out.commands} == {ActuatorMode.APPROVE}
     assert out.commands[0].issued_at == T0 + timedelta(seconds=5)
     assert p.held == [] and p.on_approval(ok, T0).commands == []  # approving twice: nothing
@@ -370,3 +376,197 @@ def test_a_warning_confirms_from_the_jobs_progress_without_a_new_update():
         CommandKind.CHECKPOINT, CommandKind.ISOLATE, CommandKind.RESTART,
     ]  # fmt: skip
     assert p.on_progress("job-1", 121, T0, T0).commands == []  # decided once
+
+
+# -- held actions: announced, expiring -------------------------------------------------
+def test_a_hold_is_announced_to_the_webhook_and_on_the_decisions_topic():
+    p = auto(mode=ActuatorMode.APPROVE)
+    fired = alert(ts=T0 + timedelta(seconds=42)).model_copy(update={"rank": 27})
+    out = p.on_alert(fired, T0 + timedelta(seconds=45))
+    [held] = out.records
+    [notify] = out.commands
+    [notice] = out.alerts
+    aid = held.action_id
+    assert notify.kind is CommandKind.NOTIFY and notify.targets == ("node-3",)
+    assert notify.expires_at == T0 + timedelta(seconds=45 + 1800)  # as long as the hold
+    for text in (notify.summary, notice.summary):
+        assert text.startswith(f"waiting for approval: {aid}")
+        assert "straggler critical on node node-3 rank 27, firing for 42s" in text
+    assert (notice.kind, notice.grade, notice.state) == (
+        AlertKind.GUARDRAIL, Grade.CRITICAL, AlertState.FIRING,
+    )  # fmt: skip
+    assert (notice.node, notice.rank, notice.evidence.value) == ("node-3", 27, 42.0)
+    assert p.on_alert(notice, T0).note == "own guardrail alert"  # read back: ignored
+    assert p.on_alert(fired.model_copy(update={"seq": 1}), T0).commands == []  # once
+
+
+def test_a_hold_nobody_decides_expires_with_an_archived_record():
+    p = auto(mode=ActuatorMode.APPROVE, hold_ttl_s=1800)
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    assert p.on_tick(T0 + timedelta(seconds=1799)).records == []
+    out = p.on_tick(T0 + timedelta(seconds=1800))
+    [expired] = out.records
+    assert (expired.action_id, expired.state) == (aid, ActionState.CANCELLED)
+    assert expired.detail.startswith("expired") and expired.alert is not None
+    assert [(a.state, a.seq) for a in out.alerts] == [(AlertState.RESOLVED, 1)]
+    assert p.held == [] and p.on_tick(T0 + timedelta(seconds=1801)).records == []
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    late = p.on_approval(ok, T0 + timedelta(seconds=1802))
+    assert late.commands == [] and late.note == "no such held action"
+
+
+def test_an_approval_after_the_ttl_finds_the_hold_expired_even_without_a_tick():
+    p = auto(mode=ActuatorMode.APPROVE, hold_ttl_s=60)
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    out = p.on_approval(ok, T0 + timedelta(seconds=61))
+    assert out.commands == [] and [r.state for r in out.records] == [ActionState.CANCELLED]
+    assert out.records[0].detail.startswith("expired")
+
+
+def test_a_rebuilt_hold_older_than_the_ttl_expires_at_the_first_tick():
+    first = auto(mode=ActuatorMode.APPROVE)
+    held = first.on_alert(alert(), T0).records[0]
+    fresh = auto(mode=ActuatorMode.APPROVE)
+    fresh.restore_record(held)
+    assert [r.action_id for r in fresh.held] == [held.action_id]
+    [expired] = fresh.on_tick(T0 + timedelta(hours=5)).records
+    assert expired.state is ActionState.CANCELLED and expired.detail.startswith("expired")
+
+
+def test_a_resolved_episode_resolves_its_hold_notice():
+    p = auto(mode=ActuatorMode.APPROVE)
+    p.on_alert(alert(), T0)
+    out = p.on_alert(alert(seq=1, state=AlertState.RESOLVED), T0)
+    assert [(a.kind, a.state) for a in out.alerts] == [(AlertKind.GUARDRAIL, AlertState.RESOLVED)]
+
+
+# -- bounded memory --------------------------------------------------------------------
+class _Unpruned(Policy):
+    """The reference: remembers everything forever."""
+
+    def prune(self, now, *, full=False):
+        pass
+
+
+def _decisions(out):
+    return (
+        [(c.command_id, c.kind, c.targets, c.replacements, c.issued_at) for c in out.commands],
+        [(r.action_id, r.state, r.detail) for r in out.records],
+        [(a.fingerprint, a.seq, a.state) for a in out.alerts],
+    )
+
+
+def _traffic(seed=7, jobs=10, hours=8, every_s=20):
+    """Alerts of many episodes on many jobs and nodes: new episodes of every action,
+    WARNINGs that confirm later, updates and replays of recent episodes, resolutions."""
+    import random
+
+    rng = random.Random(seed)
+    recent: list[Alert] = []
+    steps = dict.fromkeys(range(jobs), 0)
+    for i in range(hours * 3600 // every_s):
+        now = T0 + timedelta(seconds=i * every_s)
+        recent = [a for a in recent if (now - a.started_at).total_seconds() < 1200]
+        j = rng.randrange(jobs)
+        steps[j] += rng.randrange(1, 30)
+        roll = rng.random()
+        if recent and roll < 0.15:  # a replay of a recent update
+            yield rng.choice(recent), now
+            continue
+        if recent and roll < 0.3:  # a later update, maybe the end, of a recent episode
+            prev = rng.choice(recent)
+            state = AlertState.RESOLVED if rng.random() < 0.4 else AlertState.FIRING
+            upd = prev.model_copy(update={"seq": prev.seq + 1, "ts": now, "state": state,
+                                          "grade": Grade.CRITICAL})  # fmt: skip
+            recent.remove(prev)
+            if state is AlertState.FIRING:
+                recent.append(upd)
+            yield upd, now
+            continue
+        action = rng.choice([RA.INVESTIGATE, RA.REPLACE_AT_CHECKPOINT, RA.RESTART, RA.ROLLBACK])
+        node = None if action is RA.ROLLBACK else f"j{j}-n{rng.randrange(16)}"
+        grade = Grade.WARNING if rng.random() < 0.3 else Grade.CRITICAL
+        new = alert(f"fp-{i:08d}", job=f"job-{j}", node=node, step=steps[j], ts=now,
+                    started=now, action=action, grade=grade)  # fmt: skip
+        recent.append(new)
+        yield new, now
+
+
+def test_memory_stays_bounded_over_hours_and_no_decision_changes():
+    kw = dict(spare_nodes=tuple(f"spare-{i}" for i in range(400)), max_isolations=3,
+              node_cooldown_s=1800, window_s=3600, warning_confirm_s=300)  # fmt: skip
+    pruned, reference = auto(**kw), auto(**kw)
+    reference.__class__ = _Unpruned
+    peak: dict[str, int] = {}
+    isolated: dict[str, int] = {}
+    for a, now in _traffic():
+        outs = []
+        for p in (pruned, reference):
+            out = p.on_alert(a, now)
+            out.extend(p.on_progress(a.job_id, a.step, a.ts, now))
+            out.extend(p.on_tick(now))
+            outs.append(_decisions(out))
+        assert outs[0] == outs[1], (a.fingerprint, now)
+        for cmd in outs[0][0]:
+            if cmd[1] is CommandKind.ISOLATE:
+                isolated[cmd[0]] = isolated.get(cmd[0], 0) + 1
+        if now - T0 > timedelta(hours=2):
+            for k, v in pruned.memory().items():
+                peak[k] = max(peak.get(k, 0), v)
+    per_horizon = 3600 // 20  # inputs within one horizon (3600 s)
+    assert pruned.horizon_s == 3600
+    assert peak["episodes"] <= per_horizon and peak["issued"] <= 4 * per_horizon
+    assert peak["actions"] <= per_horizon and peak["isolations"] <= per_horizon
+    assert peak["node_cooldowns"] <= 160 and peak["checkpoints"] <= 10
+    assert pruned.evicted == 0  # time did the bounding, not the cap
+    big = reference.memory()
+    assert big["episodes"] > 4 * peak["episodes"] and big["issued"] > 4 * peak["issued"]
+    assert isolated and set(isolated.values()) == {1}  # no episode isolated twice
+    assert any(rec.state is ActionState.REFUSED for rec in reference.actions.values())
+
+
+def test_the_breaker_still_counts_its_whole_window_while_other_jobs_churn():
+    p = auto(max_isolations=2, window_s=3600, node_cooldown_s=0)
+    assert p.on_alert(alert("fp-a-000001", node="node-1"), T0).commands
+    churn = T0
+    for i in range(200):  # other jobs' episodes for 50 minutes: pruning runs throughout
+        churn = T0 + timedelta(seconds=15 * i)
+        churned = alert(f"fp-x{i:06d}", job=f"other-{i}", node=f"o{i}", ts=churn,
+                        action=RA.INVESTIGATE)  # fmt: skip
+        assert p.on_alert(churned, churn).commands
+    at = T0 + timedelta(minutes=55)
+    assert p.on_alert(alert("fp-b-000002", node="node-2", ts=at), at).commands
+    out = p.on_alert(alert("fp-c-000003", node="node-3", ts=at), at)
+    assert out.commands == [] and "2 isolations in the last 3600s" in out.records[0].detail
+    later = T0 + timedelta(seconds=3601)  # the first isolation left the window
+    assert p.isolations_in_window("job-1", later) == 1
+
+
+def test_repair_marks_outlive_the_horizon_but_are_capped_oldest_first():
+    p = auto(spare_nodes=(), node_cooldown_s=0, max_tracked=3, no_spare_policy="alert")
+    for i in range(5):  # node-i isolated twice within a window -> repair
+        for seq in range(2):
+            t = T0 + timedelta(hours=10 * i, seconds=seq)
+            p.restore_command(isolation(f"fp-{i}-{seq}-00", f"node-{i}", t))
+    p.on_tick(T0 + timedelta(hours=45))
+    assert list(p.repair) == ["node-2", "node-3", "node-4"]  # 0 and 1: oldest, dropped
+    assert p.evicted >= 2
+    p.on_control(control(spare_nodes=("node-4", "node-9")), T0)
+    assert p.spares == ["node-9"]  # remembered after 5+ hours of pruning
+
+
+def isolation(fp, node, ts) -> Command:
+    return Command(
+        command_id=command_id([fp], "isolate", [node]), kind=CommandKind.ISOLATE,
+        job_id="job-1", targets=(node,), reason=(fp,), mode=ActuatorMode.AUTO, issued_at=ts,
+        expires_at=ts + timedelta(seconds=300),
+    )  # fmt: skip
+
+
+def test_the_hard_cap_bounds_an_alert_storm_within_the_horizon():
+    p = auto(max_tracked=50, spare_nodes=())
+    for i in range(500):
+        now = T0 + timedelta(seconds=i)
+        p.on_alert(alert(f"fp-{i:08d}", node=f"n{i}", ts=now, action=RA.INVESTIGATE), now)
+    assert max(p.memory().values()) <= 50 and p.evicted > 0
