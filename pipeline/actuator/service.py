@@ -2,11 +2,14 @@
 
 Start-up rebuilds the state from the actuator's own output before consuming anything:
 the commands topic (issued ids, isolation ledger, cooldowns, spares used), the actions
-topic (held approvals and past decisions) and the control topic (mode and thresholds).
-Then it consumes decisions, approvals and control messages; for each poll it publishes
-the signed commands, action records and guardrail alerts, waits for the broker's acks
-and only then commits the consumed offsets. A crash anywhere in between replays the
-poll, and the rebuilt issued-set turns the replay into nothing.
+topic (held approvals and past decisions) and the control topic (mode and thresholds),
+each read to the end it had at start however long that takes, with progress logged
+(:func:`~pipeline.actuator.records.read_back`); what is past the policy's horizon is
+then forgotten. Then it consumes decisions, approvals and control messages; for each
+poll it lets time pass in the policy (holds expire, breakers close), publishes the
+signed commands, action records and guardrail alerts, waits for the broker's acks and
+only then commits the consumed offsets. A crash anywhere in between replays the poll,
+and the rebuilt issued-set turns the replay into nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from kafka import KafkaProducer
 
 from pipeline.actuator.policy import Outcome, Policy, PolicyParams
+from pipeline.actuator.records import read_back
 from pipeline.actuator.signing import sign, signature_problem
 from pipeline.errors import ConfigError
 from pipeline.kafka import (
@@ -31,7 +35,6 @@ from pipeline.kafka import (
     control_producer,
     create_topics,
     publish,
-    read_to_end,
     registry_of,
 )
 from pipeline.settings import Settings
@@ -72,6 +75,8 @@ class Actuator:
     crash_after_publish
         Fault injection for the crash test: SIGKILL this process after the broker has
         acknowledged a poll's commands and before the offsets are committed.
+    rebuild_batch
+        Records per poll while reading the output topics back at start.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class Actuator:
         clock: Callable[[], datetime] = _utcnow,
         producer: KafkaProducer | None = None,
         crash_after_publish: bool = False,
+        rebuild_batch: int = 500,
     ) -> None:
         if not settings.signing_keys:
             raise ConfigError("STEPGUARD_COMMAND_KEYS is required by the actuator")
@@ -96,24 +102,34 @@ class Actuator:
         create_topics(settings, ACTUATOR_TOPICS)
         self._producer = producer or control_producer(settings)
         self._control_seen = -1
-        self._rebuild()
+        self._evicted = 0
+        #: records read back per topic at start
+        self.rebuilt: dict[str, int] = {}
+        self._rebuild(rebuild_batch)
         self._consumer = assigned_consumer(
             settings,
             [self.registry.name(t) for t in ("decisions", "approvals", "control")],
             self._group,
         )
 
-    def _rebuild(self) -> None:
-        for rec in read_to_end(self.settings, self.registry, "commands"):
-            self.policy.restore_command(rec.message)  # type: ignore[arg-type]
-        for rec in read_to_end(self.settings, self.registry, "actions"):
-            self.policy.restore_record(rec.message)  # type: ignore[arg-type]
+    def _rebuild(self, batch: int) -> None:
+        def replay(logical: str, apply: Callable[[Decoded], object]) -> None:
+            n = 0
+            for rec in read_back(self.settings, logical, max_poll_records=batch):
+                apply(rec)
+                n += 1
+            self.rebuilt[logical] = n
+
+        replay("commands", lambda rec: self.policy.restore_command(rec.message))  # type: ignore[arg-type]
+        replay("actions", lambda rec: self.policy.restore_record(rec.message))  # type: ignore[arg-type]
         now = self._clock()
-        for rec in read_to_end(self.settings, self.registry, "control"):
-            self._control(rec, now)
+        replay("control", lambda rec: self._control(rec, now))
+        self.policy.prune(now, full=True)
+        self._evicted = self.policy.evicted
         log.info(
-            "actuator rebuilt: %d issued, %d held, mode %s",
-            len(self.policy.issued), len(self.policy.held), self.policy.params.mode.value,
+            "actuator rebuilt from %s: %d issued, %d held, mode %s; remembering %s",
+            self.rebuilt, len(self.policy.issued), len(self.policy.held),
+            self.policy.params.mode.value, self.policy.memory(),
         )  # fmt: skip
 
     def _control(self, rec: Decoded, now: datetime) -> Outcome:
@@ -177,6 +193,14 @@ class Actuator:
                 self.stats.ignored += 1
                 log.debug("%s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, out.note)
             futures += self._publish(out)
+        futures += self._publish(self.policy.on_tick(self._clock()))  # holds expire
+        if self.policy.evicted > self._evicted:
+            log.warning(
+                "actuator memory at its cap (%d entries per map): %d entries dropped "
+                "before their time; remembering %s", self.policy.params.max_tracked,
+                self.policy.evicted - self._evicted, self.policy.memory(),
+            )  # fmt: skip
+            self._evicted = self.policy.evicted
         for fut in futures:
             fut.get(timeout=30)  # acknowledged by the broker before the commit
         if self._crash and futures:

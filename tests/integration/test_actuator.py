@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -463,3 +465,28 @@ def test_training_process_checkpoints_and_resumes_after_restart(act_settings, tm
     # nor checkpointed again: those commands were already carried out
     finals = [r for r in topic(act_settings, "results") if r.status is CommandStatus.SUCCEEDED]
     assert sorted(r.command_id for r in finals) == ["cmd-ckpt", "cmd-restart"]
+
+
+# -- start-up rebuild, held actions expiring, approve/reject of what is not held ----------
+def test_rebuild_reads_to_the_end_past_the_old_poll_cap_and_logs_progress(act_settings, caplog):
+    s = act_settings.model_copy(update={"actuator_max_tracked": 20_000})
+    n, now = 10_050, datetime.now(UTC)
+    notify = Command(command_id="cmd-00000000", kind=CommandKind.NOTIFY, job_id="job-0",
+                     reason=("fp",), mode=ActuatorMode.AUTO, issued_at=now,
+                     expires_at=now + timedelta(seconds=300))  # fmt: skip
+    copies = [{"command_id": f"cmd-{i:08d}", "job_id": f"job-{i % 7}"} for i in range(n)]
+    producer, reg = control_producer(s), registry_of(s)
+    try:
+        futures = [publish(producer, reg, "commands", notify.model_copy(update=c)) for c in copies]
+        for fut in futures:
+            fut.get(timeout=60)
+    finally:
+        producer.close()
+    with caplog.at_level(logging.INFO, logger="pipeline.actuator"):
+        act = Actuator(s, rebuild_batch=1)  # one record per poll: > 10,000 polls
+        act.close()
+    assert act.rebuilt["commands"] == n and len(act.policy.issued) == n
+    [done] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(
+        f"read {registry_of(s).name('commands')} back")]  # fmt: skip
+    assert f"{n}/{n} records" in done
+    assert int(re.search(r"in (\d+) polls", done)[1]) > 10_000
