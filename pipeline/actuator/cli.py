@@ -15,7 +15,14 @@ from rich.table import Table
 
 from pipeline.cliutil import console, err, stop_event
 from pipeline.settings import Settings, load_settings
-from schemas import ActuatorMode, Approval, ApprovalDecision, ControlMessage
+from schemas import (
+    ActionRecord,
+    ActionState,
+    ActuatorMode,
+    Approval,
+    ApprovalDecision,
+    ControlMessage,
+)
 
 __all__ = [
     "actuator",
@@ -80,16 +87,58 @@ def actuator(
     )
 
 
+def _expired(rec: ActionRecord, settings: Settings, now: datetime) -> bool:
+    """Expired, or held past the hold TTL (the actuator expires it when it next runs)."""
+    from pipeline.actuator.policy import EXPIRED
+
+    if rec.state is ActionState.HELD:
+        return (now - rec.ts).total_seconds() >= settings.hold_ttl_s
+    return rec.state is ActionState.CANCELLED and rec.detail.startswith(EXPIRED)
+
+
+def _still_held(settings: Settings, action_id: str, now: datetime) -> str | None:
+    """Why ``action_id`` cannot be decided now (read back from the actions topic)."""
+    from pipeline.actuator.records import latest_actions
+
+    rec = latest_actions(settings).get(action_id)
+    if rec is None:
+        return f"no action {action_id} (see `stepguard pending`)"
+    since = rec.ts.isoformat(timespec="seconds")
+    if _expired(rec, settings, now):
+        return (
+            f"action {action_id} expired: held since {since} and not decided within "
+            f"{settings.hold_ttl_s:.0f}s"
+        )
+    if rec.state is not ActionState.HELD:
+        who = f" by {rec.by}" if rec.by else ""
+        what = f": {rec.detail}" if rec.detail else ""
+        return f"action {action_id} is already {rec.state.value}{who} at {since}{what}"
+    return None
+
+
+def _decide(action_id: str, decision: ApprovalDecision, by: str, reason: str) -> None:
+    settings = load_settings()
+    now = datetime.now(UTC)
+    problem = _still_held(settings, action_id, now)
+    if problem is not None:
+        err.print(f"{decision.value} refused: {problem}; nothing was sent")
+        raise typer.Exit(1)
+    msg = Approval(action_id=action_id, decision=decision, by=by, reason=reason, ts=now)
+    _send_signed(settings, "approvals", msg)
+
+
 @commands.command()
 def approve(
     action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
     by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
     reason: Annotated[str, typer.Option(help="Why.")] = "",
 ) -> None:
-    """Approve a held action; the actuator issues its commands (guardrails re-checked)."""
-    msg = Approval(action_id=action_id, decision=ApprovalDecision.APPROVE, by=by,
-                   reason=reason, ts=datetime.now(UTC))  # fmt: skip
-    _send_signed(load_settings(), "approvals", msg)
+    """Approve a held action; the actuator issues its commands (guardrails re-checked).
+
+    Exits 1 without sending anything when the action is unknown, expired or already
+    decided.
+    """
+    _decide(action_id, ApprovalDecision.APPROVE, by, reason)
     console.print(f"approved {action_id}")
 
 
@@ -99,10 +148,12 @@ def reject(
     reason: Annotated[str, typer.Option(help="Why (kept as a calibration label).")],
     by: Annotated[str, typer.Option(help="Who rejects.")] = "cli",
 ) -> None:
-    """Reject a held action; nothing is issued and the decision is archived."""
-    msg = Approval(action_id=action_id, decision=ApprovalDecision.REJECT, by=by,
-                   reason=reason, ts=datetime.now(UTC))  # fmt: skip
-    _send_signed(load_settings(), "approvals", msg)
+    """Reject a held action; nothing is issued and the decision is archived.
+
+    Exits 1 without sending anything when the action is unknown, expired or already
+    decided.
+    """
+    _decide(action_id, ApprovalDecision.REJECT, by, reason)
     console.print(f"rejected {action_id}")
 
 
@@ -113,16 +164,19 @@ def pending(
     """List held actions (rebuilt from the actions topic)."""
     from pipeline.actuator.records import latest_actions
 
-    records = latest_actions(load_settings())
+    settings = load_settings()
+    now = datetime.now(UTC)
+    records = latest_actions(settings)
     table = Table("state", "job", "commands", "summary", "since")
     table.add_column("action id", no_wrap=True, min_width=28)  # to copy into `approve`
     shown = 0
     for rec in records.values():
-        if not all_states and rec.state.value != "held":
+        state = "expired" if _expired(rec, settings, now) else rec.state.value
+        if not all_states and state != "held":
             continue
         shown += 1
         kinds = " ".join(f"{c.kind.value}{list(c.targets) or ''}" for c in rec.commands)
-        table.add_row(rec.state.value, rec.job_id, kinds, rec.summary,
+        table.add_row(state, rec.job_id, kinds, rec.summary,
                       rec.ts.isoformat(timespec="seconds"), rec.action_id)  # fmt: skip
     console.print(table)
     err.print(f"{shown} action(s)")

@@ -33,6 +33,7 @@ from pipeline.kafka import (
 from pipeline.listener import CommandListener
 from schemas import (
     TOPICS,
+    ActionRecord,
     ActionState,
     ActuatorMode,
     Alert,
@@ -490,3 +491,65 @@ def test_rebuild_reads_to_the_end_past_the_old_poll_cap_and_logs_progress(act_se
         f"read {registry_of(s).name('commands')} back")]  # fmt: skip
     assert f"{n}/{n} records" in done
     assert int(re.search(r"in (\d+) polls", done)[1]) > 10_000
+
+
+def test_a_hold_expires_in_the_running_actuator_and_is_no_longer_approvable(act_settings):
+    s = act_settings.model_copy(update={"actuator_mode": "approve", "hold_ttl_s": 600.0})
+    clock = [datetime.now(UTC)]
+    act = Actuator(s, clock=lambda: clock[0])
+    try:
+        send(s, "decisions", alert())
+        [held] = poll_until_topic(act, s, "actions", lambda got: len(got) >= 1)
+        clock[0] += timedelta(seconds=601)  # nothing arrives; time passes
+        actions = poll_until_topic(act, s, "actions", lambda got: len(got) >= 2)
+    finally:
+        act.close()
+    assert held.state is ActionState.HELD
+    assert actions[1].action_id == held.action_id
+    assert actions[1].state is ActionState.CANCELLED and actions[1].detail.startswith("expired")
+    notices = [a for a in topic(s, "decisions") if a.kind is AlertKind.GUARDRAIL]
+    assert [(a.state, a.node) for a in notices] == [
+        (AlertState.FIRING, "node-3"), (AlertState.RESOLVED, "node-3")
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, ["approve", held.action_id], env=env_of(s))
+    assert res.exit_code == 1 and "expired" in res.output, res.output
+    assert topic(s, "approvals") == []
+
+
+def test_approve_and_reject_refuse_unknown_expired_and_decided_actions(act_settings):
+    s, now = act_settings, datetime.now(UTC)
+
+    def record(aid, state, *, ts=now, detail="", by=None) -> ActionRecord:
+        return ActionRecord(action_id=aid, state=state, job_id="job-1",
+                            mode=ActuatorMode.APPROVE, reason=("fp-node3-0001",),
+                            summary="replace node-3", detail=detail, by=by, ts=ts)  # fmt: skip
+
+    send(
+        s, "actions",
+        record("act-fresh", ActionState.HELD),
+        record("act-decided", ActionState.HELD),
+        record("act-decided", ActionState.REJECTED, detail="known slow", by="sre"),
+        record("act-expired", ActionState.HELD),
+        record("act-expired", ActionState.CANCELLED, detail="expired: not decided in 1800s"),
+        record("act-overdue", ActionState.HELD, ts=now - timedelta(hours=2)),  # actuator down
+    )  # fmt: skip
+    refusals = {
+        ("approve", "act-unknown"): "no action act-unknown",
+        ("reject", "act-unknown"): "no action act-unknown",
+        ("approve", "act-decided"): "already rejected by sre",
+        ("reject", "act-decided"): "already rejected by sre",
+        ("approve", "act-expired"): "expired",
+        ("reject", "act-expired"): "expired",
+        ("approve", "act-overdue"): "expired",
+    }
+    cli = CliRunner()
+    for (verb, aid), why in refusals.items():
+        extra = ["--reason", "no"] if verb == "reject" else []
+        res = cli.invoke(app, [verb, aid, *extra], env=env_of(s))
+        said = " ".join(res.output.split())
+        assert res.exit_code == 1 and why in said and "nothing was sent" in said, (verb, said)
+    ok = cli.invoke(app, ["approve", "act-fresh"], env=env_of(s))
+    assert ok.exit_code == 0, ok.output
+    assert [a.action_id for a in topic(s, "approvals")] == ["act-fresh"]
+    listed = " ".join(cli.invoke(app, ["pending", "--all"], env=env_of(s)).output.split())
+    assert "expired" in listed
