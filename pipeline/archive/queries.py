@@ -135,13 +135,14 @@ ORDER BY lost_gpu_hours DESC, fault_id
         ),
         AnalystQuery(
             "top_nodes",
-            "Nodes with the most alert episodes over the last 7 and 30 days (all jobs).",
+            "Nodes with the most alert episodes over the last 7 and 30 days (all jobs; the "
+            "actuator's own guardrail notices, such as held actions, do not count).",
             """
 SELECT node, uniqExactIf(fingerprint, ts >= now() - 7 * 86400) AS episodes_7d,
        uniqExact(fingerprint) AS episodes_30d,
        arraySort(groupUniqArray(kind)) AS kinds
 FROM {db}.alerts FINAL
-WHERE node != '' AND state = 'firing' AND ts >= now() - 30 * 86400
+WHERE node != '' AND state = 'firing' AND kind != 'guardrail' AND ts >= now() - 30 * 86400
 GROUP BY node
 ORDER BY episodes_30d DESC, node
 LIMIT {limit}
