@@ -334,7 +334,7 @@ class JobMonitor:
         h = self.hang.score(now)
         hang_f: list[Finding] = []
         if h >= g.min_score("hang"):
-            med = self.hang.median_step_time or 0.0
+            baseline, why = self.hang.explain(now)
             hang_f.append(
                 Finding(
                     "hang",
@@ -344,9 +344,8 @@ class JobMonitor:
                     "seconds_since_step",
                     now - (self.hang.last_ts or now),
                     h,
-                    baseline=med,
-                    detail=f"no step completed for {h:.1f} median step times ({med:.3f}s); "
-                    f"last step {self.last_step}",
+                    baseline=baseline,
+                    detail=f"{why}; last step {self.last_step}",
                 )
             )
         alerts += g.observe(hang_f, signals={"hang"}, step=step, ts=now)

@@ -17,6 +17,8 @@ Examples
 ...     h.learn_step(i, ts=100.0 + i)
 >>> h.median_step_time, h.score(104.5), h.score(107.5)
 (1.0, 0.5, 3.5)
+>>> h.explain(107.5)
+(1.0, 'no step completed for 3.5 median step times (1.000s)')
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class HangDetector:
     ...     h.learn_step(step, ts)
     >>> h.expected_step_time, h.score(ts + 12.0), h.score(ts + 15.0)  # step 79 saves
     (6.0, 2.0, 2.5)
+    >>> h.explain(ts + 15.0)
+    (10.0, 'no step completed for 15.0s, 1.5 x the 10.0s a long step every 20 steps ...')
 
     An announced phase with no known duration may take 1.5 x 20 median step times;
     the next step ends it, and its duration is what the next one may take:
@@ -196,18 +200,10 @@ class HangDetector:
         med = self.median_step_time
         if med is None or med <= 0:
             return None
-        allowance = self.factor * med
-        due = 0.0 if self.last_step is None else self._periods.due_duration(self.last_step + 1)
-        if due > 0:
-            allowance = max(allowance, self.long_margin * due)
-        if self.phase is not None and self.last_ts is not None:
-            expected = self._phases.expected_s()
-            budget = self.phase_steps * med if expected is None else expected
-            started = self._phases.started
-            allowance = max(allowance, started - self.last_ts + self.long_margin * budget)
-        if allowance <= self.factor * med:
+        long = self._long_step(med)
+        if long is None:
             return med  # exactly today's scale when nothing long is due
-        return allowance / self.factor
+        return long[0] / self.factor
 
     def score(self, now: float) -> float:
         """Elapsed time since the last step over :attr:`expected_step_time` (0 if
@@ -216,6 +212,43 @@ class HangDetector:
         if expected is None or self.last_ts is None:
             return 0.0
         return max(0.0, now - self.last_ts) / expected
+
+    def explain(self, now: float) -> tuple[float, str]:
+        """What the silence at event time ``now`` is measured against: the baseline in
+        seconds (the median step time, or the time since the last step that the due
+        long step or announced phase is expected to take) and a sentence saying so;
+        reads state only."""
+        med = self.median_step_time or 0.0
+        long = None if med <= 0 or self.last_ts is None else self._long_step(med)
+        if long is None or self.last_ts is None:
+            h = self.score(now)
+            return med, f"no step completed for {h:.1f} median step times ({med:.3f}s)"
+        _, expected, what = long
+        silence = now - self.last_ts
+        return expected, (
+            f"no step completed for {silence:.1f}s, {silence / expected:.1f} x the "
+            f"{expected:.1f}s {what} (median step {med:.3f}s)"
+        )
+
+    def _long_step(self, med: float) -> tuple[float, float, str] | None:
+        """The due long step or announced phase that allows the job the longest silence,
+        if longer than ``factor`` median step times: that allowance, the silence it is
+        expected to take, and what it is (``"a checkpoint takes here"``)."""
+        found: list[tuple[float, float, str]] = []
+        due = None if self.last_step is None else self._periods.due(self.last_step + 1)
+        if due is not None and due[1] > 0:
+            period, duration = due
+            what = f"a long step every {period} steps takes here"
+            found.append((self.long_margin * duration, duration, what))
+        if self.phase is not None and self.last_ts is not None:
+            expected = self._phases.expected_s()
+            budget = self.phase_steps * med if expected is None else expected
+            since = self._phases.started - self.last_ts
+            name = ("an " if self.phase[:1].lower() in tuple("aeiou") else "a ") + self.phase
+            what = f"{name} takes here" if expected else f"allowed for {name} of unknown length"
+            found.append((since + self.long_margin * budget, max(since, 0.0) + budget, what))
+        best = max(found, default=None)
+        return best if best is not None and best[0] > self.factor * med else None
 
     def announce(self, phase: str, ts: float, expected_s: float | None = None) -> None:
         """The job starts a long ``phase`` (checkpoint, eval, ...) at event time ``ts``,

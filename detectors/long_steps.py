@@ -17,8 +17,8 @@ Examples
 >>> p = PeriodicLongSteps()
 >>> p.learn(19, 10.0, isolated=True), p.learn(39, 10.0, isolated=True)
 (False, False)
->>> p.due_duration(59), p.learn(59, 12.0, isolated=True), p.learned
-(10.0, True, {20: 12.0})
+>>> p.due(59), p.learn(59, 12.0, isolated=True), p.learned
+((20, 10.0), True, {20: 12.0})
 >>> a = AnnouncedPhases()
 >>> a.announce("eval", 100.0, expected_s=None)
 >>> a.end(104.0), a.phase, a.expected_s("eval")
@@ -63,8 +63,8 @@ class PeriodicLongSteps:
     >>> p = PeriodicLongSteps(tolerance=1)
     >>> for step, duration in [(19, 10.0), (39, 9.0), (59, 10.5)]:
     ...     explained = p.learn(step, duration, isolated=True)
-    >>> explained, p.learned, p.due_duration(79), p.due_duration(70)
-    (True, {20: 10.5}, 10.5, 0.0)
+    >>> explained, p.learned, p.due(79), p.due(70)
+    (True, {20: 10.5}, (20, 10.5), None)
     >>> p.expire(80)
     >>> p.expire(100)
     >>> p.learned
@@ -106,10 +106,15 @@ class PeriodicLongSteps:
             out[p] = max(d, out.get(p, 0.0))
         return out
 
-    def due_duration(self, step: int) -> float:
-        """Typical duration of a long step due at ``step`` (0 if none is due); reads
-        state only."""
-        return max((self._typical(int(i)) for i in self._due(step)), default=0.0)
+    def due(self, step: int) -> tuple[int, float] | None:
+        """The period and typical duration of the longest long step due at ``step``
+        (None if none is due); reads state only."""
+        rows = self._due(step)
+        if not rows.size:
+            return None
+        typical = [self._typical(int(i)) for i in rows]
+        i = int(np.argmax(typical))
+        return int(self._period[rows[i]]), typical[i]
 
     def learn(self, step: int, duration: float, *, isolated: bool) -> bool:
         """Learn a long step; True when a period explains it. A long step that follows
