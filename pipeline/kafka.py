@@ -12,14 +12,17 @@ the actuator, its executors and the training-side command listener):
 - their consumers are assigned every partition instead of joining a group
   (:func:`assigned_consumer`, no rebalance wait); with a ``group_id`` they still commit
   and resume from committed offsets;
-- :func:`read_to_end` reads one back from its beginning to its current end.
+- :func:`read_back` reads one back from its beginning to the end it had at the start,
+  however many polls that takes, with progress (it gives up only when nothing
+  arrives for ``stall_s`` seconds).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,7 +46,7 @@ __all__ = [
     "make_consumer",
     "make_producer",
     "publish",
-    "read_to_end",
+    "read_back",
     "registry_of",
 ]
 
@@ -279,39 +282,73 @@ def assigned_consumer(
     return consumer
 
 
-def read_to_end(
-    settings: Settings, registry: TopicRegistry, logical: str, max_polls: int = 10_000
-) -> list[Decoded]:
-    """Every decodable record of a topic from the beginning to its current end.
+def read_back(
+    settings: Settings,
+    logical: str,
+    *,
+    max_poll_records: int = 500,
+    progress_s: float = 5.0,
+    stall_s: float = 120.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[Decoded]:
+    """Every decodable record of a topic, from its beginning to its end at the start.
 
-    Undecodable records are logged and skipped (they were dead-lettered when first
-    consumed by their reader); records come in offset order per partition.
+    Records come in offset order per partition; undecodable ones are logged and
+    skipped (their reader dead-lettered them when they were first consumed).
+    ``clock`` paces the progress log and the stall check only, never what is read.
+
+    Raises
+    ------
+    BrokerError
+        The broker failed, or no record arrived for ``stall_s`` seconds while some
+        partition was still short of its end.
     """
-    topic = registry.name(logical)
+    if max_poll_records < 1:
+        raise ValueError("max_poll_records must be >= 1")
+    topic = registry_of(settings).name(logical)
     model = TOPICS[logical].model
-    consumer = assigned_consumer(settings, [topic], None)
+    consumer = assigned_consumer(settings, [topic], None, max_poll_records=max_poll_records)
     try:
         parts = list(consumer.assignment())
         consumer.seek_to_beginning(*parts)
+        start = consumer.beginning_offsets(parts)
         end = consumer.end_offsets(parts)
-        out: list[Decoded] = []
-        for _ in range(max_polls):
-            if all(consumer.position(tp) >= end[tp] for tp in parts):
-                return out
-            for tp, records in consumer.poll(timeout_ms=200).items():
+        total = sum(max(0, end[tp] - start[tp]) for tp in parts)
+        read = skipped = polls = 0
+        began = last_log = last_data = clock()
+        while any(consumer.position(tp) < end[tp] for tp in parts):
+            batches = consumer.poll(timeout_ms=200)
+            polls += 1
+            now = clock()
+            if batches:
+                last_data = now
+            elif now - last_data >= stall_s:
+                short = {f"{tp.partition}": (consumer.position(tp), end[tp]) for tp in parts}
+                raise BrokerError(
+                    f"reading {topic} back stalled for {stall_s:.0f}s at {read}/{total} "
+                    f"records (partition: (position, end) {short})"
+                )
+            for tp, records in batches.items():
                 for rec in records:
                     if rec.offset >= end[tp]:
-                        continue
+                        continue  # written after we started: not part of the rebuild
+                    read += 1
                     msg = decode(model, rec.value, topic=tp.topic, partition=tp.partition,
                                  offset=rec.offset)  # fmt: skip
                     if isinstance(msg, Rejected):
+                        skipped += 1
                         log.warning("skipping undecodable %s[%d]@%d: %s", tp.topic,
                                     tp.partition, rec.offset, msg.error)  # fmt: skip
                         continue
-                    out.append(Decoded(tp.topic, tp.partition, rec.offset,
-                                       int(rec.timestamp), msg))  # fmt: skip
-        raise BrokerError(f"could not read {topic} to its end {end}")
+                    yield Decoded(tp.topic, tp.partition, rec.offset, int(rec.timestamp), msg)
+            if now - last_log >= progress_s:
+                last_log = now
+                log.info("reading %s back: %d/%d records", topic, read, total)
+        log.info(
+            "read %s back: %d/%d records (%d undecodable) in %d polls, %.1fs",
+            topic, read, total, skipped, polls, clock() - began,
+        )  # fmt: skip
     except KafkaError as exc:
-        raise BrokerError(f"cannot read {topic}: {exc}") from exc
+        raise BrokerError(f"cannot read {topic} back: {exc}") from exc
     finally:
         consumer.close()

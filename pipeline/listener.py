@@ -43,7 +43,7 @@ from pipeline.kafka import (
     control_producer,
     create_topics,
     publish,
-    read_to_end,
+    read_back,
     registry_of,
 )
 from pipeline.settings import Settings
@@ -127,7 +127,7 @@ class CommandListener:
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Read back past results, start the consumer thread, wait until it is assigned."""
         create_topics(self.settings, ["commands", "results", "lifecycle"])
-        for rec in read_to_end(self.settings, self.registry, "results"):
+        for rec in read_back(self.settings, "results"):
             res = rec.message
             if (
                 isinstance(res, CommandResult)

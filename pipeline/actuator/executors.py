@@ -39,7 +39,7 @@ from pipeline.kafka import (
     control_producer,
     create_topics,
     publish,
-    read_to_end,
+    read_back,
     registry_of,
 )
 from pipeline.settings import Settings
@@ -294,7 +294,7 @@ class ExecutorRunner:
         self._producer = control_producer(settings)
         self.done: set[str] = {
             r.message.command_id  # type: ignore[attr-defined]
-            for r in read_to_end(settings, self.registry, "results")
+            for r in read_back(settings, "results")
             if r.message.executor == executor.name  # type: ignore[attr-defined]
             and r.message.status in (CommandStatus.SUCCEEDED, CommandStatus.FAILED)  # type: ignore[attr-defined]
         }

@@ -4,7 +4,7 @@ Start-up rebuilds the state from the actuator's own output before consuming anyt
 the commands topic (issued ids, isolation ledger, cooldowns, spares used), the actions
 topic (held approvals and past decisions) and the control topic (mode and thresholds),
 each read to the end it had at start however long that takes, with progress logged
-(:func:`~pipeline.actuator.records.read_back`); what is past the policy's horizon is
+(:func:`~pipeline.kafka.read_back`); what is past the policy's horizon is
 then forgotten. Then it consumes decisions, approvals and control messages; for each
 poll it lets time pass in the policy (holds expire, breakers close), publishes the
 signed commands, action records and guardrail alerts, waits for the broker's acks and
@@ -25,7 +25,6 @@ from typing import Any
 from kafka import KafkaProducer
 
 from pipeline.actuator.policy import Outcome, Policy, PolicyParams
-from pipeline.actuator.records import read_back
 from pipeline.actuator.signing import sign, signature_problem
 from pipeline.errors import ConfigError
 from pipeline.kafka import (
@@ -35,6 +34,7 @@ from pipeline.kafka import (
     control_producer,
     create_topics,
     publish,
+    read_back,
     registry_of,
 )
 from pipeline.settings import Settings

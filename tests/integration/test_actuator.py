@@ -27,7 +27,7 @@ from pipeline.kafka import (
     control_producer,
     create_topics,
     publish,
-    read_to_end,
+    read_back,
     registry_of,
 )
 from pipeline.listener import CommandListener
@@ -109,7 +109,7 @@ def poll_until(actuator: Actuator, consumed: int, max_polls: int = 100) -> None:
 
 
 def topic(settings, logical):
-    return [r.message for r in read_to_end(settings, registry_of(settings), logical)]
+    return [r.message for r in read_back(settings, logical)]
 
 
 def poll_until_topic(actuator: Actuator, settings, logical, done, max_polls=100):
@@ -483,7 +483,7 @@ def test_rebuild_reads_to_the_end_past_the_old_poll_cap_and_logs_progress(act_se
             fut.get(timeout=60)
     finally:
         producer.close()
-    with caplog.at_level(logging.INFO, logger="pipeline.actuator"):
+    with caplog.at_level(logging.INFO, logger="pipeline.kafka"):
         act = Actuator(s, rebuild_batch=1)  # one record per poll: > 10,000 polls
         act.close()
     assert act.rebuilt["commands"] == n and len(act.policy.issued) == n
