@@ -33,6 +33,7 @@ The monitor coordinates; each concern lives in its own module:
 ==========================  ==========================================================
 :mod:`detectors.config`     :class:`MonitorConfig`, every threshold
 :mod:`detectors.signals`    signal families (when each is graded) and grading policies
+:mod:`detectors.ranks`      dense rank slots: per-rank state is sized by ranks, not ids
 :mod:`detectors.registry`   node ids, the rank -> node map, nodes removed at a relaunch
 :mod:`detectors.slowdown`   straggler, degradation and data-stall findings of a step
 :mod:`detectors.nic_flap`   NIC-flap findings and their window of spikes
@@ -58,6 +59,7 @@ from detectors.hang import HangDetector, HealthPresence, MissingRanks
 from detectors.hardware import HEALTH_SIGNALS, HardwareDetector
 from detectors.nic_flap import NicWindow, nic_flap_findings
 from detectors.peer import PeerDetector
+from detectors.ranks import RankIndex
 from detectors.registry import NodeRegistry
 from detectors.signals import TRAIN_SIGNALS
 from detectors.slowdown import NODE_LEVEL_SIGNALS, replica_corrected, slowdown_findings
@@ -79,6 +81,7 @@ class StepScores:
     """What :meth:`JobMonitor.score_step` found in one frame (nothing learned yet)."""
 
     frame: StepFrame
+    slots: I64  #: dense slot of each frame row's rank (new ranks: provisional)
     node_ids: I64  #: global node id of each ``frame.nodes`` entry
     node_names: list[str]  #: node name by global id
     rank_node: I64  #: global node id of each frame row
@@ -110,6 +113,8 @@ class JobMonitor:
 
     Attributes
     ----------
+    ranks
+        The dense slot of each rank id: every per-rank state array is indexed by slot.
     nodes
         The job's nodes and the node each rank runs on.
     grader
@@ -145,6 +150,7 @@ class JobMonitor:
             fatal_latch_reports=cfg.fatal_latch_reports,
         )
         self.grader = Grader(job_id, cfg.policies())
+        self.ranks = RankIndex()
         self.nodes = NodeRegistry()
         self._nic = NicWindow(cfg.nic_window)
         self._last_step = -1  #: the last step completed before a relaunch
@@ -164,16 +170,19 @@ class JobMonitor:
         Raises
         ------
         ValueError
-            When ``frame`` is a step of another job.
+            When ``frame`` is a step of another job, or has a rank id beyond the
+            schema's ``MAX_RANKS_PER_JOB``.
         """
         if frame.job_id != self.job_id:
             raise ValueError(f"frame of job {frame.job_id!r} given to monitor of {self.job_id!r}")
+        slots = self.ranks.lookup(frame.rank)
         node_ids, names = self.nodes.lookup(frame.nodes)
         rank_node = node_ids[frame.node_idx]
         train = frame.phase == _TRAIN
         train_step = bool(frame.n_ranks) and bool(train.mean() >= 0.5)
         out = StepScores(
             frame=frame,
+            slots=slots,
             node_ids=node_ids,
             node_names=names,
             rank_node=rank_node,
@@ -183,7 +192,9 @@ class JobMonitor:
         if frame.n_ranks == 0:
             return out
         cfg, g = self.config, self.grader
-        out.missing = missing_findings(self.missing, frame.rank, g.min_score("missing"), self.nodes)
+        out.missing = missing_findings(
+            self.missing, slots, g.min_score("missing"), self.nodes, self.ranks.ids
+        )
         out.nonfinite = nonfinite_findings(frame)
         if not train_step:
             return out
@@ -196,7 +207,7 @@ class JobMonitor:
             )
         out.values = np.stack((slowdown, peer.data_excess, peer.comm_excess))
         out.scales = np.stack((c_scale, peer.data_scale[inv], peer.comm_scale[inv]))
-        out.temporal = t = self.baselines.score(frame.rank, out.values, out.scales)
+        out.temporal = t = self.baselines.score(slots, out.values, out.scales)
         out.train_findings = slowdown_findings(
             frame,
             peer,
@@ -237,15 +248,16 @@ class JobMonitor:
         alerts += g.observe(s.nonfinite, signals={"nonfinite"}, step=step, ts=ts)
         if s.train_step:
             alerts += g.observe(s.train_findings, signals=TRAIN_SIGNALS, step=step, ts=ts)
-        # learn
+        # learn (new ranks get the slots scoring gave them)
+        self.ranks.assign(frame.rank)
         self.nodes.register(frame.nodes)
-        moved = self.nodes.record_ranks(frame.rank, s.rank_node)
+        moved = self.nodes.record_ranks(s.slots, s.rank_node)
         if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
             self.baselines.forget(moved)
-        self.missing.learn(frame.rank)
+        self.missing.learn(s.slots)
         if s.temporal is not None and s.values is not None and s.scales is not None:
             mask = s.train & ~self._critical_ranks(frame, s.rank_node)
-            self.baselines.learn(frame.rank, s.values, s.scales, mask, s.temporal)
+            self.baselines.learn(s.slots, s.values, s.scales, mask, s.temporal)
             if s.spikes is not None:
                 self._nic.learn(s.spikes)
             loss, grad = loss_values(frame, s.train)

@@ -14,15 +14,19 @@ Examples
 >>> import numpy as np
 >>> from detectors.frame import StepFrame
 >>> from detectors.hang import MissingRanks
+>>> from detectors.ranks import RankIndex
 >>> from detectors.registry import NodeRegistry
->>> full = StepFrame.from_arrays("j", 0, 1.0, np.ones(6), ranks_per_node=2)
->>> nodes, missing = NodeRegistry(), MissingRanks()
+>>> full = StepFrame.from_arrays("j", 0, 1.0, np.ones(6), ranks_per_node=2,
+...                             rank=10 * np.arange(6))  # rank ids 0, 10, ..., 50
+>>> index, nodes, missing = RankIndex(), NodeRegistry(), MissingRanks()
+>>> slots = index.assign(full.rank)
 >>> nodes.register(full.nodes)
->>> _ = nodes.record_ranks(full.rank, full.node_idx.astype(np.int64))
->>> missing.learn(full.rank)
->>> found = missing_findings(missing, np.array([0, 1, 4]), 0.5, nodes)  # 2, 3, 5 absent
+>>> _ = nodes.record_ranks(slots, full.node_idx.astype(np.int64))
+>>> missing.learn(slots)
+>>> present = index.lookup(np.array([0, 10, 40]))  # 20, 30, 50 absent
+>>> found = missing_findings(missing, present, 0.5, nodes, index.ids)
 >>> [(f.node, f.rank, f.detail) for f in found]
-[('node-1', None, 'all 2 ranks silent for 1 steps'), ('node-2', 5, 'rank 5 silent for 1 steps')]
+[('node-1', None, 'all 2 ranks silent for 1 steps'), ('node-2', 50, 'rank 50 silent for 1 steps')]
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ B = npt.NDArray[np.bool_]
 
 
 def missing_findings(
-    missing: MissingRanks, present: I64, floor: float, registry: NodeRegistry
+    missing: MissingRanks, present: I64, floor: float, registry: NodeRegistry, rank_ids: I64
 ) -> list[Finding]:
     """Expected ranks absent from a step, per rank or, when all its ranks are, per node.
 
@@ -56,19 +60,25 @@ def missing_findings(
     missing
         The ranks the job expects and how long each has been absent.
     present
-        The ranks of the step (``StepFrame.rank``).
+        The slots of the step's ranks (:meth:`~detectors.ranks.RankIndex.lookup` of
+        ``StepFrame.rank``).
     floor
         Ranks absent for fewer steps (this one included) are left out.
     registry
-        The job's nodes and the node of each rank.
+        The job's nodes and the node of each rank slot.
+    rank_ids
+        Rank id by slot (:attr:`~detectors.ranks.RankIndex.ids`): what findings name.
     """
-    ranks, counts = missing.score(present)
+    slots, counts = missing.score(present)
     keep = counts >= floor
-    ranks, counts = ranks[keep], counts[keep]
-    if ranks.shape[0] == 0:
+    slots, counts = slots[keep], counts[keep]
+    if slots.shape[0] == 0:
         return []
+    ranks = rank_ids[slots]
+    order = np.argsort(ranks, kind="stable")  # named in rank order, as slots may not be
+    slots, ranks, counts = slots[order], ranks[order], counts[order]
     rank_node, node_names = registry.rank_node, registry.names
-    nodes = rank_node[ranks]
+    nodes = rank_node[slots]
     absent = np.bincount(nodes, minlength=len(node_names))
     # ranks the job expects per node (seen recently)
     seen = missing.expected()

@@ -40,6 +40,9 @@ I64 = npt.NDArray[np.int64]
 class MissingRanks:
     """Consecutive steps each recently seen rank has been absent.
 
+    Ranks are addressed by *slot*, the dense index :class:`~detectors.ranks.RankIndex`
+    gives them (state is one entry per distinct rank, whatever the rank ids).
+
     Parameters
     ----------
     forget_steps
@@ -56,8 +59,8 @@ class MissingRanks:
         self._steps = 0
 
     def score(self, present: I64) -> tuple[I64, I64]:
-        """Ranks expected but absent from ``present`` and their consecutive-missing count
-        including this step (reads state only)."""
+        """Slots of the ranks expected but absent from ``present`` (the step's slots)
+        and their consecutive-missing count including this step (reads state only)."""
         if self._seen.shape[0] == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         absent = self._seen.copy()
@@ -69,10 +72,11 @@ class MissingRanks:
         return ranks[keep].astype(np.int64), counts[keep]
 
     def expected(self) -> I64:
-        """Ranks currently expected to report."""
+        """Slots of the ranks currently expected to report."""
         return np.flatnonzero(self._seen).astype(np.int64)
 
     def learn(self, present: I64) -> None:
+        """The ranks in slots ``present`` reported this step."""
         need = int(present.max()) + 1 if present.shape[0] else 0
         if need > self._seen.shape[0]:
             extra = max(need, 2 * self._seen.shape[0]) - self._seen.shape[0]

@@ -2,8 +2,9 @@
 
 Every node gets a global id on first appearance, never reused, so arrays indexed by
 node id (per-node counts, the NIC-flap window) stay valid as nodes join. The registry
-also maps rank -> node id, to notice a rank that moved to other hardware (its
-baselines no longer apply), and keeps the nodes taken out of the job at a relaunch.
+also maps rank -> node id (by the rank's dense slot, :class:`~detectors.ranks.RankIndex`),
+to notice a rank that moved to other hardware (its baselines no longer apply), and
+keeps the nodes taken out of the job at a relaunch.
 
 Scoring reads the registry (:meth:`NodeRegistry.lookup`); only learning changes it
 (:meth:`NodeRegistry.register`, :meth:`NodeRegistry.record_ranks`).
@@ -18,7 +19,7 @@ Examples
 >>> reg.register(("n0", "n1"))
 >>> reg.record_ranks(np.array([0, 1, 2, 3]), np.array([0, 0, 1, 1])).tolist()
 []
->>> reg.record_ranks(np.array([2, 3]), np.array([0, 1])).tolist()  # rank 2 moved
+>>> reg.record_ranks(np.array([2, 3]), np.array([0, 1])).tolist()  # slot 2 moved
 [2]
 >>> reg.rank_node.tolist(), reg.node_id("n1"), reg.node_id("spare")
 ([0, 0, 0, 1], 1, None)
@@ -40,10 +41,10 @@ B = npt.NDArray[np.bool_]
 class NodeRegistry:
     """Global node ids, node names, the rank -> node map and the removed nodes of a job.
 
-    The rank -> node map is an array indexed by rank id (``-1``: rank not seen), so
-    its length follows the largest rank id recorded: it grows to
-    ``max(largest rank + 1, 2 x its length)`` and no further. Rank ids are trusted
-    here; bounding them is the decoder's job.
+    The rank -> node map is an array indexed by rank *slot* (dense, see
+    :class:`~detectors.ranks.RankIndex`; ``-1``: slot not recorded), so its length
+    follows the number of distinct ranks, never the rank ids: it grows to
+    ``max(largest slot + 1, 2 x its length)`` and no further.
 
     Examples
     --------
@@ -55,7 +56,7 @@ class NodeRegistry:
     >>> _ = reg.record_ranks(np.array([7]), np.array([0]))   # doubles: room for growth
     >>> reg.rank_node.shape[0]
     12
-    >>> _ = reg.record_ranks(np.array([30]), np.array([0]))  # no more than the rank needs
+    >>> _ = reg.record_ranks(np.array([30]), np.array([0]))  # no more than the slot needs
     >>> reg.rank_node.shape[0]
     31
     >>> reg.remove("n0")
@@ -81,7 +82,7 @@ class NodeRegistry:
 
     @property
     def rank_node(self) -> I64:
-        """Global node id by rank id; ``-1`` for a rank never recorded."""
+        """Global node id by rank slot; ``-1`` for a slot never recorded."""
         return self._rank_node
 
     def node_id(self, name: str) -> int | None:
@@ -133,30 +134,30 @@ class NodeRegistry:
         self._frame_nodes = nodes
         self._frame_node_ids = np.asarray([self._ids[n] for n in nodes], dtype=np.int64)
 
-    def record_ranks(self, ranks: I64, nodes: I64) -> I64:
-        """Record that ``ranks`` run on the nodes with global ids ``nodes``.
+    def record_ranks(self, slots: I64, nodes: I64) -> I64:
+        """Record that the ranks in ``slots`` run on the nodes with global ids ``nodes``.
 
         Parameters
         ----------
-        ranks
-            Distinct rank ids.
+        slots
+            Distinct rank slots (:meth:`RankIndex.assign <detectors.ranks.RankIndex.assign>`).
         nodes
             Global node id of each rank.
 
         Returns
         -------
         numpy.ndarray
-            The ranks recorded before on another node: they run on other hardware now.
+            The slots recorded before on another node: they run on other hardware now.
         """
-        need = int(ranks.max()) + 1 if ranks.shape[0] else 0
+        need = int(slots.max()) + 1 if slots.shape[0] else 0
         if need > self._rank_node.shape[0]:
             size = max(need, 2 * self._rank_node.shape[0])
             grown = np.full(size, -1, dtype=np.int64)
             grown[: self._rank_node.shape[0]] = self._rank_node
             self._rank_node = grown
-        prev = self._rank_node[ranks]
-        moved: I64 = ranks[(prev >= 0) & (prev != nodes)].astype(np.int64)
-        self._rank_node[ranks] = nodes
+        prev = self._rank_node[slots]
+        moved: I64 = slots[(prev >= 0) & (prev != nodes)].astype(np.int64)
+        self._rank_node[slots] = nodes
         return moved
 
     def rows_of(

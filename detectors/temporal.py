@@ -23,6 +23,8 @@ baseline*.
   reaches the straggler threshold, even when per-step noise is large.
 
 Only the caller decides which steps learn (TRAIN-phase ranks, not judged critical).
+Ranks are addressed by *slot*, the dense index :class:`~detectors.ranks.RankIndex`
+gives them, so state arrays hold one entry per distinct rank, whatever the rank ids.
 
 Examples
 --------
