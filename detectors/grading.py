@@ -37,6 +37,7 @@ from detectors.base import Finding, SubjectKey
 from detectors.episodes import GRADES, EpisodeState, GradePolicy, Transition, advance
 from schemas.alerts import (
     Alert,
+    AlertKind,
     AlertState,
     Grade,
     RecommendedAction,
@@ -56,6 +57,14 @@ __all__ = [
 
 def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
+
+
+#: Alert kinds that are one cause for grouping: a node that creeps (degradation) and
+#: then jumps (straggler) is one slow node, one incident.
+INCIDENT_CAUSE: dict[AlertKind, str] = {
+    AlertKind.STRAGGLER: "slowdown",
+    AlertKind.DEGRADATION: "slowdown",
+}
 
 
 @dataclass
@@ -147,9 +156,11 @@ class Grader:
 
     def _incident(self, key: SubjectKey, tracked: _Tracked, transition: Transition) -> str:
         """The incident an update belongs to: a new episode joins its culprit's open
-        incident of the same kind, or opens one; the last episode to resolve closes
-        it. An episode keeps its incident for life."""
-        group = (key[1] or "", self.policies[key[0]].kind.value)
+        incident of the same cause (:data:`INCIDENT_CAUSE`, else its kind), or opens
+        one; the last episode to resolve closes it. An episode keeps its incident for
+        life."""
+        kind = self.policies[key[0]].kind
+        group = (key[1] or "", INCIDENT_CAUSE.get(kind, kind.value))
         if transition is Transition.NEW or not tracked.incident:
             open_key = self._groups.get(group)
             tracked.incident = open_key or incident_key(

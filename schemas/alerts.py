@@ -108,8 +108,9 @@ class Alert(Message):
         max_length=64,
         description=(
             "Group key of the incident: every episode of one culprit (the node, or the "
-            "job for job-wide causes) and one kind while any of them is open; group "
-            "pages on it (Alertmanager's group_by), the ranks are listed inside."
+            "job for job-wide causes) and one cause (straggler and degradation are one: "
+            "a slow node) while any of them is open; group pages on it (Alertmanager's "
+            "group_by), the ranks are listed inside."
         ),
     )
 

@@ -151,11 +151,12 @@ LIMIT {limit}
         AnalystQuery(
             "incidents",
             "A job's incidents: every episode of one culprit (node, or the job) and one "
-            "kind while any was open, with the ranks inside, its steps, worst grade and "
-            "whether every episode resolved (alerts archived before incidents existed "
-            "count one episode each).",
+            "cause (a straggler and a degradation are one slow node) while any was open, "
+            "with the ranks inside, its steps, worst grade and whether every episode "
+            "resolved (alerts archived before incidents existed count one episode each).",
             """
-SELECT grp AS incident, any(kind) AS kind, any(node) AS culprit,
+SELECT grp AS incident, arrayStringConcat(arraySort(groupUniqArray(kind)), '+') AS kind,
+       any(node) AS culprit,
        arraySort(groupUniqArrayIf(rank, rank >= 0)) AS ranks, count() AS episodes,
        min(first_step) AS first_step, max(last_step) AS last_step,
        max(worst) AS worst_grade, min(resolved) AS resolved,

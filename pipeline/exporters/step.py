@@ -69,7 +69,9 @@ class ExporterStats:
     dropped_queue_full: int
     dropped_send: int  #: records or messages the transport could not deliver
     invalid: int  #: records rejected by validation (e.g. negative times)
-    sent: int  #: messages (direct) or datagrams (aggregator) delivered
+    #: messages (direct: step messages and the job's lifecycle events) or datagrams
+    #: (aggregator) delivered
+    sent: int
     queued: int  #: records still waiting
 
     @property

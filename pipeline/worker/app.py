@@ -28,6 +28,7 @@ import logging
 import os
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,67 +326,36 @@ def build_app(
             metrics.process_seconds.observe(time.perf_counter() - started)
             metrics.jobs.set(len(core.jobs))
 
-    @app.agent(health_in, name="stepguard.worker.health")
-    async def health_agent(stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            try:
-                routed = core.route_health(msg.partition, msg.offset, msg.key, msg.value)
-                if isinstance(routed, Rejected):
-                    await send_dead(routed.letter)
-                elif routed is None:
-                    metrics.unrouted_health.inc()
-                else:
-                    await forward(routed, b"health")
-            except Exception:
-                log.exception("health routing failed on %s[%d]@%d", msg.topic, msg.partition,
-                              msg.offset)  # fmt: skip
-            records_of(msg.topic).inc()
-            last_read[(msg.topic, msg.partition)] = msg.offset
+    def router(
+        topic: Any, what: str, route: Callable[..., Forward | Rejected | None],
+        on_none: Callable[[], None] = lambda: None,
+    ) -> None:  # fmt: skip
+        """An agent that re-keys one topic's records to their job's partition of the
+        jobs topic (header ``what``); bad records are dead letters, per record."""
 
-    @app.agent(commands_in, name="stepguard.worker.commands")
-    async def commands_agent(stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            try:
-                routed = core.route_command(msg.partition, msg.offset, msg.key, msg.value)
-                if routed is not None:
-                    await forward(routed, b"command")
-            except Exception:
-                log.exception("command routing failed on %s[%d]@%d", msg.topic, msg.partition,
-                              msg.offset)  # fmt: skip
-            records_of(msg.topic).inc()
-            last_read[(msg.topic, msg.partition)] = msg.offset
+        async def agent(stream: Any) -> None:
+            async for event in stream.events():
+                msg = event.message
+                try:
+                    routed = route(msg.partition, msg.offset, msg.key, msg.value)
+                    if isinstance(routed, Rejected):
+                        await send_dead(routed.letter)
+                    elif routed is None:
+                        on_none()
+                    else:
+                        await forward(routed, what.encode())
+                except Exception:
+                    log.exception("%s routing failed on %s[%d]@%d", what, msg.topic,
+                                  msg.partition, msg.offset)  # fmt: skip
+                records_of(msg.topic).inc()
+                last_read[(msg.topic, msg.partition)] = msg.offset
 
-    @app.agent(results_in, name="stepguard.worker.results")
-    async def results_agent(stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            try:
-                routed = core.route_result(msg.partition, msg.offset, msg.key, msg.value)
-                if routed is not None:
-                    await forward(routed, b"result")
-            except Exception:
-                log.exception("result routing failed on %s[%d]@%d", msg.topic, msg.partition,
-                              msg.offset)  # fmt: skip
-            records_of(msg.topic).inc()
-            last_read[(msg.topic, msg.partition)] = msg.offset
+        app.agent(topic, name=f"stepguard.worker.{what}")(agent)
 
-    @app.agent(lifecycle_in, name="stepguard.worker.lifecycle")
-    async def lifecycle_agent(stream: Any) -> None:
-        async for event in stream.events():
-            msg = event.message
-            try:
-                routed = core.route_lifecycle(msg.partition, msg.offset, msg.key, msg.value)
-                if isinstance(routed, Rejected):
-                    await send_dead(routed.letter)
-                else:
-                    await forward(routed, b"lifecycle")
-            except Exception:
-                log.exception("lifecycle routing failed on %s[%d]@%d", msg.topic,
-                              msg.partition, msg.offset)  # fmt: skip
-            records_of(msg.topic).inc()
-            last_read[(msg.topic, msg.partition)] = msg.offset
+    router(health_in, "health", core.route_health, metrics.unrouted_health.inc)
+    router(commands_in, "command", core.route_command)
+    router(results_in, "result", core.route_result)
+    router(lifecycle_in, "lifecycle", core.route_lifecycle)
 
     watchdog = RecoveryWatchdog(settings.worker_recovery_timeout_s)
 
@@ -436,9 +406,7 @@ def build_app(
         log.info("rebalance: own %d partitions of %s and %s", len(mine), names.steps,
                  names.jobs)  # fmt: skip
 
-    del jobs_agent, health_agent, commands_agent, results_agent, lifecycle_agent, tick_jobs
-    del on_revoked
-    del on_assigned
+    del jobs_agent, tick_jobs, on_revoked, on_assigned
     return WorkerApp(app, core, metrics, settings, n_partitions)
 
 

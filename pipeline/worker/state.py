@@ -106,6 +106,12 @@ class CoreTopics:
     results: str = ""
 
 
+#: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
+#: fields change: older snapshots are then refused (and the job rebuilt from its
+#: replayed records) instead of failing on the first step.
+STATE_LAYOUT = 2
+
+
 @dataclass
 class JobState:
     """Everything the worker keeps for one job; written to the table as plain data."""
@@ -124,6 +130,11 @@ class JobState:
     steps_since_snapshot: int = 0
     dirty: bool = False
     last_snapshot_wall: float = 0.0
+    #: layout of the detectors' state this snapshot holds (:data:`STATE_LAYOUT`)
+    layout: int = 0
+
+    def __post_init__(self) -> None:
+        self.layout = STATE_LAYOUT
 
     def to_bytes(self) -> bytes:
         """The state as a :mod:`pipeline.statecodec` blob (zlib level 1)."""
@@ -136,6 +147,11 @@ class JobState:
         state = statecodec.loads(blob, max_bytes=max_bytes)
         if not isinstance(state, JobState):
             raise StateFormatError(f"table value is {type(state).__name__}, not JobState")
+        layout = vars(state).get("layout")  # as stored: not the class default
+        if layout != STATE_LAYOUT:
+            raise StateFormatError(
+                f"detector state layout {layout}, this worker reads {STATE_LAYOUT}"
+            )
         return state
 
     def seen(self, topic: str, partition: int, offset: int) -> bool:
@@ -351,18 +367,10 @@ class WorkerCore:
         if isinstance(msg, Rejected):
             return Handled(dead_letters=[msg.letter], release=[token])
         ts = msg.ts_end.timestamp()
-        if self._ended_before(msg.job_id, ts):
-            return Handled(release=[token])
-        try:
-            st = self.state(msg.job_id, load)
-        except CapacityError as exc:
-            return self._refuse(exc, value, topic, partition, offset, key, token)
+        st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load)
+        if isinstance(st, Handled):
+            return st
         out = Handled(job_id=msg.job_id)
-        if st.seen(topic, partition, offset):
-            out.release.append(token)
-            return out
-        st.offsets[(topic, partition)] = offset
-        st.partition = partition
         st.active_wall = self.clock()
         if st.last_event_ts is None or ts >= st.last_event_ts:
             st.last_event_ts = ts
@@ -473,18 +481,13 @@ class WorkerCore:
         )  # fmt: skip
         if isinstance(msg, Rejected):
             return Handled(dead_letters=[msg.letter], release=[token])
-        if msg.job_id is None or self._ended_before(msg.job_id, msg.ts.timestamp()):
+        if msg.job_id is None:
             return Handled(release=[token])
-        try:
-            st = self.state(msg.job_id, load)
-        except CapacityError as exc:
-            return self._refuse(exc, value, topic, partition, offset, key, token)
+        ts = msg.ts.timestamp()
+        st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load)
+        if isinstance(st, Handled):
+            return st
         out = Handled(job_id=msg.job_id)
-        if st.seen(topic, partition, offset):
-            out.release.append(token)
-            return out
-        st.offsets[(topic, partition)] = offset
-        st.partition = partition
         st.dirty = True
         try:
             out.alerts += st.detection.on_health(msg)
@@ -642,6 +645,33 @@ class WorkerCore:
             log.info("job %s ended (%s): its state is dropped", msg.job_id, msg.reason)
             return self._drop(st, out, ts, token)
         return self._finish(st, out, token)
+
+    def _take(
+        self,
+        job_id: str,
+        ts: float,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
+    ) -> JobState | Handled:
+        """The state a job's record goes to, its offset recorded; or what to do with
+        the record instead: ack it (a record of an ended run, or a replay the state
+        already reflects) or dead-letter it (a capacity limit)."""
+        if self._ended_before(job_id, ts):
+            return Handled(release=[token])
+        try:
+            st = self.state(job_id, load)
+        except CapacityError as exc:
+            return self._refuse(exc, value, topic, partition, offset, key, token)
+        if st.seen(topic, partition, offset):
+            return Handled(job_id=job_id, release=[token])
+        st.offsets[(topic, partition)] = offset
+        st.partition = partition
+        return st
 
     def _ended_before(self, job_id: str, ts: float) -> bool:
         """True for a record of an ended run; a newer record un-ends the job."""

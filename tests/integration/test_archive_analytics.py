@@ -135,9 +135,9 @@ def test_the_straggler_is_one_incident_and_the_run_ended_completed(smoke_run):
     cols, rows = run_query(archive, "incidents", job=summary.job_id)
     incidents = [dict(zip(cols, r, strict=True)) for r in rows]
     on_culprit = [i for i in incidents if i["culprit"] == "node-0005"]
-    assert len(on_culprit) == len({i["kind"] for i in on_culprit}), incidents  # one per kind
-    straggler = next(i for i in on_culprit if i["kind"] == "straggler")
-    assert list(straggler["ranks"]) == [43] and straggler["resolved"] == 1
+    slow = [i for i in on_culprit if "straggler" in i["kind"]]
+    assert len(slow) == 1, incidents  # one slow node, one incident
+    assert list(slow[0]["ranks"]) == [43] and slow[0]["resolved"] == 1
     cols, runs = run_query(archive, "job_runs", job=summary.job_id)
     (run,) = [dict(zip(cols, r, strict=True)) for r in runs]
     assert run["end_reason"] == "completed" and run["last_step"] >= summary.steps_completed - 1

@@ -220,7 +220,7 @@ def test_straggler_from_step_exporters_reaches_decisions(settings, workers, deci
             record_frame(exporter, ev.frame)
     stats = exporter.close(timeout=30)
     assert (stats.dropped, stats.invalid) == (0, 0)
-    assert stats.sent == sc.nodes * sc.steps
+    assert stats.sent == sc.nodes * sc.steps + 2  # and the job's start and end
     w = workers()
     items = decisions.wait(
         firing(AlertKind.STRAGGLER, "node-0005", Grade.CRITICAL), 40, "critical straggler", w
@@ -574,7 +574,7 @@ def test_broker_restart_is_ridden_out_by_worker_and_exporter(tmp_path):
         # the training loop never waited on the broker, and nothing was lost
         assert slowest_call < 0.01
         assert (stats.dropped_queue_full, stats.dropped_send) == (0, 0)
-        assert stats.sent == sc.nodes * sc.steps
+        assert stats.sent == sc.nodes * sc.steps + 2  # and the job's start and end
         items = decisions.wait(
             firing(AlertKind.STRAGGLER, "node-0005", Grade.CRITICAL), 90, "straggler", w
         )
@@ -660,7 +660,11 @@ def test_a_worker_over_its_job_cap_dead_letters_the_extra_job(settings, workers,
     try:
         w = workers(worker_max_jobs="1")
         play(settings, first, speed=None, lifecycle=False)
-        play(settings, second, speed=None, lifecycle=False)
+        deadline = time.monotonic() + 60  # the worker holds the first job before ...
+        while w.metric("stepguard_worker_jobs") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the worker's metrics endpoint, bounded
+        assert w.metric("stepguard_worker_jobs") == 1, w.tail()
+        play(settings, second, speed=None, lifecycle=False)  # ... the second one comes
         letters = dead.wait(lambda xs: len(xs) >= second.nodes * second.steps, 60, "cap", w)
     finally:
         dead.close()

@@ -162,3 +162,20 @@ def test_episodes_of_one_culprit_and_kind_group_into_one_incident_while_any_is_o
         out += step(i, [("n1", 3)])
     assert {a.incident for a in out if a.step >= 30} != by_rank[3]
     assert all(a.incident for a in out)
+
+
+def test_a_creep_then_a_jump_on_one_node_is_one_slow_node_incident():
+    degradation = GradePolicy(AlertKind.DEGRADATION, enter=(None, 0.02, 0.1), exit=0.01,
+                              min_obs=(1, 2, 8), hold_obs=3)  # fmt: skip
+    g = Grader("job", {"straggler": POLICY, "degradation": degradation})
+    out = []
+    for i in range(4):
+        fs = [
+            Finding("degradation", "n1", 3, 0.05, "compute_s", 1.05, 6.0),
+            Finding("straggler", "n1", 5, 0.3, "compute_s", 1.3, 9.0),
+            Finding("straggler", "n2", 9, 0.3, "compute_s", 1.3, 9.0),
+        ]
+        out += g.observe(fs, signals={"straggler", "degradation"}, step=i, ts=1000.0 + i)
+    n1 = {a.incident for a in out if a.node == "n1"}
+    assert {a.kind for a in out if a.node == "n1"} == {AlertKind.STRAGGLER, AlertKind.DEGRADATION}
+    assert len(n1) == 1 and n1 != {a.incident for a in out if a.node == "n2"}

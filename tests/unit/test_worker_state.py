@@ -444,3 +444,14 @@ def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
     out = core.handle_job_record(fwd.partition, 2, b"j", fwd.value, "result", token="r")
     assert {(a.node, a.state) for a in out.alerts} == {("n5", AlertState.RESOLVED)}
     assert "n5 left the job" in out.alerts[0].summary
+
+
+def test_a_snapshot_of_another_detector_layout_is_refused_not_crashed_on():
+    core = WorkerCore(TOPICS, 8)
+    feed(core, range(12))
+    st = core.jobs["j"]
+    st.layout = 1  # written by a worker whose detectors kept other fields
+    old = st.to_bytes()
+    fresh = WorkerCore(TOPICS, 8)
+    out = fresh.handle_step(0, 0, b"j", step_msg(0, 0), token="t", load=lambda _: old)
+    assert not out.dead_letters and fresh.unreadable_snapshots == 1
