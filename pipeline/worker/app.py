@@ -325,6 +325,8 @@ def build_app(
             last_read[(msg.topic, msg.partition)] = msg.offset
             metrics.process_seconds.observe(time.perf_counter() - started)
             metrics.jobs.set(len(core.jobs))
+            for name, value in core.counts().items():
+                metrics.state_events.labels(name).set(value)
 
     def router(
         topic: Any, what: str, route: Callable[..., Forward | Rejected | None],

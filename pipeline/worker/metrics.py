@@ -61,6 +61,10 @@ class WorkerMetrics:
         )  # fmt: skip
         self.snapshots = Counter(p + "snapshots", "Snapshots written.", registry=reg)
         self.jobs = Gauge(p + "jobs", "Jobs held by this process.", registry=reg)
+        self.state_events = Gauge(
+            p + "state_events", "Since start: snapshots unreadable or oversized, records "
+            "refused for a capacity limit or of an ended run.", ["event"], registry=reg,
+        )  # fmt: skip
         self.assigned = Gauge(
             p + "assigned_partitions", "Steps + job-topic partitions owned.", registry=reg
         )

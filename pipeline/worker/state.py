@@ -338,6 +338,15 @@ class WorkerCore:
             self._held.pop(job, None)
         return len(drop)
 
+    def counts(self) -> dict[str, int]:
+        """What the worker refused or could not read, since it started (metrics)."""
+        return {
+            "unreadable_snapshot": self.unreadable_snapshots,
+            "oversized_snapshot": self.oversized_snapshots,
+            "refused_for_limit": self.refused,
+            "after_end": self.after_end,
+        }
+
     def held(self, job_id: str) -> int:
         return len(self._held.get(job_id, ()))
 
