@@ -33,6 +33,7 @@ STEPGUARD_WORKER_MAX_JOBS     jobs one worker holds; records of more are dead-le
 STEPGUARD_JOB_IDLE_TTL_S      a job silent this long (no step, command or lifecycle
                               record, no end) is dropped with one INFO alert
 STEPGUARD_MAX_RANKS_PER_JOB   distinct ranks per job; further ranks are dead-lettered
+STEPGUARD_MAX_CLOCK_SKEW_S    records dated further beyond the wall clock are refused
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
 STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
                               verify (rotation); secret
@@ -115,6 +116,8 @@ class Settings(BaseSettings):
     job_idle_ttl_s: float = Field(default=3600.0, gt=0)
     #: distinct ranks one job may have; records of further ranks are dead-lettered
     max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
+    #: a record dated more than this beyond the wall clock is dead-lettered
+    max_clock_skew_s: float = Field(default=300.0, gt=0)
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"

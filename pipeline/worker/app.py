@@ -228,6 +228,7 @@ def build_app(
         max_jobs=settings.worker_max_jobs,
         job_idle_ttl_s=settings.job_idle_ttl_s,
         max_ranks_per_job=settings.max_ranks_per_job,
+        max_clock_skew_s=settings.max_clock_skew_s,
         # a live pipeline delivers the worker's own ticks every interval
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
     )

@@ -221,6 +221,11 @@ class WorkerCore:
         Distinct ranks per job; a message that would add more is dead-lettered.
     max_ended
         Ended jobs remembered (so that their late records raise nothing).
+    max_clock_skew_s
+        A step, health or lifecycle record dated more than this beyond the wall
+        clock (``time.time``, not ``clock``) is dead-lettered (stage ``clock``): one
+        record from the future would otherwise move a job's event time, and with it
+        every hang clock and staleness check. None: no check.
     blind_after_s
         A worker that receives no record at all for this long (its own timer ticks
         travel through the broker too, so a live pipeline never goes this quiet) was
@@ -246,6 +251,7 @@ class WorkerCore:
         job_idle_ttl_s: float = 3600.0,
         max_ranks_per_job: int = MAX_RANKS_PER_JOB,
         max_ended: int = 65_536,
+        max_clock_skew_s: float | None = None,
         blind_after_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -283,10 +289,12 @@ class WorkerCore:
         self.job_idle_ttl_s = job_idle_ttl_s
         self.max_ranks_per_job = max_ranks_per_job
         self.max_ended = max_ended
+        self.max_clock_skew_s = max_clock_skew_s
         #: job -> event time of its end: records up to then are the ended run's
         self.ended: OrderedDict[str, float] = OrderedDict()
         self.after_end = 0  #: records of ended jobs ignored
         self.refused = 0  #: records dead-lettered for a capacity limit
+        self.future_dated = 0  #: records dead-lettered for an event time ahead of now
 
     # -- state --------------------------------------------------------------------------
     def state(self, job_id: str, load: Callable[[str], bytes | None]) -> JobState:
@@ -345,6 +353,7 @@ class WorkerCore:
             "oversized_snapshot": self.oversized_snapshots,
             "refused_for_limit": self.refused,
             "after_end": self.after_end,
+            "future_dated": self.future_dated,
         }
 
     def held(self, job_id: str) -> int:
@@ -630,6 +639,9 @@ class WorkerCore:
         if isinstance(msg, Rejected):
             return Handled(dead_letters=[msg.letter], release=[token])
         ts = msg.ts.timestamp()
+        future = self._from_the_future(ts, value, topic, partition, offset, key, token)
+        if future is not None:
+            return future
         if self._ended_before(msg.job_id, ts):
             return Handled(release=[token])
         if msg.kind is JobEventKind.START:
@@ -669,7 +681,11 @@ class WorkerCore:
     ) -> JobState | Handled:
         """The state a job's record goes to, its offset recorded; or what to do with
         the record instead: ack it (a record of an ended run, or a replay the state
-        already reflects) or dead-letter it (a capacity limit)."""
+        already reflects) or dead-letter it (dated in the future, or a capacity
+        limit)."""
+        future = self._from_the_future(ts, value, topic, partition, offset, key, token)
+        if future is not None:
+            return future
         if self._ended_before(job_id, ts):
             return Handled(release=[token])
         try:
@@ -681,6 +697,31 @@ class WorkerCore:
         st.offsets[(topic, partition)] = offset
         st.partition = partition
         return st
+
+    def _from_the_future(
+        self,
+        ts: float,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        token: Any,
+    ) -> Handled | None:
+        """A dead letter for a record dated beyond wall clock + ``max_clock_skew_s``."""
+        if self.max_clock_skew_s is None:
+            return None
+        ahead = ts - time.time()
+        if ahead <= self.max_clock_skew_s:
+            return None
+        self.future_dated += 1
+        error = (
+            f"event time {ts:.3f} is {ahead:.0f}s ahead of this worker's clock, over "
+            f"STEPGUARD_MAX_CLOCK_SKEW_S={self.max_clock_skew_s:g}"
+        )
+        log.warning("%s[%d]@%d refused: %s", topic, partition, offset, error)
+        letter = _dead_letter(value, error, topic, partition, offset, key, "clock")
+        return Handled(dead_letters=[letter], release=[token])
 
     def _ended_before(self, job_id: str, ts: float) -> bool:
         """True for a record of an ended run; a newer record un-ends the job."""

@@ -455,3 +455,18 @@ def test_a_snapshot_of_another_detector_layout_is_refused_not_crashed_on():
     fresh = WorkerCore(TOPICS, 8)
     out = fresh.handle_step(0, 0, b"j", step_msg(0, 0), token="t", load=lambda _: old)
     assert not out.dead_letters and fresh.unreadable_snapshots == 1
+
+
+def test_records_dated_in_the_future_are_dead_lettered_not_learned():
+    core = WorkerCore(TOPICS, 8, max_clock_skew_s=300.0)
+    ahead = json.loads(step_msg(0, 0))
+    when = datetime.now(UTC) + timedelta(hours=2)
+    ahead["ts_start"] = ahead["ts_end"] = when.isoformat()
+    out = core.handle_step(0, 0, b"j", json.dumps(ahead).encode(), token="f")
+    (letter,) = out.dead_letters
+    assert letter.stage == "clock" and "STEPGUARD_MAX_CLOCK_SKEW_S=300" in letter.error
+    assert core.jobs == {} and core.counts()["future_dated"] == 1
+    end = job_event(JobEventKind.END, (when - T0).total_seconds(), reason=EndReason.FAILED)
+    assert core.handle_job_record(0, 1, b"j", end, "lifecycle", token="e").dead_letters
+    assert core.ended == {}  # a future end cannot end the job
+    assert not core.handle_step(0, 2, b"j", step_msg(0, 0), token="ok").dead_letters
