@@ -9,7 +9,9 @@ terminal gets a plain-text summary.
 
 from __future__ import annotations
 
+import hashlib
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,15 +78,22 @@ def incidents(backend: ArchiveBackend, job: str, incident: str | None = None) ->
 def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) -> Path:
     db = backend.database
     lo, hi = max(0, inc.first_step - 60), inc.last_step + 60
+    # job and node are values from outside (the command line, the archive): they are
+    # query parameters, never SQL text
+    window = {"job": job, "node": inc.node, "lo": lo, "hi": hi}
     _, peer = backend.query(
         f"SELECT step, quantileExact(0.5)(compute_s), max(step_time_s) FROM {db}.steps FINAL "
-        f"WHERE job_id = '{job}' AND step BETWEEN {lo} AND {hi} GROUP BY step ORDER BY step"
+        "WHERE job_id = {job:String} AND step BETWEEN {lo:UInt64} AND {hi:UInt64} "
+        "GROUP BY step ORDER BY step",
+        window,
     )
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
     if inc.node:
         _, mine = backend.query(
-            f"SELECT rank, step, compute_s FROM {db}.steps FINAL WHERE job_id = '{job}' "
-            f"AND node = '{inc.node}' AND step BETWEEN {lo} AND {hi} ORDER BY rank, step"
+            f"SELECT rank, step, compute_s FROM {db}.steps FINAL WHERE job_id = {{job:String}} "
+            "AND node = {node:String} AND step BETWEEN {lo:UInt64} AND {hi:UInt64} "
+            "ORDER BY rank, step",
+            window,
         )
         # relative to the step's peer median: eval and checkpoint steps move everyone
         # and vanish, a slow rank stands out by its own percentage
@@ -102,7 +111,8 @@ def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) 
             ax1.plot(xs, ys, label=f"rank {rank}", **style)
     ax1.axhline(0.0, color="k", ls="--", lw=1.2, label="peer median")
     ax1.set_ylabel("compute vs peer median (%)")
-    ax1.set_title(f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), incident {inc.key}")
+    title = f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), incident {inc.key}"
+    ax1.set_title(_plain(title))
     ax1.legend(fontsize=7, ncol=3, loc="upper left")
     ax2.plot([r[0] for r in peer], [r[2] for r in peer], color="tab:red", label="step time")
     ax2.set_ylabel("step time (s)")
@@ -110,10 +120,23 @@ def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) 
     for ax in (ax1, ax2):
         ax.axvspan(inc.first_step, inc.last_step, color="orange", alpha=0.15)
     fig.tight_layout()
-    path = out / f"incident-{inc.key}.png"
+    path = out / f"incident-{_file_part(inc.key)}.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _plain(text: str) -> str:
+    """Text read from the archive as a plot label: printable, no mathtext."""
+    return "".join(c if c.isprintable() else "?" for c in text).replace("$", r"\$")
+
+
+def _file_part(key: str) -> str:
+    """An incident key (read from the archive) as a file name part: never a path."""
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", key)[:64]
+    if safe != key:  # keep distinct keys distinct
+        safe += "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    return safe
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:

@@ -8,7 +8,7 @@ import json
 import re
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +19,15 @@ import numpy as np
 from pipeline.errors import ArchiveError, ArchiveRowError
 from pipeline.settings import Settings
 
-__all__ = ["ArchiveBackend", "ChdbBackend", "Columns", "ServerBackend", "open_backend"]
+__all__ = [
+    "ArchiveBackend",
+    "ChdbBackend",
+    "Columns",
+    "ServerBackend",
+    "bind_params",
+    "open_backend",
+    "read_only_problem",
+]
 
 #: Column name -> values, all the same length: either Python lists (the values the
 #: driver takes: datetimes, enum names, None for NULL) or, for bulk inserts, numpy
@@ -39,6 +47,126 @@ def _check_ident(name: str) -> str:
     return name
 
 
+#: A query parameter, ClickHouse's own spelling: ``{name:Type}``.
+_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):\s*([A-Za-z0-9]+)\s*\}")
+_INT_BITS = {
+    f"{sign}Int{bits}": (sign == "", bits) for sign in ("", "U") for bits in (8, 16, 32, 64)
+}
+
+
+def _typed(name: str, ch_type: str, value: Any) -> str | int | float:
+    """``value`` as the Python type of ``ch_type``; a value of another type is refused,
+    never converted from text (``"1 OR 1"`` is not a UInt32)."""
+    if ch_type == "String":
+        if not isinstance(value, str):
+            raise ArchiveError(
+                f"query parameter {name}: expected a str, got {type(value).__name__}"
+            )
+        return value
+    if ch_type in _INT_BITS:
+        signed, bits = _INT_BITS[ch_type]
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise ArchiveError(f"query parameter {name}: expected an int for {ch_type}")
+        lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+        if not lo <= int(value) <= hi:
+            raise ArchiveError(f"query parameter {name}: {int(value)} is out of {ch_type}")
+        return int(value)
+    if ch_type in ("Float32", "Float64"):
+        if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+            raise ArchiveError(f"query parameter {name}: expected a number for {ch_type}")
+        return float(value)
+    raise ArchiveError(f"query parameter {name}: type {ch_type} is not supported")
+
+
+def bind_params(sql: str, params: Mapping[str, Any] | None) -> dict[str, str | int | float]:
+    """The typed values of the ``{name:Type}`` parameters ``sql`` uses.
+
+    Every placeholder needs a value and every value must have the placeholder's type
+    (String, (U)Int8..64, Float32/64); values the SQL does not use are ignored. The
+    values travel beside the SQL, never inside its text: chDB binds them server-side,
+    the server backend has clickhouse-driver escape them (ClickHouse 18.16 has no
+    server-side parameters).
+    """
+    params = params or {}
+    out: dict[str, str | int | float] = {}
+    for found in _PARAM.finditer(sql):
+        name, ch_type = found[1], found[2]
+        if name not in params:
+            raise ArchiveError(f"query parameter {name} has no value")
+        value = _typed(name, ch_type, params[name])
+        if name in out and out[name] != value:  # pragma: no cover - one value per name
+            raise ArchiveError(f"query parameter {name} is declared twice")
+        out[name] = value
+    return out
+
+
+#: Statements ``stepguard sql`` may run on chDB, which has no read-only connection.
+_READ_ONLY_LEADS = frozenset({"SELECT", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "WITH"})
+#: Words that change something; refused anywhere outside string literals and quoted
+#: identifiers (``WITH ... INSERT``, ``SELECT ... INTO OUTFILE``).
+_WRITE_WORDS = frozenset({
+    "INSERT", "ALTER", "DROP", "CREATE", "DELETE", "UPDATE", "TRUNCATE", "RENAME", "ATTACH",
+    "DETACH", "OPTIMIZE", "SYSTEM", "GRANT", "REVOKE", "KILL", "SET", "USE", "OUTFILE",
+    "BACKUP", "RESTORE", "EXCHANGE", "MOVE", "UNDROP",
+})  # fmt: skip
+
+
+def _code_only(sql: str) -> str | None:
+    """``sql`` with string literals and quoted identifiers blanked out; ``None`` when
+    one is not closed or the text holds a comment or a heredoc (``$$...$$``), whose
+    ends a checker could read differently from ClickHouse's own lexer."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in "'\"`":
+            j = i + 1
+            while j < n and sql[j] != c:
+                j += 2 if sql[j] == "\\" else 1
+            if j >= n:
+                return None
+            out.append(" ")
+            i = j + 1
+        elif c in "#$" or sql.startswith(("--", "/*"), i):
+            return None
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def read_only_problem(sql: str) -> str | None:
+    """Why ``sql`` is not one read-only statement, or ``None`` if it is.
+
+    Conservative: one statement (no ``;`` outside literals but one at the end), no
+    comment, led by SELECT, SHOW, DESCRIBE, EXPLAIN or WITH, and no word that writes
+    anywhere outside literals. It refuses some harmless queries (a column named
+    ``update`` needs backticks) and never lets a write through.
+
+    >>> read_only_problem("SELECT 'DROP; it' FROM t") is None
+    True
+    >>> read_only_problem("SELECT 1; DROP TABLE t")
+    'only one statement may run'
+    """
+    code = _code_only(sql)
+    if code is None:
+        return "comments, heredocs and unterminated literals are not allowed"
+    code = code.strip()
+    if code.endswith(";"):
+        code = code[:-1]
+    if ";" in code:
+        return "only one statement may run"
+    words = [w.upper() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", code)]
+    if not words or words[0] not in _READ_ONLY_LEADS or not code[:1].isalpha():
+        return "only SELECT, SHOW, DESCRIBE, EXPLAIN or WITH statements may run"
+    if words[:2] == ["SHOW", "CREATE"]:  # SHOW CREATE TABLE reads a definition
+        words = words[2:]
+    writes = sorted(set(words) & _WRITE_WORDS)
+    if writes:
+        return f"{', '.join(writes)} is not allowed in a read-only query"
+    return None
+
+
 class ArchiveBackend(Protocol):
     """What the archiver, migrations, reports and ``stepguard sql`` need."""
 
@@ -47,7 +175,12 @@ class ArchiveBackend(Protocol):
 
     def execute(self, sql: str) -> None: ...
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]: ...
+    def query(
+        self, sql: str, params: Mapping[str, Any] | None = None, *, readonly: bool = False
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Rows of ``sql``. ``params`` bind its ``{name:Type}`` placeholders (values never
+        become SQL text); ``readonly`` refuses anything that could change the archive."""
+        ...
 
     def insert(self, table: str, columns: Columns) -> int: ...
 
@@ -114,8 +247,23 @@ class ServerBackend:
     def execute(self, sql: str) -> None:
         self._run(sql)
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        rows, types = self._run(sql, with_column_types=True)
+    def query(
+        self, sql: str, params: Mapping[str, Any] | None = None, *, readonly: bool = False
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """``params`` are typed Python values that clickhouse-driver escapes into the
+        text it sends (18.16 has no server-side parameters); ``readonly`` runs with the
+        server's ``readonly=1``, which refuses every write and settings change."""
+        values = bind_params(sql, params)
+        kw: dict[str, Any] = {"with_column_types": True}
+        if readonly:
+            kw["settings"] = {"readonly": 1}
+        if values:
+            # clickhouse-driver's own placeholders are %(name)s, its text goes through
+            # Python's % formatting
+            driver_sql = _PARAM.sub(lambda m: f"%({m[1]})s", sql.replace("%", "%%"))
+            rows, types = self._run(driver_sql, values, **kw)
+        else:
+            rows, types = self._run(sql, **kw)
         return [name for name, _ in types], [tuple(r) for r in rows]
 
     def insert(self, table: str, columns: Columns) -> int:
@@ -229,12 +377,24 @@ class ChdbBackend:
             kind = ArchiveRowError if found and int(found[1]) in _ROW_ERROR_CODES else ArchiveError
             raise kind(f"chDB: {exc}") from exc
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Rows typed like clickhouse-driver's: aware UTC datetimes, enum names, NaN."""
+    def query(
+        self, sql: str, params: Mapping[str, Any] | None = None, *, readonly: bool = False
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Rows typed like clickhouse-driver's: aware UTC datetimes, enum names, NaN.
+
+        ``params`` are bound by chDB itself (``{name:Type}``, query parameters);
+        ``readonly`` refuses anything but one SELECT/SHOW/DESCRIBE/EXPLAIN/WITH
+        statement (:func:`read_only_problem`): chDB's session has no read-only mode.
+        """
+        if readonly and (problem := read_only_problem(sql)):
+            raise ArchiveError(f"chDB: refused: {problem}")
+        values = bind_params(sql, params)
         try:
             with self._lock:
                 res = self._session.query(
-                    sql.rstrip().rstrip(";"), "JSONCompactEachRowWithNamesAndTypes"
+                    sql.rstrip().rstrip(";"),
+                    "JSONCompactEachRowWithNamesAndTypes",
+                    params={k: _chdb_param(v) for k, v in values.items()} or None,
                 )
         except Exception as exc:
             raise ArchiveError(f"chDB: {exc}") from exc
@@ -286,6 +446,22 @@ class ChdbBackend:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing twice is harmless
             self._session.close()
+
+
+def _chdb_param(value: str | int | float) -> str:
+    """A parameter value as ClickHouse parses it: strings in the escaped (TSV) form,
+    where a backslash starts an escape sequence."""
+    if not isinstance(value, str):
+        return repr(value)
+    for raw, escaped in (
+        ("\\", "\\\\"),
+        ("\t", "\\t"),
+        ("\n", "\\n"),
+        ("\r", "\\r"),
+        ("\0", "\\0"),
+    ):
+        value = value.replace(raw, escaped)
+    return value
 
 
 def _arrow_array(values: Any, ch_type: str) -> Any:

@@ -3,21 +3,20 @@
 Every query runs unchanged on ClickHouse 18.16, chDB and current servers (no CTEs,
 no window functions), reads with FINAL so replays never double-count, orders its rows
 completely (the same archive always answers in the same order), and takes
-``{db}`` plus a few literal parameters. ``stepguard query NAME --job J`` prints one;
-the README's "Querying the archive" section shows each with what it answers.
+``{db}`` plus a few query parameters (``{job:String}``, ``{limit:UInt32}``) whose values
+travel beside the SQL and never become its text (:meth:`ArchiveBackend.query`).
+``stepguard query NAME --job J`` prints one; the README's "Querying the archive"
+section shows each with what it answers.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.archive.backend import ArchiveBackend
 
 __all__ = ["QUERIES", "AnalystQuery", "run_query"]
-
-_SAFE = re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +25,9 @@ class AnalystQuery:
     answers: str
     sql: str
 
-    def render(self, db: str, **params: Any) -> str:
-        values = {}
-        for key, value in params.items():
-            text = str(value)
-            if not _SAFE.match(text):
-                raise ValueError(f"{key}: {text!r} is not a safe literal")
-            values[key] = text
-        return self.sql.format(db=db, **values)
+    def render(self, db: str) -> str:
+        """The SQL for database ``db`` (a checked identifier), its parameters unbound."""
+        return self.sql.replace("{db}", db)
 
 
 QUERIES: dict[str, AnalystQuery] = {
@@ -49,12 +43,12 @@ SELECT s.step AS step, s.node AS node, s.rank AS rank, round(s.compute_s, 4) AS 
        round(p.peer_median, 4) AS peer_median_s,
        round(s.compute_s / p.peer_median - 1, 4) AS slowdown
 FROM (SELECT step, node, rank, pp_stage, compute_s FROM {db}.steps FINAL
-      WHERE job_id = '{job}' AND phase = 'train') AS s
+      WHERE job_id = {job:String} AND phase = 'train') AS s
 ANY LEFT JOIN (SELECT step, pp_stage, quantileExact(0.5)(compute_s) AS peer_median
-               FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
+               FROM {db}.steps FINAL WHERE job_id = {job:String} AND phase = 'train'
                GROUP BY step, pp_stage) AS p USING (step, pp_stage)
 ORDER BY slowdown DESC, step, node, rank
-LIMIT {limit}
+LIMIT {limit:UInt32}
 """,
         ),
         AnalystQuery(
@@ -66,21 +60,21 @@ SELECT ts, what, subject, detail FROM (
     SELECT ts, concat('alert ', kind, ' ', toString(grade), ' ', toString(state)) AS what,
            concat(node, if(rank >= 0, concat(' rank ', toString(rank)), '')) AS subject,
            concat('step ', toString(step), ': ', summary) AS detail
-    FROM {db}.alerts FINAL WHERE job_id = '{job}'
+    FROM {db}.alerts FINAL WHERE job_id = {job:String}
     UNION ALL
     SELECT ts, concat('command ', kind, ' (', mode, ')') AS what,
            arrayStringConcat(targets, ',') AS subject, summary AS detail
-    FROM {db}.commands FINAL WHERE job_id = '{job}'
+    FROM {db}.commands FINAL WHERE job_id = {job:String}
     UNION ALL
     SELECT ts, concat('result ', status) AS what, executor AS subject, detail
-    FROM {db}.command_results FINAL WHERE job_id = '{job}'
+    FROM {db}.command_results FINAL WHERE job_id = {job:String}
     UNION ALL
     SELECT ts, concat('job ', kind, if(phase != '', concat(' ', phase), ''),
                       if(reason != '', concat(' ', reason), '')) AS what,
            source AS subject,
            concat(if(step >= 0, concat('step ', toString(step)), ''), if(run != '',
                   concat(' run ', run), ''), if(detail != '', concat(': ', detail), '')) AS detail
-    FROM {db}.job_events FINAL WHERE job_id = '{job}'
+    FROM {db}.job_events FINAL WHERE job_id = {job:String}
 )
 ORDER BY ts, what, subject, detail
 """,
@@ -97,9 +91,9 @@ SELECT fault_id, kind, node, onset_step,
           -1) AS first_alert_step,
        if(matching > 0, first_alert_step - toInt64(onset_step), -1) AS delay_steps
 FROM (SELECT job_id, fault_id, kind, node, onset_step FROM {db}.fault_truth FINAL
-      WHERE job_id = '{job}' AND is_trap = 0) AS t
+      WHERE job_id = {job:String} AND is_trap = 0) AS t
 ALL LEFT JOIN (SELECT job_id, node, step FROM {db}.alerts FINAL
-               WHERE job_id = '{job}' AND state = 'firing') AS a USING (job_id)
+               WHERE job_id = {job:String} AND state = 'firing') AS a USING (job_id)
 GROUP BY fault_id, kind, node, onset_step
 ORDER BY onset_step, fault_id
 """,
@@ -115,18 +109,19 @@ SELECT fault_id, any(kind) AS kind, any(node) AS node,
                    step >= onset_step AND (end_step < 0 OR step <= toUInt64(end_step)))
              / 3600, 3) AS lost_gpu_hours
 FROM (SELECT fault_id, kind, node, onset_step, end_step, step, step_time, ranks
-      FROM (SELECT * FROM {db}.fault_truth FINAL WHERE job_id = '{job}' AND is_trap = 0) AS t
+      FROM (SELECT * FROM {db}.fault_truth FINAL WHERE job_id = {job:String} AND is_trap = 0) AS t
       ALL INNER JOIN (SELECT job_id, step, max(step_time_s) AS step_time, count() AS ranks
-                      FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
+                      FROM {db}.steps FINAL WHERE job_id = {job:String} AND phase = 'train'
                       GROUP BY job_id, step) AS st USING (job_id)) AS w
 ANY LEFT JOIN (
     SELECT fault_id,
            if(countIf(step < onset_step) > 0, quantileExactIf(0.5)(step_time, step < onset_step),
               quantileExact(0.1)(step_time)) AS baseline_s
     FROM (SELECT fault_id, onset_step, step, step_time
-          FROM (SELECT * FROM {db}.fault_truth FINAL WHERE job_id = '{job}' AND is_trap = 0) AS t
+          FROM (SELECT * FROM {db}.fault_truth FINAL
+                WHERE job_id = {job:String} AND is_trap = 0) AS t
           ALL INNER JOIN (SELECT job_id, step, max(step_time_s) AS step_time
-                          FROM {db}.steps FINAL WHERE job_id = '{job}' AND phase = 'train'
+                          FROM {db}.steps FINAL WHERE job_id = {job:String} AND phase = 'train'
                           GROUP BY job_id, step) AS st USING (job_id)) AS pre
     GROUP BY fault_id) AS b USING (fault_id)
 GROUP BY fault_id
@@ -145,7 +140,7 @@ FROM {db}.alerts FINAL
 WHERE node != '' AND state = 'firing' AND kind != 'guardrail' AND ts >= now() - 30 * 86400
 GROUP BY node
 ORDER BY episodes_30d DESC, node
-LIMIT {limit}
+LIMIT {limit:UInt32}
 """,
         ),
         AnalystQuery(
@@ -165,7 +160,7 @@ FROM (SELECT if(incident != '', incident, fingerprint) AS grp, fingerprint, any(
              any(node) AS node, any(rank) AS rank, min(step) AS first_step,
              max(step) AS last_step, max(toUInt8(grade)) AS worst,
              argMax(toUInt8(state), seq) AS resolved
-      FROM {db}.alerts FINAL WHERE job_id = '{job}'
+      FROM {db}.alerts FINAL WHERE job_id = {job:String}
       GROUP BY grp, fingerprint)
 GROUP BY grp
 ORDER BY first_step, incident
@@ -180,7 +175,7 @@ ORDER BY first_step, incident
 SELECT run, minIf(ts, kind = 'start') AS started, countIf(kind = 'phase') AS phases,
        maxIf(ts, kind = 'end') AS ended, argMaxIf(reason, ts_ms, kind = 'end') AS end_reason,
        maxIf(step, kind = 'end') AS last_step
-FROM {db}.job_events FINAL WHERE job_id = '{job}'
+FROM {db}.job_events FINAL WHERE job_id = {job:String}
 GROUP BY run
 ORDER BY started, run
 """,
@@ -193,11 +188,11 @@ ORDER BY started, run
 SELECT c.ts AS issued, c.command_id AS command_id, c.kind AS kind, c.mode AS mode,
        arrayStringConcat(c.targets, ',') AS targets,
        r.executor AS executor, r.last_status AS status, r.last_detail AS detail
-FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = '{job}') AS c
+FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = {job:String}) AS c
 ANY LEFT JOIN (SELECT command_id, executor,
                       argMax(status, ts_ms * 2 + (status != 'accepted')) AS last_status,
                       argMax(detail, ts_ms * 2 + (status != 'accepted')) AS last_detail
-               FROM {db}.command_results FINAL WHERE job_id = '{job}'
+               FROM {db}.command_results FINAL WHERE job_id = {job:String}
                GROUP BY command_id, executor) AS r USING (command_id)
 ORDER BY issued, command_id, executor
 """,
@@ -212,4 +207,4 @@ def run_query(
     if name not in QUERIES:
         raise KeyError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
     params.setdefault("limit", 50)
-    return backend.query(QUERIES[name].render(backend.database, **params))
+    return backend.query(QUERIES[name].render(backend.database), params)
