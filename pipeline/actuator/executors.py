@@ -42,6 +42,7 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.redact import redact, url_origin, url_secrets
 from pipeline.settings import Settings
 from schemas import Command, CommandKind, CommandResult, CommandStatus
 
@@ -216,7 +217,7 @@ class WebhookExecutor(Executor):
             raise ValueError("urls must not be empty")
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"urls: {url!r} is not http(s)")
+                raise ValueError(f"urls: {url_origin(url)} is not http(s)")
         if timeout_s <= 0 or retries < 0:
             raise ValueError("timeout_s must be positive and retries >= 0")
         self.urls = list(urls)
@@ -230,7 +231,8 @@ class WebhookExecutor(Executor):
 
     def execute(self, cmd: Command) -> str:
         body = json.dumps(alertmanager_payload(cmd)).encode()
-        failed = [f"{url}: {err}" for url in self.urls if (err := self._post(url, body))]
+        # a webhook URL often carries a token: results and logs name only its origin
+        failed = [f"{url_origin(u)}: {err}" for u in self.urls if (err := self._post(u, body))]
         if failed:
             raise ExecutionError("; ".join(failed))
         return f"posted to {len(self.urls)} webhook(s)"
@@ -252,9 +254,9 @@ class WebhookExecutor(Executor):
                 error = f"HTTP {exc.code}"
                 if 400 <= exc.code < 500 and exc.code not in (408, 429):
                     return error  # the receiver will not change its mind
-            except (urllib.error.URLError, OSError) as exc:
-                error = str(getattr(exc, "reason", exc))
-            log.warning("webhook %s attempt %d failed: %s", url, attempt + 1, error)
+            except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: InvalidURL
+                error = redact(str(getattr(exc, "reason", exc)), url_secrets(url))
+            log.warning("webhook %s attempt %d failed: %s", url_origin(url), attempt + 1, error)
         return error
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from pipeline.errors import ArchiveError, ArchiveRowError
+from pipeline.redact import redact
 from pipeline.settings import Settings
 
 __all__ = [
@@ -200,13 +201,20 @@ class ServerBackend:
         from clickhouse_driver import Client
 
         parts = urlsplit(dsn)
+        try:
+            port = parts.port or 9000
+        except ValueError:  # the message would quote the text after the colon
+            raise ArchiveError("invalid ClickHouse DSN: the port is not a number") from None
         self.database = _check_ident((parts.path or "/default").strip("/") or "default")
-        self._host = f"{parts.hostname}:{parts.port or 9000}"
+        self._host = f"{parts.hostname}:{port}"
+        # never in an error message: the DSN and its password (the driver's messages
+        # quote what the server says, which could echo them)
+        self._secrets = [dsn, parts.password or ""]
 
         def connect(use_numpy: bool) -> Any:
             return Client(
                 host=parts.hostname or "127.0.0.1",
-                port=parts.port or 9000,
+                port=port,
                 user=parts.username or "default",
                 password=parts.password or "",
                 database="default",
@@ -234,15 +242,18 @@ class ServerBackend:
                     return client.execute(sql, **kw)
                 return client.execute(sql, data, **kw)
         except TypeMismatchError as exc:
-            raise ArchiveRowError(f"ClickHouse at {self._host}: {exc}") from exc
+            raise ArchiveRowError(self._message(exc)) from exc
         except ServerException as exc:
             kind = ArchiveRowError if exc.code in _ROW_ERROR_CODES else ArchiveError
-            raise kind(f"ClickHouse at {self._host}: {exc}") from exc
+            raise kind(self._message(exc)) from exc
         except (DriverError, OSError, EOFError) as exc:
-            raise ArchiveError(f"ClickHouse at {self._host}: {exc}") from exc
+            raise ArchiveError(self._message(exc)) from exc
         except (ValueError, TypeError, OverflowError, struct.error) as exc:
             # a value the driver cannot convert to the column's type
-            raise ArchiveRowError(f"ClickHouse at {self._host}: {exc!r}") from exc
+            raise ArchiveRowError(self._message(repr(exc))) from exc
+
+    def _message(self, exc: object) -> str:
+        return redact(f"ClickHouse at {self._host}: {exc}", self._secrets)
 
     def execute(self, sql: str) -> None:
         self._run(sql)
