@@ -7,7 +7,8 @@ rank), frames are synthesised with numpy (no simulator) and scored single-thread
 - **full**: ``JobMonitor.process_step`` (peer scores, per-rank temporal baselines,
   CUSUM / smoothed creep, missing ranks, divergence, grading, then learning).
 
-Memory per tracked rank: the pickled ``JobMonitor`` (what a Faust table would store)
+Memory per tracked rank: the ``JobMonitor`` written by ``pipeline.statecodec`` (the
+worker's changelog snapshot, before compression)
 divided by the ranks, and the bytes ``tracemalloc`` sees retained by a monitor after
 its warm-up, divided by the ranks.
 
@@ -28,7 +29,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import pickle
 import platform
 import sys
 import time
@@ -43,6 +43,7 @@ from _common import write_section
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
 from detectors.peer import PeerDetector
+from pipeline import statecodec
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -123,7 +124,7 @@ def bench_size(n_ranks: int, seconds: float, pool: int = 8) -> dict[str, Any]:
         if el >= seconds and done >= 3:
             break
     full_rate = done * n_ranks / el
-    pickled = len(pickle.dumps(mon, protocol=pickle.HIGHEST_PROTOCOL))
+    snapshot = len(statecodec.dumps(mon, level=0))
     # retained memory of a fresh monitor after its warm-up
     inputs = [_cycle(tail, s, 1.0) for s in range(WARMUP_STEPS)]
     tracemalloc.start()
@@ -136,7 +137,7 @@ def bench_size(n_ranks: int, seconds: float, pool: int = 8) -> dict[str, Any]:
     return {
         "peer": round(peer_rate),
         "full": round(full_rate),
-        "pickle_bytes_per_rank": round(pickled / n_ranks, 1),
+        "snapshot_bytes_per_rank": round(snapshot / n_ranks, 1),
         "tracemalloc_bytes_per_rank": round(retained / n_ranks, 1),
         "full_ms_per_step": round(1000.0 * n_ranks / full_rate, 2),
         "peer_ms_per_step": round(1000.0 * n_ranks / peer_rate, 2),
@@ -170,18 +171,19 @@ def markdown(result: dict[str, Any]) -> str:
         "Rank-steps scored per second on one core. *peer*: robust peer statistics of a "
         "step (`PeerDetector.score_frame`); *full*: `JobMonitor.process_step` with the "
         "per-rank temporal baselines, creep detection, grading and learning. Memory per "
-        "tracked rank: pickled monitor / ranks, and bytes retained after warm-up "
+        "tracked rank: the monitor's state snapshot (statecodec, uncompressed) / ranks, and "
+        "bytes retained after warm-up "
         "(tracemalloc) / ranks.",
         "",
         "| ranks | peer rank-steps/s | full rank-steps/s | peer ms/step | full ms/step "
-        "| pickle B/rank | tracemalloc B/rank |",
+        "| snapshot B/rank | tracemalloc B/rank |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, r in result["rank_steps_per_s"].items():
         b = result["bytes_per_rank"][n]
         lines.append(
             f"| {int(n):,} | {r['peer']:,} | {r['full']:,} | {r['peer_ms_per_step']} | "
-            f"{r['full_ms_per_step']} | {b['pickle']} | {b['tracemalloc']} |"
+            f"{r['full_ms_per_step']} | {b['snapshot']} | {b['tracemalloc']} |"
         )
     worst = min(r["peer"] for r in result["rank_steps_per_s"].values())
     ok = "met" if worst >= TARGET_PEER else "**not met**"
@@ -212,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "full_ms_per_step": r["full_ms_per_step"],
         }
         result["bytes_per_rank"][str(n)] = {
-            "pickle": r["pickle_bytes_per_rank"],
+            "snapshot": r["snapshot_bytes_per_rank"],
             "tracemalloc": r["tracemalloc_bytes_per_rank"],
         }
     result.update(environment())
