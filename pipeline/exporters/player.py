@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from detectors.frame import PHASES
 from pipeline.kafka import create_topics, make_producer, publish, registry_of
 from pipeline.settings import Settings
-from pipeline.simulator import Scenario, simulate
+from pipeline.simulator import Scenario, SimulatedJob
 from schemas import EndReason, JobEvent, JobEventKind, Phase
 
 __all__ = ["PlayStats", "play"]
@@ -34,6 +35,8 @@ def play(
     stop_after_step: int | None = None,
     lifecycle: bool = True,
     announce_phases: bool = False,
+    job: SimulatedJob | None = None,
+    on_event: Callable[[SimulatedJob], None] | None = None,
 ) -> PlayStats:
     """Publish the scenario's steps and health; ``speed=None`` means as fast as possible.
 
@@ -42,6 +45,10 @@ def play(
     and eval step is announced when it starts (``StepExporter.phase``).
     ``stop_after_step`` ends the playback after that step without an end (the job goes
     silent, as a hung job does).
+
+    Closed loop: pass the ``job`` to play and ``on_event``, called after each event is
+    published, applies the commands that arrived meanwhile (isolate, restart, ...) to
+    it, so the next events show their effect.
     """
     if speed is not None and speed <= 0:
         raise ValueError("speed must be positive (or None for --max)")
@@ -59,7 +66,8 @@ def play(
         if lifecycle:
             publish(producer, registry, "lifecycle", _event(scenario, JobEventKind.START, start_ts))
         last_ts, last_step, stopped = start_ts, 0, False
-        for ev in simulate(scenario):
+        sim = job if job is not None else SimulatedJob(scenario)
+        for ev in sim.events():
             if announce_phases and ev.frame is not None and ev.frame.n_ranks:
                 phase = Phase(PHASES[int(ev.frame.phase[0])])
                 if phase in (Phase.CHECKPOINT, Phase.EVAL):
@@ -78,6 +86,8 @@ def play(
                 publish(producer, registry, "health", h)
                 stats.health_messages += 1
             last_ts, last_step = ev.ts, max(ev.step, 0)
+            if on_event is not None:
+                on_event(sim)
             if stop_after_step is not None and ev.step >= stop_after_step:
                 stopped = True
                 break

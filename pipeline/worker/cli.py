@@ -5,13 +5,19 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from pipeline.cliutil import err
-from pipeline.settings import load_settings
+from pipeline.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pipeline.simulator import Scenario, SimulatedJob
 
 __all__ = ["commands", "export_health", "export_node", "simulate", "worker"]
 
@@ -45,6 +51,25 @@ def simulate(
     announce_phases: Annotated[
         bool, typer.Option(help="Announce each checkpoint and eval step when it starts.")
     ] = False,
+    job_id: Annotated[
+        str | None, typer.Option(help="Job id (default: the scenario's own, as before).")
+    ] = None,
+    from_now: Annotated[
+        bool,
+        typer.Option(
+            "--from-now",
+            help="Date events by the wall clock, not the scenario's start time (faster than "
+            "real time: the last step is dated about when it is played, never ahead).",
+        ),
+    ] = False,
+    control: Annotated[
+        bool,
+        typer.Option(
+            "--control",
+            help="Act on the job's commands (a CommandListener as its job controller): "
+            "isolations, checkpoints and restarts change what is played next.",
+        ),
+    ] = False,
 ) -> None:
     """Play a scenario to the broker (steps, health, truth, lifecycle) in real time x
     SPEED."""
@@ -53,17 +78,66 @@ def simulate(
 
     settings = load_settings()
     sc = find_scenario(scenario)
-    err.print(f"simulate {sc.name}: {sc.nodes} nodes, {sc.steps} steps -> "
+    update: dict[str, object] = {}
+    if job_id:
+        update["job_id"] = job_id
+    if from_now:
+        update["start_time"] = _start_from_now(sc, None if max_speed else speed)
+    sc = sc.model_copy(update=update)
+    err.print(f"simulate {sc.name} as job {sc.job}: {sc.nodes} nodes, {sc.steps} steps -> "
               f"{settings.kafka_bootstrap}")  # fmt: skip
-    stats = play(
-        settings, sc, speed=None if max_speed else speed, truth=truth, lifecycle=lifecycle,
-        announce_phases=announce_phases,
-    )  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        job, on_event = None, None
+        if control:
+            job, on_event = _job_controller(settings, sc, stack)
+        stats = play(
+            settings, sc, speed=None if max_speed else speed, truth=truth, lifecycle=lifecycle,
+            announce_phases=announce_phases, job=job, on_event=on_event,
+        )  # fmt: skip
     err.print(
         f"published {stats.steps} steps: {stats.step_messages} step messages, "
         f"{stats.health_messages} health reports, {stats.truth_messages} truth; "
         f"{stats.wall_s:.1f} s"
     )
+
+
+def _start_from_now(sc: Scenario, speed: float | None) -> datetime:
+    """The start time that dates a played scenario by the wall clock: now at real time
+    or slower; faster, as far back as the speed-up gains, so that no event is dated
+    ahead of the clock (services refuse records from the future)."""
+    from datetime import timedelta
+
+    now = datetime.now(UTC)
+    if speed is not None and speed <= 1:
+        return now
+    duration = sc.steps * sc.nominal_step_s
+    gained = duration if speed is None else duration * (1 - 1 / speed)
+    return now - timedelta(seconds=gained)
+
+
+def _job_controller(
+    settings: Settings, sc: Scenario, stack: contextlib.ExitStack
+) -> tuple[SimulatedJob, Callable[[SimulatedJob], None]]:
+    """The simulated job with a CommandListener as its job controller (closed loop)."""
+    from pipeline.listener import CommandListener
+    from pipeline.simulator import SimulatedJob
+    from pipeline.simulator.control import JobController
+
+    job = SimulatedJob(sc)
+    controller = JobController(job)
+    listener = CommandListener(
+        settings, sc.job, name="simulated-job", on_checkpoint=controller.checkpoint,
+        on_isolate=controller.isolate, clock=lambda: datetime.fromtimestamp(job.ts, UTC),
+    ).start()  # fmt: skip
+    controller.listener = listener
+    stack.callback(listener.close)
+
+    def at_boundary(j: SimulatedJob) -> None:
+        for cmd in (pending := listener.poll_step_boundary(j.step)):
+            err.print(f"step {j.step}: {cmd.kind.value} {list(cmd.targets)} ({cmd.command_id})")
+        controller.queue(pending)
+
+    return job, at_boundary
 
 
 @commands.command("export-health")
