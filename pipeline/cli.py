@@ -174,6 +174,42 @@ def topics() -> None:
 
 
 @app.command()
+def up(
+    scenario: Annotated[
+        str | None,
+        typer.Option(help="Also play this scenario as a job (own job id, times from now)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Detection worker processes.")] = 2,
+    speed: Annotated[float, typer.Option(min=0.01, help="Scenario time x SPEED.")] = 1.0,
+    durable: Annotated[
+        bool,
+        typer.Option(help="Run Apache Kafka (scripts/kafka.sh, data kept), not in-memory Tansu."),
+    ] = False,
+    base_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
+        ),
+    ] = None,
+) -> None:
+    """Start and supervise the production services as child processes (docker-compose
+    without Docker): broker, topics, workers, actuator, executor, archiver.
+
+    A table shows each service; logs go to .stepguard/logs/<service>.log and
+    .stepguard/up.json; Ctrl-C stops everything (the broker last). A crashed service
+    is restarted with backoff (1 s doubling to 30 s).
+    """
+    import os
+
+    from pipeline.up import UpOptions, run_up
+
+    options = UpOptions(
+        scenario=scenario, workers=workers, speed=speed, durable=durable, base_port=base_port
+    )
+    raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
+
+
+@app.command()
 def archiver(
     max_batch: Annotated[int, typer.Option(min=1, help="Messages per batch, at most.")] = 20000,
     max_wait_s: Annotated[float, typer.Option(min=0.05, help="Seconds per batch, at most.")] = 1.0,
