@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from pipeline.embedded import free_port, probe_kafka
 from pipeline.errors import ConfigError, EmbeddedServiceError
@@ -497,7 +498,7 @@ def status_table(sup: Supervisor, board: MetricsBoard, now: float, title: str) -
     table = Table(title=title, title_justify="left", expand=False, pad_edge=False)
     for col in ("service", "state", "pid", "rst", "uptime"):
         table.add_column(col, no_wrap=True)
-    for col in ("rec/s", "lag", "alerts", "cmds"):
+    for col in ("rec/s", "lag", "alerts", "cmd"):
         table.add_column(col, justify="right", no_wrap=True)
     for name, s in sup.services.items():
         m = board.latest.get(name, ServiceMetrics())
@@ -507,7 +508,7 @@ def status_table(sup: Supervisor, board: MetricsBoard, now: float, title: str) -
         elif s.state in (ServiceState.FAILED, ServiceState.DONE) and s.last_exit:
             state = f"{state} ({s.last_exit})"
         table.add_row(
-            name, f"[{_STATE_STYLE.get(s.state, '')}]{state}[/]", str(s.pid or ""),
+            name, Text(state, style=_STATE_STYLE.get(s.state, "")), str(s.pid or ""),
             str(s.restarts), _fmt_uptime(s.uptime(now)) if s.pid else "",
             _num(m.records_per_s), _num(m.lag), _num(m.alerts), _num(m.commands),
         )  # fmt: skip
