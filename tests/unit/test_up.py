@@ -1,0 +1,76 @@
+"""``stepguard up``'s plan (what runs, with which environment) and its status table."""
+
+from __future__ import annotations
+
+import io
+import socket
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pipeline.errors import ConfigError
+from pipeline.settings import load_settings
+from pipeline.supervisor import Supervisor
+from pipeline.up import MetricsBoard, UpOptions, build_plan, status_table
+
+
+def plan(tmp_path: Path, **kw: object):
+    settings = load_settings({}, state_dir=tmp_path / "st")
+    base = {"PATH": "/bin", "STEPGUARD_OPERATOR_PRIVATE_KEY": "should-not-leak"}
+    return build_plan(settings, UpOptions(**kw), base, python="py", run_id="r1")  # type: ignore[arg-type]
+
+
+def test_the_plan_runs_the_compose_services_with_their_own_ports_and_keys(tmp_path):
+    p = plan(tmp_path, scenario="ci_smoke", workers=2, speed=4.0)
+    specs = {s.name: s for s in p.specs}
+    assert list(specs) == ["broker", "topics", "worker-1", "worker-2", "actuator",
+                           "executor-dry-run", "archiver", "simulate"]  # fmt: skip
+    assert p.broker_flavor == "tansu" and p.job_id == "ci_smoke-r1"
+    assert any("in memory only" in n for n in p.notes)
+    w1, w2 = specs["worker-1"], specs["worker-2"]
+    assert w1.metrics_port != w2.metrics_port
+    assert w1.env["STEPGUARD_WORKER_METRICS_PORT"] == str(w1.metrics_port)
+    assert w1.env["STEPGUARD_WORKER_DATA_DIR"] != w2.env["STEPGUARD_WORKER_DATA_DIR"]
+    assert specs["archiver"].env["STEPGUARD_CHDB_PATH"] == str(tmp_path / "st" / "archive")
+    assert specs["simulate"].argv[3:] == (
+        "simulate", "ci_smoke", "--speed", "4.0", "--job-id", "ci_smoke-r1", "--from-now",
+        "--control",
+    )  # fmt: skip
+    private = {n: sorted(k for k in s.env if k.endswith("_PRIVATE_KEY")) for n, s in specs.items()}
+    assert private["actuator"] == ["STEPGUARD_ACTUATOR_PRIVATE_KEY"]
+    assert private["worker-1"] == ["STEPGUARD_WORKER_PRIVATE_KEY"]
+    assert private["executor-dry-run"] == private["simulate"] == private["archiver"] == []
+    assert specs["simulate"].env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]
+    assert specs["actuator"].env["STEPGUARD_ACTUATOR_MODE"] == "auto"
+    assert specs["broker"].stop_tier > max(s.stop_tier for s in p.specs if s.name != "broker")
+    assert all(s.log_path and s.log_path.endswith(f"logs/{s.name}.log") for s in p.specs)
+
+
+def test_a_configured_broker_is_used_not_started(tmp_path):
+    settings = load_settings({}, state_dir=tmp_path, kafka_bootstrap="k:9092")
+    p = build_plan(settings, UpOptions(), {}, python="py")
+    assert "broker" not in {s.name for s in p.specs}
+    assert p.bootstrap == "k:9092" and p.broker_flavor == "kafka"
+
+
+def test_a_busy_base_port_is_one_clear_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"port {port} \\(broker\\) is in use"):
+            plan(tmp_path, base_port=port)
+
+
+def test_the_status_table_renders_in_80_columns(tmp_path):
+    p = plan(tmp_path, scenario="ci_smoke")
+    sup = Supervisor(p.specs)
+    sup.started("broker", 10, 0.0)
+    board = MetricsBoard({})
+    out = io.StringIO()
+    Console(file=out, width=80, color_system="truecolor", force_terminal=True).print(
+        status_table(sup, board, 5.0, "t")
+    )
+    text = out.getvalue()
+    assert "executor-dry-run" in text and "waiting" in text
