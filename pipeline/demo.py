@@ -12,7 +12,6 @@ detection core (:class:`~pipeline.detection.JobDetection`) that ``stepguard work
 from __future__ import annotations
 
 import json
-import secrets
 import threading
 import time
 import uuid
@@ -25,12 +24,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipeline.actuator.service import Actuator
+from pipeline.actuator.signing import (
+    ephemeral_keys,
+    public_keys,
+    sign,
+    signature_problem,
+    signing_key,
+)
 from pipeline.archive import migrate, open_backend
 from pipeline.archive.archiver import Archiver
 from pipeline.archive.backend import ArchiveBackend
@@ -45,7 +50,7 @@ from pipeline.kafka import (
     registry_of,
 )
 from pipeline.listener import CommandListener
-from pipeline.settings import Settings
+from pipeline.settings import ROLES, Settings
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from schemas import (
@@ -222,6 +227,9 @@ class DetectionStage:
 
     def __init__(self, settings: Settings, job_id: str, pace: _Pace) -> None:
         self.registry = registry_of(settings)
+        # as the worker: alerts signed, only the actuator's commands obeyed
+        self._key = signing_key(settings, "worker", "the demo's detection")
+        self._command_keys = public_keys(settings, "actuator", "the demo's detection")
         self.core = JobDetection(job_id)
         self.pace = pace
         self.alerts: list[Alert] = []
@@ -251,7 +259,7 @@ class DetectionStage:
 
     def _emit(self, alerts: list[Alert]) -> None:
         for a in alerts:
-            publish(self._producer, self.registry, "decisions", a)
+            publish(self._producer, self.registry, "decisions", sign(a, self._key))
         self.alerts.extend(alerts)
 
     def poll(self) -> int:
@@ -262,6 +270,8 @@ class DetectionStage:
         # commands and results first: a relaunch is known before the steps that follow it
         for d in got:
             msg = d.message
+            if isinstance(msg, Command) and signature_problem(msg, self._command_keys):
+                continue
             if isinstance(msg, Command | CommandResult) and msg.job_id == core.job_id:
                 self._emit(
                     core.on_command(msg) if isinstance(msg, Command) else core.on_result(msg)
@@ -346,10 +356,11 @@ def run_demo(
             "spare_nodes": ",".join(job.spare_pool),
             "guard_job_nodes": scenario.nodes,
         }
-        if not settings.signing_keys:
-            update["command_keys"] = SecretStr(f"demo-{run}:{secrets.token_hex(24)}")
-            notes.append("commands signed with an ephemeral demo key")
-        settings = settings.model_copy(update=update)
+        keys = ephemeral_keys(settings, f"demo-{run}", ROLES)
+        if keys:
+            roles = [k.removesuffix("_private_key") for k in keys if k.endswith("_private_key")]
+            notes.append("signed with ephemeral demo keys: " + ", ".join(roles))
+        settings = settings.model_copy(update=update | keys)
         registry = registry_of(settings)
         topics = create_topics(settings)
         if backend is None:

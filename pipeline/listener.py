@@ -1,8 +1,10 @@
 """The job-controller side of the actuator: training code listens for commands.
 
 A background thread consumes the commands topic, keeps the commands for this job,
-refuses unsigned, wrongly signed, expired or observe-mode ones (a REFUSED result) and
-queues the rest. The training loop applies them at its next step boundary::
+refuses unsigned, wrongly signed, expired or observe-mode ones (a REFUSED result; the
+actuator's public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify, no secret is needed)
+and queues the rest; a record that does not decode (a malformed signature, say) is
+logged and skipped. The training loop applies them at its next step boundary::
 
     listener = CommandListener(settings, job_id="llm-7")
     listener.start()
@@ -36,8 +38,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.actuator.signing import check_command
-from pipeline.errors import ConfigError
+from pipeline.actuator.signing import check_command, public_keys
 from pipeline.kafka import (
     assigned_consumer,
     control_producer,
@@ -78,7 +79,7 @@ class CommandListener:
     Parameters
     ----------
     settings
-        Broker, topic prefix and ``command_keys`` (to verify signatures).
+        Broker, topic prefix and ``actuator_public_keys`` (to verify signatures).
     job_id
         Only commands for this job are considered.
     name
@@ -100,8 +101,6 @@ class CommandListener:
     ) -> None:
         if not job_id:
             raise ValueError("job_id must not be empty")
-        if not settings.signing_keys:
-            raise ConfigError("STEPGUARD_COMMAND_KEYS is required to verify commands")
         self.settings = settings
         self.job_id = job_id
         self.name = name
@@ -113,7 +112,7 @@ class CommandListener:
             CommandKind.ISOLATE: on_isolate,
         }
         self._clock = clock
-        self._keys = settings.signing_keys
+        self._keys = public_keys(settings, "actuator", "the command listener")
         self.registry = registry_of(settings)
         self._queue: queue.Queue[Command] = queue.Queue()
         self._stop = threading.Event()

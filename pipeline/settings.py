@@ -35,8 +35,14 @@ STEPGUARD_JOB_IDLE_TTL_S      a job silent this long (no step, command or lifecy
 STEPGUARD_MAX_RANKS_PER_JOB   distinct ranks per job; further ranks are dead-lettered
 STEPGUARD_MAX_CLOCK_SKEW_S    records dated further beyond the wall clock are refused
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
-STEPGUARD_COMMAND_KEYS        ``key_id:secret[,key_id:secret]``; the first signs, all
-                              verify (rotation); secret
+STEPGUARD_ACTUATOR_PRIVATE_KEY  ``key_id:base64`` Ed25519 key that signs commands
+                              (secret; ``stepguard keys generate`` makes one)
+STEPGUARD_ACTUATOR_PUBLIC_KEYS  ``key_id:base64[,key_id:base64]``: keys whose commands
+                              executors, listeners and workers obey (rotation: list both)
+STEPGUARD_WORKER_PRIVATE_KEY / _PUBLIC_KEYS  the same for alerts (workers sign, the
+                              actuator verifies)
+STEPGUARD_OPERATOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for approvals and control
+                              messages (operators sign, the actuator verifies)
 STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
 STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
 STEPGUARD_SPARE_NODES         comma-separated spare pool
@@ -53,6 +59,8 @@ STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -64,10 +72,43 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "Settings", "load_settings"]
+__all__ = ["ENV_PREFIX", "ROLES", "Role", "Settings", "load_settings", "parse_keys"]
 
 ENV_PREFIX = "STEPGUARD_"
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+_KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # schemas._base.KEY_ID_PATTERN
+
+#: Who signs: the actuator (commands), workers (alerts), operators (approvals, control).
+Role = Literal["actuator", "worker", "operator"]
+ROLES: tuple[Role, ...] = ("actuator", "worker", "operator")
+
+
+def parse_keys(text: str) -> list[tuple[str, bytes]]:
+    """``key_id:base64[,key_id:base64]`` to (key_id, 32 raw key bytes) pairs.
+
+    >>> parse_keys("k1:" + "A" * 43 + "=")[0][0]
+    'k1'
+    >>> parse_keys("k1:secret")
+    Traceback (most recent call last):
+    ...
+    ValueError: key 'k1': expected 32 bytes of standard base64 (44 characters)
+    """
+    pairs = []
+    for part in text.split(","):
+        key_id, sep, b64 = part.strip().partition(":")
+        if not sep or not _KEY_ID.match(key_id):
+            raise ValueError("expected key_id:base64[,key_id:base64] with key ids of "
+                             "1-64 characters A-Z a-z 0-9 . _ -")  # fmt: skip
+        try:
+            raw = base64.b64decode(b64.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(
+                f"key {key_id!r}: expected 32 bytes of standard base64 (44 characters)"
+            )
+        pairs.append((key_id, raw))
+    return pairs
 
 
 class Settings(BaseSettings):
@@ -121,7 +162,14 @@ class Settings(BaseSettings):
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"
-    command_keys: SecretStr | None = None
+    #: Ed25519 keys, ``key_id:base64`` (``stepguard keys generate``): a role's private
+    #: key signs what it publishes, its public keys verify (all listed: rotation)
+    actuator_private_key: SecretStr | None = None
+    actuator_public_keys: str = ""
+    worker_private_key: SecretStr | None = None
+    worker_public_keys: str = ""
+    operator_private_key: SecretStr | None = None
+    operator_public_keys: str = ""
     command_ttl_s: float = Field(default=300.0, gt=0)
     #: a WARNING episode must persist this many steps before it confirms
     warning_confirm_steps: int = Field(default=20, ge=1)
@@ -188,27 +236,38 @@ class Settings(BaseSettings):
                 raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
         return self
 
-    @field_validator("command_keys")
+    @field_validator("actuator_private_key", "worker_private_key", "operator_private_key")
     @classmethod
-    def _check_keys(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None or not value.get_secret_value():
+    def _check_private_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
             return None
-        for part in value.get_secret_value().split(","):
-            key_id, sep, secret = part.strip().partition(":")
-            if not sep or not key_id or len(secret) < 16:
-                raise ValueError("expected key_id:secret[,...] with secrets of >= 16 characters")
+        try:
+            pairs = parse_keys(value.get_secret_value())
+        except ValueError:  # the message could quote the secret
+            raise ValueError(
+                "expected key_id:base64 (32 bytes; see `stepguard keys generate`)"
+            ) from None
+        if len(pairs) != 1:
+            raise ValueError("expected exactly one key_id:base64 (the key that signs)")
         return value
 
-    @property
-    def signing_keys(self) -> list[tuple[str, bytes]]:
-        """(key_id, secret) pairs; the first one signs, every one verifies."""
-        if self.command_keys is None:
-            return []
-        pairs = []
-        for part in self.command_keys.get_secret_value().split(","):
-            key_id, _, secret = part.strip().partition(":")
-            pairs.append((key_id, secret.encode()))
-        return pairs
+    @field_validator("actuator_public_keys", "worker_public_keys", "operator_public_keys")
+    @classmethod
+    def _check_public_keys(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            parse_keys(value)
+        return value
+
+    def private_key(self, role: Role) -> tuple[str, bytes] | None:
+        """(key_id, raw Ed25519 private key) of ``role``, or ``None`` when not set."""
+        secret: SecretStr | None = getattr(self, f"{role}_private_key")
+        return None if secret is None else parse_keys(secret.get_secret_value())[0]
+
+    def public_keys(self, role: Role) -> list[tuple[str, bytes]]:
+        """(key_id, raw Ed25519 public key) pairs that verify what ``role`` signed."""
+        text: str = getattr(self, f"{role}_public_keys")
+        return parse_keys(text) if text else []
 
     @property
     def spare_pool(self) -> list[str]:

@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Message"]
+__all__ = ["KEY_ID_PATTERN", "SIGNATURE_PATTERN", "KeyId", "Message", "Signature"]
+
+#: A signing key's id: short, printable, safe to log.
+KEY_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+#: An Ed25519 signature: 64 bytes as 128 lowercase hex characters.
+SIGNATURE_PATTERN = r"^[0-9a-f]{128}$"
+
+KeyId = Annotated[
+    str, Field(max_length=64, pattern=KEY_ID_PATTERN, description="Id of the signing key.")
+]
+Signature = Annotated[
+    str,
+    Field(
+        min_length=128, max_length=128, pattern=SIGNATURE_PATTERN,
+        description="Ed25519 signature of the canonical JSON, 128 lowercase hex characters.",
+    ),
+]  # fmt: skip
 
 
 class Message(BaseModel):

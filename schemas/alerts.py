@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field, NonNegativeInt
 
-from schemas._base import Message
+from schemas._base import KeyId, Message, Signature
 
 __all__ = [
     "Alert",
@@ -113,6 +113,8 @@ class Alert(Message):
             "group_by), the ranks are listed inside."
         ),
     )
+    key_id: KeyId | None = Field(default=None, description="The worker key that signed.")
+    signature: Signature | None = None
 
 
 def incident_key(job_id: str, node: str | None, kind: str, start: int) -> str:

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
-from schemas._base import Message
+from schemas._base import KeyId, Message, Signature
 
 __all__ = [
     "ActuatorMode",
@@ -102,8 +102,8 @@ class Command(Message):
     issued_at: AwareDatetime
     expires_at: AwareDatetime | None = None
     summary: str = ""
-    key_id: str | None = Field(default=None, description="Id of the signing key.")
-    signature: str | None = Field(default=None, description="HMAC-SHA256, hex.")
+    key_id: KeyId | None = None
+    signature: Signature | None = None
 
 
 class CommandResult(Message):
@@ -136,8 +136,8 @@ class Approval(Message):
     by: str = Field(min_length=1, max_length=256)
     reason: str = ""
     ts: AwareDatetime
-    key_id: str | None = None
-    signature: str | None = None
+    key_id: KeyId | None = None
+    signature: Signature | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from schemas._base import Message
+from schemas._base import KeyId, Message, Signature
 from schemas.alerts import Alert
 from schemas.commands import ActuatorMode, Command
 
@@ -65,8 +65,8 @@ class ControlMessage(Message):
     by: str = Field(min_length=1, max_length=256)
     reason: str = ""
     ts: AwareDatetime
-    key_id: str | None = None
-    signature: str | None = None
+    key_id: KeyId | None = None
+    signature: Signature | None = None
 
 
 class ActionRecord(Message):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import strategies as st
+from pydantic import SecretStr
 
+from pipeline.actuator.signing import SigningKey
 from schemas import (
     ActionRecord,
     ActionState,
@@ -39,6 +44,39 @@ from schemas import (
     episode_fingerprint,
 )
 from schemas.telemetry import MAX_RANKS_PER_JOB
+
+
+# -- signing keys --------------------------------------------------------------------------
+def test_key(key_id: str) -> SigningKey:
+    """A fixed Ed25519 key derived from its id (tests only: anyone can derive it)."""
+    seed = hashlib.sha256(f"stepguard-test-key:{key_id}".encode()).digest()
+    return SigningKey(key_id, Ed25519PrivateKey.from_private_bytes(seed))
+
+
+test_key.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
+
+#: one key per role, as a deployment has them
+ACTUATOR_KEY, WORKER_KEY, OPERATOR_KEY = test_key("act-1"), test_key("wrk-1"), test_key("op-1")
+ROLE_KEYS = {"actuator": ACTUATOR_KEY, "worker": WORKER_KEY, "operator": OPERATOR_KEY}
+
+
+def key_settings(roles: tuple[str, ...] = ("actuator", "worker", "operator")) -> dict[str, Any]:
+    """Settings updates that give each role its test key (private and public)."""
+    out: dict[str, Any] = {}
+    for role in roles:
+        key = ROLE_KEYS[role]
+        out[f"{role}_private_key"] = SecretStr(key.private_text())
+        out[f"{role}_public_keys"] = key.public_text()
+    return out
+
+
+def key_env(roles: tuple[str, ...] = ("actuator", "worker", "operator")) -> dict[str, str]:
+    """The same as ``STEPGUARD_*`` environment variables (for service processes)."""
+    return {
+        f"STEPGUARD_{name.upper()}": v.get_secret_value() if isinstance(v, SecretStr) else v
+        for name, v in key_settings(roles).items()
+    }
+
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 

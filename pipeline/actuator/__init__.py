@@ -3,7 +3,7 @@
 - :mod:`~pipeline.actuator.policy` — the pure decision logic (episodes, modes,
   guardrails, spare pool);
 - :mod:`~pipeline.actuator.service` — the Kafka loop (``stepguard actuator``);
-- :mod:`~pipeline.actuator.signing` — HMAC-SHA256 signatures and command checks;
+- :mod:`~pipeline.actuator.signing` — Ed25519 signatures (per role) and command checks;
 - :mod:`~pipeline.actuator.executors` — dry-run, Slurm and webhook executors.
 
 The job-controller executor lives in :mod:`pipeline.listener` (imported by training

@@ -8,13 +8,14 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from pipeline.cliutil import console, err, stop_event
-from pipeline.settings import Settings, load_settings
+from pipeline.settings import Role, Settings, load_settings
 from schemas import (
     ActionRecord,
     ActionState,
@@ -30,6 +31,7 @@ __all__ = [
     "commands",
     "control",
     "executor",
+    "keys",
     "pending",
     "reject",
     "resume_node",
@@ -43,15 +45,15 @@ def _nodes(text: str) -> tuple[str, ...]:
 
 
 def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
-    from pipeline.actuator.signing import sign
+    """Sign with the operator's key (STEPGUARD_OPERATOR_PRIVATE_KEY) and publish."""
+    from pipeline.actuator.signing import sign, signing_key
     from pipeline.kafka import control_producer, create_topics, publish, registry_of
 
+    signed = sign(msg, signing_key(settings, "operator", f"`stepguard {logical}`"))
     create_topics(settings, [logical])
     producer = control_producer(settings)
     try:
-        publish(producer, registry_of(settings), logical, sign(msg, settings.signing_keys)).get(
-            timeout=30
-        )
+        publish(producer, registry_of(settings), logical, signed).get(timeout=30)
     finally:
         producer.close()
 
@@ -213,6 +215,35 @@ def control(
     )  # fmt: skip
     _send_signed(load_settings(), "control", msg)
     console.print(f"control change {msg.change_id} sent")
+
+
+class KeysAction(StrEnum):
+    GENERATE = "generate"
+
+
+@commands.command("keys")
+def keys(
+    action: Annotated[KeysAction, typer.Argument(help="generate: print a new key pair")],
+    role: Annotated[Role, typer.Option(help="actuator | worker | operator")] = "actuator",
+    key_id: Annotated[str | None, typer.Option(help="Default: <role>-<date>.")] = None,
+) -> None:
+    """Print a new Ed25519 key pair as two environment lines.
+
+    The PRIVATE_KEY line goes to the one service (or person) that signs; the
+    PUBLIC_KEYS line to every service that verifies (append it to the old key while
+    rotating: the first key listed does not matter, every one verifies).
+    """
+    from pipeline.actuator.signing import SigningKey
+
+    kid = key_id or f"{role}-{datetime.now(UTC):%Y%m%d}"
+    try:
+        key = SigningKey.generate(kid)
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    prefix = f"STEPGUARD_{role.upper()}"
+    print(f"{prefix}_PRIVATE_KEY={key.private_text()}")
+    print(f"{prefix}_PUBLIC_KEYS={key.public_text()}")
 
 
 @commands.command()

@@ -14,7 +14,9 @@ job controller      the training job itself, via :class:`pipeline.listener.Comma
 ==================  ======================================================================
 
 Every executor refuses unsigned, wrongly signed, expired and observe-mode commands
-(:func:`~pipeline.actuator.signing.check_command`) and says so with a REFUSED result.
+(:func:`~pipeline.actuator.signing.check_command`, with the actuator's public keys
+``STEPGUARD_ACTUATOR_PUBLIC_KEYS``) and says so with a REFUSED result; a command whose
+signature is not even well-formed does not decode and goes to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.actuator.signing import Keys, check_command
+from pipeline.actuator.signing import PublicKeys, check_command, public_keys
 from pipeline.errors import StepguardError
 from pipeline.kafka import (
     assigned_consumer,
@@ -290,7 +292,7 @@ class ExecutorRunner:
         self.settings = settings
         self.executor = executor
         self.registry = registry_of(settings)
-        self._keys: Keys = settings.signing_keys
+        self._keys: PublicKeys = public_keys(settings, "actuator", "executors")
         self._clock = clock
         create_topics(settings, ["commands", "results", "deadletter"])
         self._producer = control_producer(settings)

@@ -5,11 +5,15 @@ the commands topic (issued ids, isolation ledger, cooldowns, spares used), the a
 topic (held approvals and past decisions) and the control topic (mode and thresholds),
 each read to the end it had at start however long that takes, with progress logged
 (:func:`~pipeline.kafka.read_back`); what is past the policy's horizon is
-then forgotten. Then it consumes decisions, approvals and control messages; for each
-poll it lets time pass in the policy (holds expire, breakers close), publishes the
-signed commands, action records and guardrail alerts, waits for the broker's acks and
-only then commits the consumed offsets. A crash anywhere in between replays the poll,
-and the rebuilt issued-set turns the replay into nothing.
+then forgotten. Only commands signed by an actuator key are restored, and only control
+messages signed by an operator key, newer than the last one applied and with an unseen
+``change_id`` are applied, in the rebuild as afterwards (a replayed old change is not
+applied again). Alerts count only when a worker key signed them. Then it consumes
+decisions, approvals and control messages; for each poll it lets time pass in the
+policy (holds expire, breakers close), publishes the signed commands, action records
+and guardrail alerts, waits for the broker's acks and only then commits the consumed
+offsets. A crash anywhere in between replays the poll, and the rebuilt issued-set
+turns the replay into nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,8 +30,7 @@ from typing import Any
 from kafka import KafkaProducer
 
 from pipeline.actuator.policy import Outcome, Policy, PolicyParams
-from pipeline.actuator.signing import sign, signature_problem
-from pipeline.errors import ConfigError
+from pipeline.actuator.signing import public_keys, sign, signature_problem, signing_key
 from pipeline.kafka import (
     Decoded,
     assigned_consumer,
@@ -38,7 +42,7 @@ from pipeline.kafka import (
     registry_of,
 )
 from pipeline.settings import Settings
-from schemas import Alert, Approval, ControlMessage
+from schemas import Alert, AlertKind, Approval, Command, ControlMessage
 
 __all__ = ["ACTUATOR_TOPICS", "Actuator", "ActuatorStats"]
 
@@ -61,6 +65,10 @@ class ActuatorStats:
     records: int = 0
     alerts: int = 0
     ignored: int = 0
+    #: alerts not signed by a worker key (recorded in the log, never acted on)
+    unsigned_alerts: int = 0
+    #: commands read back, approvals and control messages refused (signature, replay)
+    refused: int = 0
 
 
 class Actuator:
@@ -69,7 +77,9 @@ class Actuator:
     Parameters
     ----------
     settings
-        Needs ``command_keys`` (commands are always signed).
+        Needs ``actuator_private_key`` (commands are always signed) and
+        ``worker_public_keys`` (alerts count only when a worker signed them);
+        ``operator_public_keys`` verify approvals and control messages.
     clock
         Wall clock (tests may pin it).
     crash_after_publish
@@ -89,19 +99,23 @@ class Actuator:
         crash_after_publish: bool = False,
         rebuild_batch: int = 500,
     ) -> None:
-        if not settings.signing_keys:
-            raise ConfigError("STEPGUARD_COMMAND_KEYS is required by the actuator")
+        self._key = signing_key(settings, "actuator", "the actuator")
+        self._actuator_keys = public_keys(settings, "actuator")
+        self._worker_keys = public_keys(settings, "worker", "the actuator (alerts)")
+        self._operator_keys = public_keys(settings, "operator")
         self.settings = settings
         self.registry = registry_of(settings)
         self.policy = Policy(PolicyParams.from_settings(settings))
         self.stats = ActuatorStats()
-        self._keys = settings.signing_keys
         self._clock = clock
         self._group = group_id or f"{settings.consumer_group}.actuator"
         self._crash = crash_after_publish
         create_topics(settings, ACTUATOR_TOPICS)
         self._producer = producer or control_producer(settings)
         self._control_seen = -1
+        #: event time and ids of the control messages applied (replay protection)
+        self._control_ts: datetime | None = None
+        self._control_ids: OrderedDict[str, None] = OrderedDict()
         self._evicted = 0
         #: records read back per topic at start
         self.rebuilt: dict[str, int] = {}
@@ -120,17 +134,31 @@ class Actuator:
                 n += 1
             self.rebuilt[logical] = n
 
-        replay("commands", lambda rec: self.policy.restore_command(rec.message))  # type: ignore[arg-type]
+        replay("commands", self._restore_command)
         replay("actions", lambda rec: self.policy.restore_record(rec.message))  # type: ignore[arg-type]
         now = self._clock()
         replay("control", lambda rec: self._control(rec, now))
         self.policy.prune(now, full=True)
         self._evicted = self.policy.evicted
+        if self.stats.refused:
+            log.warning("rebuild: %d commands or control messages not signed by their "
+                        "writer's key were ignored", self.stats.refused)  # fmt: skip
         log.info(
             "actuator rebuilt from %s: %d issued, %d held, mode %s; remembering %s",
             self.rebuilt, len(self.policy.issued), len(self.policy.held),
             self.policy.params.mode.value, self.policy.memory(),
         )  # fmt: skip
+
+    def _restore_command(self, rec: Decoded) -> None:
+        msg = rec.message
+        assert isinstance(msg, Command)
+        problem = signature_problem(msg, self._actuator_keys)
+        if problem is not None:
+            self.stats.refused += 1
+            log.debug("not restoring command at %s[%d]@%d: %s",
+                      rec.topic, rec.partition, rec.offset, problem)  # fmt: skip
+            return
+        self.policy.restore_command(msg)
 
     def _control(self, rec: Decoded, now: datetime) -> Outcome:
         msg = rec.message
@@ -138,10 +166,19 @@ class Actuator:
         if rec.offset <= self._control_seen:
             return Outcome(note="control already applied")
         self._control_seen = rec.offset
-        problem = signature_problem(msg, self._keys)
+        problem = signature_problem(msg, self._operator_keys)
+        if problem is None and msg.change_id in self._control_ids:
+            problem = f"change {msg.change_id} already applied (replay)"
+        if problem is None and self._control_ts is not None and msg.ts <= self._control_ts:
+            problem = f"not newer than the last change applied ({self._control_ts.isoformat()})"
         if problem is not None:
+            self.stats.refused += 1
             log.warning("ignoring control %s from %s: %s", msg.change_id, msg.by, problem)
             return Outcome(note=f"control refused: {problem}")
+        self._control_ts = msg.ts
+        self._control_ids[msg.change_id] = None
+        while len(self._control_ids) > self.policy.params.max_tracked:
+            self._control_ids.popitem(last=False)
         log.info("control %s by %s: %s", msg.change_id, msg.by, msg.reason or "(no reason)")
         return self.policy.on_control(msg, now)
 
@@ -150,13 +187,25 @@ class Actuator:
         now = self._clock()
         msg = rec.message
         if isinstance(msg, Alert):
+            problem = signature_problem(msg, self._worker_keys)
+            if problem is not None:
+                if msg.kind is AlertKind.GUARDRAIL and (
+                    signature_problem(msg, self._actuator_keys) is None
+                ):
+                    return Outcome(note="own guardrail alert")
+                self.stats.unsigned_alerts += 1
+                log.warning("not acting on alert %s#%d of %s at %s[%d]@%d: %s",
+                            msg.fingerprint, msg.seq, msg.job_id, rec.topic, rec.partition,
+                            rec.offset, problem)  # fmt: skip
+                return Outcome(note=f"alert refused: {problem}")
             out = self.policy.on_alert(msg, now)
             if msg.step is not None:  # every update shows the job's progress
                 out.extend(self.policy.on_progress(msg.job_id, msg.step, msg.ts, now))
             return out
         if isinstance(msg, Approval):
-            problem = signature_problem(msg, self._keys)
+            problem = signature_problem(msg, self._operator_keys)
             if problem is not None:
+                self.stats.refused += 1
                 log.warning("ignoring approval of %s by %s: %s", msg.action_id, msg.by, problem)
                 return Outcome(note=f"approval refused: {problem}")
             return self.policy.on_approval(msg, now)
@@ -167,15 +216,14 @@ class Actuator:
     def _publish(self, out: Outcome) -> list[Any]:
         futures = []
         for alert in out.alerts:
-            futures.append(publish(self._producer, self.registry, "decisions", alert))
+            signed = sign(alert, self._key)  # the actuator's, not a worker's: not acted on
+            futures.append(publish(self._producer, self.registry, "decisions", signed))
             log.warning("guardrail: %s", alert.summary)
         for record in out.records:
             futures.append(publish(self._producer, self.registry, "actions", record))
             log.info("action %s %s: %s", record.action_id, record.state.value, record.detail)
         for cmd in out.commands:
-            futures.append(
-                publish(self._producer, self.registry, "commands", sign(cmd, self._keys))
-            )
+            futures.append(publish(self._producer, self.registry, "commands", sign(cmd, self._key)))
             log.info("command %s %s %s", cmd.command_id, cmd.kind.value, cmd.targets)
         self.stats.commands += len(out.commands)
         self.stats.records += len(out.records)

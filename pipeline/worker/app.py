@@ -39,6 +39,7 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from pipeline.actuator.signing import public_keys, sign, signing_key
 from pipeline.errors import BrokerError
 from pipeline.kafka import client_config, create_topics, registry_of
 from pipeline.settings import Settings
@@ -167,6 +168,10 @@ def build_app(
     """A configured Faust app with the worker's agents, table and timer."""
     if not settings.kafka_bootstrap:
         raise BrokerError("STEPGUARD_KAFKA_BOOTSTRAP is not set")
+    # every alert is signed (the actuator acts on nothing else); relaunch commands are
+    # obeyed only when the actuator signed them
+    alert_key = signing_key(settings, "worker", "the worker (it signs its alerts)")
+    command_keys = public_keys(settings, "actuator", "the worker (it verifies commands)")
     tansu = settings.is_tansu
     session = (
         min(settings.worker_session_timeout_s, 6.0)
@@ -231,6 +236,7 @@ def build_app(
         max_clock_skew_s=settings.max_clock_skew_s,
         # a live pipeline delivers the worker's own ticks every interval
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
+        command_keys=command_keys,
     )
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip
@@ -267,7 +273,8 @@ def build_app(
                 metrics.step_latency.observe(max(0.0, wall - ts))
 
     async def send_alert(alert: Alert) -> None:
-        await decisions.send(key=alert.job_id.encode(), value=encode(alert))
+        signed = sign(alert, alert_key)
+        await decisions.send(key=alert.job_id.encode(), value=encode(signed))
         metrics.alerts.labels(alert.grade.value, alert.state.value).inc()
 
     async def send_dead(letter: DeadLetter) -> None:

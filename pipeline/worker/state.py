@@ -44,6 +44,7 @@ from kafka.partitioner.default import murmur2
 from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from pipeline import statecodec
+from pipeline.actuator.signing import PublicKeys, check_command
 from pipeline.detection import JobDetection
 from pipeline.errors import CapacityError
 from pipeline.fastdecode import decode_step
@@ -233,6 +234,10 @@ class WorkerCore:
         restarts, and runs only after this long again: exporters reconnect on their own
         schedule, and an outage of the pipeline is not a hang of the job. Set it above
         the tick interval.
+    command_keys
+        The actuator's public keys (:func:`pipeline.actuator.signing.public_keys`): a
+        relaunch command is obeyed only when one of them signed it and it has not
+        expired. None or empty: no command is obeyed.
     clock
         Wall clock (epoch seconds); injectable for tests.
     """
@@ -253,6 +258,7 @@ class WorkerCore:
         max_ended: int = 65_536,
         max_clock_skew_s: float | None = None,
         blind_after_s: float = 5.0,
+        command_keys: PublicKeys | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if n_partitions < 1:
@@ -295,6 +301,8 @@ class WorkerCore:
         self.after_end = 0  #: records of ended jobs ignored
         self.refused = 0  #: records dead-lettered for a capacity limit
         self.future_dated = 0  #: records dead-lettered for an event time ahead of now
+        self.command_keys: PublicKeys = command_keys or {}
+        self.refused_commands = 0  #: relaunch commands not obeyed (signature, expiry)
 
     # -- state --------------------------------------------------------------------------
     def state(self, job_id: str, load: Callable[[str], bytes | None]) -> JobState:
@@ -354,6 +362,7 @@ class WorkerCore:
             "refused_for_limit": self.refused,
             "after_end": self.after_end,
             "future_dated": self.future_dated,
+            "refused_command": self.refused_commands,
         }
 
     def held(self, job_id: str) -> int:
@@ -435,13 +444,20 @@ class WorkerCore:
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
     ) -> Forward | None:
         """A command: forward restarts, rollbacks and isolations to their job's partition
-        (the job goes quiet while it relaunches); None for anything else. Executors own
-        bad commands (they dead-letter them), so an undecodable one is only skipped."""
+        (the job goes quiet while it relaunches) when the actuator signed them and they
+        have not expired; None for anything else. Executors own bad commands (they
+        dead-letter them), so an undecodable one is only skipped."""
         msg = decode(
             Command, value, topic=self.topics.commands, partition=partition, offset=offset,
             key=key, max_bytes=self.max_message_bytes,
         )  # fmt: skip
         if isinstance(msg, Rejected) or msg.kind not in RELAUNCHING:
+            return None
+        problem = check_command(msg, self.command_keys, datetime.fromtimestamp(self.clock(), UTC))
+        if problem is not None:  # a forged relaunch must not put the hang clock in grace
+            self.refused_commands += 1
+            log.warning("%s[%d]@%d: not obeying %s %s: %s", self.topics.commands, partition,
+                        offset, msg.kind.value, msg.command_id, problem)  # fmt: skip
             return None
         return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
 

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from pipeline.actuator.executors import ExecutorRunner, SlurmExecutor
+from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner, SlurmExecutor
 from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import check_command, sign
+from pipeline.actuator.signing import SigningKey, check_command, sign
 from pipeline.cli import app
 from pipeline.kafka import (
     assigned_consumer,
@@ -48,17 +47,19 @@ from schemas import (
     RecommendedAction,
     decode,
 )
+from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_env, key_settings, test_key
 
 pytestmark = pytest.mark.integration
 
-KEYS = "k1:integration-secret-0123456789"
+#: an attacker's key under the actuator's key id
+FORGER = SigningKey(ACTUATOR_KEY.key_id, test_key("attacker").private)
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def act_settings(settings):
     s = settings.model_copy(
-        update={"command_keys": SecretStr(KEYS), "actuator_mode": "auto",
+        update=key_settings() | {"actuator_mode": "auto",
                 "spare_nodes": "spare-0,spare-1,spare-2", "guard_max_isolation_pct": 100.0}
     )  # fmt: skip
     create_topics(s)
@@ -72,12 +73,11 @@ def env_of(settings, **extra) -> dict[str, str]:
         "STEPGUARD_BROKER_FLAVOR": settings.broker_flavor,
         "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
         "STEPGUARD_CONSUMER_GROUP": settings.consumer_group,
-        "STEPGUARD_COMMAND_KEYS": KEYS,
         "STEPGUARD_ACTUATOR_MODE": settings.actuator_mode,
         "STEPGUARD_SPARE_NODES": settings.spare_nodes,
         "STEPGUARD_GUARD_MAX_ISOLATION_PCT": str(settings.guard_max_isolation_pct),
     }
-    return env | extra
+    return env | key_env() | extra
 
 
 def alert(fp="fp-node3-0001", node="node-3", seq=0, action=RecommendedAction.ISOLATE) -> Alert:
@@ -90,7 +90,14 @@ def alert(fp="fp-node3-0001", node="node-3", seq=0, action=RecommendedAction.ISO
     )  # fmt: skip
 
 
-def send(settings, logical, *messages):
+def send(settings, logical, *messages, signed=True):
+    """Publish and wait for the acks; unsigned alerts get the worker's signature unless
+    ``signed`` is false."""
+    if signed:
+        messages = tuple(
+            sign(m, WORKER_KEY) if isinstance(m, Alert) and m.signature is None else m
+            for m in messages
+        )
     producer = control_producer(settings)
     try:
         reg = registry_of(settings)
@@ -138,7 +145,7 @@ def wait_topic(settings, logical, done, max_polls=300):
     raise AssertionError(f"gave up waiting on {logical}: {got}")
 
 
-def signed_command(settings, kind, cid, *, ttl=300.0, targets=(), keys=None) -> Command:
+def signed_command(settings, kind, cid, *, ttl=300.0, targets=(), key=ACTUATOR_KEY) -> Command:
     now = datetime.now(UTC)
     cmd = Command(
         command_id=cid,
@@ -150,7 +157,7 @@ def signed_command(settings, kind, cid, *, ttl=300.0, targets=(), keys=None) -> 
         issued_at=now,
         expires_at=now + timedelta(seconds=ttl),
     )
-    return sign(cmd, keys or settings.signing_keys)  # fmt: skip
+    return sign(cmd, key)
 
 
 # -- the actuator ------------------------------------------------------------------------
@@ -169,7 +176,7 @@ def test_duplicate_decisions_produce_one_command_each_signed(act_settings):
         (CommandKind.RESTART, ("node-3",), ("spare-0",)),
     ]
     now = datetime.now(UTC)
-    assert all(check_command(c, act_settings.signing_keys, now) is None for c in cmds)
+    assert all(check_command(c, ACTUATOR_KEY.verifier(), now) is None for c in cmds)
 
 
 def test_killed_between_publish_and_commit_neither_duplicates_nor_loses(act_settings):
@@ -314,7 +321,7 @@ def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_pa
         act_settings, CommandKind.ISOLATE, "cmd-evil", targets=("node1; rm -rf /",)
     )
     forged = signed_command(act_settings, CommandKind.ISOLATE, "cmd-forged", targets=("node-9",),
-                            keys=[("k1", b"attacker-secret-000000")])  # fmt: skip
+                            key=FORGER)  # fmt: skip
     good = signed_command(act_settings, CommandKind.ISOLATE, "cmd-good", targets=("node-3",))
     send(act_settings, "commands", evil, forged, good)
     runner = ExecutorRunner(act_settings, SlurmExecutor(str(exe)))
@@ -339,7 +346,7 @@ def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_pa
 # -- the job controller (CommandListener) ----------------------------------------------------
 def test_listener_refuses_forged_unsigned_and_expired_commands(act_settings):
     forged = signed_command(act_settings, CommandKind.STOP, "cmd-forged",
-                            keys=[("k1", b"attacker-secret-000000")])  # fmt: skip
+                            key=FORGER)  # fmt: skip
     unsigned = forged.model_copy(update={"command_id": "cmd-unsigned", "signature": None,
                                          "key_id": None})  # fmt: skip
     expired = signed_command(act_settings, CommandKind.STOP, "cmd-expired", ttl=0.001)
@@ -478,7 +485,8 @@ def test_rebuild_reads_to_the_end_past_the_old_poll_cap_and_logs_progress(act_se
     copies = [{"command_id": f"cmd-{i:08d}", "job_id": f"job-{i % 7}"} for i in range(n)]
     producer, reg = control_producer(s), registry_of(s)
     try:
-        futures = [publish(producer, reg, "commands", notify.model_copy(update=c)) for c in copies]
+        signed = [sign(notify.model_copy(update=c), ACTUATOR_KEY) for c in copies]
+        futures = [publish(producer, reg, "commands", c) for c in signed]
         for fut in futures:
             fut.get(timeout=60)
     finally:
@@ -553,3 +561,78 @@ def test_approve_and_reject_refuse_unknown_expired_and_decided_actions(act_setti
     assert [a.action_id for a in topic(s, "approvals")] == ["act-fresh"]
     listed = " ".join(cli.invoke(app, ["pending", "--all"], env=env_of(s)).output.split())
     assert "expired" in listed
+
+
+# -- trust: only what its writer signed is acted on -------------------------------------
+def test_an_unsigned_or_wrongly_signed_alert_is_not_acted_on(act_settings):
+    act = Actuator(act_settings)
+    try:
+        unsigned = alert("fp-node5-0001", node="node-5")
+        not_a_worker = sign(alert("fp-node6-0001", node="node-6"), ACTUATOR_KEY)
+        send(act_settings, "decisions", unsigned, not_a_worker, signed=False)
+        poll_until(act, 2)
+        assert (act.stats.unsigned_alerts, act.stats.commands) == (2, 0)
+        send(act_settings, "decisions", alert())  # signed by the worker's key
+        poll_until(act, 3)
+    finally:
+        act.close()
+    cmds = topic(act_settings, "commands")
+    assert {t for c in cmds for t in c.targets} == {"node-3"} and len(cmds) == 3
+
+
+def test_a_garbage_signature_is_a_dead_letter_and_executor_and_listener_go_on(act_settings):
+    """A non-ASCII signature made hmac.compare_digest raise: executors crash-looped and
+    the listener's thread died. Now it does not decode (the schema's pattern): the
+    executor dead-letters it, the listener skips it, and both handle the next one."""
+    good = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-good")
+    garbage = good.model_copy(update={"command_id": "cmd-garbage", "signature": "é" * 128})
+    short = good.model_copy(update={"command_id": "cmd-short", "signature": "ab" * 32})
+    send(act_settings, "commands", garbage, short)
+    runner = ExecutorRunner(act_settings, DryRunExecutor())
+    saved = []
+    listener = CommandListener(
+        act_settings, "job-1", on_checkpoint=lambda c, step: saved.append(step) or "saved"
+    )
+    try:
+        with listener:
+            for _ in range(5):  # the bad ones: dead letters, no exception
+                runner.poll_once(timeout_ms=200)
+            send(act_settings, "commands", good)
+            applied = listener.poll_step_boundary(3, wait_s=30)
+            for _ in range(50):
+                runner.poll_once(timeout_ms=200)
+                if "cmd-good" in runner.done:
+                    break
+    finally:
+        runner.close()
+    assert [c.command_id for c in applied] == ["cmd-good"] and saved == [3]
+    letters = wait_topic(act_settings, "deadletter", lambda got: len(got) >= 2)
+    assert len(letters) == 2 and all("signature" in d.error for d in letters)
+    results = {(r.command_id, r.executor, r.status) for r in topic(act_settings, "results")}
+    assert ("cmd-good", "dry-run", CommandStatus.SUCCEEDED) in results
+    assert ("cmd-good", "job-controller", CommandStatus.SUCCEEDED) in results
+    assert not {cid for cid, _, _ in results} & {"cmd-garbage", "cmd-short"}
+
+
+def test_a_replayed_control_message_is_not_applied_again(act_settings):
+    s = act_settings.model_copy(update={"actuator_mode": "observe"})
+    act = Actuator(s)
+    try:
+        for args, n in ((["--mode", "auto", "--reset-breaker"], 1), (["--mode", "observe"], 2)):
+            res = CliRunner().invoke(app, ["control", *args], env=env_of(s))
+            assert res.exit_code == 0, res.output
+            poll_until(act, n)
+        assert act.policy.params.mode is ActuatorMode.OBSERVE
+        auto = topic(s, "control")[0]
+        assert auto.mode is ActuatorMode.AUTO and auto.signature is not None
+        send(s, "control", auto)  # an attacker re-publishes the old signed change
+        poll_until(act, 3)
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()
+    # a restarted actuator reads the control topic back: the replay is skipped there too
+    act = Actuator(s)
+    try:
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()

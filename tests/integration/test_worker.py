@@ -14,13 +14,14 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
 from detectors.frame import StepFrame
+from pipeline.actuator.signing import sign, signature_problem
 from pipeline.detection import JobDetection
 from pipeline.embedded import free_port
 from pipeline.exporters import StepExporter, play
@@ -42,6 +43,7 @@ from schemas import (
     encode,
 )
 from tests.conftest import fresh_settings
+from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_env
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +72,8 @@ class Worker:
             "STEPGUARD_WORKER_SESSION_TIMEOUT_S": "6",
             "STEPGUARD_WORKER_TICK_INTERVAL_S": "0.5",
         } | {f"STEPGUARD_{k.upper()}": v for k, v in extra.items()}
+        # it signs its alerts and obeys the actuator's signed commands
+        env |= key_env(("worker",)) | {"STEPGUARD_ACTUATOR_PUBLIC_KEYS": ACTUATOR_KEY.public_text()}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.worker", "--loglevel", "info"],
@@ -280,6 +284,7 @@ def test_hang_detected_by_timer_while_no_steps_arrive(settings, workers, decisio
     items = decisions.wait(firing(AlertKind.HANG), 40, "hang alert", w)
     hang = next(a for a in items if a.kind is AlertKind.HANG)
     assert hang.grade is Grade.CRITICAL
+    assert signature_problem(hang, WORKER_KEY.verifier()) is None  # the worker signs alerts
     assert hang.step == 61
     assert not [a for a in items if a.kind is not AlertKind.HANG]
 
@@ -301,9 +306,11 @@ def test_a_commanded_restart_is_not_a_hang_until_its_grace_runs_out(settings, wo
     assert w.metric("stepguard_worker_steps_total") >= 61, w.tail()
     # the job is silent from here: the command must arrive within ~2.6 s
     producer = make_producer(settings)
-    command = Command(command_id="cmd-relaunch", kind=CommandKind.RESTART, job_id=sc.job,
-                      checkpoint_step=50, reason=("test",), mode=ActuatorMode.AUTO,
-                      issued_at=datetime.now(UTC))  # fmt: skip
+    now = datetime.now(UTC)
+    command = sign(Command(command_id="cmd-relaunch", kind=CommandKind.RESTART, job_id=sc.job,
+                           checkpoint_step=50, reason=("test",), mode=ActuatorMode.AUTO,
+                           issued_at=now, expires_at=now + timedelta(minutes=5)),
+                   ACTUATOR_KEY)  # fmt: skip
     publish(producer, registry_of(settings), "commands", command)
     producer.flush()
     producer.close()

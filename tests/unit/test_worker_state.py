@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 
+from pipeline.actuator.signing import SigningKey, sign
 from pipeline.worker.state import CoreTopics, JobState, WorkerCore, partition_for
 from schemas import (
     ActuatorMode,
@@ -30,6 +31,7 @@ from schemas import (
     StepTelemetry,
     encode,
 )
+from tests.factories import ACTUATOR_KEY, WORKER_KEY
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
@@ -291,20 +293,28 @@ def test_a_snapshot_over_the_limit_is_not_written_and_its_records_stay_held():
     assert core.held("j") == 12 * 8 and core.oversized_snapshots > 0
 
 
-def relaunch_command(kind: CommandKind, targets: tuple[str, ...] = ()) -> bytes:
-    return encode(
-        Command(
-            command_id="cmd-0001", kind=kind, job_id="j", targets=targets, reason=("fp",),
-            mode=ActuatorMode.AUTO, issued_at=T0,
-        )
+def relaunch_command(
+    kind: CommandKind,
+    targets: tuple[str, ...] = (),
+    key: SigningKey | None = ACTUATOR_KEY,
+    expires_at: datetime = T0 + timedelta(days=3650),
+) -> bytes:
+    cmd = Command(
+        command_id="cmd-0001", kind=kind, job_id="j", targets=targets, reason=("fp",),
+        mode=ActuatorMode.AUTO, issued_at=T0, expires_at=expires_at,
     )  # fmt: skip
+    return encode(cmd if key is None else sign(cmd, key))
+
+
+#: what the worker holds: the actuator's public keys
+COMMAND_KEYS = ACTUATOR_KEY.verifier()
 
 
 def test_a_relaunch_command_gives_the_hang_clock_a_restart_grace():
     """The job goes quiet while it restarts from a checkpoint: that silence is the
     relaunch the actuator asked for, not a hang, until the grace runs out."""
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock)
+    core = WorkerCore(TOPICS, 8, clock=clock, command_keys=COMMAND_KEYS)
     feed(core, range(30))
     assert core.route_command(0, 0, b"j", relaunch_command(CommandKind.CHECKPOINT)) is None
     fwd = core.route_command(0, 1, b"j", relaunch_command(CommandKind.RESTART, ("n3",)))
@@ -322,6 +332,29 @@ def test_without_the_command_the_same_silence_is_a_hang():
     core = WorkerCore(TOPICS, 8, clock=clock)
     feed(core, range(30))
     assert AlertKind.HANG in [a.kind for a in tick_every_second(core, clock, 10, offset=2)]
+
+
+def test_an_unsigned_forged_malformed_or_expired_relaunch_is_not_obeyed():
+    """Only the actuator's signed, unexpired commands put a job's hang clock in grace;
+    anything else is counted and skipped, and a garbage signature raises nothing."""
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock, command_keys=COMMAND_KEYS)
+    feed(core, range(30))
+    restart = CommandKind.RESTART
+    signed = json.loads(relaunch_command(restart))
+    bad = [
+        relaunch_command(restart, key=None),  # unsigned
+        relaunch_command(restart, key=WORKER_KEY),  # a key that signs no command
+        relaunch_command(restart, key=SigningKey("act-1", WORKER_KEY.private)),  # forged
+        relaunch_command(restart, expires_at=datetime.fromtimestamp(999, UTC)),  # expired
+        json.dumps(signed | {"signature": "é" * 128}).encode(),  # malformed: undecodable
+        json.dumps(signed | {"targets": ["n0"]}).encode(),  # tampered
+    ]
+    assert [core.route_command(0, i, b"j", v) for i, v in enumerate(bad)] == [None] * 6
+    assert core.counts()["refused_command"] == 5  # the malformed one does not decode
+    assert AlertKind.HANG in [a.kind for a in tick_every_second(core, clock, 10, offset=2)]
+    unkeyed = WorkerCore(TOPICS, 8, clock=clock)  # no actuator keys: nothing obeyed
+    assert unkeyed.route_command(0, 0, b"j", relaunch_command(restart)) is None
 
 
 def job_event(kind: JobEventKind, seconds: float, **kw) -> bytes:
@@ -421,7 +454,7 @@ def test_malformed_lifecycle_events_are_dead_lettered():
 
 
 def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerCore(TOPICS, 8, command_keys=COMMAND_KEYS)
     feed(core, range(30))
     outs = [
         core.handle_step(
