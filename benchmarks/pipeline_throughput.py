@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from _common import write_section  # noqa: E402
 
+from pipeline.actuator.signing import ephemeral_keys  # noqa: E402
 from pipeline.embedded import TansuBroker, free_port  # noqa: E402
 from pipeline.exporters import StepExporter  # noqa: E402
 from pipeline.kafka import create_topics, make_producer, registry_of  # noqa: E402
@@ -214,6 +215,11 @@ class WorkerProc:
             "STEPGUARD_WORKER_DATA_DIR": str(tmp / f"w-{settings.consumer_group}"),
             "STEPGUARD_WORKER_SESSION_TIMEOUT_S": "6",
         }
+        # the worker signs its alerts and verifies commands: throwaway keys
+        keys = ephemeral_keys(settings, "bench", ("worker", "actuator"))
+        for name, value in keys.items():
+            secret = value.get_secret_value() if hasattr(value, "get_secret_value") else value
+            env[f"STEPGUARD_{name.upper()}"] = secret
         self.log = (tmp / f"worker-{settings.consumer_group}.log").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.worker"], cwd=ROOT, env=env,
