@@ -94,6 +94,7 @@ class _Step(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     ts_end: msgspec.Raw
     samples: Annotated[list[_Sample], msgspec.Meta(min_length=1)]
     schema_version: Literal[1] = 1
+    run: Annotated[str, msgspec.Meta(max_length=256)] = ""
 
 
 _DECODER = msgspec.json.Decoder(_Step)
@@ -104,7 +105,8 @@ class StepColumns:
     """Decoded StepTelemetry messages as columns.
 
     Per accepted message (``len(messages)`` entries): ``messages`` (its index in the
-    input), ``job_id``, ``node``, ``step``, ``ts_start``, ``ts_end`` and ``n_samples``.
+    input), ``job_id``, ``node``, ``run``, ``step``, ``ts_start``, ``ts_end`` and
+    ``n_samples``.
     Per rank sample (``len(rank)`` entries, messages in input order, samples in message
     order): ``sample_message`` (index into the per-message columns), the integer fields,
     ``phase`` as :data:`PHASE_CODES`, the four timings, and ``loss``/``grad_norm`` as
@@ -115,6 +117,7 @@ class StepColumns:
     messages: npt.NDArray[np.int64]
     job_id: list[str]
     node: list[str]
+    run: list[str]
     step: npt.NDArray[np.int64]
     ts_start: list[datetime]
     ts_end: list[datetime]
@@ -210,6 +213,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
             _Step(
                 job_id=m.job_id,
                 node=m.node,
+                run=m.run,
                 step=m.step,
                 ts_start=msgspec.Raw(b""),
                 ts_end=msgspec.Raw(b""),
@@ -330,6 +334,7 @@ def _columns(
         messages=messages,
         job_id=[m.job_id for m in decoded],
         node=[m.node for m in decoded],
+        run=[m.run for m in decoded],
         step=np.fromiter((m.step for m in decoded), dtype=np.int64, count=len(decoded)),
         ts_start=ts_start,
         ts_end=ts_end,
@@ -385,6 +390,7 @@ class StepView(msgspec.Struct, frozen=True, gc=False):
     ts_start: datetime
     ts_end: datetime
     samples: list[_Sample]
+    run: str = ""
 
 
 # A seventh fractional digit (msgspec rounds, pydantic truncates) or an escape: pydantic.
@@ -442,4 +448,4 @@ def decode_step(raw: bytes | None) -> StepView | None:
         ranks.add(s.rank)
     if len(ranks) != len(m.samples):
         return None
-    return StepView(m.job_id, m.node, m.step, start, end, m.samples)
+    return StepView(m.job_id, m.node, m.step, start, end, m.samples, m.run)

@@ -83,6 +83,12 @@ class StepTelemetry(Message):
     ts_start: AwareDatetime = Field(description="Event time the step started (rank clock).")
     ts_end: AwareDatetime = Field(description="Event time the step ended (rank clock).")
     samples: tuple[RankSample, ...] = Field(min_length=1)
+    run: str = Field(
+        default="",
+        max_length=256,
+        description="Run or attempt id (e.g. the scheduler's job id and restart count): "
+        "a relaunched job's steps are kept apart from the abandoned run's.",
+    )
 
     @model_validator(mode="after")
     def _check_order(self) -> StepTelemetry:

@@ -178,6 +178,7 @@ def step_telemetry_st(draw: st.DrawFn) -> StepTelemetry:
     return StepTelemetry(
         job_id=draw(_text),
         node=draw(_text),
+        run=draw(st.just("") | _text),
         step=draw(st.integers(0, 1 << 40)),
         ts_start=start,
         ts_end=start + timedelta(seconds=draw(st.floats(0, 1e4))),

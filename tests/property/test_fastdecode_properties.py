@@ -31,6 +31,7 @@ def ascii_steps(draw: st.DrawFn) -> StepTelemetry:
     return StepTelemetry(
         job_id=draw(_ascii),
         node=draw(_ascii),
+        run=draw(st.just("") | _ascii),
         step=draw(st.integers(0, 2**63 - 1)),
         ts_start=start,
         ts_end=start + timedelta(microseconds=draw(st.integers(0, 10**12))),
@@ -121,8 +122,8 @@ def _same_float(a: float | None, b: float | None) -> bool:
 
 
 def _assert_same(cols: StepColumns, k: int, model: StepTelemetry) -> None:
-    assert (cols.job_id[k], cols.node[k], int(cols.step[k])) == (
-        model.job_id, model.node, model.step,
+    assert (cols.job_id[k], cols.node[k], cols.run[k], int(cols.step[k])) == (
+        model.job_id, model.node, model.run, model.step,
     )  # fmt: skip
     for got, want in ((cols.ts_start[k], model.ts_start), (cols.ts_end[k], model.ts_end)):
         assert got == want and got.utcoffset() == want.utcoffset()

@@ -26,7 +26,9 @@ def _same(a: float | None, b: float | None) -> bool:
 
 
 def _assert_same(view: StepView, model: StepTelemetry) -> None:
-    assert (view.job_id, view.node, view.step) == (model.job_id, model.node, model.step)
+    assert (view.job_id, view.node, view.run, view.step) == (
+        model.job_id, model.node, model.run, model.step,
+    )  # fmt: skip
     assert view.ts_start == model.ts_start and view.ts_end == model.ts_end
     assert view.ts_end.utcoffset() == model.ts_end.utcoffset()
     assert len(view.samples) == len(model.samples)
