@@ -50,6 +50,8 @@ STEPGUARD_WEBHOOK_URLS        comma-separated Alertmanager-compatible webhook UR
 STEPGUARD_WEBHOOK_TIMEOUT_S / _RETRIES  per-POST timeout and retries of the webhook
 STEPGUARD_WARNING_CONFIRM_S   seconds a WARNING must persist (or WARNING_CONFIRM_STEPS)
 STEPGUARD_GUARD_JOB_NODES     job size for the percentage guardrail (0: unknown)
+STEPGUARD_GUARD_MAX_ISOLATIONS_GLOBAL  isolations per guard window across all jobs
+                              (beside the per-job breaker; default 10)
 STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor
 STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
 STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
@@ -179,6 +181,8 @@ class Settings(BaseSettings):
     guard_max_isolations: int = Field(default=3, ge=0)
     #: ... and at most this percentage of a job's nodes
     guard_max_isolation_pct: float = Field(default=5.0, ge=0, le=100)
+    #: ... and at most this many across all jobs (invented job ids cannot bypass it)
+    guard_max_isolations_global: int = Field(default=10, ge=0)
     guard_window_s: float = Field(default=3600.0, gt=0)
     guard_node_cooldown_s: float = Field(default=1800.0, ge=0)
     #: at most one RESTART/ROLLBACK per job per this many seconds (no restart loops)

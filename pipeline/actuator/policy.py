@@ -8,7 +8,10 @@ calls, signs, publishes and commits.
 Time: ``now`` (the caller's wall clock) stamps commands and drives the guardrail
 windows and cooldowns, because executors compare ``expires_at`` with their own clock
 and a rebuilt actuator reads the windows back from ``issued_at``. Event time
-(``alert.ts``) decides staleness and how long a WARNING has persisted.
+(``alert.ts``) decides staleness (against the newest alert of the same job, so one
+alert dated in the future stales only its own job) and how long a WARNING has
+persisted. Isolations are bounded per job (the circuit breaker) and across all jobs
+(``max_isolations_global`` per window), so invented job ids do not bypass the bound.
 
 Held actions (approve mode) are announced: a NOTIFY command for the webhook and a
 GUARDRAIL alert on the decisions topic, both naming the action id and the held alert's
@@ -81,6 +84,8 @@ __all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]
 _ISOLATING = (RecommendedAction.ISOLATE, RecommendedAction.REPLACE_AT_CHECKPOINT)
 #: detail of the record of a hold that nobody decided in time (state CANCELLED)
 EXPIRED = "expired"
+#: start of the detail of an isolation refused by the budget across all jobs
+GLOBAL_BUDGET = "global isolation budget"
 _V = TypeVar("_V")
 
 
@@ -95,6 +100,8 @@ class PolicyParams:
     stale_alert_s: float = 600.0
     max_isolations: int = 3
     max_isolation_pct: float = 5.0
+    #: isolations across all jobs per window (invented job ids do not bypass it)
+    max_isolations_global: int = 10
     window_s: float = 3600.0
     node_cooldown_s: float = 1800.0
     spare_nodes: tuple[str, ...] = ()
@@ -120,6 +127,8 @@ class PolicyParams:
             raise ValueError("warning_confirm_steps must be >= 1")
         if self.max_isolations < 0:
             raise ValueError("max_isolations must be >= 0")
+        if self.max_isolations_global < 0:
+            raise ValueError("max_isolations_global must be >= 0")
         if not 0 <= self.max_isolation_pct <= 100:
             raise ValueError("max_isolation_pct must be within [0, 100]")
         if self.window_s <= 0:
@@ -135,6 +144,7 @@ class PolicyParams:
             stale_alert_s=settings.stale_alert_s,
             max_isolations=settings.guard_max_isolations,
             max_isolation_pct=settings.guard_max_isolation_pct,
+            max_isolations_global=settings.guard_max_isolations_global,
             window_s=settings.guard_window_s,
             node_cooldown_s=settings.guard_node_cooldown_s,
             spare_nodes=tuple(settings.spare_pool),
@@ -198,6 +208,8 @@ class _Breaker:
     open_until: datetime
     step: int | None
     node: str | None
+    job: str  # the job it guards, or the job whose isolation tripped the global budget
+    everywhere: bool = False  # the global isolation budget rather than one job's
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,13 +264,15 @@ class Policy:
         self.evicted = 0
         self._holding: dict[str, datetime] = {}  # held action id -> held since
         self._episodes: dict[str, _Episode] = {}  # least recently updated first
-        self._newest_ts: datetime | None = None
+        #: job -> (newest alert ts of the job, ``now`` when it last changed)
+        self._newest_ts: dict[str, tuple[datetime, datetime]] = {}
         #: (issued_at, job, node) of every isolation, oldest first
         self._isolations: list[tuple[datetime, str, str]] = []
         self._last_acted: dict[str, datetime] = {}
         self._last_checkpoint: dict[str, datetime] = {}
         self._last_relaunch: dict[str, datetime] = {}
         self._breakers: dict[str, _Breaker] = {}
+        self._global_breaker: _Breaker | None = None
 
     # -- inputs ------------------------------------------------------------------------
     def on_alert(self, alert: Alert, now: datetime) -> Outcome:
@@ -267,9 +281,13 @@ class Policy:
         if alert.kind is AlertKind.GUARDRAIL:
             out.note = "own guardrail alert"
             return out
-        if self._newest_ts is None or alert.ts > self._newest_ts:
-            self._newest_ts = alert.ts
-        if alert.ts < self._newest_ts - timedelta(seconds=self.params.stale_alert_s):
+        # staleness per job: one alert dated in the future stales only its own job
+        newest = self._newest_ts.get(alert.job_id)
+        if newest is None or alert.ts > newest[0]:
+            newest = (alert.ts, now)
+            _touch(self._newest_ts, alert.job_id, newest)
+            self._cap(self._newest_ts)
+        if alert.ts < newest[0] - timedelta(seconds=self.params.stale_alert_s):
             out.note = "stale"
             return out
         ep = self._episodes.get(alert.fingerprint)
@@ -378,6 +396,8 @@ class Policy:
         if msg.reset_breaker:
             for job in list(self._breakers):
                 out.alerts.append(self._resolve_breaker(job, now))
+            if self._global_breaker is not None:
+                out.alerts.append(self._resolve_global_breaker(now))
         return out
 
     def on_tick(self, now: datetime) -> Outcome:
@@ -428,12 +448,14 @@ class Policy:
             for d in (self._last_acted, self._last_checkpoint, self._last_relaunch):
                 for key in [k for k, t in d.items() if t < cut]:
                     del d[key]
+            self._newest_ts = {k: v for k, v in self._newest_ts.items() if v[1] >= cut}
         _drop_front(self.issued, lambda t: t < cut)
         _drop_front(self._episodes, lambda e: e.touched < cut)
         # a hold leaves by expiring (hold_ttl_s <= horizon), never by pruning
         _drop_front(self.actions, lambda r: r.ts < cut and r.state is not ActionState.HELD)
         for d in (self._last_acted, self._last_checkpoint, self._last_relaunch):
             _drop_front(d, lambda t: t < cut)
+        _drop_front(self._newest_ts, lambda v: v[1] < cut)
         stale = bisect.bisect_left(self._isolations, cut, key=lambda i: i[0])
         del self._isolations[:stale]
 
@@ -444,8 +466,9 @@ class Policy:
             "actions": len(self.actions), "held": len(self._holding),
             "isolations": len(self._isolations), "node_cooldowns": len(self._last_acted),
             "checkpoints": len(self._last_checkpoint), "relaunches": len(self._last_relaunch),
-            "breakers": len(self._breakers), "repair": len(self.repair),
-            "job_nodes": len(self.job_nodes),
+            "breakers": len(self._breakers) + (self._global_breaker is not None),
+            "repair": len(self.repair), "job_nodes": len(self.job_nodes),
+            "newest_ts": len(self._newest_ts),
         }  # fmt: skip
 
     # -- queries -----------------------------------------------------------------------
@@ -453,9 +476,12 @@ class Policy:
     def held(self) -> list[ActionRecord]:
         return [self.actions[a] for a in self._holding]
 
-    def isolations_in_window(self, job_id: str, now: datetime) -> int:
+    def isolations_in_window(self, job_id: str | None, now: datetime) -> int:
+        """Isolations of ``job_id`` (``None``: of every job) within the guard window."""
         since = now - timedelta(seconds=self.params.window_s)
-        return sum(1 for ts, job, _ in self._isolations if job == job_id and ts > since)
+        return sum(
+            1 for ts, job, _ in self._isolations if (job_id is None or job == job_id) and ts > since
+        )
 
     def isolation_limit(self, job_id: str) -> int:
         size = self.job_nodes.get(job_id, self.params.default_job_nodes)
@@ -470,6 +496,10 @@ class Policy:
 
     def breaker_open(self, job_id: str) -> bool:
         return job_id in self._breakers
+
+    @property
+    def global_breaker_open(self) -> bool:
+        return self._global_breaker is not None
 
     # -- internals -----------------------------------------------------------------------
     def _confirmed(self, alert: Alert, ep: _Episode) -> bool:
@@ -508,6 +538,9 @@ class Policy:
             opens = refusal.startswith("circuit breaker:") and alert.job_id not in self._breakers
             if opens and plan.isolated is not None:
                 out.alerts.extend(self._open_breaker(alert, now, refusal))
+            trips = refusal.startswith(GLOBAL_BUDGET) and self._global_breaker is None
+            if trips and plan.isolated is not None:
+                out.alerts.append(self._open_global_breaker(alert, now, refusal))
             out.records.append(self._record(record, ActionState.REFUSED, now, refusal))
             return out
         executable = [c for c in plan.commands if c.kind is not CommandKind.NOTIFY]
@@ -643,6 +676,14 @@ class Policy:
                 f"circuit breaker: {count} isolations in the last {self.params.window_s:.0f}s, "
                 f"limit {limit}"
             )
+        if self._global_breaker is not None:
+            return f"{GLOBAL_BUDGET} exhausted (breaker open)"
+        total, budget = self.isolations_in_window(None, now), self.params.max_isolations_global
+        if total + 1 > budget:
+            return (
+                f"{GLOBAL_BUDGET}: {total} isolations across all jobs in the last "
+                f"{self.params.window_s:.0f}s, limit {budget}"
+            )
         return None
 
     def _apply_issue(self, cmd: Command, now: datetime) -> None:
@@ -683,35 +724,60 @@ class Policy:
         count, limit = self.isolations_in_window(job, now), self.isolation_limit(job)
         fp = episode_fingerprint(job, AlertKind.GUARDRAIL.value, None, None, int(now.timestamp()))
         self._breakers[job] = _Breaker(
-            fp, now + timedelta(seconds=self.params.window_s), alert.step, alert.node
+            fp, now + timedelta(seconds=self.params.window_s), alert.step, alert.node, job
         )
-        return [self._breaker_alert(job, AlertState.FIRING, 0, now, count, limit, why)]
+        return [
+            self._breaker_alert(self._breakers[job], AlertState.FIRING, 0, now, count, limit, why)
+        ]
+
+    def _open_global_breaker(self, alert: Alert, now: datetime, why: str) -> Alert:
+        """Trip the global isolation budget: one guardrail alert for all jobs."""
+        total, budget = self.isolations_in_window(None, now), self.params.max_isolations_global
+        fp = episode_fingerprint("*", "global-" + AlertKind.GUARDRAIL.value, None, None,
+                                 int(now.timestamp()))  # fmt: skip
+        self._global_breaker = b = _Breaker(
+            fp, now + timedelta(seconds=self.params.window_s), alert.step, alert.node,
+            alert.job_id, everywhere=True,
+        )  # fmt: skip
+        return self._breaker_alert(b, AlertState.FIRING, 0, now, total, budget, why)
 
     def _breaker_alert(
-        self, job: str, state: AlertState, seq: int, now: datetime, count: int, limit: int, why: str
-    ) -> Alert:
-        b = self._breakers[job]
+        self, b: _Breaker, state: AlertState, seq: int, now: datetime, count: int, limit: int,
+        why: str,
+    ) -> Alert:  # fmt: skip
+        what = (
+            f"actuator {GLOBAL_BUDGET} (all jobs; tripped by job {b.job})"
+            if b.everywhere else f"actuator circuit breaker for job {b.job}"
+        )  # fmt: skip
         return Alert(
             fingerprint=b.fingerprint, seq=seq, kind=AlertKind.GUARDRAIL, grade=Grade.CRITICAL,
-            state=state, job_id=job, node=b.node, step=b.step,
+            state=state, job_id=b.job, node=b.node, step=b.step,
             started_at=b.open_until - timedelta(seconds=self.params.window_s), ts=now,
             evidence=Evidence(metric="isolations_in_window", value=float(count),
                               deviation=float(count) / max(limit, 1), detail=why),
             recommended_action=RecommendedAction.INVESTIGATE,
-            summary=f"actuator circuit breaker for job {job}: {why}",
+            summary=f"{what}: {why}",
         )  # fmt: skip
 
     def _resolve_breaker(self, job: str, now: datetime) -> Alert:
         count, limit = self.isolations_in_window(job, now), self.isolation_limit(job)
-        alert = self._breaker_alert(job, AlertState.RESOLVED, 1, now, count, limit, "closed")
-        del self._breakers[job]
-        return alert
+        b = self._breakers.pop(job)
+        return self._breaker_alert(b, AlertState.RESOLVED, 1, now, count, limit, "closed")
+
+    def _resolve_global_breaker(self, now: datetime) -> Alert:
+        b = self._global_breaker
+        assert b is not None
+        self._global_breaker = None
+        total, budget = self.isolations_in_window(None, now), self.params.max_isolations_global
+        return self._breaker_alert(b, AlertState.RESOLVED, 1, now, total, budget, "closed")
 
     def _close_expired_breakers(self, now: datetime) -> Outcome:
         out = Outcome()
         for job, b in list(self._breakers.items()):
             if now >= b.open_until or len(self._breakers) > self.params.max_tracked:
                 out.alerts.append(self._resolve_breaker(job, now))
+        if self._global_breaker is not None and now >= self._global_breaker.open_until:
+            out.alerts.append(self._resolve_global_breaker(now))
         return out
 
     def _housekeeping(self, now: datetime) -> Outcome:

@@ -112,6 +112,27 @@ def test_stale_alerts_are_ignored():
     assert out.commands == [] and out.note == "stale"
 
 
+def test_a_future_dated_alert_of_one_job_does_not_stale_another_jobs_alerts():
+    p = auto(stale_alert_s=600)
+    future = T0 + timedelta(days=1)
+    p.on_alert(alert("fp-a-future", node="node-9", action=RA.INVESTIGATE, ts=future), T0)
+    out = p.on_alert(alert(job="job-b", node="node-3", ts=T0), T0)
+    assert out.note != "stale" and len(out.commands) == 3
+    # the future-dated job's own older alerts are judged against its own newest
+    out = p.on_alert(alert("fp-a-later", job="job-1", node="node-4", ts=T0), T0)
+    assert out.commands == [] and out.note == "stale"
+
+
+def test_newest_alert_times_per_job_are_forgotten_past_the_horizon():
+    p = auto()
+    for i in range(50):
+        p.on_alert(alert(f"fp-job-{i:05d}", job=f"job-{i}", action=RA.NONE), T0)
+    assert p.memory()["newest_ts"] == 50
+    later = T0 + timedelta(seconds=p.horizon_s + 1)
+    p.on_tick(later)
+    assert p.memory()["newest_ts"] == 0
+
+
 def test_own_guardrail_alerts_are_not_acted_on():
     out = auto().on_alert(alert(kind=AlertKind.GUARDRAIL, action=RA.ISOLATE), T0)
     assert out.commands == [] and out.note == "own guardrail alert"
@@ -214,6 +235,40 @@ def test_circuit_breaker_refuses_the_isolation_over_the_limit_and_raises_one_ale
     out = p.on_alert(alert("fp-node8-x", node="node-8", ts=later), later)
     assert [a.state for a in out.alerts] == [AlertState.RESOLVED]
     assert len(out.commands) == 3
+
+
+def test_isolations_spread_over_many_jobs_stop_at_the_global_budget_with_one_alert():
+    p = auto(max_isolations=1, max_isolations_global=3, spare_nodes=(),
+             no_spare_policy="checkpoint")  # fmt: skip
+    restart = dict(action=RA.RESTART)
+    isolated = 0
+    guards = []
+    for i in range(8):  # invented job ids, one isolation each: the per-job breaker never trips
+        out = p.on_alert(
+            alert(f"fp-glob-{i:04d}", job=f"fake-{i}", node=f"node-{i}", **restart), T0
+        )
+        isolated += sum(c.kind is CommandKind.ISOLATE for c in out.commands)
+        guards += out.alerts
+        if i >= 3:
+            assert out.records[0].state is ActionState.REFUSED
+            assert "global isolation budget" in out.records[0].detail
+    assert isolated == 3
+    [guard] = guards  # one guardrail alert, not one per job
+    assert (guard.kind, guard.state) == (AlertKind.GUARDRAIL, AlertState.FIRING)
+    assert "global isolation budget" in guard.summary and p.global_breaker_open
+    assert not any(p.breaker_open(f"fake-{i}") for i in range(8))
+    # it closes after the window (one RESOLVED alert) and isolations resume
+    later = T0 + timedelta(seconds=3601)
+    out = p.on_alert(alert("fp-glob-0009", job="fake-9", node="node-9", ts=later, **restart), later)
+    assert [a.state for a in out.alerts] == [AlertState.RESOLVED]
+    assert [c.kind for c in out.commands] == [CommandKind.ISOLATE, CommandKind.RESTART]
+
+
+def test_reset_breaker_also_closes_the_global_budget():
+    p = auto(max_isolations_global=0)
+    assert [a.state for a in p.on_alert(alert(), T0).alerts] == [AlertState.FIRING]
+    out = p.on_control(control(reset_breaker=True), T0)
+    assert [a.state for a in out.alerts] == [AlertState.RESOLVED] and not p.global_breaker_open
 
 
 def test_circuit_breaker_counts_a_percentage_of_the_job():
