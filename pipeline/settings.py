@@ -43,6 +43,8 @@ STEPGUARD_WORKER_PRIVATE_KEY / _PUBLIC_KEYS  the same for alerts (workers sign, 
                               actuator verifies)
 STEPGUARD_OPERATOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for approvals and control
                               messages (operators sign, the actuator verifies)
+STEPGUARD_EXECUTOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for command results (executors
+                              sign, an executor's start-up read-back verifies)
 STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
 STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
 STEPGUARD_SPARE_NODES         comma-separated spare pool
@@ -80,9 +82,10 @@ ENV_PREFIX = "STEPGUARD_"
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 _KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # schemas._base.KEY_ID_PATTERN
 
-#: Who signs: the actuator (commands), workers (alerts), operators (approvals, control).
-Role = Literal["actuator", "worker", "operator"]
-ROLES: tuple[Role, ...] = ("actuator", "worker", "operator")
+#: Who signs: the actuator (commands, action records), workers (alerts), operators
+#: (approvals, control), executors (command results).
+Role = Literal["actuator", "worker", "operator", "executor"]
+ROLES: tuple[Role, ...] = ("actuator", "worker", "operator", "executor")
 
 
 def parse_keys(text: str) -> list[tuple[str, bytes]]:
@@ -172,6 +175,8 @@ class Settings(BaseSettings):
     worker_public_keys: str = ""
     operator_private_key: SecretStr | None = None
     operator_public_keys: str = ""
+    executor_private_key: SecretStr | None = None
+    executor_public_keys: str = ""
     command_ttl_s: float = Field(default=300.0, gt=0)
     #: a WARNING episode must persist this many steps before it confirms
     warning_confirm_steps: int = Field(default=20, ge=1)
@@ -240,7 +245,10 @@ class Settings(BaseSettings):
                 raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
         return self
 
-    @field_validator("actuator_private_key", "worker_private_key", "operator_private_key")
+    @field_validator(
+        "actuator_private_key", "worker_private_key", "operator_private_key",
+        "executor_private_key",
+    )  # fmt: skip
     @classmethod
     def _check_private_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or not value.get_secret_value().strip():
@@ -255,7 +263,10 @@ class Settings(BaseSettings):
             raise ValueError("expected exactly one key_id:base64 (the key that signs)")
         return value
 
-    @field_validator("actuator_public_keys", "worker_public_keys", "operator_public_keys")
+    @field_validator(
+        "actuator_public_keys", "worker_public_keys", "operator_public_keys",
+        "executor_public_keys",
+    )  # fmt: skip
     @classmethod
     def _check_public_keys(cls, value: str) -> str:
         value = value.strip()

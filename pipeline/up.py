@@ -120,7 +120,7 @@ class Plan:
 _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "actuator": ("actuator", ("actuator", "worker", "operator")),
     "worker": ("worker", ("actuator",)),
-    "executor": (None, ("actuator",)),
+    "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     "simulate": (None, ("actuator",)),  # the job's CommandListener
 }
 

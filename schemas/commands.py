@@ -117,6 +117,10 @@ class CommandResult(Message):
     status: CommandStatus
     detail: str = ""
     ts: AwareDatetime
+    #: signed by the executor (``STEPGUARD_EXECUTOR_PRIVATE_KEY``): a result read back
+    #: counts only when an executor key signed it
+    key_id: KeyId | None = None
+    signature: Signature | None = None
 
 
 class Approval(Message):

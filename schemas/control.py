@@ -87,3 +87,6 @@ class ActionRecord(Message):
     detail: str = ""
     by: str | None = None
     ts: AwareDatetime
+    #: signed by the actuator (its start-up rebuild restores only what it signed)
+    key_id: KeyId | None = None
+    signature: Signature | None = None

@@ -57,10 +57,15 @@ test_key.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
 
 #: one key per role, as a deployment has them
 ACTUATOR_KEY, WORKER_KEY, OPERATOR_KEY = test_key("act-1"), test_key("wrk-1"), test_key("op-1")
-ROLE_KEYS = {"actuator": ACTUATOR_KEY, "worker": WORKER_KEY, "operator": OPERATOR_KEY}
+EXECUTOR_KEY = test_key("exe-1")
+ROLE_KEYS = {
+    "actuator": ACTUATOR_KEY, "worker": WORKER_KEY, "operator": OPERATOR_KEY,
+    "executor": EXECUTOR_KEY,
+}  # fmt: skip
+_ROLES = ("actuator", "worker", "operator", "executor")
 
 
-def key_settings(roles: tuple[str, ...] = ("actuator", "worker", "operator")) -> dict[str, Any]:
+def key_settings(roles: tuple[str, ...] = _ROLES) -> dict[str, Any]:
     """Settings updates that give each role its test key (private and public)."""
     out: dict[str, Any] = {}
     for role in roles:
@@ -70,7 +75,7 @@ def key_settings(roles: tuple[str, ...] = ("actuator", "worker", "operator")) ->
     return out
 
 
-def key_env(roles: tuple[str, ...] = ("actuator", "worker", "operator")) -> dict[str, str]:
+def key_env(roles: tuple[str, ...] = _ROLES) -> dict[str, str]:
     """The same as ``STEPGUARD_*`` environment variables (for service processes)."""
     return {
         f"STEPGUARD_{name.upper()}": v.get_secret_value() if isinstance(v, SecretStr) else v

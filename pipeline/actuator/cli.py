@@ -224,7 +224,9 @@ class KeysAction(StrEnum):
 @commands.command("keys")
 def keys(
     action: Annotated[KeysAction, typer.Argument(help="generate: print a new key pair")],
-    role: Annotated[Role, typer.Option(help="actuator | worker | operator")] = "actuator",
+    role: Annotated[
+        Role, typer.Option(help="actuator | worker | operator | executor")
+    ] = "actuator",
     key_id: Annotated[str | None, typer.Option(help="Default: <role>-<date>.")] = None,
 ) -> None:
     """Print a new Ed25519 key pair as two environment lines.

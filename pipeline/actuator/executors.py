@@ -33,7 +33,14 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.actuator.signing import PublicKeys, check_command, public_keys
+from pipeline.actuator.signing import (
+    PublicKeys,
+    check_command,
+    public_keys,
+    sign,
+    signature_problem,
+    signing_key,
+)
 from pipeline.errors import StepguardError
 from pipeline.kafka import (
     assigned_consumer,
@@ -67,6 +74,7 @@ log = logging.getLogger(__name__)
 #: What a node name may look like before it goes anywhere near ``scontrol``.
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:/,=+-]")
+_FINAL = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
 
 
 class ExecutionError(StepguardError):
@@ -279,7 +287,10 @@ class ExecutorRunner:
     """Feed one executor from the commands topic; publish a result per command.
 
     Commands already answered by this executor (read back from the results topic at
-    start) are skipped, so a restart never runs a command twice.
+    start) are skipped, so a restart never runs a command twice. Results are signed
+    with the executor key (``STEPGUARD_EXECUTOR_PRIVATE_KEY``) and only results an
+    executor key signed count when read back: a forged "succeeded" cannot pre-empt a
+    real command (those are counted in :attr:`unsigned_results` and logged).
     """
 
     def __init__(
@@ -293,15 +304,26 @@ class ExecutorRunner:
         self.executor = executor
         self.registry = registry_of(settings)
         self._keys: PublicKeys = public_keys(settings, "actuator", "executors")
+        self._key = signing_key(settings, "executor", "executors (results are signed)")
+        executor_keys = public_keys(settings, "executor")
         self._clock = clock
         create_topics(settings, ["commands", "results", "deadletter"])
         self._producer = control_producer(settings)
-        self.done: set[str] = {
-            r.message.command_id  # type: ignore[attr-defined]
-            for r in read_back(settings, "results")
-            if r.message.executor == executor.name  # type: ignore[attr-defined]
-            and r.message.status in (CommandStatus.SUCCEEDED, CommandStatus.FAILED)  # type: ignore[attr-defined]
-        }
+        self.done: set[str] = set()
+        #: results read back that no executor key signed (ignored)
+        self.unsigned_results = 0
+        for rec in read_back(settings, "results"):
+            res = rec.message
+            assert isinstance(res, CommandResult)
+            if res.executor != executor.name or res.status not in _FINAL:
+                continue
+            problem = signature_problem(res, executor_keys)
+            if problem is not None:
+                self.unsigned_results += 1
+                log.warning("ignoring result of %s at %s[%d]@%d: %s", res.command_id,
+                            rec.topic, rec.partition, rec.offset, problem)  # fmt: skip
+                continue
+            self.done.add(res.command_id)
         self._consumer = assigned_consumer(
             settings,
             [self.registry.name("commands")],
@@ -338,7 +360,8 @@ class ExecutorRunner:
             n += 1
             result = self.result_for(rec.message)  # type: ignore[arg-type]
             if result is not None:
-                futures.append(publish(self._producer, self.registry, "results", result))
+                signed = sign(result, self._key)
+                futures.append(publish(self._producer, self.registry, "results", signed))
         for fut in futures:
             fut.get(timeout=30)
         self._consumer.commit()

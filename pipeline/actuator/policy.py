@@ -384,8 +384,13 @@ class Policy:
         out.alerts.append(self._hold_notice(held, now, ended))
         return out
 
-    def on_control(self, msg: ControlMessage, now: datetime) -> Outcome:
-        """A (verified) runtime change of mode, thresholds, spares or job size."""
+    def on_control(self, msg: ControlMessage, now: datetime, *, replay: bool = False) -> Outcome:
+        """A (verified) runtime change of mode, thresholds, spares or job size.
+
+        ``replay`` (the start-up rebuild): the state it sets is applied again, in order,
+        but a one-shot action (``reset_breaker``) never closes a breaker that tripped
+        after the message was sent: yesterday's reset does not undo today's trip.
+        """
         self.params = self.params.with_control(msg)
         if msg.spare_nodes is not None:
             self.spares = [n for n in msg.spare_nodes if n not in self.repair]
@@ -394,9 +399,13 @@ class Policy:
             self._cap(self.job_nodes)
         out = Outcome(note="control applied")
         if msg.reset_breaker:
-            for job in list(self._breakers):
+
+            def resets(b: _Breaker) -> bool:
+                return not replay or self._tripped_at(b) <= msg.ts
+
+            for job in [j for j, b in self._breakers.items() if resets(b)]:
                 out.alerts.append(self._resolve_breaker(job, now))
-            if self._global_breaker is not None:
+            if self._global_breaker is not None and resets(self._global_breaker):
                 out.alerts.append(self._resolve_global_breaker(now))
         return out
 
@@ -417,8 +426,31 @@ class Policy:
         self._apply_issue(cmd, cmd.issued_at)
 
     def restore_record(self, record: ActionRecord) -> None:
-        """Replay one action record (latest per id wins) read back at start-up."""
+        """Replay one action record (latest per id wins) read back at start-up.
+
+        The refusal that tripped a breaker (per job or global) opens it again until
+        its window ends (:meth:`prune` with ``full`` drops the ones already over).
+        """
         self._keep_record(record)
+        if record.state is not ActionState.REFUSED or record.alert is None:
+            return
+        a, until = record.alert, record.ts + timedelta(seconds=self.params.window_s)
+        if record.detail.startswith("circuit breaker:"):
+            fp = episode_fingerprint(a.job_id, AlertKind.GUARDRAIL.value, None, None,
+                                     int(record.ts.timestamp()))  # fmt: skip
+            b = self._breakers.get(a.job_id)
+            if b is None or b.open_until < until:
+                _touch(self._breakers, a.job_id, _Breaker(fp, until, a.step, a.node, a.job_id))
+                self._cap(self._breakers)
+        elif record.detail.startswith(GLOBAL_BUDGET + ":"):
+            b = self._global_breaker
+            if b is None or b.open_until < until:
+                fp = episode_fingerprint("*", "global-" + AlertKind.GUARDRAIL.value, None,
+                                         None, int(record.ts.timestamp()))  # fmt: skip
+                self._global_breaker = _Breaker(fp, until, a.step, a.node, a.job_id, True)
+
+    def _tripped_at(self, b: _Breaker) -> datetime:
+        return b.open_until - timedelta(seconds=self.params.window_s)
 
     # -- memory ------------------------------------------------------------------------
     @property
@@ -449,6 +481,10 @@ class Policy:
                 for key in [k for k, t in d.items() if t < cut]:
                     del d[key]
             self._newest_ts = {k: v for k, v in self._newest_ts.items() if v[1] >= cut}
+            # breakers rebuilt from records whose window is over: closed long ago
+            self._breakers = {k: b for k, b in self._breakers.items() if b.open_until > now}
+            if self._global_breaker is not None and self._global_breaker.open_until <= now:
+                self._global_breaker = None
         _drop_front(self.issued, lambda t: t < cut)
         _drop_front(self._episodes, lambda e: e.touched < cut)
         # a hold leaves by expiring (hold_ttl_s <= horizon), never by pruning

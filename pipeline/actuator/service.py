@@ -5,15 +5,18 @@ the commands topic (issued ids, isolation ledger, cooldowns, spares used), the a
 topic (held approvals and past decisions) and the control topic (mode and thresholds),
 each read to the end it had at start however long that takes, with progress logged
 (:func:`~pipeline.kafka.read_back`); what is past the policy's horizon is
-then forgotten. Only commands signed by an actuator key are restored, and only control
-messages signed by an operator key, newer than the last one applied and with an unseen
-``change_id`` are applied, in the rebuild as afterwards (a replayed old change is not
-applied again). Alerts count only when a worker key signed them. Then it consumes
-decisions, approvals and control messages; for each poll it lets time pass in the
-policy (holds expire, breakers close), publishes the signed commands, action records
-and guardrail alerts, waits for the broker's acks and only then commits the consumed
-offsets. A crash anywhere in between replays the poll, and the rebuilt issued-set
-turns the replay into nothing.
+then forgotten. Only commands and action records signed by an actuator key are
+restored (others are counted, logged and ignored), and only control messages signed by
+an operator key, newer than the last one applied and with an unseen ``change_id`` are
+applied, in the rebuild as afterwards (a replayed old change is not applied again). The
+rebuild applies control state (mode, thresholds, spares) in order but never replays a
+one-shot action: a ``reset_breaker`` closes no breaker that tripped after it (breakers
+are reopened from the signed refusal that tripped them). Alerts count only when a
+worker key signed them. Then it consumes decisions, approvals and control messages;
+for each poll it lets time pass in the policy (holds expire, breakers close),
+publishes the signed commands, action records and guardrail alerts, waits for the
+broker's acks and only then commits the consumed offsets. A crash anywhere in between
+replays the poll, and the rebuilt issued-set turns the replay into nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pipeline.kafka import (
     registry_of,
 )
 from pipeline.settings import Settings
-from schemas import Alert, AlertKind, Approval, Command, ControlMessage
+from schemas import ActionRecord, Alert, AlertKind, Approval, Command, ControlMessage
 
 __all__ = ["ACTUATOR_TOPICS", "Actuator", "ActuatorStats"]
 
@@ -69,6 +72,8 @@ class ActuatorStats:
     unsigned_alerts: int = 0
     #: commands read back, approvals and control messages refused (signature, replay)
     refused: int = 0
+    #: action records read back that no actuator key signed (ignored by the rebuild)
+    unsigned_records: int = 0
 
 
 class Actuator:
@@ -135,14 +140,16 @@ class Actuator:
             self.rebuilt[logical] = n
 
         replay("commands", self._restore_command)
-        replay("actions", lambda rec: self.policy.restore_record(rec.message))  # type: ignore[arg-type]
+        replay("actions", self._restore_record)
         now = self._clock()
-        replay("control", lambda rec: self._control(rec, now))
+        # state (mode, thresholds, spares) in order; one-shot actions not replayed
+        replay("control", lambda rec: self._control(rec, now, replay=True))
         self.policy.prune(now, full=True)
         self._evicted = self.policy.evicted
-        if self.stats.refused:
-            log.warning("rebuild: %d commands or control messages not signed by their "
-                        "writer's key were ignored", self.stats.refused)  # fmt: skip
+        if self.stats.refused or self.stats.unsigned_records:
+            log.warning("rebuild: %d commands or control messages and %d action records not "
+                        "signed by their writer's key were ignored", self.stats.refused,
+                        self.stats.unsigned_records)  # fmt: skip
         log.info(
             "actuator rebuilt from %s: %d issued, %d held, mode %s; remembering %s",
             self.rebuilt, len(self.policy.issued), len(self.policy.held),
@@ -160,7 +167,19 @@ class Actuator:
             return
         self.policy.restore_command(msg)
 
-    def _control(self, rec: Decoded, now: datetime) -> Outcome:
+    def _restore_record(self, rec: Decoded) -> None:
+        msg = rec.message
+        assert isinstance(msg, ActionRecord)
+        problem = signature_problem(msg, self._actuator_keys)
+        if problem is not None:
+            self.stats.unsigned_records += 1
+            log.warning("not restoring action record %s (%s) at %s[%d]@%d: %s",
+                        msg.action_id, msg.state.value, rec.topic, rec.partition, rec.offset,
+                        problem)  # fmt: skip
+            return
+        self.policy.restore_record(msg)
+
+    def _control(self, rec: Decoded, now: datetime, *, replay: bool = False) -> Outcome:
         msg = rec.message
         assert isinstance(msg, ControlMessage)
         if rec.offset <= self._control_seen:
@@ -180,7 +199,7 @@ class Actuator:
         while len(self._control_ids) > self.policy.params.max_tracked:
             self._control_ids.popitem(last=False)
         log.info("control %s by %s: %s", msg.change_id, msg.by, msg.reason or "(no reason)")
-        return self.policy.on_control(msg, now)
+        return self.policy.on_control(msg, now, replay=replay)
 
     def handle(self, rec: Decoded) -> Outcome:
         """One decoded input to an outcome (no I/O)."""
@@ -220,7 +239,8 @@ class Actuator:
             futures.append(publish(self._producer, self.registry, "decisions", signed))
             log.warning("guardrail: %s", alert.summary)
         for record in out.records:
-            futures.append(publish(self._producer, self.registry, "actions", record))
+            signed_record = sign(record, self._key)  # the rebuild restores only these
+            futures.append(publish(self._producer, self.registry, "actions", signed_record))
             log.info("action %s %s: %s", record.action_id, record.state.value, record.detail)
         for cmd in out.commands:
             futures.append(publish(self._producer, self.registry, "commands", sign(cmd, self._key)))

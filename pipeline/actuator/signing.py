@@ -1,9 +1,11 @@
-"""Ed25519 signatures: who wrote a command, an alert, an approval or a control message.
+"""Ed25519 signatures: who wrote a command, an alert, an approval, a control message, an
+action record or a command result.
 
 Each kind of writer has its own key pair (:data:`~pipeline.settings.ROLES`): the actuator
-signs commands (and its guardrail alerts), workers sign alerts, operators sign
-approvals and control messages. Whoever only verifies holds public keys only, so an
-executor or a training process that can check a command cannot forge one.
+signs commands, action records and its guardrail alerts, workers sign alerts,
+operators sign approvals and control messages, executors sign command results.
+Whoever only verifies holds public keys only, so an executor or a training process
+that can check a command cannot forge one.
 
 The signed bytes are the canonical JSON of the model without its ``key_id`` and
 ``signature`` fields (keys sorted, no whitespace, the JSON-mode dump pydantic sends on
@@ -60,7 +62,15 @@ from cryptography.hazmat.primitives.serialization import (
 
 from pipeline.errors import ConfigError
 from pipeline.settings import Role, Settings
-from schemas import ActuatorMode, Alert, Approval, Command, ControlMessage
+from schemas import (
+    ActionRecord,
+    ActuatorMode,
+    Alert,
+    Approval,
+    Command,
+    CommandResult,
+    ControlMessage,
+)
 
 __all__ = [
     "PublicKeys",
@@ -74,8 +84,8 @@ __all__ = [
     "signing_key",
 ]
 
-Signable = Command | Approval | ControlMessage | Alert
-Signed = TypeVar("Signed", Command, Approval, ControlMessage, Alert)
+Signable = Command | Approval | ControlMessage | Alert | ActionRecord | CommandResult
+Signed = TypeVar("Signed", Command, Approval, ControlMessage, Alert, ActionRecord, CommandResult)
 #: key id -> public key: what a verifier holds
 PublicKeys = Mapping[str, Ed25519PublicKey]
 _UNSIGNED = {"key_id", "signature"}

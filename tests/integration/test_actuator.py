@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner, SlurmExecutor
 from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import SigningKey, check_command, sign
+from pipeline.actuator.signing import SigningKey, check_command, sign, signature_problem
 from pipeline.cli import app
 from pipeline.kafka import (
     assigned_consumer,
@@ -40,6 +40,7 @@ from schemas import (
     AlertState,
     Command,
     CommandKind,
+    CommandResult,
     CommandStatus,
     ControlMessage,
     Evidence,
@@ -47,7 +48,14 @@ from schemas import (
     RecommendedAction,
     decode,
 )
-from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_env, key_settings, test_key
+from tests.factories import (
+    ACTUATOR_KEY,
+    EXECUTOR_KEY,
+    WORKER_KEY,
+    key_env,
+    key_settings,
+    test_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -636,3 +644,83 @@ def test_a_replayed_control_message_is_not_applied_again(act_settings):
         assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
     finally:
         act.close()
+
+
+# -- the rebuild verifies what it reads back (issue 14 item 5) ------------------------------
+def test_a_reset_breaker_sent_before_a_trip_does_not_close_it_at_restart(act_settings):
+    s = act_settings.model_copy(update={"guard_max_isolations": 1})
+    act = Actuator(s)
+    try:
+        res = CliRunner().invoke(app, ["control", "--reset-breaker"], env=env_of(s))
+        assert res.exit_code == 0, res.output
+        poll_until(act, 1)
+        send(s, "decisions", alert(), alert("fp-node5-0001", node="node-5"))
+        poll_until(act, 3)
+        assert act.policy.breaker_open("job-1")
+    finally:
+        act.close()
+    act = Actuator(s)  # yesterday's reset is not replayed over today's trip
+    try:
+        assert act.policy.breaker_open("job-1")
+        res = CliRunner().invoke(app, ["control", "--reset-breaker"], env=env_of(s))
+        assert res.exit_code == 0, res.output
+        poll_until_topic(
+            act,
+            s,
+            "decisions",
+            lambda got: any(
+                a.kind is AlertKind.GUARDRAIL and a.state is AlertState.RESOLVED for a in got
+            ),
+        )
+        assert not act.policy.breaker_open("job-1")
+    finally:
+        act.close()
+    act = Actuator(s)  # a reset sent after the trip still holds after a restart
+    try:
+        assert not act.policy.breaker_open("job-1")
+    finally:
+        act.close()
+    assert all(r.signature is not None for r in topic(s, "actions"))
+
+
+def test_the_rebuild_ignores_unsigned_and_forged_action_records(act_settings):
+    now = datetime.now(UTC)
+    held = ActionRecord(
+        action_id="act-forged-hold", state=ActionState.HELD, job_id="job-1",
+        mode=ActuatorMode.APPROVE, reason=("fp-node3-0001",), alert=alert(), ts=now,
+    )  # fmt: skip
+    send(act_settings, "actions", held, sign(held, FORGER))
+    act = Actuator(act_settings)
+    try:
+        assert act.policy.held == [] and act.stats.unsigned_records == 2
+        assert act.rebuilt["actions"] == 2
+    finally:
+        act.close()
+
+
+def test_an_executor_ignores_forged_results_and_signs_its_own(act_settings):
+    cmd = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-pre-empted")
+    forged = CommandResult(
+        command_id=cmd.command_id, job_id="job-1", executor="dry-run",
+        status=CommandStatus.SUCCEEDED, ts=datetime.now(UTC),
+    )  # fmt: skip
+    impostor = SigningKey(EXECUTOR_KEY.key_id, test_key("attacker").private)
+    send(act_settings, "results", forged, sign(forged, impostor))
+    send(act_settings, "commands", cmd)
+    runner = ExecutorRunner(act_settings, DryRunExecutor())
+    try:
+        assert cmd.command_id not in runner.done and runner.unsigned_results == 2
+        for _ in range(50):
+            runner.poll_once(timeout_ms=200)
+            if cmd.command_id in runner.done:
+                break
+    finally:
+        runner.close()
+    mine = [r for r in topic(act_settings, "results") if r.key_id == EXECUTOR_KEY.key_id]
+    ours = [r for r in mine if signature_problem(r, EXECUTOR_KEY.verifier()) is None]
+    assert [(r.command_id, r.status) for r in ours] == [(cmd.command_id, CommandStatus.SUCCEEDED)]
+    runner = ExecutorRunner(act_settings, DryRunExecutor())  # its own result counts
+    try:
+        assert cmd.command_id in runner.done and runner.unsigned_results == 2
+    finally:
+        runner.close()

@@ -271,6 +271,55 @@ def test_reset_breaker_also_closes_the_global_budget():
     assert [a.state for a in out.alerts] == [AlertState.RESOLVED] and not p.global_breaker_open
 
 
+def rebuilt(p: Policy, outs, controls=()) -> Policy:
+    """A fresh policy restored from ``p``'s commands and records, then ``controls``
+    replayed, as the actuator's start-up rebuild does."""
+    q = Policy(p.params)
+    for out in outs:
+        for cmd in out.commands:
+            q.restore_command(cmd)
+        for rec in out.records:
+            q.restore_record(rec)
+    for msg in controls:
+        q.on_control(msg, T0 + timedelta(seconds=60), replay=True)
+    q.prune(T0 + timedelta(seconds=60), full=True)
+    return q
+
+
+def test_a_replayed_reset_breaker_does_not_close_a_breaker_that_tripped_after_it():
+    p = auto(max_isolations=1)
+    yesterday = ControlMessage(change_id="c0", by="t", ts=T0 - timedelta(days=1),
+                               reset_breaker=True)  # fmt: skip
+    outs = [p.on_alert(alert(), T0), p.on_alert(alert("fp-node5-x", node="node-5"), T0)]
+    assert p.breaker_open("job-1")
+    q = rebuilt(p, outs, [yesterday])
+    assert q.breaker_open("job-1")  # reopened from the refusal; the old reset not replayed
+    # the rebuilt breaker resolves under its original fingerprint when its window ends
+    [guard] = outs[1].alerts
+    later = T0 + timedelta(seconds=3601)
+    [closed] = q.on_tick(later).alerts
+    assert (closed.fingerprint, closed.state) == (guard.fingerprint, AlertState.RESOLVED)
+    # a reset sent after the trip still holds after a restart
+    after = ControlMessage(change_id="c1", by="t", ts=T0 + timedelta(seconds=30),
+                           reset_breaker=True)  # fmt: skip
+    assert not rebuilt(p, outs, [after]).breaker_open("job-1")
+    # live, a reset closes whatever is open
+    assert p.on_control(control(reset_breaker=True), T0 - timedelta(days=1)).alerts
+    assert not p.breaker_open("job-1")
+
+
+def test_the_global_budget_is_rebuilt_from_its_refusal():
+    p = auto(max_isolations_global=1)
+    outs = [
+        p.on_alert(alert(), T0),
+        p.on_alert(alert("fp-other-x", job="job-2", node="node-7"), T0),
+    ]
+    assert p.global_breaker_open and rebuilt(p, outs).global_breaker_open
+    old = rebuilt(p, outs)
+    old.prune(T0 + timedelta(seconds=3601), full=True)  # its window is over
+    assert not old.global_breaker_open
+
+
 def test_circuit_breaker_counts_a_percentage_of_the_job():
     p = auto(max_isolations=10, max_isolation_pct=5.0, default_job_nodes=40)  # 5% of 40 = 2
     assert p.isolation_limit("job-1") == 2

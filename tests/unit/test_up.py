@@ -40,7 +40,8 @@ def test_the_plan_runs_the_compose_services_with_their_own_ports_and_keys(tmp_pa
     private = {n: sorted(k for k in s.env if k.endswith("_PRIVATE_KEY")) for n, s in specs.items()}
     assert private["actuator"] == ["STEPGUARD_ACTUATOR_PRIVATE_KEY"]
     assert private["worker-1"] == ["STEPGUARD_WORKER_PRIVATE_KEY"]
-    assert private["executor-dry-run"] == private["simulate"] == private["archiver"] == []
+    assert private["executor-dry-run"] == ["STEPGUARD_EXECUTOR_PRIVATE_KEY"]
+    assert private["simulate"] == private["archiver"] == []
     assert specs["simulate"].env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]
     assert specs["actuator"].env["STEPGUARD_ACTUATOR_MODE"] == "auto"
     assert specs["broker"].stop_tier > max(s.stop_tier for s in p.specs if s.name != "broker")
