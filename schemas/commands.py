@@ -102,6 +102,13 @@ class Command(Message):
     issued_at: AwareDatetime
     expires_at: AwareDatetime | None = None
     summary: str = ""
+    job_nodes: tuple[str, ...] | None = Field(
+        default=None,
+        max_length=4096,
+        description="Nodes of the job the actuator knows (named in worker-signed alerts of "
+        "the job); signed with the command. When set, executors refuse any target "
+        "outside it.",
+    )
     key_id: KeyId | None = None
     signature: Signature | None = None
 

@@ -17,6 +17,9 @@ Every executor refuses unsigned, wrongly signed, expired and observe-mode comman
 (:func:`~pipeline.actuator.signing.check_command`, with the actuator's public keys
 ``STEPGUARD_ACTUATOR_PUBLIC_KEYS``) and says so with a REFUSED result; a command whose
 signature is not even well-formed does not decode and goes to the dead-letter topic.
+When the command carries the job's known nodes (``job_nodes``, signed with it: the nodes
+the actuator saw named in worker-signed alerts of that job), a target outside them is
+refused too.
 """
 
 from __future__ import annotations

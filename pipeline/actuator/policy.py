@@ -82,10 +82,14 @@ from schemas import (
 __all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]
 
 _ISOLATING = (RecommendedAction.ISOLATE, RecommendedAction.REPLACE_AT_CHECKPOINT)
+#: commands whose targets executors check against the job's known nodes
+_SCOPED = (CommandKind.ISOLATE, CommandKind.RESTART)
 #: detail of the record of a hold that nobody decided in time (state CANCELLED)
 EXPIRED = "expired"
 #: start of the detail of an isolation refused by the budget across all jobs
 GLOBAL_BUDGET = "global isolation budget"
+#: most node names remembered per job (oldest first out); more: no hint on commands
+MAX_JOB_NODE_NAMES = 4096
 _V = TypeVar("_V")
 
 
@@ -212,6 +216,12 @@ class _Breaker:
     everywhere: bool = False  # the global isolation budget rather than one job's
 
 
+@dataclass(slots=True)
+class _Nodes:
+    touched: datetime  # ``now`` of the last alert that named one
+    names: dict[str, None] = field(default_factory=dict)  # oldest first
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     commands: tuple[Command, ...]
@@ -273,6 +283,8 @@ class Policy:
         self._last_relaunch: dict[str, datetime] = {}
         self._breakers: dict[str, _Breaker] = {}
         self._global_breaker: _Breaker | None = None
+        #: job -> the nodes named in (worker-signed) alerts of the job
+        self._nodes: dict[str, _Nodes] = {}
 
     # -- inputs ------------------------------------------------------------------------
     def on_alert(self, alert: Alert, now: datetime) -> Outcome:
@@ -281,6 +293,8 @@ class Policy:
         if alert.kind is AlertKind.GUARDRAIL:
             out.note = "own guardrail alert"
             return out
+        if alert.node is not None:
+            self._learn_node(alert.job_id, alert.node, now)
         # staleness per job: one alert dated in the future stales only its own job
         newest = self._newest_ts.get(alert.job_id)
         if newest is None or alert.ts > newest[0]:
@@ -368,6 +382,8 @@ class Policy:
             out.alerts.append(self._hold_notice(held, now, "refused: observe mode"))
             return out
         assert held.alert is not None  # held records always carry their alert
+        if held.alert.node is not None:
+            self._learn_node(held.job_id, held.alert.node, now)
         ep = self._episodes.get(held.alert.fingerprint)
         first_step = ep.first_step if ep is not None else held.alert.step
         for c in held.commands:  # a rollback target was fixed when the action was held
@@ -481,6 +497,7 @@ class Policy:
                 for key in [k for k, t in d.items() if t < cut]:
                     del d[key]
             self._newest_ts = {k: v for k, v in self._newest_ts.items() if v[1] >= cut}
+            self._nodes = {k: v for k, v in self._nodes.items() if v.touched >= cut}
             # breakers rebuilt from records whose window is over: closed long ago
             self._breakers = {k: b for k, b in self._breakers.items() if b.open_until > now}
             if self._global_breaker is not None and self._global_breaker.open_until <= now:
@@ -492,6 +509,7 @@ class Policy:
         for d in (self._last_acted, self._last_checkpoint, self._last_relaunch):
             _drop_front(d, lambda t: t < cut)
         _drop_front(self._newest_ts, lambda v: v[1] < cut)
+        _drop_front(self._nodes, lambda v: v.touched < cut)
         stale = bisect.bisect_left(self._isolations, cut, key=lambda i: i[0])
         del self._isolations[:stale]
 
@@ -504,7 +522,7 @@ class Policy:
             "checkpoints": len(self._last_checkpoint), "relaunches": len(self._last_relaunch),
             "breakers": len(self._breakers) + (self._global_breaker is not None),
             "repair": len(self.repair), "job_nodes": len(self.job_nodes),
-            "newest_ts": len(self._newest_ts),
+            "newest_ts": len(self._newest_ts), "job_node_sets": len(self._nodes),
         }  # fmt: skip
 
     # -- queries -----------------------------------------------------------------------
@@ -606,6 +624,8 @@ class Policy:
     ) -> _Plan:
         action, node, fp = alert.recommended_action, alert.node, alert.fingerprint
         expires = now + timedelta(seconds=self.params.command_ttl_s)
+        known = self._nodes.get(alert.job_id)
+        hint = None if known is None else tuple(known.names)
 
         def cmd(
             kind: CommandKind,
@@ -619,6 +639,7 @@ class Policy:
                 job_id=alert.job_id, targets=targets, replacements=replacements,
                 checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
                 expires_at=expires, summary=(summary or alert.summary)[:500],
+                job_nodes=hint if targets and kind in _SCOPED else None,
             )  # fmt: skip
 
         nodes = (node,) if node else ()
@@ -674,6 +695,16 @@ class Policy:
             return _Plan((cmd(CommandKind.NOTIFY, nodes, summary=text),), None, None, text)
         text = f"investigate: {alert.summary}"
         return _Plan((cmd(CommandKind.NOTIFY, nodes, summary=text),), None, None, text)
+
+    def _learn_node(self, job: str, node: str, now: datetime) -> None:
+        """``node`` was named in an alert of ``job`` (a hint executors check targets by)."""
+        seen = self._nodes.get(job) or _Nodes(now)
+        seen.touched = now
+        _touch(seen.names, node, None)
+        while len(seen.names) > MAX_JOB_NODE_NAMES:
+            del seen.names[next(iter(seen.names))]
+        _touch(self._nodes, job, seen)
+        self._cap(self._nodes)
 
     def _spare(self, node: str | None) -> str | None:
         for spare in self.spares:

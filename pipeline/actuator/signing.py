@@ -89,6 +89,9 @@ Signed = TypeVar("Signed", Command, Approval, ControlMessage, Alert, ActionRecor
 #: key id -> public key: what a verifier holds
 PublicKeys = Mapping[str, Ed25519PublicKey]
 _UNSIGNED = {"key_id", "signature"}
+#: optional fields added after signing began: signed only when set, so a signature made
+#: before they existed still verifies
+_SIGNED_WHEN_SET = ("job_nodes",)
 _SIGNATURE = re.compile(r"[0-9a-f]{128}")  # schemas._base.SIGNATURE_PATTERN
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # schemas._base.KEY_ID_PATTERN
 
@@ -183,6 +186,9 @@ def ephemeral_keys(settings: Settings, key_id: str, roles: Sequence[Role]) -> di
 def canonical(message: Signable) -> bytes:
     """The bytes that are signed: sorted compact JSON without the signature fields."""
     data = message.model_dump(mode="json", exclude=_UNSIGNED)
+    for name in _SIGNED_WHEN_SET:
+        if name in data and data[name] is None:
+            del data[name]
     if isinstance(message, Approval) and message.schema_version == 1:
         data["command_id"] = data.pop("action_id")
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -217,7 +223,8 @@ def signature_problem(message: Signable, keys: PublicKeys) -> str | None:
 
 
 def check_command(command: Command, keys: PublicKeys, now: datetime) -> str | None:
-    """Why a command must not be obeyed (signature, expiry, mode), or ``None``."""
+    """Why a command must not be obeyed (signature, expiry, mode, a target outside the
+    job's known nodes), or ``None``."""
     problem = signature_problem(command, keys)
     if problem is not None:
         return problem
@@ -227,4 +234,9 @@ def check_command(command: Command, keys: PublicKeys, now: datetime) -> str | No
         return f"expired at {command.expires_at.isoformat()}"
     if command.mode is ActuatorMode.OBSERVE:
         return "observe-mode commands are never executed"
+    if command.job_nodes is not None:
+        known = set(command.job_nodes)
+        outside = [t for t in command.targets if t not in known]
+        if outside:
+            return f"targets {outside[:5]} are not nodes of job {command.job_id}"[:300]
     return None

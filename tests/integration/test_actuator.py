@@ -724,3 +724,26 @@ def test_an_executor_ignores_forged_results_and_signs_its_own(act_settings):
         assert cmd.command_id in runner.done and runner.unsigned_results == 2
     finally:
         runner.close()
+
+
+def test_an_executor_refuses_a_target_outside_the_jobs_known_nodes(act_settings):
+    now = datetime.now(UTC)
+    base = dict(kind=CommandKind.ISOLATE, job_id="job-1", reason=("fp",), mode=ActuatorMode.AUTO,
+                issued_at=now, expires_at=now + timedelta(minutes=5))  # fmt: skip
+    outside = sign(Command(command_id="cmd-outside", targets=("prod-7",),
+                           job_nodes=("node-1", "node-3"), **base), ACTUATOR_KEY)  # fmt: skip
+    inside = sign(Command(command_id="cmd-inside", targets=("node-3",),
+                          job_nodes=("node-1", "node-3"), **base), ACTUATOR_KEY)  # fmt: skip
+    send(act_settings, "commands", outside, inside)
+    runner = ExecutorRunner(act_settings, DryRunExecutor())
+    try:
+        for _ in range(50):
+            runner.poll_once(timeout_ms=200)
+            if "cmd-inside" in runner.done:
+                break
+    finally:
+        runner.close()
+    results = {r.command_id: r for r in topic(act_settings, "results")}
+    assert results["cmd-outside"].status is CommandStatus.REFUSED
+    assert "not nodes of job job-1" in results["cmd-outside"].detail
+    assert results["cmd-inside"].status is CommandStatus.SUCCEEDED

@@ -320,6 +320,22 @@ def test_the_global_budget_is_rebuilt_from_its_refusal():
     assert not old.global_breaker_open
 
 
+def test_isolations_and_restarts_name_the_nodes_seen_in_alerts_of_their_job():
+    p = auto()
+    p.on_alert(alert("fp-seen-node1", node="node-1", action=RA.NONE), T0)
+    p.on_alert(alert("fp-other-job", job="job-2", node="node-9", action=RA.NONE), T0)
+    out = p.on_alert(alert(), T0)
+    hints = {c.kind: c.job_nodes for c in out.commands}
+    assert hints == {
+        CommandKind.CHECKPOINT: None,
+        CommandKind.ISOLATE: ("node-1", "node-3"),
+        CommandKind.RESTART: ("node-1", "node-3"),
+    }
+    assert p.memory()["job_node_sets"] == 2
+    p.on_tick(T0 + timedelta(seconds=p.horizon_s + 1))
+    assert p.memory()["job_node_sets"] == 0
+
+
 def test_circuit_breaker_counts_a_percentage_of_the_job():
     p = auto(max_isolations=10, max_isolation_pct=5.0, default_job_nodes=40)  # 5% of 40 = 2
     assert p.isolation_limit("job-1") == 2

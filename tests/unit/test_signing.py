@@ -142,6 +142,28 @@ def test_the_schema_refuses_a_malformed_signature_as_a_dead_letter(signature):
     assert isinstance(bad_id, Rejected)
 
 
+def test_a_command_is_refused_for_a_target_outside_its_jobs_known_nodes():
+    inside = sign(command(job_nodes=("node-1", "node-3")), NEW)
+    assert check_command(inside, BOTH, T0) is None
+    outside = sign(command(targets=("prod-node-7",), job_nodes=("node-1", "node-3")), NEW)
+    assert check_command(outside, BOTH, T0) == "targets ['prod-node-7'] are not nodes of job job-1"
+    # the hint is signed: adding, changing or stripping it breaks the signature
+    assert check_command(inside.model_copy(update={"job_nodes": ("prod-node-7",)}), BOTH, T0)
+    assert check_command(inside.model_copy(update={"job_nodes": None}), BOTH, T0)
+    # unknown node set: no hint, no check
+    assert check_command(sign(command(targets=("x",)), NEW), BOTH, T0) is None
+
+
+def test_a_signature_made_before_job_nodes_existed_still_verifies():
+    import json as _json
+
+    signed = sign(command(), NEW)
+    wire = _json.loads(encode(signed))
+    wire.pop("job_nodes", None)  # what an older actuator sent
+    back = decode(Command, _json.dumps(wire).encode())
+    assert check_command(back, BOTH, T0) is None
+
+
 # -- keys in settings ------------------------------------------------------------------------
 def test_keys_load_from_settings_by_role():
     s = load_settings({}, **key_settings())
