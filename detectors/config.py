@@ -66,6 +66,13 @@ class MonitorConfig:
     ``baseline_alpha``              EW weight of the per-rank baselines (slow);
                                     ``baseline_alpha_up`` when above (default equal)
     ``learn_gate_z``                values beyond this z are not learned
+    ``first_step_floor``            a rank slower than its stage's typical baseline by
+                                    more than this (fraction) over its warm-up ...
+    ``first_step_z``                ... and by this many robust sigmas (the ranks'
+                                    spread and the warm-up mean's own error) is slow
+                                    from its first step (so is a node, by its ranks'
+                                    median): its baseline starts at the stage's
+                                    typical value (:mod:`detectors.first_step`)
     ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
     ``degradation_z``               smoothed-excess z that marks a creep ...
     ``degradation_cusum``           ... or CUSUM level (z units) that does
@@ -132,6 +139,8 @@ class MonitorConfig:
     baseline_alpha: float = 0.005
     baseline_alpha_up: float = 0.005
     learn_gate_z: float = 3.0
+    first_step_floor: float = 0.05
+    first_step_z: float = 5.0
     cusum_k: float = 1.0
     cusum_clip: float = 4.0
     degradation_z: float = 5.0

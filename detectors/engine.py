@@ -53,6 +53,7 @@ from detectors.base import Finding
 from detectors.config import MonitorConfig
 from detectors.divergence import DivergenceDetector
 from detectors.findings import loss_findings, loss_values, missing_findings, nonfinite_findings
+from detectors.first_step import anchor_first_step_outliers
 from detectors.frame import PHASE_CODES, StepFrame
 from detectors.grading import Grader
 from detectors.hang import HangDetector, HealthPresence, MissingRanks
@@ -258,6 +259,15 @@ class JobMonitor:
         if s.temporal is not None and s.values is not None and s.scales is not None:
             mask = s.train & ~self._critical_ranks(frame, s.rank_node)
             self.baselines.learn(s.slots, s.values, s.scales, mask, s.temporal)
+            anchor_first_step_outliers(  # slow from the first step: not its normal
+                self.baselines,
+                s.slots,
+                frame.pp_stage.astype(np.int64),
+                s.rank_node,
+                mask,
+                floor=self.config.first_step_floor,
+                k=self.config.first_step_z,
+            )
             if s.spikes is not None:
                 self._nic.learn(s.spikes)
             loss, grad = loss_values(frame, s.train)

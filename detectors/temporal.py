@@ -245,6 +245,22 @@ class RankBaselines:
         self._last[sel] = s.excess[0, mask]
         self._steps[sel] += 1
 
+    def state(self, slots: I64) -> tuple[F64, F64, I64, I64]:
+        """Baseline mean, variance and learned count, each ``(n_metrics, len(slots))``,
+        and the steps each rank was offered for learning (``(n,)``); reads state only."""
+        mean, var, count = self._gather(slots)
+        steps = np.zeros(slots.shape[0], dtype=np.int64)
+        inside = slots < self.n_slots
+        steps[inside] = self._steps[slots[inside]]
+        return mean, var, count, steps
+
+    def anchor(self, slots: I64, mean: F64) -> None:
+        """Set the first metric's baseline mean of ``slots`` to ``mean`` (variance and
+        counts kept): a rank found slow against its peers from its first step is
+        judged against its peers' normal, not its own (:mod:`detectors.first_step`)."""
+        inside = slots < self.n_slots
+        self._ew[0].mean[slots[inside]] = mean[inside]
+
     def forget(self, slots: I64) -> None:
         """Forget everything about ``slots``: new hardware now runs those ranks (a node
         was replaced), so their baselines warm up again from scratch."""
