@@ -1,7 +1,10 @@
 """``stepguard archiver``: every topic into ClickHouse, offsets committed after insert.
 
 A crash between insert and commit replays the batch; the ReplacingMergeTree tables
-collapse the duplicates, so readers using FINAL see each message once.
+collapse the duplicates, so readers using FINAL see each message once. Their version
+is the record's offset (:func:`~pipeline.archive.rows.ingest_version`): a replay
+stores the same versions, and the first record under a key stays, whatever times a
+writer puts in its messages.
 
 Throughput (BENCHMARKS.md, "Archive ingest"): the consumer is aiokafka on an event loop
 of its own thread, so it fetches ahead while batches are decoded and inserted; the steps
@@ -51,6 +54,7 @@ from pipeline import statecodec
 from pipeline.archive.backend import ArchiveBackend, Columns
 from pipeline.archive.rows import (
     StepRows,
+    ingest_version,
     pack_values,
     rows_for,
     step_rows,
@@ -295,7 +299,9 @@ class Archiver:
         decoded = rows()
         for i, reason in decoded.rejected.items():
             letters.append((recs[i], _rejected_row(recs[i], reason)))
-        parts = [_StepRows(decoded.columns, decoded.row_value, recs, decoded.stored)]
+        offsets = np.fromiter((r.offset for r in recs), dtype=np.int64, count=len(recs))
+        table = {**decoded.columns, "ver": ingest_version(offsets[decoded.row_value])}
+        parts = [_StepRows(table, decoded.row_value, recs, decoded.stored)]
         models: list[StepTelemetry] = []
         model_recs: list[Record] = []
         for i in decoded.slow:
@@ -308,12 +314,14 @@ class Archiver:
                 model_recs.append(recs[i])
         if models:
             more = step_rows_of(from_models(models))
+            more_offsets = np.array([r.offset for r in model_recs], dtype=np.int64)
+            more_table = {**more.columns, "ver": ingest_version(more_offsets[more.row_value])}
             for i in more.slow:
                 error = "steps: an integer exceeds int64"
                 letters.append((model_recs[i], _rejected_row(model_recs[i], error)))
             for i, reason in more.rejected.items():
                 letters.append((model_recs[i], _rejected_row(model_recs[i], reason)))
-            parts.append(_StepRows(more.columns, more.row_value, model_recs, more.stored))
+            parts.append(_StepRows(more_table, more.row_value, model_recs, more.stored))
         return parts
 
     def _store_batch(self, batch: _Batch) -> None:
@@ -352,7 +360,8 @@ class Archiver:
         for table, units in by_table.items():
 
             def build(subset: Sequence[tuple[Record, Message]], table: str = table) -> Columns:
-                return rows_for([(msg, rec.timestamp) for rec, msg in subset])[table]
+                pairs = [(msg, rec.timestamp) for rec, msg in subset]
+                return rows_for(pairs, [rec.offset for rec, _ in subset])[table]
 
             for (rec, msg), error in self._store(table, units, build):
                 is_letter = isinstance(msg, DeadLetter)

@@ -256,6 +256,7 @@ class ServerBackend:
         return redact(f"ClickHouse at {self._host}: {exc}", self._secrets)
 
     def execute(self, sql: str) -> None:
+        self._types.clear()  # a statement may change a table's columns (a migration)
         self._run(sql)
 
     def query(
@@ -380,6 +381,7 @@ class ChdbBackend:
         return clone
 
     def execute(self, sql: str) -> None:
+        self._types.clear()  # a statement may change a table's columns (a migration)
         try:
             with self._lock:
                 self._session.query(sql)

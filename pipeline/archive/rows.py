@@ -3,6 +3,14 @@
 Every row's partition time comes from the message itself (or the broker's record
 time for messages without one), so a replay lands in the same partition and the
 ReplacingMergeTree collapses it.
+
+The replacing version ``ver`` is the record's ingest position, never a time the writer
+chose: :func:`ingest_version` of its offset in its partition, so the *first* record
+stored under a key wins. A replay re-inserts the same offsets, hence the same
+versions, and collapses to the same rows; a later record that repeats a key (a forged
+"correction", or a relaunched run that did not change its ``run``) cannot rewrite what
+is archived. Rows archived before migration 005 carry :data:`ARCHIVED_VERSION`, above
+every ingest version.
 """
 
 from __future__ import annotations
@@ -36,10 +44,32 @@ from schemas import (
     StepTelemetry,
 )
 
-__all__ = ["TABLE_OF", "StepRows", "pack_values", "rows_for", "step_rows", "step_rows_file",
-           "step_rows_of", "step_rows_packed", "step_table"]  # fmt: skip
+__all__ = ["ARCHIVED_VERSION", "TABLE_OF", "StepRows", "ingest_version", "pack_values",
+           "rows_for", "step_rows", "step_rows_file", "step_rows_of", "step_rows_packed",
+           "step_table"]  # fmt: skip
 
 Row = dict[str, Any]
+
+#: ``ver`` of the rows migration 005 carried over: older than anything ingested since.
+ARCHIVED_VERSION = 2**63
+_VERSION_TOP = 2**63 - 1
+
+
+def ingest_version(offset: Any) -> Any:
+    """The replacing version of a record at ``offset`` in its partition (an int, or a
+    numpy array of them): larger for earlier records, so the first one stored under a
+    key wins and a replay of the same record ties with itself.
+
+    >>> ingest_version(0) > ingest_version(1) > 0
+    True
+    >>> ingest_version(np.array([0, 5])).dtype
+    dtype('uint64')
+    """
+    if isinstance(offset, np.ndarray):
+        return (_VERSION_TOP - offset.astype(np.int64)).astype(np.uint64)
+    if not 0 <= offset <= _VERSION_TOP:
+        raise ValueError(f"offset {offset} is outside 0 .. 2**63 - 1")
+    return _VERSION_TOP - offset
 
 
 def _ms(ts: datetime) -> int:
@@ -51,7 +81,8 @@ def _utc(ts: datetime) -> datetime:
 
 
 def _steps(m: StepTelemetry, _rec_ms: int) -> Iterable[Row]:
-    cols = _model_step_columns([m])
+    cols = _model_step_columns([m], [0])
+    del cols["ver"]
     for i in range(len(m.samples)):
         yield {c: _plain(v[i]) for c, v in cols.items()}
 
@@ -73,7 +104,7 @@ def _health(m: NodeHealth, _rec_ms: int) -> Iterable[Row]:
             "xid_codes": list(g.xid_codes), "throttle_reasons": list(g.throttle_reasons),
             "nvlink_errors": g.nvlink_errors, "nic_errors": m.nic_errors,
             "nic_retransmits": m.nic_retransmits, "interval_s": m.interval_s,
-            "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+            "ts": _utc(m.ts), "ts_ms": ms,
         }  # fmt: skip
 
 
@@ -87,7 +118,7 @@ def _alert(m: Alert, _rec_ms: int) -> Iterable[Row]:
         "peer_median": e.peer_median, "baseline": e.baseline, "deviation": e.deviation,
         "trend": e.trend, "detail": e.detail, "recommended_action": m.recommended_action.value,
         "summary": m.summary, "started_at": _utc(m.started_at), "ts": _utc(m.ts),
-        "ts_ms": ms, "ver": ms, "incident": m.incident,
+        "ts_ms": ms, "incident": m.incident,
     }  # fmt: skip
 
 
@@ -99,7 +130,6 @@ def _command(m: Command, _rec_ms: int) -> Iterable[Row]:
         "checkpoint_step": -1 if m.checkpoint_step is None else m.checkpoint_step,
         "reason": list(m.reason), "mode": m.mode.value, "summary": m.summary,
         "signed": int(m.signature is not None), "ts": _utc(m.issued_at), "ts_ms": ms,
-        "ver": ms,
     }  # fmt: skip
 
 
@@ -108,7 +138,6 @@ def _result(m: CommandResult, _rec_ms: int) -> Iterable[Row]:
     yield {
         "command_id": m.command_id, "job_id": m.job_id, "executor": m.executor,
         "status": m.status.value, "detail": m.detail, "ts": _utc(m.ts), "ts_ms": ms,
-        "ver": ms,
     }  # fmt: skip
 
 
@@ -117,7 +146,7 @@ def _approval(m: Approval, _rec_ms: int) -> Iterable[Row]:
     # the column kept the name Approval had before version 2: no rename on ClickHouse 18.16
     yield {
         "command_id": m.action_id, "decision": m.decision.value, "by": m.by,
-        "reason": m.reason, "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+        "reason": m.reason, "ts": _utc(m.ts), "ts_ms": ms,
     }  # fmt: skip
 
 
@@ -126,7 +155,7 @@ def _dead(m: DeadLetter, _rec_ms: int) -> Iterable[Row]:
     yield {
         "source_topic": m.source_topic, "partition": m.partition, "offset": m.offset,
         "stage": m.stage, "error": m.error, "raw": base64.b64encode(m.raw).decode(),
-        "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+        "ts": _utc(m.ts), "ts_ms": ms,
     }  # fmt: skip
 
 
@@ -137,7 +166,7 @@ def _truth(m: FaultTruth, rec_ms: int) -> Iterable[Row]:
         "rank": -1 if m.rank is None else m.rank, "onset_step": m.onset_step,
         "end_step": -1 if m.end_step is None else m.end_step, "magnitude": m.magnitude,
         "detail": m.detail, "ts": datetime.fromtimestamp(rec_ms / 1000, UTC),
-        "ts_ms": rec_ms, "ver": rec_ms,
+        "ts_ms": rec_ms,
     }  # fmt: skip
 
 
@@ -148,7 +177,7 @@ def _control(m: ControlMessage, _rec_ms: int) -> Iterable[Row]:
         "mode": m.mode.value if m.mode is not None else "",
         "change": m.model_dump_json(exclude={"key_id", "signature"}), "by": m.by,
         "reason": m.reason, "signed": int(m.signature is not None), "ts": _utc(m.ts),
-        "ts_ms": ms, "ver": ms,
+        "ts_ms": ms,
     }  # fmt: skip
 
 
@@ -159,7 +188,7 @@ def _action(m: ActionRecord, _rec_ms: int) -> Iterable[Row]:
         "mode": m.mode.value, "kinds": [c.kind.value for c in m.commands],
         "targets": sorted({t for c in m.commands for t in c.targets}),
         "reason": list(m.reason), "summary": m.summary, "detail": m.detail,
-        "by": m.by or "", "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+        "by": m.by or "", "ts": _utc(m.ts), "ts_ms": ms,
     }  # fmt: skip
 
 
@@ -171,7 +200,7 @@ def _job_event(m: JobEvent, _rec_ms: int) -> Iterable[Row]:
         "phase": m.phase.value if m.phase is not None else "",
         "expected_s": m.expected_s or 0.0,
         "reason": m.reason.value if m.reason is not None else "", "run": m.run,
-        "source": m.source, "detail": m.detail, "ts": _utc(m.ts), "ts_ms": ms, "ver": ms,
+        "source": m.source, "detail": m.detail, "ts": _utc(m.ts), "ts_ms": ms,
     }  # fmt: skip
 
 
@@ -208,7 +237,9 @@ def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
     (0 .. len(cols.messages) - 1) to the reason its rows cannot be stored (a rank
     beyond the column's type, a time outside DateTime's range); their rows are left
     out of ``columns``. Enum ``phase`` is given as its Int8 codes, ``ts`` as UInt32
-    seconds, and the nullable floats as masked arrays (mask = NULL, NaN kept).
+    seconds, and the nullable floats as masked arrays (mask = NULL, NaN kept). ``ver``
+    is not among the columns: it is the ingest position, which the caller knows
+    (:func:`ingest_version`).
     """
     rejected: dict[int, str] = {}
     for name, top in _UINT_MAX.items():
@@ -228,6 +259,7 @@ def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
         "job_id": np.array(cols.job_id, dtype=object)[per_sample],
         "step": cols.step.astype(np.uint64)[per_sample],
         "node": np.array(cols.node, dtype=object)[per_sample],
+        "run": np.array(cols.run, dtype=object)[per_sample],
     }
     for name, dtype in _UINT_TYPE.items():
         table[name] = getattr(cols, name)[keep].astype(dtype)
@@ -238,7 +270,6 @@ def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
     table["grad_norm"] = _nullable(cols.grad_norm[keep], cols.grad_norm_null[keep])
     table["ts"] = ts_s.astype(np.uint32)[per_sample]
     table["ts_ms"] = ts_ms.astype(np.uint64)[per_sample]
-    table["ver"] = table["ts_ms"]
     return table, rejected
 
 
@@ -335,9 +366,9 @@ def _nullable(values: npt.NDArray[np.float64], nulls: npt.NDArray[np.bool_]) -> 
     return np.ma.MaskedArray(values, mask=nulls)
 
 
-def _model_step_columns(messages: list[StepTelemetry]) -> Columns:
-    """The steps table's columns for validated models; ArchiveRowError when a row
-    cannot be stored (see :func:`step_table`)."""
+def _model_step_columns(messages: list[StepTelemetry], offsets: Sequence[int]) -> Columns:
+    """The steps table's columns for validated models at ``offsets``; ArchiveRowError
+    when a row cannot be stored (see :func:`step_table`)."""
     cols = from_models(messages)
     if cols.slow:
         m = messages[cols.slow[0]]
@@ -347,22 +378,39 @@ def _model_step_columns(messages: list[StepTelemetry]) -> Columns:
         pos, reason = next(iter(rejected.items()))
         m = messages[int(cols.messages[pos])]
         raise ArchiveRowError(f"{reason} ({m.job_id}/{m.node}/{m.step})")
+    per_row = cols.messages[cols.sample_message]
+    table["ver"] = ingest_version(np.asarray(offsets, dtype=np.int64)[per_row])
     return table
 
 
-def rows_for(messages: Iterable[tuple[Message, int]]) -> dict[str, Columns]:
-    """Group (message, record time ms) pairs into columnar inserts per table."""
+def rows_for(
+    messages: Iterable[tuple[Message, int]], offsets: Sequence[int] | None = None
+) -> dict[str, Columns]:
+    """Group (message, record time ms) pairs into columnar inserts per table.
+
+    ``offsets``: each message's offset in its partition, which sets its rows' ``ver``
+    (:func:`ingest_version`); all 0 when not given (one offset for everything: rows
+    with the same key then tie, and the last one inserted wins).
+    """
     tables: dict[str, Columns] = {}
     buffers: dict[str, list[Row]] = defaultdict(list)
     steps: list[StepTelemetry] = []
-    for msg, rec_ms in messages:
+    step_offsets: list[int] = []
+    pairs = list(messages)
+    if offsets is None:
+        offsets = [0] * len(pairs)
+    elif len(offsets) != len(pairs):
+        raise ValueError(f"{len(offsets)} offsets for {len(pairs)} messages")
+    for (msg, rec_ms), offset in zip(pairs, offsets, strict=True):
         if type(msg) is StepTelemetry:
             steps.append(msg)
+            step_offsets.append(offset)
             continue
         table, mapper = TABLE_OF[type(msg)]
-        buffers[table].extend(mapper(msg, rec_ms))
+        ver = ingest_version(offset)
+        buffers[table].extend({**row, "ver": ver} for row in mapper(msg, rec_ms))
     if steps:
-        tables["steps"] = _model_step_columns(steps)
+        tables["steps"] = _model_step_columns(steps, step_offsets)
     for table, rows in buffers.items():
         if rows:
             tables[table] = {col: [r[col] for r in rows] for col in rows[0]}

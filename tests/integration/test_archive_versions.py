@@ -1,0 +1,106 @@
+"""The archive's replacing version is the ingest position, and steps are kept per run
+(issue 14 item 6), on both backends; migration 005 upgrades an archive of version 4."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline.archive import migrate, rows_for
+from pipeline.archive.backend import ArchiveBackend
+from pipeline.archive.migrations import (
+    applied_migrations,
+    available_migrations,
+    split_statements,
+)
+from pipeline.archive.queries import QUERIES, run_query
+from pipeline.archive.rows import ARCHIVED_VERSION, ingest_version
+from tests.conftest import TEST_CLICKHOUSE, _fresh_chdb, _fresh_server, _missing
+from tests.factories import samples, step_telemetry
+
+pytestmark = pytest.mark.integration
+
+
+def _store(archive: ArchiveBackend, messages, offsets) -> None:
+    for table, cols in rows_for([(m, 0) for m in messages], offsets).items():
+        archive.insert(table, cols)
+
+
+def test_a_later_record_under_the_same_key_does_not_rewrite_history(archive):
+    first = samples()["decisions"]
+    later = first.ts + timedelta(days=1)
+    forged = first.model_copy(update={"summary": "nothing to see", "ts": later})
+    _store(archive, [first], [5])
+    _store(archive, [forged], [9])  # same key, newer timestamp, later in the log
+    _store(archive, [first], [5])  # a replay of the first record
+    _, rows = archive.query(f"SELECT summary, ver FROM {archive.database}.alerts FINAL")
+    assert rows == [(first.summary, ingest_version(5))]
+
+
+def test_a_relaunched_run_keeps_the_abandoned_runs_steps(archive):
+    abandoned = step_telemetry(step=7).model_copy(update={"run": "job-1/0"})
+    relaunched = abandoned.model_copy(update={"run": "job-1/1"})
+    _store(archive, [abandoned, relaunched, abandoned], [0, 1, 0])
+    _, rows = archive.query(
+        f"SELECT run, count() FROM {archive.database}.steps FINAL GROUP BY run ORDER BY run"
+    )
+    assert rows == [("job-1/0", 8), ("job-1/1", 8)]
+
+
+@contextlib.contextmanager
+def _archive_of_version_4(kind: str, shared_chdb) -> Iterator[ArchiveBackend]:
+    if kind == "server":
+        if not TEST_CLICKHOUSE:
+            _missing("STEPGUARD_TEST_CLICKHOUSE is not set (no ClickHouse server)")
+        backend: ArchiveBackend = _fresh_server()
+    else:
+        backend = _fresh_chdb(shared_chdb)
+    assert applied_migrations(backend) == []  # creates the database and the ledger
+    for version, name, sql in available_migrations():
+        if version <= 4:
+            for stmt in split_statements(sql):
+                backend.execute(stmt.replace("{db}", backend.database))
+            at = datetime.now(UTC)
+            backend.insert("schema_migrations", {"version": [version], "name": [name],
+                                                 "applied_at": [at]})  # fmt: skip
+    try:
+        yield backend
+    finally:
+        backend.execute(f"DROP DATABASE IF EXISTS {backend.database}")
+        if kind == "server":
+            backend.close()
+
+
+@pytest.mark.parametrize("kind", ["chdb", "server"])
+def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_session):
+    sent = samples()
+    with _archive_of_version_4(kind, _chdb_session) as archive:
+        db = archive.database
+        # rows as the archiver wrote them before: no run, ver = the message's ts_ms
+        old = rows_for([(m, 1_795_000_000_000) for m in sent.values()])
+        for table, cols in old.items():
+            before = {c: v for c, v in cols.items() if c != "run"}
+            before["ver"] = list(cols["ts_ms"])
+            archive.insert(table, before)
+            archive.insert(table, before)  # a replay, not merged yet
+        assert "005_ingest_version" in migrate(archive)
+        assert migrate(archive) == []
+        for table in old:
+            _, rows = archive.query(f"SELECT count(), min(ver), max(ver) FROM {db}.{table}")
+            n = 8 if table in ("steps", "health") else 1
+            assert rows == [(n, ARCHIVED_VERSION, ARCHIVED_VERSION)], table
+        # the first record under a key after the upgrade does not replace the old row
+        later = sent["steps"].model_copy(update={"node": "forged"})
+        _store(archive, [later], [0])
+        _, rows = archive.query(f"SELECT DISTINCT node, run FROM {db}.steps FINAL")
+        assert rows == [(sent["steps"].node, "")]
+        # ... and a new run is a row of its own
+        _store(archive, [later.model_copy(update={"run": "r2"})], [1])
+        _, rows = archive.query(f"SELECT count() FROM {db}.steps FINAL")
+        assert rows == [(16,)]
+        for name in QUERIES.keys() - {"top_nodes"}:
+            run_query(archive, name, job="job-1", limit=5)
+        run_query(archive, "top_nodes", limit=5)
