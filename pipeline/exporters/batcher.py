@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from schemas import RankSample, StepTelemetry
 
-__all__ = ["RankRecord", "StepBatcher"]
+__all__ = ["WIRE_FIELDS", "RankRecord", "StepBatcher"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,12 @@ class RankRecord(NamedTuple):
     ts_start: float
     ts_end: float
     arrived: float  #: monotonic time the record was taken (for max_wait_s)
+    run: str = ""  #: the exporter's run or attempt id (StepTelemetry.run)
+
+
+#: A record's fields before ``arrived``: what a rank sends the node aggregator, then
+#: its ``run``.
+WIRE_FIELDS = RankRecord._fields.index("arrived")
 
 
 class StepBatcher:
@@ -145,6 +151,7 @@ class StepBatcher:
                     ts_start=datetime.fromtimestamp(ts_start, UTC),
                     ts_end=datetime.fromtimestamp(max(ts_end, ts_start), UTC),
                     samples=tuple(samples),
+                    run=next(iter(records.values())).run,
                 )
             ]
         except ValidationError as exc:

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.exporters.batcher import RankRecord, StepBatcher
+from pipeline.exporters.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.exporters.sink import KafkaSink
 from pipeline.settings import Settings
 from schemas import JobEvent
@@ -74,7 +74,9 @@ class NodeAggregator:
                 self.sink.send("lifecycle", JobEvent.model_validate(rows["event"]))
                 return
             now = time.monotonic()
-            records = [RankRecord(*row, now) for row in rows]
+            # the record's fields up to ``arrived``, then the run (absent from older
+            # exporters)
+            records = [RankRecord(*row[:WIRE_FIELDS], now, *row[WIRE_FIELDS:]) for row in rows]
         except (ValueError, TypeError, KeyError) as exc:
             self.malformed += 1
             log.warning("aggregator: malformed datagram: %s", exc)

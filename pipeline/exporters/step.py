@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.exporters.batcher import RankRecord, StepBatcher
+from pipeline.exporters.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.exporters.sink import KafkaSink
 from pipeline.settings import Settings
 from schemas import EndReason, JobEvent, JobEventKind, Phase
@@ -129,7 +129,7 @@ class _Socket:
         batch: list[list[object]] = []
         size = 0
         for r in records:
-            row = list(r[:-1])
+            row = [*r[:WIRE_FIELDS], r.run]  # not ``arrived``: the aggregator's clock
             batch.append(row)
             size += 200
             if size >= MAX_DATAGRAM // 2:
@@ -176,8 +176,10 @@ class StepExporter:
     job_id, node
         Written into every record.
     run
-        Run or attempt id written into lifecycle events (e.g. the scheduler's job id
-        and restart count), so analysts can tell a job's runs apart.
+        Run or attempt id written into lifecycle events and step telemetry (e.g. the
+        scheduler's job id and restart count), so analysts can tell a job's runs
+        apart and a relaunched run's steps never replace the abandoned run's in the
+        archive.
     announce_start
         Publish the job's START event when the exporter is created.
     queue_size
@@ -298,6 +300,7 @@ class StepExporter:
                 end - step_time_s if ts_start is None else ts_start,
                 end,
                 time.monotonic(),
+                self.run,
             )
         )
         self._recorded += 1
