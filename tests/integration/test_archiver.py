@@ -4,6 +4,7 @@ loses nothing."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ from pipeline.archive.archiver import Archiver
 from pipeline.archive.queries import QUERIES, run_query
 from pipeline.errors import ArchiveError
 from pipeline.kafka import create_topics, make_producer, publish, registry_of
-from schemas import GpuHealth, NodeHealth
+from schemas import TOPICS, GpuHealth, NodeHealth
 from tests.conftest import TEST_CLICKHOUSE, _missing
 from tests.factories import T0, samples, step_telemetry
 
@@ -123,6 +124,43 @@ def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(
     errors = [r[1] for r in rows[1:]]
     assert sum("local_rank" in e for e in errors) == 2
     assert sum("DateTime" in e for e in errors) == 1
+
+
+def test_a_malformed_record_on_every_topic_is_dead_lettered_and_the_good_ones_stored(
+    settings, archive
+):
+    """Issue 14 item 3: per record, on every topic the archiver reads. The dead-letter
+    topic's own bad record is logged and dropped, never sent back to it (no loop)."""
+    registry = registry_of(settings)
+    create_topics(settings)
+    producer = make_producer(settings)
+    bad = b'{"malformed": '
+    for logical in TOPICS:
+        producer.send(registry.name(logical), key=b"k", value=bad).get(timeout=30)
+    for logical, msg in samples().items():
+        publish(producer, registry, logical, msg)
+    producer.flush()
+    producer.close()
+    db = archive.database
+    archiver = Archiver(settings, archive, max_batch=1000, max_wait_s=0.3)
+    try:
+        # the sample dead letter, then one decode letter per topic but deadletter
+        want = len(TOPICS)
+        got = _archive_until(archiver, archive, f"SELECT count() FROM {db}.dead_letters FINAL",
+                             want)  # fmt: skip
+    finally:
+        archiver.close()
+    assert got == want
+    assert archiver.stats.messages >= 2 * len(TOPICS)
+    expected = {t: 1 for t, _ in TABLE_OF.values()}
+    expected |= {"steps": 8, "health": 8, "dead_letters": len(TOPICS)}
+    for table, n in expected.items():
+        assert archive.query(f"SELECT count() FROM {db}.{table} FINAL")[1] == [(n,)], table
+    _, rows = archive.query(
+        f"SELECT source_topic, raw FROM {db}.dead_letters FINAL WHERE stage = 'decode'"
+    )
+    ours = sorted(topic for topic, raw in rows if base64.b64decode(raw) == bad)
+    assert ours == sorted(registry.name(t) for t in TOPICS if t != "deadletter")
 
 
 def test_nan_and_null_losses_stay_apart(settings, archive):
