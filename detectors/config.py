@@ -48,6 +48,7 @@ class MonitorConfig:
     ``replica_correction``          subtract the replica's common mode (``dp_group`` =
                                     model replica) measured on its other nodes
     ``straggler_z``                 z of the slowdown excess needed to count at all
+                                    (or a smoothed-excess z of ``degradation_z``)
     ``straggler_warning``           slowdown (fraction, above the rank's own baseline)
     ``straggler_critical``          ... for CRITICAL
     ``straggler_exit``              episode resolves below this
@@ -74,7 +75,8 @@ class MonitorConfig:
                                     median): its baseline starts at the stage's
                                     typical value (:mod:`detectors.first_step`)
     ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
-    ``degradation_z``               smoothed-excess z that marks a creep ...
+    ``degradation_z``               smoothed-excess z that marks a creep (or, above
+                                    ``straggler_warning``, a noisy straggler) ...
     ``degradation_cusum``           ... or CUSUM level (z units) that does
     ``degradation_warning``         smoothed slowdown excess (fraction) that fires
     ``degradation_critical``        ... for CRITICAL; ``degradation_exit`` to resolve

@@ -5,7 +5,8 @@ the rank's own normal (:mod:`detectors.temporal`), so a rank that was always a l
 slower, or a pipeline stage that always does more work, stays quiet:
 
 - **straggler**: compute above peers and above the rank's own baseline, while the
-  rank does not wait in the collectives (a culprit does not wait; its peers do);
+  rank does not wait in the collectives (a culprit does not wait; its peers do); the
+  evidence is one step's z or, in a noisy job, the z of the smoothed excess;
 - **degradation**: a slow creep (smoothed excess or CUSUM) still below the straggler
   threshold; an open degradation episode keeps following it and keeps the straggler
   signal quiet on its ranks (one episode per incident);
@@ -115,9 +116,11 @@ def slowdown_findings(
     names = node_names
     inv = peer.groups.inverse
     warmed = t.warmed
-    # straggler: slower than peers beyond the rank's own normal, and not waiting
+    # straggler: slower than peers beyond the rank's own normal, and not waiting; in
+    # noisy jobs the smoothed excess may carry the evidence one step's z lacks
     ex_c = np.minimum(t.excess[0], peer.slowdown)
-    gate = warmed & (t.z[0] >= cfg.straggler_z) & (peer.comm_excess <= cfg.culprit_comm_max)
+    sure = (t.z[0] >= cfg.straggler_z) | (t.smooth_z >= cfg.degradation_z)
+    gate = warmed & sure & (peer.comm_excess <= cfg.culprit_comm_max)
     # degradation: a creep seen by the smoothed excess or the CUSUM while the rank
     # is still below the straggler threshold (a sudden jump is a straggler); an
     # open degradation episode keeps following the smoothed excess and suppresses

@@ -83,6 +83,21 @@ def test_gpu_slow_from_step_0_by_8pct_is_named_within_20_steps_of_warmup(seed, p
     assert {(a.node, a.rank) for a in alerts} == {("node-5", 45)}
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"seq_sigma": 0.05, "slow": {45: 0.2}},  # a replica is one node: no correction
+        {"noise": 0.025, "spread": 0.015, "slow": {45: 0.1}},
+    ],
+)
+def test_in_a_noisy_job_the_smoothed_excess_names_it_when_one_step_cannot(kw, seed):
+    alerts = alerts_of(JobMonitor("job"), job(seed=seed, **kw))
+    steps = named(alerts, "node-5", 45)
+    assert steps and steps[0] <= WARMUP + 20
+    assert {(a.node, a.rank) for a in alerts} == {("node-5", 45)}
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("pp", [1, 2])
 def test_node_slow_from_step_0_by_8pct_is_named_at_node_level(seed, pp):
