@@ -211,7 +211,8 @@ class HangDetector:
         expected = self.expected_step_time
         if expected is None or self.last_ts is None:
             return 0.0
-        return max(0.0, now - self.last_ts) / expected
+        # no real step takes under a nanosecond: a subnormal median must not overflow
+        return max(0.0, now - self.last_ts) / max(expected, 1e-9)
 
     def explain(self, now: float) -> tuple[float, str]:
         """What the silence at event time ``now`` is measured against: the baseline in
