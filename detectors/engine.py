@@ -336,11 +336,18 @@ class JobMonitor:
             self.presence.forget(node)
             self.nodes.remove(node)
 
-    def announce_phase(self, phase: str, ts: float, expected_s: float | None = None) -> None:
+    def announce_phase(
+        self,
+        phase: str,
+        ts: float,
+        expected_s: float | None = None,
+        after_step: int | None = None,
+    ) -> None:
         """The job announced a long ``phase`` (checkpoint, eval) starting at event time
-        ``ts``: until its next step completes, the hang clock measures the silence
-        against the phase's expected duration (:meth:`HangDetector.announce`)."""
-        self.hang.announce(phase, ts, expected_s)
+        ``ts`` after step ``after_step``: until the phase's step completes, the hang
+        clock measures the silence against the phase's expected duration
+        (:meth:`HangDetector.announce`)."""
+        self.hang.announce(phase, ts, expected_s, after_step)
 
     def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]:
         """Resolve every open episode (of ``node``, if given) at event time ``ts``,

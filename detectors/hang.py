@@ -251,9 +251,16 @@ class HangDetector:
         best = max(found, default=None)
         return best if best is not None and best[0] > self.factor * med else None
 
-    def announce(self, phase: str, ts: float, expected_s: float | None = None) -> None:
+    def announce(
+        self,
+        phase: str,
+        ts: float,
+        expected_s: float | None = None,
+        after_step: int | None = None,
+    ) -> None:
         """The job starts a long ``phase`` (checkpoint, eval, ...) at event time ``ts``,
-        expected to last ``expected_s`` seconds if known.
+        expected to last ``expected_s`` seconds if known, right after step
+        ``after_step`` (if known: only a later step ends the phase).
 
         Until the next step completes, the silence is measured against the phase's
         expected duration (see the class notes). An announcement older than the last
@@ -263,7 +270,7 @@ class HangDetector:
             check_positive("expected_s", expected_s)
         if self.last_ts is not None and ts < self.last_ts and not self._in_grace:
             return
-        self._phases.announce(phase, ts, expected_s)
+        self._phases.announce(phase, ts, expected_s, after_step)
 
     def restart(self, ts: float, grace_steps: float) -> None:
         """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
@@ -301,7 +308,7 @@ class HangDetector:
             and med is not None
             and interval >= self.long_ratio * med
         )
-        explained = self._phases.end(ts)
+        explained = self._phases.end(ts, step)
         if is_long and interval is not None:
             isolated = not self._last_long
             explained = self._periods.learn(step, interval, isolated=isolated) or explained

@@ -240,13 +240,19 @@ class AnnouncedPhases:
     def __init__(self) -> None:
         self.phase: str | None = None
         self.started = 0.0
+        #: the last step completed when the phase was announced (None: not known)
+        self.after_step: int | None = None
         self._announced_s: float | None = None
         self._durations: dict[str, list[float]] = {}
 
-    def announce(self, phase: str, ts: float, expected_s: float | None) -> None:
-        """``phase`` starts at event time ``ts``, announced to last ``expected_s``
-        seconds if known (replacing any phase in progress)."""
+    def announce(
+        self, phase: str, ts: float, expected_s: float | None, after_step: int | None = None
+    ) -> None:
+        """``phase`` starts at event time ``ts`` after step ``after_step`` (if known),
+        announced to last ``expected_s`` seconds if known (replacing any phase in
+        progress)."""
         self.phase, self.started, self._announced_s = phase, ts, expected_s
+        self.after_step = after_step
 
     def expected_s(self, phase: str | None = None) -> float | None:
         """Expected duration of ``phase`` (default: the one in progress), None when
@@ -257,10 +263,19 @@ class AnnouncedPhases:
         known = [d for d in (announced, max(seen, default=None)) if d is not None]
         return max(known) if known else None
 
-    def end(self, ts: float) -> bool:
-        """A step completed at event time ``ts``: True when it ends the phase in
-        progress (announced at or before ``ts``), whose duration is then remembered."""
-        if self.phase is None or ts < self.started:
+    def end(self, ts: float, step: int | None = None) -> bool:
+        """Step ``step`` completed at event time ``ts``: True when it ends the phase in
+        progress, whose duration is then remembered. The phase's own step is one
+        after ``after_step`` when the announcement named it; otherwise one that
+        completed after the announcement. The step the phase follows can complete
+        after the announcement arrives (its last node's message travels on another
+        path) and ends nothing."""
+        if self.phase is None:
+            return False
+        if self.after_step is not None and step is not None:
+            if step <= self.after_step:
+                return False
+        elif ts <= self.started:
             return False
         self._remember(self.phase, ts - self.started)
         self.phase = None

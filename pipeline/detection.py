@@ -110,7 +110,9 @@ class Detectors(Protocol):
     def process_health(self, msg: NodeHealth) -> list[Alert]: ...
     def tick(self, now: float) -> list[Alert]: ...
     def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None: ...
-    def announce_phase(self, phase: str, ts: float, expected_s: float | None) -> None: ...
+    def announce_phase(
+        self, phase: str, ts: float, expected_s: float | None, after_step: int | None = None
+    ) -> None: ...
     def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]: ...
 
 
@@ -263,7 +265,7 @@ class JobDetection:
         self._check_job(event.job_id)
         ts = event.ts.timestamp()
         if event.kind is JobEventKind.PHASE and event.phase is not None:
-            self.monitor.announce_phase(event.phase.value, ts, event.expected_s)
+            self.monitor.announce_phase(event.phase.value, ts, event.expected_s, event.step)
             return []
         if event.kind is JobEventKind.END and event.reason is not None and self.ended is None:
             self.ended = event.reason.value

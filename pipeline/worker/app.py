@@ -400,7 +400,7 @@ def build_app(
                 key=job_id.encode(), value=value, partition=partition,
                 headers=[(KIND_HEADER, b"tick")],
             )  # fmt: skip
-        _update_lag(app, metrics, last_read)
+        _update_lag(app, metrics, last_read, skip=changelog_topic_name(settings))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
@@ -509,11 +509,17 @@ def _lagging(app: faust.App, topic: str, read: dict[Any, int]) -> set[int]:
     return out
 
 
-def _update_lag(app: faust.App, metrics: WorkerMetrics, read: dict[Any, int]) -> None:
-    """consumer_lag = highwater - (last offset read + 1), per owned partition."""
+def _update_lag(
+    app: faust.App, metrics: WorkerMetrics, read: dict[Any, int], skip: str = ""
+) -> None:
+    """consumer_lag = highwater - (last offset read + 1), per owned partition of the
+    topics the agents read (not ``skip``: the table's changelog, which Faust reads
+    only while recovering, so it never shows a lag of 0)."""
     try:
         assignment = app.consumer.assignment()
         for tp in assignment:
+            if tp.topic == skip:
+                continue
             hw = app.consumer.highwater(tp)
             if hw is None:
                 continue

@@ -288,3 +288,18 @@ def test_a_node_left_out_by_a_relaunch_has_its_episodes_resolved() -> None:
     got = det.on_result(result("cmd-5"))
     assert {(a.node, a.state) for a in got} == {("node-1", AlertState.RESOLVED)}
     assert all("node-1 left the job (restart cmd-5)" in a.summary for a in got)
+
+
+def test_a_phase_announced_before_its_previous_step_completes_still_covers_the_phase() -> None:
+    """The exporter announces the checkpoint right after step 29; the announcement
+    overtakes step 29's last node message. Step 29 completing must not end it."""
+    det = JobDetection("job")
+    warm(det, 29)
+    after = frame(29)
+    det.on_lifecycle(
+        lifecycle(JobEventKind.PHASE, after.ts, phase=Phase.CHECKPOINT,
+                  expected_s=20 * STEP_S, step=29)
+    )  # fmt: skip
+    assert det.on_frame(after) == []
+    assert firing(det.tick(after.ts + 10 * STEP_S), AlertKind.HANG) == []
+    assert firing(det.tick(after.ts + 40 * STEP_S), AlertKind.HANG)  # 2x: a hang
