@@ -424,6 +424,10 @@ class WorkerCore:
         st.steps_since_snapshot += out.steps
         return self._finish(st, out, token)
 
+    def _to_job(self, job_id: str, value: bytes | None) -> Forward:
+        """A record re-keyed to the partition that holds ``job_id``'s state."""
+        return Forward(job_id, partition_for(job_id, self.n_partitions), value or b"")
+
     def route_health(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
     ) -> Forward | Rejected | None:
@@ -438,7 +442,7 @@ class WorkerCore:
         if msg.job_id is None:
             self.unrouted_health += 1
             return None
-        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+        return self._to_job(msg.job_id, value)
 
     def route_command(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -459,7 +463,7 @@ class WorkerCore:
             log.warning("%s[%d]@%d: not obeying %s %s: %s", self.topics.commands, partition,
                         offset, msg.kind.value, msg.command_id, problem)  # fmt: skip
             return None
-        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+        return self._to_job(msg.job_id, value)
 
     def route_result(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -473,7 +477,7 @@ class WorkerCore:
         )  # fmt: skip
         if isinstance(msg, Rejected) or msg.status is not CommandStatus.SUCCEEDED:
             return None
-        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+        return self._to_job(msg.job_id, value)
 
     def route_lifecycle(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -485,7 +489,7 @@ class WorkerCore:
         )  # fmt: skip
         if isinstance(msg, Rejected):
             return msg
-        return Forward(msg.job_id, partition_for(msg.job_id, self.n_partitions), value or b"")
+        return self._to_job(msg.job_id, value)
 
     def handle_job_record(
         self,
