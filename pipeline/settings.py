@@ -21,6 +21,9 @@ STEPGUARD_CHDB_PATH           data directory of the embedded chDB archive (used 
 STEPGUARD_STATE_DIR           where embedded services keep logs and data
 STEPGUARD_CONSUMER_GROUP      base consumer group id
 STEPGUARD_WORKER_METRICS_PORT Prometheus port of ``stepguard worker`` (0: off)
+STEPGUARD_ACTUATOR_METRICS_PORT / EXECUTOR_ / ARCHIVER_  the same for the actuator
+                              (9109), an executor (9110) and the archiver (9111); two
+                              of a kind on one host need distinct ports
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
 STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
                               state is written to the table (steps / wall seconds)
@@ -137,6 +140,10 @@ class Settings(BaseSettings):
 
     # -- worker -------------------------------------------------------------------------
     worker_metrics_port: int = Field(default=9108, ge=0, le=65535)
+    #: Prometheus ports of the other services (0: off; pipeline/metrics.py)
+    actuator_metrics_port: int = Field(default=9109, ge=0, le=65535)
+    executor_metrics_port: int = Field(default=9110, ge=0, le=65535)
+    archiver_metrics_port: int = Field(default=9111, ge=0, le=65535)
     worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
     worker_data_dir: Path = Path(".stepguard/worker")
     #: snapshot a job's detector state to the table after this many completed steps ...
