@@ -20,7 +20,9 @@ stepguard_worker_assigned_partitions        steps + job-topic partitions owned
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pipeline.metrics import serve_metrics
 
 __all__ = ["WorkerMetrics"]
 
@@ -70,6 +72,6 @@ class WorkerMetrics:
         )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scrape target
-        """Expose ``/metrics`` on ``port`` (0: do nothing)."""
-        if port:
-            start_http_server(port, addr=addr, registry=self.registry)
+        """Expose ``/metrics`` on ``port`` (0: do nothing); a port in use is a
+        :class:`~pipeline.errors.ConfigError` naming STEPGUARD_WORKER_METRICS_PORT."""
+        serve_metrics(self.registry, port, "worker_metrics_port", addr)

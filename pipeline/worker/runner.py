@@ -21,12 +21,12 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     from pipeline.worker.metrics import WorkerMetrics
 
     settings.worker_data_dir.mkdir(parents=True, exist_ok=True)
+    metrics = WorkerMetrics()
+    metrics.serve(settings.worker_metrics_port)  # a busy port: one line, before the broker
     try:
         n = prepare_topics(settings)
     except KafkaError as exc:
         raise BrokerError(f"cannot reach {settings.kafka_bootstrap}: {exc}") from exc
-    metrics = WorkerMetrics()
-    metrics.serve(settings.worker_metrics_port)
     wa = build_app(settings, n, metrics)
     _use_uvloop()
     worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True)
