@@ -69,11 +69,14 @@ def actuator(
     `stepguard control --mode ...`.
     """
     from pipeline.actuator.service import Actuator
+    from pipeline.metrics import ActuatorMetrics, serve_metrics
 
     if verbose:
         logging.getLogger("pipeline.actuator").setLevel(logging.INFO)
     settings = load_settings()
-    act = Actuator(settings, crash_after_publish=crash_after_publish)
+    metrics = ActuatorMetrics()
+    serve_metrics(metrics.registry, settings.actuator_metrics_port, "actuator_metrics_port")
+    act = Actuator(settings, crash_after_publish=crash_after_publish, metrics=metrics)
     err.print(
         f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
         f"already issued, {len(act.policy.held)} held; consuming {settings.kafka_bootstrap}"
@@ -254,9 +257,14 @@ def executor(
 ) -> None:
     """Run one executor on the commands topic (results go to the results topic)."""
     from pipeline.actuator.executors import ExecutorRunner, make_executor
+    from pipeline.metrics import ExecutorMetrics, serve_metrics
 
     settings = load_settings()
-    runner = ExecutorRunner(settings, make_executor(kind, settings))
+    # one INFO line per command it answers (id, kind, job, targets, result)
+    logging.getLogger("pipeline.actuator.executors").setLevel(logging.INFO)
+    metrics = ExecutorMetrics()
+    serve_metrics(metrics.registry, settings.executor_metrics_port, "executor_metrics_port")
+    runner = ExecutorRunner(settings, make_executor(kind, settings), metrics=metrics)
     err.print(f"executor {kind}: {len(runner.done)} commands already done")
     stop = stop_event()
     try:

@@ -54,6 +54,7 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.metrics import ExecutorMetrics
 from pipeline.redact import redact, url_origin, url_secrets
 from pipeline.settings import Settings
 from schemas import Command, CommandKind, CommandResult, CommandStatus
@@ -127,7 +128,7 @@ class DryRunExecutor(Executor):
             f"dry-run: would {cmd.kind.value} job={cmd.job_id} targets={list(cmd.targets)} "
             f"replacements={list(cmd.replacements)} checkpoint_step={cmd.checkpoint_step}"
         )
-        log.info("%s (%s)", detail, cmd.command_id)
+        log.debug("%s (%s)", detail, cmd.command_id)  # the runner logs the result
         return detail
 
 
@@ -294,6 +295,9 @@ class ExecutorRunner:
     with the executor key (``STEPGUARD_EXECUTOR_PRIVATE_KEY``) and only results an
     executor key signed count when read back: a forged "succeeded" cannot pre-empt a
     real command (those are counted in :attr:`unsigned_results` and logged).
+
+    Every command it answers is one INFO line (id, kind, job, targets, result and its
+    detail) and counts in ``metrics`` (:class:`~pipeline.metrics.ExecutorMetrics`).
     """
 
     def __init__(
@@ -302,9 +306,11 @@ class ExecutorRunner:
         executor: Executor,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: ExecutorMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.executor = executor
+        self.metrics = metrics or ExecutorMetrics()
         self.registry = registry_of(settings)
         self._keys: PublicKeys = public_keys(settings, "actuator", "executors")
         self._key = signing_key(settings, "executor", "executors (results are signed)")
@@ -363,12 +369,25 @@ class ExecutorRunner:
             n += 1
             result = self.result_for(rec.message)  # type: ignore[arg-type]
             if result is not None:
+                self._account(rec.message, result)  # type: ignore[arg-type]
                 signed = sign(result, self._key)
                 futures.append(publish(self._producer, self.registry, "results", signed))
         for fut in futures:
             fut.get(timeout=30)
         self._consumer.commit()
+        self.metrics.consumed.labels(self.executor.name).inc(n)
         return n
+
+    def _account(self, cmd: Command, result: CommandResult) -> None:
+        """One INFO line and the metrics of one answered command."""
+        name = self.executor.name
+        status = result.status.value
+        self.metrics.commands.labels(name, cmd.kind.value, status).inc()
+        if result.status is CommandStatus.REFUSED:
+            self.metrics.refused.labels(name).inc()
+        log.info("%s: command %s %s job=%s targets=%s -> %s: %s", name, cmd.command_id,
+                 cmd.kind.value, cmd.job_id, ",".join(cmd.targets) or "-", status,
+                 result.detail)  # fmt: skip
 
     def run(self, stop: Callable[[], bool]) -> None:
         while not stop():

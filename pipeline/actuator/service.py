@@ -44,6 +44,7 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.metrics import ActuatorMetrics
 from pipeline.settings import Settings
 from schemas import ActionRecord, Alert, AlertKind, Approval, Command, ControlMessage
 
@@ -92,6 +93,9 @@ class Actuator:
         acknowledged a poll's commands and before the offsets are committed.
     rebuild_batch
         Records per poll while reading the output topics back at start.
+    metrics
+        Where the counters go (:class:`~pipeline.metrics.ActuatorMetrics`; the CLI
+        serves them on ``actuator_metrics_port``); default: a private registry.
     """
 
     def __init__(
@@ -103,7 +107,9 @@ class Actuator:
         producer: KafkaProducer | None = None,
         crash_after_publish: bool = False,
         rebuild_batch: int = 500,
+        metrics: ActuatorMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or ActuatorMetrics()
         self._key = signing_key(settings, "actuator", "the actuator")
         self._actuator_keys = public_keys(settings, "actuator")
         self._worker_keys = public_keys(settings, "worker", "the actuator (alerts)")
@@ -238,13 +244,16 @@ class Actuator:
             signed = sign(alert, self._key)  # the actuator's, not a worker's: not acted on
             futures.append(publish(self._producer, self.registry, "decisions", signed))
             log.warning("guardrail: %s", alert.summary)
+            self.metrics.guardrail_alerts.inc()
         for record in out.records:
             signed_record = sign(record, self._key)  # the rebuild restores only these
             futures.append(publish(self._producer, self.registry, "actions", signed_record))
             log.info("action %s %s: %s", record.action_id, record.state.value, record.detail)
+            self.metrics.actions.labels(record.state.value).inc()
         for cmd in out.commands:
             futures.append(publish(self._producer, self.registry, "commands", sign(cmd, self._key)))
             log.info("command %s %s %s", cmd.command_id, cmd.kind.value, cmd.targets)
+            self.metrics.commands.labels(cmd.kind.value).inc()
         self.stats.commands += len(out.commands)
         self.stats.records += len(out.records)
         self.stats.alerts += len(out.alerts)
@@ -256,7 +265,9 @@ class Actuator:
         n = 0
         for rec in consume_decoded(self._consumer, self.registry, self._producer, timeout_ms):
             n += 1
+            refused = self.stats.refused + self.stats.unsigned_alerts
             out = self.handle(rec)
+            self._count_input(rec, out, refused)
             if not (out.commands or out.records or out.alerts):
                 self.stats.ignored += 1
                 log.debug("%s[%d]@%d: %s", rec.topic, rec.partition, rec.offset, out.note)
@@ -275,7 +286,23 @@ class Actuator:
             os.kill(os.getpid(), signal.SIGKILL)
         self._consumer.commit()
         self.stats.consumed += n
+        memory = self.policy.memory()
+        self.metrics.held.set(memory["held"])
+        self.metrics.breakers_open.set(memory["breakers"])
         return n
+
+    def _count_input(self, rec: Decoded, out: Outcome, refused_before: int) -> None:
+        """Metrics of one input: its topic; an alert's grade and what came of it."""
+        m = self.metrics
+        m.inputs.labels(self.registry.logical_of(rec.topic) or rec.topic).inc()
+        refused = self.stats.refused + self.stats.unsigned_alerts > refused_before
+        msg = rec.message
+        if isinstance(msg, Alert):
+            acted = bool(out.commands or out.records or out.alerts)
+            result = "refused" if refused else "acted" if acted else "ignored"
+            m.alerts.labels(msg.grade.value, result).inc()
+        elif refused:
+            m.refused.inc()
 
     def run(self, stop: Callable[[], bool]) -> ActuatorStats:
         while not stop():
