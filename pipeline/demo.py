@@ -230,6 +230,7 @@ class DetectionStage:
         # as the worker: alerts signed, only the actuator's commands obeyed
         self._key = signing_key(settings, "worker", "the demo's detection")
         self._command_keys = public_keys(settings, "actuator", "the demo's detection")
+        self._result_keys = public_keys(settings, "executor", "the demo's detection")
         self.core = JobDetection(job_id)
         self.pace = pace
         self.alerts: list[Alert] = []
@@ -271,6 +272,8 @@ class DetectionStage:
         for d in got:
             msg = d.message
             if isinstance(msg, Command) and signature_problem(msg, self._command_keys):
+                continue
+            if isinstance(msg, CommandResult) and signature_problem(msg, self._result_keys):
                 continue
             if isinstance(msg, Command | CommandResult) and msg.job_id == core.job_id:
                 self._emit(

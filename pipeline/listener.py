@@ -2,9 +2,12 @@
 
 A background thread consumes the commands topic, keeps the commands for this job,
 refuses unsigned, wrongly signed, expired or observe-mode ones (a REFUSED result; the
-actuator's public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify, no secret is needed)
-and queues the rest; a record that does not decode (a malformed signature, say) is
-logged and skipped. The training loop applies them at its next step boundary::
+actuator's public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify) and queues the rest; a
+record that does not decode (a malformed signature, say) is logged and skipped. The
+results it publishes are signed with the executor key
+(``STEPGUARD_EXECUTOR_PRIVATE_KEY``): the job controller is an executor, and the worker
+acts on a SUCCEEDED relaunch only when an executor key signed it. The training loop
+applies them at its next step boundary::
 
     listener = CommandListener(settings, job_id="llm-7")
     listener.start()
@@ -20,8 +23,10 @@ or with callbacks (``on_checkpoint``, ``on_restart``, ``on_rollback``, ``on_stop
 reports SUCCEEDED, or FAILED when the callback raises.
 
 Commands this listener already carried out (a SUCCEEDED or FAILED result read back
-from the results topic at start) are skipped, so a restarted training process does not
-restart itself again.
+from the results topic at start, signed by an executor key) are skipped, so a
+restarted training process does not restart itself again; a result no executor key
+signed is ignored (counted in ``unsigned_results``), so a forgery cannot pre-empt a
+command.
 
 Lifecycle: before it calls ``on_checkpoint`` the listener announces a checkpoint phase
 (the save that follows is not a hang); a STOP carried out announces the job's end
@@ -38,7 +43,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.actuator.signing import check_command, public_keys
+from pipeline.actuator.signing import (
+    check_command,
+    public_keys,
+    sign,
+    signature_problem,
+    signing_key,
+)
 from pipeline.kafka import (
     assigned_consumer,
     control_producer,
@@ -79,7 +90,9 @@ class CommandListener:
     Parameters
     ----------
     settings
-        Broker, topic prefix and ``actuator_public_keys`` (to verify signatures).
+        Broker, topic prefix, ``actuator_public_keys`` (to verify commands) and
+        ``executor_private_key`` (to sign results; :class:`~pipeline.errors.ConfigError`
+        naming the variable when it is not set).
     job_id
         Only commands for this job are considered.
     name
@@ -113,6 +126,10 @@ class CommandListener:
         }
         self._clock = clock
         self._keys = public_keys(settings, "actuator", "the command listener")
+        self._key = signing_key(settings, "executor", "the command listener (it signs results)")
+        self._result_keys = public_keys(settings, "executor")
+        #: results read back at start that no executor key signed (ignored)
+        self.unsigned_results = 0
         self.registry = registry_of(settings)
         self._queue: queue.Queue[Command] = queue.Queue()
         self._stop = threading.Event()
@@ -129,11 +146,18 @@ class CommandListener:
         for rec in read_back(self.settings, "results"):
             res = rec.message
             if (
-                isinstance(res, CommandResult)
-                and res.executor == self.name
-                and res.status in _FINAL
+                not isinstance(res, CommandResult)
+                or res.executor != self.name
+                or res.status not in _FINAL
             ):
-                self._done.add(res.command_id)
+                continue
+            problem = signature_problem(res, self._result_keys)
+            if problem is not None:  # a forged "succeeded" must not pre-empt a command
+                self.unsigned_results += 1
+                log.warning("ignoring result of %s at %s[%d]@%d: %s", res.command_id,
+                            rec.topic, rec.partition, rec.offset, problem)  # fmt: skip
+                continue
+            self._done.add(res.command_id)
         self._thread = threading.Thread(target=self._run, name="stepguard-listener", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
@@ -210,7 +234,8 @@ class CommandListener:
             command_id=cmd.command_id, job_id=cmd.job_id, executor=self.name, status=status,
             detail=detail[:2000], ts=self._clock(),
         )  # fmt: skip
-        publish(self._producer, self.registry, "results", result).get(timeout=30)
+        signed = sign(result, self._key)
+        publish(self._producer, self.registry, "results", signed).get(timeout=30)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -119,9 +119,10 @@ class Plan:
 #: the roles whose public keys it verifies with
 _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "actuator": ("actuator", ("actuator", "worker", "operator")),
-    "worker": ("worker", ("actuator",)),
+    "worker": ("worker", ("actuator", "executor")),  # acts on executor-signed results
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
-    "simulate": (None, ("actuator",)),  # the job's CommandListener
+    # the job's CommandListener: a job controller, it signs its results as an executor
+    "simulate": ("executor", ("actuator", "executor")),
 }
 
 

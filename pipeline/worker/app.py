@@ -172,6 +172,11 @@ def build_app(
     # obeyed only when the actuator signed them
     alert_key = signing_key(settings, "worker", "the worker (it signs its alerts)")
     command_keys = public_keys(settings, "actuator", "the worker (it verifies commands)")
+    # ... and a relaunch counts as carried out only when an executor signed its result
+    result_keys = public_keys(settings, "executor")
+    if not result_keys:
+        log.warning("no STEPGUARD_EXECUTOR_PUBLIC_KEYS: command results are ignored "
+                    "(a relaunch's grace runs its course)")  # fmt: skip
     tansu = settings.is_tansu
     session = (
         min(settings.worker_session_timeout_s, 6.0)
@@ -237,6 +242,7 @@ def build_app(
         # a live pipeline delivers the worker's own ticks every interval
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
         command_keys=command_keys,
+        result_keys=result_keys,
     )
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip

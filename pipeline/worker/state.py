@@ -44,7 +44,7 @@ from kafka.partitioner.default import murmur2
 from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from pipeline import statecodec
-from pipeline.actuator.signing import PublicKeys, check_command
+from pipeline.actuator.signing import PublicKeys, check_command, signature_problem
 from pipeline.detection import JobDetection
 from pipeline.errors import CapacityError
 from pipeline.fastdecode import decode_step
@@ -238,6 +238,12 @@ class WorkerCore:
         The actuator's public keys (:func:`pipeline.actuator.signing.public_keys`): a
         relaunch command is obeyed only when one of them signed it and it has not
         expired. None or empty: no command is obeyed.
+    result_keys
+        The executors' public keys (``STEPGUARD_EXECUTOR_PUBLIC_KEYS``: executors and
+        job controllers sign their results): a SUCCEEDED result restarts a relaunch
+        grace and closes the episodes of the nodes it left out only when one of them
+        signed it, so a forged result for a real command id cannot end episodes early.
+        None or empty: no result is acted on (the relaunch grace runs its course).
     clock
         Wall clock (epoch seconds); injectable for tests.
     """
@@ -259,6 +265,7 @@ class WorkerCore:
         max_clock_skew_s: float | None = None,
         blind_after_s: float = 5.0,
         command_keys: PublicKeys | None = None,
+        result_keys: PublicKeys | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if n_partitions < 1:
@@ -303,6 +310,8 @@ class WorkerCore:
         self.future_dated = 0  #: records dead-lettered for an event time ahead of now
         self.command_keys: PublicKeys = command_keys or {}
         self.refused_commands = 0  #: relaunch commands not obeyed (signature, expiry)
+        self.result_keys: PublicKeys = result_keys or {}
+        self.refused_results = 0  #: SUCCEEDED results no executor key signed (ignored)
 
     # -- state --------------------------------------------------------------------------
     def state(self, job_id: str, load: Callable[[str], bytes | None]) -> JobState:
@@ -470,12 +479,20 @@ class WorkerCore:
     ) -> Forward | None:
         """An executor's result: forward a SUCCEEDED one to its job's partition (a
         relaunch carried out restarts the grace and its left-out nodes' episodes
-        resolve); None for anything else. Bad results are the actuator's to judge."""
+        resolve) when an executor key signed it; None for anything else (a result no
+        executor key signed is counted in ``refused_results``). Undecodable results
+        are the actuator's to judge."""
         msg = decode(
             CommandResult, value, topic=self.topics.results, partition=partition,
             offset=offset, key=key, max_bytes=self.max_message_bytes,
         )  # fmt: skip
         if isinstance(msg, Rejected) or msg.status is not CommandStatus.SUCCEEDED:
+            return None
+        problem = signature_problem(msg, self.result_keys)
+        if problem is not None:  # a forged success must not end a relaunch's episodes
+            self.refused_results += 1
+            log.warning("%s[%d]@%d: ignoring result of %s: %s", self.topics.results,
+                        partition, offset, msg.command_id, problem)  # fmt: skip
             return None
         return self._to_job(msg.job_id, value)
 
@@ -587,6 +604,9 @@ class WorkerCore:
         msg = decode(CommandResult, value, topic=topic, partition=partition, offset=offset,
                      key=key)  # fmt: skip
         if isinstance(msg, Rejected):
+            return Handled(release=[token])
+        if signature_problem(msg, self.result_keys) is not None:  # written to jobs directly
+            self.refused_results += 1
             return Handled(release=[token])
         st = self.jobs.get(msg.job_id)
         if st is None or st.seen(topic, partition, offset):

@@ -41,7 +41,9 @@ def test_the_plan_runs_the_compose_services_with_their_own_ports_and_keys(tmp_pa
     assert private["actuator"] == ["STEPGUARD_ACTUATOR_PRIVATE_KEY"]
     assert private["worker-1"] == ["STEPGUARD_WORKER_PRIVATE_KEY"]
     assert private["executor-dry-run"] == ["STEPGUARD_EXECUTOR_PRIVATE_KEY"]
-    assert private["simulate"] == private["archiver"] == []
+    assert private["simulate"] == ["STEPGUARD_EXECUTOR_PRIVATE_KEY"]  # the job controller
+    assert private["archiver"] == []
+    assert specs["worker-1"].env["STEPGUARD_EXECUTOR_PUBLIC_KEYS"]  # verifies results
     assert specs["simulate"].env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]
     assert specs["actuator"].env["STEPGUARD_ACTUATOR_MODE"] == "auto"
     assert specs["broker"].stop_tier > max(s.stop_tier for s in p.specs if s.name != "broker")

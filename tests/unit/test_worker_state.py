@@ -31,7 +31,7 @@ from schemas import (
     StepTelemetry,
     encode,
 )
-from tests.factories import ACTUATOR_KEY, WORKER_KEY
+from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
@@ -454,7 +454,7 @@ def test_malformed_lifecycle_events_are_dead_lettered():
 
 
 def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
-    core = WorkerCore(TOPICS, 8, command_keys=COMMAND_KEYS)
+    core = WorkerCore(TOPICS, 8, command_keys=COMMAND_KEYS, result_keys=EXECUTOR_KEY.verifier())
     feed(core, range(30))
     outs = [
         core.handle_step(
@@ -472,7 +472,10 @@ def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
     failed = CommandResult(command_id="cmd-0001", job_id="j", executor="job",
                            status=CommandStatus.FAILED, ts=T0)  # fmt: skip
     assert core.route_result(0, 0, b"j", encode(failed)) is None
-    done = encode(failed.model_copy(update={"status": CommandStatus.SUCCEEDED}))
+    succeeded = failed.model_copy(update={"status": CommandStatus.SUCCEEDED})
+    assert core.route_result(0, 1, b"j", encode(succeeded)) is None  # unsigned: ignored
+    assert core.refused_results == 1
+    done = encode(sign(succeeded, EXECUTOR_KEY))  # an executor (the job controller) signed
     fwd = core.route_result(0, 1, b"j", done)
     out = core.handle_job_record(fwd.partition, 2, b"j", fwd.value, "result", token="r")
     assert {(a.node, a.state) for a in out.alerts} == {("n5", AlertState.RESOLVED)}
