@@ -101,7 +101,12 @@ class StepTelemetry(Message):
 
 
 class GpuHealth(Message):
-    """One GPU's readings; ECC and link counters are cumulative since boot."""
+    """One GPU's readings; ECC and link counters are cumulative since boot.
+
+    The link and memory-repair fields came with NodeHealth version 2; a version-1
+    report reads with their defaults (PCIe unknown, no NVLink link down, no row
+    remapping pending or failed).
+    """
 
     index: NonNegativeInt
     temperature_c: float = Field(ge=-50, le=200)
@@ -113,15 +118,54 @@ class GpuHealth(Message):
     xid_codes: tuple[NonNegativeInt, ...] = Field(
         default=(), description="XID events seen since the previous report."
     )
-    throttle_reasons: tuple[str, ...] = ()
-    nvlink_errors: NonNegativeInt = 0
+    throttle_reasons: tuple[str, ...] = Field(
+        default=(),
+        max_length=32,
+        description="Active clock-event (throttle) reasons, e.g. 'sw_power_cap', "
+        "'hw_slowdown', 'sw_thermal_slowdown', 'hw_thermal_slowdown'.",
+    )
+    nvlink_errors: NonNegativeInt = Field(
+        default=0, description="NVLink replay + recovery + CRC errors, cumulative."
+    )
+    nvlink_crc_errors: NonNegativeInt = Field(
+        default=0, description="NVLink CRC (flit and data) errors, cumulative."
+    )
+    nvlink_replay_errors: NonNegativeInt = Field(
+        default=0, description="NVLink replay errors, cumulative."
+    )
+    nvlink_links_down: NonNegativeInt = Field(
+        default=0, le=64, description="NVLink links the GPU has that are not active."
+    )
+    pcie_gen: NonNegativeInt | None = Field(
+        default=None, le=16, description="Current PCIe link generation (None: unknown)."
+    )
+    pcie_gen_max: NonNegativeInt | None = Field(
+        default=None, le=16, description="Highest PCIe generation this GPU and slot support."
+    )
+    pcie_width: NonNegativeInt | None = Field(
+        default=None, le=64, description="Current PCIe link width in lanes (None: unknown)."
+    )
+    pcie_width_max: NonNegativeInt | None = Field(
+        default=None, le=64, description="Widest PCIe link this GPU and slot support."
+    )
+    remap_pending: bool = Field(
+        default=False, description="A memory row remap waits for a GPU reset."
+    )
+    remap_failed: bool = Field(
+        default=False, description="A memory row remap failed (no spare rows left)."
+    )
 
 
 class NodeHealth(Message):
-    """One node's hardware readings for one interval (topic key: node)."""
+    """One node's hardware readings for one interval (topic key: node).
+
+    Version 2 added the PCIe, NVLink link and row-remapping fields of
+    :class:`GpuHealth` (all optional); a version-1 report still decodes, with its
+    ``schema_version`` 1 kept.
+    """
 
     kind_name = "node_health"
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 2
     job_id: str | None = Field(default=None, max_length=256)
     node: str = Field(min_length=1, max_length=256)
     ts: AwareDatetime
