@@ -228,8 +228,11 @@ def archiver(
     """Archive every topic into ClickHouse; offsets are committed after each insert."""
     from pipeline.archive import migrate, open_backend
     from pipeline.archive.archiver import Archiver, ArchiverStats, default_decode_processes
+    from pipeline.metrics import ArchiverMetrics, serve_metrics
 
     settings = _settings()
+    metrics = ArchiverMetrics()
+    serve_metrics(metrics.registry, settings.archiver_metrics_port, "archiver_metrics_port")
     backend = open_backend(settings)
     migrate(backend)
     stop = stop_event()
@@ -237,7 +240,7 @@ def archiver(
         decode_processes = default_decode_processes()
     service = Archiver(
         settings, backend, max_batch=max_batch, max_wait_s=max_wait_s,
-        decode_processes=decode_processes,
+        decode_processes=decode_processes, metrics=metrics,
     )  # fmt: skip
     err.print(
         f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database} "

@@ -50,7 +50,7 @@ messages_total                         messages stored (rows or dead letters), c
 rows_total{table}                      rows inserted per table
 dead_letters_total                     messages dead-lettered
 insert_seconds{table}                  time per insert (histogram)
-consumer_lag                           messages fetched but not yet committed
+consumer_lag{topic}                    high watermark - next offset to fetch
 =====================================  ==============================================
 """
 

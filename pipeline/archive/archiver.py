@@ -64,6 +64,7 @@ from pipeline.archive.rows import (
 from pipeline.errors import ArchiveError, ArchiveRowError, BrokerError
 from pipeline.fastdecode import from_models
 from pipeline.kafka import aiokafka_consumer_config, make_producer, publish, registry_of
+from pipeline.metrics import ArchiverMetrics
 from pipeline.settings import Settings
 from schemas import TOPICS, DeadLetter, Message, Rejected, StepTelemetry, decode
 
@@ -109,7 +110,9 @@ class Archiver:
         producer: KafkaProducer | None = None,
         insert_attempts: int = 8,
         decode_processes: int = 0,
+        metrics: ArchiverMetrics | None = None,
     ) -> None:
+        self._metrics_init(metrics)
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if max_wait_s <= 0:
@@ -155,6 +158,34 @@ class Archiver:
             raise BrokerError(
                 f"cannot connect consumer to {settings.kafka_bootstrap}: {exc}"
             ) from exc
+
+    # -- metrics (``stepguard archiver`` serves them on archiver_metrics_port) -------
+
+    def _metrics_init(self, metrics: ArchiverMetrics | None) -> None:
+        self.metrics = metrics or ArchiverMetrics()
+        self._counted = ArchiverStats()  # what the counters already hold
+        self._next_offsets: dict[TopicPartition, int] = {}
+
+    def _update_metrics(self, fetched: dict[TopicPartition, int]) -> None:
+        """Bring the counters up to :attr:`stats` (the insert thread updates them) and
+        set the lag: per topic, the partitions' high watermarks less the next offset to
+        fetch (partitions not fetched from yet count from 0 only once seen)."""
+        m, s, c = self.metrics, self.stats, self._counted
+        m.messages.inc(max(0, s.messages - c.messages))
+        m.dead_letters.inc(max(0, s.dead_letters - c.dead_letters))
+        for table, rows in list(s.rows_by_table.items()):
+            m.rows.labels(table).inc(max(0, rows - c.rows_by_table.get(table, 0)))
+            c.rows_by_table[table] = rows
+        c.messages, c.dead_letters = s.messages, s.dead_letters
+        self._next_offsets.update(fetched)
+        lag: dict[str, int] = defaultdict(int)
+        assigned = self._consumer.assignment()
+        for tp, nxt in self._next_offsets.items():
+            high = self._consumer.highwater(tp) if tp in assigned else None
+            if high is not None:
+                lag[tp.topic] += max(0, high - nxt)
+        for topic, value in lag.items():
+            m.lag.labels(self.registry.logical_of(topic) or topic).set(value)
 
     # -- the consumer's event loop ------------------------------------------------
 
@@ -220,12 +251,14 @@ class Archiver:
         records = self._call(self._fetch())
         if not records:
             self._finish_in_flight()
+            self._update_metrics({})
             return 0
         batch = self._prepare(records)
         self.stats.fetched += batch.size
         while len(self._in_flight) >= self._depth:
             self._wait_oldest()
         self._in_flight.append(self._inserter.submit(self._store_batch, batch))
+        self._update_metrics(batch.offsets)
         return batch.size
 
     def flush(self) -> None:
@@ -387,7 +420,9 @@ class Archiver:
         delay = 0.5
         for attempt in range(1, self.insert_attempts + 1):
             try:
+                began = time.perf_counter()
                 n = self.backend.insert(table, columns)
+                self.metrics.insert_seconds.labels(table).observe(time.perf_counter() - began)
                 break
             except ArchiveRowError:
                 raise

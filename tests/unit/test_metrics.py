@@ -1,0 +1,75 @@
+"""Metrics endpoints: a busy port is one clear error line naming the setting, for
+every service, before any broker is contacted."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from pipeline.embedded import free_port
+from pipeline.errors import ConfigError
+from pipeline.metrics import serve_metrics
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen(1)
+        yield s.getsockname()[1]
+
+
+def test_a_busy_port_names_the_setting_and_the_port(busy_port):
+    with pytest.raises(ConfigError) as info:
+        serve_metrics(CollectorRegistry(), busy_port, "archiver_metrics_port")
+    text = str(info.value)
+    assert f"STEPGUARD_ARCHIVER_METRICS_PORT={busy_port}" in text and "in use" in text
+    assert "\n" not in text
+
+
+def test_port_zero_serves_nothing_and_a_free_port_serves_the_registry():
+    reg = CollectorRegistry()
+    Counter("stepguard_x", "x", registry=reg).inc(3)
+    serve_metrics(reg, 0, "worker_metrics_port")  # nothing to see, nothing raised
+    port = free_port()
+    serve_metrics(reg, port, "worker_metrics_port")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert "stepguard_x_total 3.0" in resp.read().decode()
+
+
+@pytest.mark.parametrize(
+    ("argv", "var"),
+    [
+        (["worker"], "STEPGUARD_WORKER_METRICS_PORT"),
+        (["actuator"], "STEPGUARD_ACTUATOR_METRICS_PORT"),
+        (["executor", "dry-run"], "STEPGUARD_EXECUTOR_METRICS_PORT"),
+        (["archiver"], "STEPGUARD_ARCHIVER_METRICS_PORT"),
+    ],
+)
+def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_path):
+    """The second service of a kind on one host: exit 2 and one line, no traceback
+    (the broker address is unreachable: the port is checked before it is used)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+    env |= {
+        "STEPGUARD_KAFKA_BOOTSTRAP": "127.0.0.1:9",
+        "STEPGUARD_STATE_DIR": str(tmp_path),
+        "STEPGUARD_CHDB_PATH": str(tmp_path / "archive"),
+        "STEPGUARD_WORKER_DATA_DIR": str(tmp_path / "worker"),
+        var: str(busy_port),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", *argv], env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    out = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, out
+    assert "Traceback" not in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) <= 2, out  # rich may wrap the one message
+    assert var in " ".join(lines) and str(busy_port) in out
