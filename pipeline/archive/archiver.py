@@ -61,6 +61,7 @@ from pipeline.archive.rows import (
     step_rows_file,
     step_rows_of,
 )
+from pipeline.archive.serve import QueryServer
 from pipeline.errors import ArchiveError, ArchiveRowError, BrokerError
 from pipeline.fastdecode import from_models
 from pipeline.kafka import aiokafka_consumer_config, make_producer, publish, registry_of
@@ -111,6 +112,7 @@ class Archiver:
         insert_attempts: int = 8,
         decode_processes: int = 0,
         metrics: ArchiverMetrics | None = None,
+        query_socket: Path | None = None,
     ) -> None:
         self._metrics_init(metrics)
         if max_batch < 1:
@@ -158,6 +160,15 @@ class Archiver:
             raise BrokerError(
                 f"cannot connect consumer to {settings.kafka_bootstrap}: {exc}"
             ) from exc
+        # chDB has one owner: while it runs, the archiver answers read-only queries
+        # (``stepguard sql``/``query``/``report``) on this socket (pipeline.archive.serve)
+        self._queries: QueryServer | None = None
+        if query_socket is not None:
+            try:
+                self._queries = QueryServer(backend, query_socket).start()
+            except BaseException:
+                self.close()
+                raise
 
     # -- metrics (``stepguard archiver`` serves them on archiver_metrics_port) -------
 
@@ -473,6 +484,9 @@ class Archiver:
         """Finish the batches in flight (insert and commit), then stop the clients.
         After a failure the caller has already seen, the batches queued behind it
         are dropped uncommitted without raising again."""
+        if self._queries is not None:
+            self._queries.close()
+            self._queries = None
         try:
             already_raised = self._raised
             try:
