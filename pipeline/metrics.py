@@ -146,4 +146,6 @@ class ArchiverMetrics:
             p + "insert_seconds", "Time per insert.", ["table"], registry=reg,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
         )  # fmt: skip
-        self.lag = Gauge(p + "consumer_lag", "Messages fetched, not yet committed.", registry=reg)
+        self.lag = Gauge(
+            p + "consumer_lag", "High watermark - next offset to fetch.", ["topic"], registry=reg
+        )

@@ -1,0 +1,155 @@
+"""What the actuator, the executors and the archiver count, against a real broker (and
+both archive backends): the numbers their metrics endpoints serve, and the one log
+line an executor writes per command it answers."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.actuator.service import Actuator
+from pipeline.actuator.signing import sign
+from pipeline.archive.archiver import Archiver
+from pipeline.kafka import control_producer, create_topics, publish, registry_of
+from pipeline.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
+from schemas import (
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    Evidence,
+    Grade,
+    RecommendedAction,
+)
+from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_settings, step_telemetry, test_key
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def act_settings(settings):
+    s = settings.model_copy(
+        update=key_settings() | {"actuator_mode": "auto", "spare_nodes": "spare-0",
+                                 "guard_max_isolation_pct": 100.0}
+    )  # fmt: skip
+    create_topics(s)
+    return s
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    got = registry.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+def send(settings, logical, *messages):
+    producer = control_producer(settings)
+    try:
+        reg = registry_of(settings)
+        for m in messages:
+            publish(producer, reg, logical, m).get(timeout=30)
+    finally:
+        producer.close()
+
+
+def command(cid: str, key=ACTUATOR_KEY) -> Command:
+    now = datetime.now(UTC)
+    cmd = Command(
+        command_id=cid, kind=CommandKind.CHECKPOINT, job_id="job-m", targets=(),
+        reason=("fp",), mode=ActuatorMode.AUTO, issued_at=now,
+        expires_at=now + timedelta(seconds=300),
+    )  # fmt: skip
+    return sign(cmd, key)
+
+
+def test_an_executor_logs_and_counts_each_command_it_answers(act_settings, caplog):
+    forged = command("cmd-forged", key=test_key("attacker"))
+    send(act_settings, "commands", command("cmd-ok"), forged)
+    metrics = ExecutorMetrics()
+    runner = ExecutorRunner(act_settings, DryRunExecutor(), metrics=metrics)
+    reg = metrics.registry
+    caplog.set_level(logging.INFO, logger="pipeline.actuator.executors")
+    try:
+        for _ in range(100):  # bounded: until both are answered
+            runner.poll_once(timeout_ms=200)
+            if value(reg, "stepguard_executor_consumed_total", executor="dry-run") >= 2:
+                break
+    finally:
+        runner.close()
+    ok = dict(executor="dry-run", kind="checkpoint", result="succeeded")
+    refused = ok | {"result": "refused"}
+    assert value(reg, "stepguard_executor_commands_total", **ok) == 1
+    assert value(reg, "stepguard_executor_commands_total", **refused) == 1
+    assert value(reg, "stepguard_executor_refused_total", executor="dry-run") == 1
+    lines = [r.getMessage() for r in caplog.records if "command cmd-" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "cmd-ok checkpoint job=job-m targets=- -> succeeded: dry-run: would" in lines[0]
+    assert "cmd-forged checkpoint job=job-m" in lines[1] and "-> refused" in lines[1]
+
+
+def _alert(fp: str) -> Alert:
+    now = datetime.now(UTC)
+    return Alert(
+        fingerprint=fp, seq=0, kind=AlertKind.HARDWARE, grade=Grade.CRITICAL,
+        state=AlertState.FIRING, job_id="job-m", node="node-3", step=100, started_at=now,
+        ts=now, evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
+        recommended_action=RecommendedAction.ISOLATE, summary="uncorrectable ECC on node-3",
+    )  # fmt: skip
+
+
+def test_the_actuator_counts_alerts_by_result_and_commands_by_kind(act_settings):
+    signed = sign(_alert("fp-metrics-0001"), WORKER_KEY)
+    unsigned = _alert("fp-metrics-0002")
+    send(act_settings, "decisions", signed, unsigned)
+    metrics = ActuatorMetrics()
+    act = Actuator(act_settings, metrics=metrics)
+    reg = metrics.registry
+    try:
+        for _ in range(100):
+            if act.stats.consumed >= 2:
+                break
+            act.poll_once(timeout_ms=200)
+    finally:
+        act.close()
+    assert value(reg, "stepguard_actuator_inputs_total", topic="decisions") == 2
+    assert value(reg, "stepguard_actuator_alerts_total", grade="critical", result="acted") == 1
+    assert value(reg, "stepguard_actuator_alerts_total", grade="critical", result="refused") == 1
+    kinds = ("checkpoint", "isolate", "restart")
+    counted = {k: value(reg, "stepguard_actuator_commands_total", kind=k) for k in kinds}
+    assert sum(counted.values()) == act.stats.commands >= 1, counted
+    assert counted["isolate"] == 1
+    assert value(reg, "stepguard_actuator_held_actions") == 0
+
+
+@pytest.mark.parametrize("decode_processes", [0])
+def test_the_archiver_counts_rows_per_table_and_its_lag_reaches_zero(
+    settings, archive, decode_processes
+):
+    create_topics(settings, ["steps", "deadletter"])
+    producer = control_producer(settings)
+    reg = registry_of(settings)
+    for step in range(3):
+        publish(producer, reg, "steps", step_telemetry(job="job-m", step=step, ranks=4))
+    producer.flush()
+    producer.close()
+    metrics = ArchiverMetrics()
+    archiver = Archiver(settings, archive, topics=["steps"], max_wait_s=0.3, metrics=metrics,
+                        decode_processes=decode_processes)  # fmt: skip
+    try:
+        for _ in range(60):
+            archiver.poll_batch()
+            if archiver.stats.messages >= 3:
+                break
+        archiver.poll_batch()  # a poll after the last insert: counters and lag updated
+    finally:
+        archiver.close()
+    r = metrics.registry
+    assert value(r, "stepguard_archiver_messages_total") == 3
+    assert value(r, "stepguard_archiver_rows_total", table="steps") == 12
+    assert value(r, "stepguard_archiver_insert_seconds_count", table="steps") >= 1
+    assert value(r, "stepguard_archiver_consumer_lag", topic="steps") == 0
