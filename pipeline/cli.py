@@ -486,11 +486,30 @@ def main() -> None:
     # kafka-python 3 warns whenever one of its own tasks holds its I/O loop > 100 ms:
     # advice to its developers, noise in a busy 2-core demo; errors still show
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+    # secrets of the settings (DSN, passwords, keys, webhook URLs) never reach a log
+    # line or an error this process prints
+    from rich.markup import escape
+
+    from pipeline.redact import RedactingFilter, redact, settings_secrets
+
+    def secrets() -> list[str]:
+        try:
+            return settings_secrets(load_settings())
+        except StepguardError:  # invalid settings: their errors quote no values
+            return []
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter(secrets))
     try:
         app()
     except StepguardError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(redact(str(exc), secrets()))}")
         sys.exit(2)
+    except Exception:  # an unexpected failure: its traceback, with secrets masked
+        import traceback
+
+        sys.stderr.write(redact(traceback.format_exc(), secrets()))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 Webhook URLs often carry a token (in the path, the query or the user info), DSNs a
 password, settings hold SASL passwords and signing keys. Whatever formats one of them
-into a log line, an error or a ``CommandResult.detail`` passes it through here first.
+into a log line, an error or a ``CommandResult.detail`` passes it through here first;
+the ``stepguard`` command line also masks every secret of its settings
+(:func:`settings_secrets`) in whatever it logs (:class:`RedactingFilter`) or prints
+as an error.
 
 >>> url_origin("https://hooks.example.com/services/T0/B0/XYZ?token=abc")
 'https://hooks.example.com'
@@ -12,11 +15,23 @@ into a log line, an error or a ``CommandResult.detail`` passes it through here f
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-__all__ = ["MASK", "redact", "url_origin", "url_secrets"]
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
+__all__ = [
+    "MASK",
+    "RedactingFilter",
+    "redact",
+    "settings_secrets",
+    "url_origin",
+    "url_secrets",
+]
 
 MASK = "***"
 #: The user info of any URL in a text (``scheme://user:password@``).
@@ -58,3 +73,49 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         replacement = url_origin(secret) if "://" in secret else MASK
         text = text.replace(secret, replacement)
     return _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+
+
+def settings_secrets(settings: Settings) -> list[str]:
+    """Every secret ``settings`` hold, as the texts to mask: the SASL password, the
+    ClickHouse DSN (and its password), each private key (and its key material) and
+    each webhook URL (and the parts beyond its origin).
+
+    >>> from pipeline.settings import load_settings
+    >>> s = load_settings({}, webhook_urls="https://h.example/T0/B0/XYZ-token")
+    >>> redact(f"POST {s.webhooks[0]}: refused", settings_secrets(s))
+    'POST https://h.example: refused'
+    """
+    found: list[str] = []
+    if settings.kafka_sasl_password is not None:
+        found.append(settings.kafka_sasl_password.get_secret_value())
+    if settings.clickhouse_dsn is not None:
+        found += url_secrets(settings.clickhouse_dsn.get_secret_value())
+    for name in type(settings).model_fields:
+        if name.endswith("_private_key"):
+            secret = getattr(settings, name)
+            if secret is not None:
+                text = secret.get_secret_value()
+                found += [text, text.partition(":")[2].strip()]
+    for url in settings.webhooks:
+        found += url_secrets(url)
+    return [s for s in found if s]
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that masks ``secrets()`` (read once, at the first record) in
+    every record's message and traceback before any formatter sees them."""
+
+    def __init__(self, secrets: Callable[[], Iterable[str]]) -> None:
+        super().__init__()
+        self._source = secrets
+        self._secrets: list[str] | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._secrets is None:
+            self._secrets = list(self._source())
+        record.msg, record.args = redact(record.getMessage(), self._secrets), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, self._secrets)
+        return True

@@ -52,6 +52,7 @@ STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
 STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
 STEPGUARD_SPARE_NODES         comma-separated spare pool
 STEPGUARD_WEBHOOK_URLS        comma-separated Alertmanager-compatible webhook URLs
+                              (secret: never printed, logged only as scheme://host)
 STEPGUARD_WEBHOOK_TIMEOUT_S / _RETRIES  per-POST timeout and retries of the webhook
 STEPGUARD_WARNING_CONFIRM_S   seconds a WARNING must persist (or WARNING_CONFIRM_STEPS)
 STEPGUARD_GUARD_JOB_NODES     job size for the percentage guardrail (0: unknown)
@@ -202,7 +203,9 @@ class Settings(BaseSettings):
     spare_nodes: str = ""
     #: without a spare: checkpoint and keep running degraded, or alert only
     no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
-    webhook_urls: str = ""
+    #: comma-separated receiver URLs; secret (they often carry a token), so a repr or
+    #: a dump of the settings never shows them: read them through :attr:`webhooks`
+    webhook_urls: SecretStr = SecretStr("")
     #: ... or this many seconds of event time (whichever comes first)
     warning_confirm_s: float = Field(default=300.0, gt=0)
     #: node count of a job for the percentage guardrail until a control message says
@@ -297,7 +300,9 @@ class Settings(BaseSettings):
 
     @property
     def webhooks(self) -> list[str]:
-        return [u.strip() for u in self.webhook_urls.split(",") if u.strip()]
+        """The webhook URLs (secrets: log :func:`pipeline.redact.url_origin` of them)."""
+        urls = self.webhook_urls.get_secret_value()
+        return [u.strip() for u in urls.split(",") if u.strip()]
 
     @property
     def archive_backend(self) -> Literal["server", "chdb"]:
