@@ -372,6 +372,7 @@ class WorkerCore:
             "after_end": self.after_end,
             "future_dated": self.future_dated,
             "refused_command": self.refused_commands,
+            "refused_result": self.refused_results,
         }
 
     def held(self, job_id: str) -> int:
