@@ -351,6 +351,27 @@ class ProcessGroup:
                 codes[name] = None
         return codes
 
+    def stop_one(self, name: str, grace_s: float = 10.0, poll_s: float = 0.05) -> int | None:
+        """Stop one service for good (it is not restarted), the others running on:
+        SIGTERM, SIGKILL after ``grace_s``. Returns its exit code (None: it was not
+        running, or did not exit)."""
+        proc = self.procs.get(name)
+        if proc is None:
+            return None
+        self.supervisor.stopping_now(name)
+        live, codes = {name: proc}, dict[str, int | None]()
+        for send in (proc.terminate, proc.kill):
+            send()
+            deadline = self.clock() + grace_s
+            while live and self.clock() < deadline:
+                self._reap(live, codes)
+                if live:
+                    self.sleep(poll_s)
+            if not live:
+                return codes[name]
+            self.on_event(name, f"still running {grace_s:.0f} s after {send.__name__}")
+        return None
+
     def _reap(self, live: dict[str, Process], codes: dict[str, int | None]) -> None:
         for name, proc in list(live.items()):
             code = proc.poll()

@@ -67,6 +67,7 @@ __all__ = [
     "child_env",
     "run_up",
     "signing_env",
+    "start_group",
 ]
 
 STATUS_FILE = "up.json"
@@ -609,17 +610,26 @@ def run_up(
     return 0  # pragma: no cover - the with block returns
 
 
-def _supervise(plan: Plan, options: UpOptions, console: Console, stop: threading.Event) -> int:
+def start_group(
+    plan: Plan, on_event: Callable[[str, str], None]
+) -> tuple[Supervisor, ProcessGroup, MetricsBoard]:
+    """The supervisor, the process group that runs it, and the metrics board of a
+    plan: what ``up`` and ``stepguard demo`` drive (call ``group.tick()`` in a loop,
+    ``group.stop()`` and ``board.close()`` at the end). Nothing is spawned yet."""
     sup = Supervisor(plan.specs)
+    group = ProcessGroup(sup, PopenSpawner(), on_event=on_event)
+    ports = {s.name: s.metrics_port for s in plan.specs if s.metrics_port}
+    return sup, group, MetricsBoard(ports).start()
+
+
+def _supervise(plan: Plan, options: UpOptions, console: Console, stop: threading.Event) -> int:
     live: Live | None = None
 
     def event(name: str, text: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {name}: {text}"
         (live.console if live is not None else console).print(line, highlight=False)
 
-    group = ProcessGroup(sup, PopenSpawner(), on_event=event)
-    ports = {s.name: s.metrics_port for s in plan.specs if s.metrics_port}
-    board = MetricsBoard(ports).start()
+    sup, group, board = start_group(plan, event)
     started = datetime.now(UTC)
     status_path = plan.state_dir / STATUS_FILE
     title = f"stepguard up: {plan.bootstrap} ({plan.broker_flavor})"

@@ -233,6 +233,27 @@ def test_clean_stop_sources_first_broker_last_and_kills_the_stubborn():
     assert group.procs == {}  # nothing starts again once stopping
 
 
+def test_stop_one_stops_a_service_for_good_and_leaves_the_others_running():
+    clock = FakeClock()
+    spawner = FakeSpawner(clock)
+    group = ProcessGroup(Supervisor(stack()), spawner, clock=clock, sleep=clock.sleep)
+    for _ in range(2):
+        group.tick()
+    spawner.procs["topics"].code = 0
+    for _ in range(2):
+        group.tick()
+    spawner.procs["archiver"].ignores_term = True
+    spawner.log.clear()
+    assert group.stop_one("archiver", grace_s=5.0) == -9
+    assert spawner.log == ["term archiver", "kill archiver"]
+    clock.now += 60.0
+    group.tick()
+    assert "archiver" not in group.procs  # not restarted
+    assert group.supervisor.services["archiver"].state is ServiceState.STOPPED
+    assert {"broker", "worker-1", "worker-2", "simulate"} <= set(group.procs)
+    assert group.stop_one("archiver") is None  # not running
+
+
 def test_docstring_examples():
     import doctest
 
