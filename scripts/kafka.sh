@@ -6,7 +6,8 @@
 # Kafka version: 4.4.0 (org.apache.kafka:kafka_2.13 + kafka-tools 4.4.0, log4j2 2.25.5).
 # Override with KAFKA_VERSION; 4.x and 3.9.x are supported (3.9 uses log4j 1 / reload4j).
 #
-# Usage: scripts/kafka.sh start|stop|status|restart [--keep-data]
+# Usage: scripts/kafka.sh start|stop|status|restart [--keep-data] [--secure]
+#        scripts/kafka.sh acl-spec        print the principals' ACLs (no broker needed)
 #
 # By default every start begins with empty storage and stop deletes it (tests start
 # from a clean broker). With --keep-data, stop leaves the log dirs and metadata in
@@ -31,6 +32,24 @@
 #   kafka.pid
 #
 # `start` prints KAFKA_BOOTSTRAP=127.0.0.1:<port> as its last line.
+#
+# --secure: SASL_SSL (SCRAM-SHA-512) on the client listener, mutual TLS on the
+# controller listener, StandardAuthorizer with ACLs (nothing is allowed unless an ACL
+# says so), one principal per stepguard service (see `acl-spec` and docs/kafka-acls.md).
+# Every start makes a fresh private folder (mktemp -d, mode 700) holding a new CA and
+# broker certificate (openssl, EC P-256, SAN 127.0.0.1/localhost), random passwords,
+# the broker's config, and one env file per principal (<principal>.env, mode 600, the
+# STEPGUARD_KAFKA_* settings of that service). SCRAM users are created when the
+# storage is formatted, ACLs through the Admin API as the super user `admin`; no
+# password ever appears on a command line (java reads its arguments from a file in the
+# private folder). stop removes the folder. `start --secure` prints
+# KAFKA_SECURE_DIR=<folder> before KAFKA_BOOTSTRAP. ACLs name the topics of
+#   KAFKA_ACL_TOPIC_PREFIX=${STEPGUARD_TOPIC_PREFIX:-}   and consumer groups of
+#   KAFKA_ACL_GROUP=${STEPGUARD_CONSUMER_GROUP:-stepguard}
+# --keep-data is not supported with --secure.
+#
+# The state dir is trusted only if it is a real directory (not a link) owned by this
+# user and writable by nobody else; a missing one is created with mode 700.
 set -euo pipefail
 
 KAFKA_VERSION="${KAFKA_VERSION:-4.4.0}"
@@ -43,9 +62,15 @@ KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
 LOG4J2_VERSION="2.25.5"            # matches what kafka-server 4.4.0 brings
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 
+KAFKA_ACL_TOPIC_PREFIX="${KAFKA_ACL_TOPIC_PREFIX:-${STEPGUARD_TOPIC_PREFIX:-}}"
+KAFKA_ACL_GROUP="${KAFKA_ACL_GROUP:-${STEPGUARD_CONSUMER_GROUP:-stepguard}}"
+
 STATE="$KAFKA_HOME_DIR"
 LIBS="${KAFKA_LIBS_DIR:-$STATE/libs-$KAFKA_VERSION}"
 KEEP_DATA=0
+SECURE=0
+SECURE_DIR=""             # the private folder of a --secure broker (see load_secure_dir)
+SECURE_REF="$STATE/secure-dir"   # holds that folder's path while the broker runs
 FETCH="$STATE/fetch-$KAFKA_VERSION"
 CONF="$STATE/config"
 DATA="$STATE/data"
@@ -69,9 +94,45 @@ running_pid() {
   kill -0 "$pid" 2>/dev/null || return 0
   local cmdline
   cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
-  if [[ "$cmdline" == *"kafka.Kafka $CONF/server.properties"* ]]; then
+  if [[ "$cmdline" == *"kafka.Kafka $CONF/server.properties"* ]] ||
+     [[ -n "$SECURE_DIR" && "$cmdline" == *"kafka.Kafka $SECURE_DIR/server.properties"* ]]; then
     echo "$pid"
   fi
+}
+
+# A directory is trusted only when it is ours: a real directory (not a symlink), owned
+# by this user, writable by nobody else. Anyone could have made /tmp/<name> first.
+check_private_dir() {
+  local dir="$1" owner mode
+  [[ -L "$dir" ]] && die "$dir is a symbolic link: refusing to use it"
+  [[ -d "$dir" ]] || die "$dir is not a directory"
+  owner="$(stat -c %u "$dir")"
+  [[ "$owner" == "$(id -u)" ]] || die "$dir belongs to uid $owner, not to us: refusing to use it"
+  mode="$(stat -c %a "$dir")"
+  (( (8#$mode & 8#022) == 0 )) || die "$dir is writable by others (mode $mode): refusing to use it"
+}
+
+# The state dir: created private when missing, checked when it exists.
+ensure_state_dir() {
+  if [[ -e "$STATE" || -L "$STATE" ]]; then
+    check_private_dir "$STATE"
+  else
+    mkdir -p "$(dirname "$STATE")"
+    mkdir -m 700 "$STATE"
+  fi
+}
+
+# SECURE_DIR from the reference a --secure start left, if it is still a private folder
+# of ours (mode 700); a reference to anything else is ignored, never followed.
+load_secure_dir() {
+  SECURE_DIR=""
+  [[ -f "$SECURE_REF" && ! -L "$SECURE_REF" ]] || return 0
+  local dir
+  dir="$(head -n 1 "$SECURE_REF")"
+  [[ "$dir" == /* && -d "$dir" && ! -L "$dir" ]] || return 0
+  [[ "$(stat -c %u "$dir")" == "$(id -u)" && "$(stat -c %a "$dir")" == 700 ]] || return 0
+  [[ -f "$dir/.stepguard-kafka-secure" ]] || return 0
+  SECURE_DIR="$dir"
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -245,11 +306,241 @@ random_cluster_id() {
   head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'
 }
 
+# ---------------------------------------------------------------- secure mode
+
+# One principal per service; `admin` is the super user (topics, ACLs, inter-broker).
+PRINCIPALS=(exporter simulator worker actuator executor listener operator archiver)
+
+# Who may do what: "principal resource-type pattern-type name operations", one line per
+# principal and resource. The trust table of docs/kafka-acls.md, spelled for Kafka.
+# READ and WRITE imply DESCRIBE. Nothing else is allowed (no ACL means denied).
+acl_spec() {
+  local t="${KAFKA_ACL_TOPIC_PREFIX}stepguard." g="$KAFKA_ACL_GROUP" who ops topic
+  allow() {
+    who="$1" ops="$2"
+    shift 2
+    for topic in "$@"; do echo "User:$who TOPIC LITERAL $t$topic $ops"; done
+  }
+  # exporters (training ranks, node agents): telemetry in, nothing read
+  allow exporter WRITE steps health lifecycle
+  # the simulator plays exporters and writes the ground truth
+  allow simulator WRITE steps health lifecycle truth
+  # the worker: telemetry, commands and results in; signed alerts and dead letters out;
+  # its own internal topics (the jobs topic; the table changelog and Faust's leader
+  # topic, both named after its app id) and its consumer group
+  allow worker READ steps health lifecycle commands results
+  allow worker WRITE decisions deadletter
+  echo "User:worker TOPIC LITERAL ${t}steps.worker-jobs.$g READ,WRITE,CREATE"
+  echo "User:worker TOPIC PREFIXED $g.worker- READ,WRITE,CREATE,DESCRIBE_CONFIGS,ALTER_CONFIGS"
+  echo "User:worker GROUP LITERAL $g.worker READ"
+  # the actuator: alerts, approvals and control in; commands, action records and its
+  # own guardrail alerts out; reads back commands, actions, control and results
+  allow actuator READ decisions approvals control commands actions results
+  allow actuator WRITE decisions commands actions deadletter
+  echo "User:actuator GROUP LITERAL $g.actuator READ"
+  # executors: commands in, results out (each executor its own group)
+  allow executor READ commands results
+  allow executor WRITE results deadletter
+  echo "User:executor GROUP PREFIXED $g.executor. READ"
+  # the training-side command listener: commands in; results and job events out
+  allow listener READ commands results
+  allow listener WRITE results lifecycle
+  # operators (stepguard approve/reject/control/pending)
+  allow operator WRITE approvals control
+  allow operator READ actions
+  # the archiver reads everything and writes dead letters
+  allow archiver READ steps health truth decisions commands results lifecycle approvals \
+    control actions deadletter
+  allow archiver WRITE deadletter
+  echo "User:archiver GROUP LITERAL $g.archiver READ"
+}
+
+random_secret() { head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 32; }
+
+# A fresh private folder with a CA, a broker certificate, passwords, the broker config,
+# the admin's client config and an env file per principal. Sets SECURE_DIR.
+make_secure_dir() {
+  command -v openssl >/dev/null || die "openssl not found (needed for --secure)"
+  local dir
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/stepguard-kafka-secure.XXXXXXXX")"
+  chmod 700 "$dir"
+  (
+    umask 077
+    cd "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
+      -subj "/CN=stepguard-kafka-ca" -keyout ca.key -out ca.pem >/dev/null 2>&1
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -subj "/CN=stepguard-broker" -keyout broker.key -out broker.csr >/dev/null 2>&1
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+      "extendedKeyUsage=serverAuth,clientAuth" >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+      -extfile broker.ext -out broker.crt >/dev/null 2>&1
+    # Kafka's PEM key store: the PKCS#8 key, then the certificate chain
+    openssl pkcs8 -topk8 -nocrypt -in broker.key -out broker.pk8
+    cat broker.pk8 broker.crt ca.pem >broker.pem
+    rm -f broker.csr broker.ext broker.key broker.pk8 ca.srl
+  ) || { rm -rf "$dir"; die "openssl could not make the certificates"; }
+  touch "$dir/.stepguard-kafka-secure"
+  SECURE_DIR="$dir"
+  echo "$dir" >"$SECURE_REF"
+  local who
+  for who in admin "${PRINCIPALS[@]}"; do
+    (umask 077; random_secret >"$dir/$who.password")
+  done
+}
+
+password_of() { cat "$SECURE_DIR/$1.password"; }
+
+write_secure_config() {
+  local d="$SECURE_DIR" admin_pw
+  admin_pw="$(password_of admin)"
+  (
+    umask 077
+    cp "$CONF/server.properties" "$d/server.properties"
+    # replace the plaintext listeners; everything else as in the plain broker
+    sed -i -e '/^listeners=/d' -e '/^advertised.listeners=/d' \
+      -e '/^listener.security.protocol.map=/d' -e '/^inter.broker.listener.name=/d' \
+      -e '/^auto.create.topics.enable=/d' "$d/server.properties"
+    cat >>"$d/server.properties" <<EOF
+# --secure: SASL_SSL (SCRAM-SHA-512) for clients and between brokers, mutual TLS for
+# the controller, ACLs enforced by StandardAuthorizer
+listeners=SASL_SSL://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=SASL_SSL://127.0.0.1:$KAFKA_PORT
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL
+inter.broker.listener.name=SASL_SSL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+listener.name.controller.ssl.client.auth=required
+ssl.keystore.type=PEM
+ssl.keystore.location=$d/broker.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$d/ca.pem
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:admin;User:CN=stepguard-broker
+auto.create.topics.enable=false
+EOF
+    cat >"$d/admin.properties" <<EOF
+bootstrap.servers=$BOOTSTRAP
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+ssl.truststore.type=PEM
+ssl.truststore.location=$d/ca.pem
+request.timeout.ms=5000
+default.api.timeout.ms=10000
+EOF
+    local who
+    for who in admin "${PRINCIPALS[@]}"; do
+      cat >"$d/$who.env" <<EOF
+STEPGUARD_KAFKA_BOOTSTRAP=$BOOTSTRAP
+STEPGUARD_BROKER_FLAVOR=kafka
+STEPGUARD_KAFKA_SECURITY_PROTOCOL=SASL_SSL
+STEPGUARD_KAFKA_SASL_MECHANISM=SCRAM-SHA-512
+STEPGUARD_KAFKA_SASL_USERNAME=$who
+STEPGUARD_KAFKA_SASL_PASSWORD=$(password_of "$who")
+STEPGUARD_KAFKA_SSL_CAFILE=$d/ca.pem
+STEPGUARD_TOPIC_PREFIX=$KAFKA_ACL_TOPIC_PREFIX
+STEPGUARD_CONSUMER_GROUP=$KAFKA_ACL_GROUP
+EOF
+    done
+  )
+}
+
+# Format the storage with every principal's SCRAM credential (KIP-900). The arguments,
+# passwords included, go through a java @argfile in the private folder: never argv.
+format_secure() {
+  local args="$SECURE_DIR/format.args" cid who
+  cid="$(random_cluster_id)"
+  (
+    umask 077
+    {
+      printf '%s\n' -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 "${TOOL_LOG_OPTS[@]}" \
+        -cp "$(classpath)" kafka.tools.StorageTool format --cluster-id "$cid" \
+        --config "$SECURE_DIR/server.properties" --standalone
+      for who in admin "${PRINCIPALS[@]}"; do
+        printf '%s\n' --add-scram "SCRAM-SHA-512=[name=$who,password=$(password_of "$who")]"
+      done
+    } >"$args"
+  )
+  local rc=0
+  java "@$args" >"$LOGS/format.log" 2>&1 || rc=$?
+  rm -f "$args"
+  if [[ $rc != 0 ]]; then
+    cat "$LOGS/format.log" >&2
+    die "formatting the storage failed"
+  fi
+}
+
+# Create the ACLs of acl_spec through the Admin API, as admin, in one JVM (a tiny Java
+# program run from source: one start instead of one kafka-acls per line).
+create_acls() {
+  local d="$SECURE_DIR"
+  acl_spec >"$d/acls.txt"
+  cat >"$d/StepguardAcls.java" <<'EOF'
+import java.io.Reader;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.common.acl.AccessControlEntry;
+import org.apache.kafka.common.acl.AclBinding;
+import org.apache.kafka.common.acl.AclOperation;
+import org.apache.kafka.common.acl.AclPermissionType;
+import org.apache.kafka.common.resource.PatternType;
+import org.apache.kafka.common.resource.ResourcePattern;
+import org.apache.kafka.common.resource.ResourceType;
+
+/** Reads "principal resource-type pattern-type name op,op,..." lines; allows each. */
+public class StepguardAcls {
+  public static void main(String[] args) throws Exception {
+    Properties props = new Properties();
+    try (Reader r = Files.newBufferedReader(Path.of(args[0]))) { props.load(r); }
+    List<AclBinding> acls = new ArrayList<>();
+    for (String line : Files.readAllLines(Path.of(args[1]))) {
+      String[] f = line.strip().split("\\s+");
+      if (f.length != 5) throw new IllegalArgumentException("bad ACL line: " + line);
+      ResourcePattern pattern = new ResourcePattern(
+          ResourceType.fromString(f[1]), f[3], PatternType.fromString(f[2]));
+      for (String op : f[4].split(",")) {
+        AclOperation operation = AclOperation.fromString(op);
+        if (operation == AclOperation.UNKNOWN) throw new IllegalArgumentException("bad operation: " + op);
+        acls.add(new AclBinding(pattern, new AccessControlEntry(
+            f[0], "*", operation, AclPermissionType.ALLOW)));
+      }
+    }
+    try (Admin admin = Admin.create(props)) {
+      admin.createAcls(acls).all().get();
+    }
+    System.out.println(acls.size());
+  }
+}
+EOF
+  local n
+  if ! n="$(java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 "${TOOL_LOG_OPTS[@]}" \
+      -cp "$(classpath)" "$d/StepguardAcls.java" "$d/admin.properties" "$d/acls.txt" \
+      2>"$LOGS/acls.log")"; then
+    cat "$LOGS/acls.log" >&2
+    return 1
+  fi
+  log "created $n ACLs for ${#PRINCIPALS[@]} principals (topics ${KAFKA_ACL_TOPIC_PREFIX}stepguard.*, groups $KAFKA_ACL_GROUP.*)"
+}
+
 # ---------------------------------------------------------------- commands
 
 broker_answers() {
+  local client="$CONF/tools-client.properties"
+  [[ -n "$SECURE_DIR" ]] && client="$SECURE_DIR/admin.properties"
   kafka_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" \
-    --command-config "$CONF/tools-client.properties" --list >/dev/null 2>>"$LOGS/readiness.log"
+    --command-config "$client" --list >/dev/null 2>>"$LOGS/readiness.log"
+}
+
+print_env() {
+  [[ -n "$SECURE_DIR" ]] && echo "KAFKA_SECURE_DIR=$SECURE_DIR"
+  echo "KAFKA_BOOTSTRAP=$BOOTSTRAP"
 }
 
 cmd_start() {
@@ -258,9 +549,12 @@ cmd_start() {
   pid="$(running_pid)"
   if [[ -n "$pid" ]]; then
     set_log_opts
+    if [[ "$SECURE" == 1 && -z "$SECURE_DIR" ]] || [[ "$SECURE" == 0 && -n "$SECURE_DIR" ]]; then
+      die "a broker (pid $pid) already runs $([[ -n "$SECURE_DIR" ]] && echo with || echo without) --secure in $STATE: stop it first"
+    fi
     if broker_answers; then
       log "already running (pid $pid)"
-      echo "KAFKA_BOOTSTRAP=$BOOTSTRAP"
+      print_env
       return 0
     fi
     log "pid $pid exists but the broker does not answer: restarting it"
@@ -272,13 +566,33 @@ cmd_start() {
     fi
   done
 
-  mkdir -p "$STATE" "$LOGS"
+  if [[ "$SECURE" == 1 && "$KEEP_DATA" == 1 ]]; then
+    die "--keep-data is not supported with --secure (every secure start makes new keys)"
+  fi
+  ensure_state_dir
+  mkdir -p "$LOGS"
   fetch_jars
   write_config
+  local config="$CONF/server.properties"
+  if [[ -n "$SECURE_DIR" ]]; then  # left by a secure broker that is gone
+    rm -rf "$SECURE_DIR"
+    SECURE_DIR=""
+  fi
+  rm -f "$SECURE_REF"
+  if [[ "$SECURE" == 1 ]]; then
+    make_secure_dir
+    write_secure_config
+    config="$SECURE_DIR/server.properties"
+  fi
 
   : >"$LOGS/readiness.log"
   if [[ "$KEEP_DATA" == 1 && -f "$DATA/metadata/meta.properties" ]]; then
     log "reusing the storage in $DATA (--keep-data)"
+  elif [[ "$SECURE" == 1 ]]; then
+    rm -rf "$DATA"
+    mkdir -p "$DATA"
+    : >"$LOGS/server.log"
+    format_secure
   else
     # a fresh broker: empty, formatted storage
     rm -rf "$DATA"
@@ -293,13 +607,13 @@ cmd_start() {
     fi
   fi
 
-  log "starting Kafka $KAFKA_VERSION on $BOOTSTRAP (controller 127.0.0.1:$KAFKA_CONTROLLER_PORT), state in $STATE"
+  log "starting Kafka $KAFKA_VERSION on $BOOTSTRAP (controller 127.0.0.1:$KAFKA_CONTROLLER_PORT)$([[ "$SECURE" == 1 ]] && echo ", SASL_SSL + ACLs, secrets in $SECURE_DIR"), state in $STATE"
   # shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of JVM flags
   setsid java $KAFKA_HEAP_OPTS -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
     -Djava.awt.headless=true "${BROKER_LOG_OPTS[@]}" \
     -Dkafka.logs.dir="$LOGS" \
-    -cp "$(classpath)" kafka.Kafka "$CONF/server.properties" \
+    -cp "$(classpath)" kafka.Kafka "$config" \
     </dev/null >"$LOGS/kafka.out" 2>&1 &
   pid=$!
   echo "$pid" >"$PIDFILE"
@@ -334,8 +648,15 @@ cmd_start() {
     fi
     sleep 1
   done
+  if [[ "$SECURE" == 1 ]] && ! create_acls; then
+    cmd_stop
+    die "creating the ACLs failed (log: $LOGS/acls.log)"
+  fi
   log "ready after $((SECONDS - t0))s (pid $pid, logs in $LOGS)"
-  echo "KAFKA_BOOTSTRAP=$BOOTSTRAP"
+  if [[ "$SECURE" == 1 ]]; then
+    log "one env file per principal (STEPGUARD_KAFKA_* settings): $SECURE_DIR/{admin,$(IFS=,; echo "${PRINCIPALS[*]}")}.env"
+  fi
+  print_env
 }
 
 cmd_stop() {
@@ -361,6 +682,11 @@ cmd_stop() {
     log "not running"
   fi
   rm -f "$PIDFILE"
+  if [[ -n "$SECURE_DIR" ]]; then
+    rm -rf "$SECURE_DIR"
+    SECURE_DIR=""
+  fi
+  rm -f "$SECURE_REF"
   if [[ "$KEEP_DATA" == 1 ]]; then
     log "storage kept in $DATA (--keep-data)"
   else
@@ -377,29 +703,34 @@ cmd_status() {
   fi
   set_log_opts
   if broker_answers; then
-    echo "kafka: running (pid $pid, version $KAFKA_VERSION), KAFKA_BOOTSTRAP=$BOOTSTRAP"
+    echo "kafka: running (pid $pid, version $KAFKA_VERSION$([[ -n "$SECURE_DIR" ]] && echo ", secure: $SECURE_DIR")), KAFKA_BOOTSTRAP=$BOOTSTRAP"
   else
     echo "kafka: process $pid alive but the broker does not answer on $BOOTSTRAP"
     return 1
   fi
 }
 
-case "${2:-}" in
-  "") ;;
-  --keep-data) KEEP_DATA=1 ;;
-  *)
-    echo "usage: $0 start|stop|status|restart [--keep-data]" >&2
-    exit 2
-    ;;
-esac
+usage() {
+  echo "usage: $0 start|stop|status|restart [--keep-data] [--secure] | acl-spec" >&2
+  exit 2
+}
+for opt in "${@:2}"; do
+  case "$opt" in
+    --keep-data) KEEP_DATA=1 ;;
+    --secure) SECURE=1 ;;
+    *) usage ;;
+  esac
+done
+
+if [[ -d "$STATE" && ! -L "$STATE" ]]; then
+  load_secure_dir
+fi
 
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
   restart) cmd_stop; cmd_start ;;
-  *)
-    echo "usage: $0 start|stop|status|restart [--keep-data]" >&2
-    exit 2
-    ;;
+  acl-spec) acl_spec ;;
+  *) usage ;;
 esac
