@@ -19,7 +19,6 @@ the actuator, its executors and the training-side command listener):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -28,7 +27,12 @@ from typing import Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 
 from pipeline.errors import BrokerError
 from pipeline.settings import Settings
@@ -184,13 +188,28 @@ def create_topics(
             if registry.name(n) not in existing
         ]
         if new:
-            with contextlib.suppress(TopicAlreadyExistsError):
-                admin.create_topics(new)
+            _check_created(admin.create_topics(new, raise_errors=False))
     except KafkaError as exc:
         raise BrokerError(f"cannot create topics on {settings.kafka_bootstrap}: {exc}") from exc
     finally:
         admin.close()
     return {n: registry.name(n) for n in names}
+
+
+def _check_created(response: dict[str, Any]) -> None:
+    """Accept a CreateTopics answer where each topic was created, exists already, or
+    is not ours to create: with ACLs (docs/kafka-acls.md) a service sees only the
+    topics it may use, and the admin's ``stepguard topics`` creates every topic; a
+    reader of a topic that is really missing then fails with the topic's name."""
+    for topic in response.get("topics", []):
+        code = topic.get("error_code", 0)
+        if code in (0, TopicAlreadyExistsError.errno):
+            continue
+        if code == TopicAuthorizationFailedError.errno:
+            log.info("not authorised to create topic %s: leaving it to the admin", topic["name"])
+            continue
+        error = for_code(code)
+        raise error(f"cannot create topic {topic['name']}: {topic.get('error_message')}")
 
 
 def publish(producer: KafkaProducer, registry: TopicRegistry, logical: str, msg: Message) -> Any:
