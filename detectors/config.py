@@ -109,6 +109,12 @@ class MonitorConfig:
     ``ecc_z_critical``
     ``nvlink_z_warning``            ... of NVLink errors (2 reports)
     ``nic_z_warning``               ... of NIC errors + retransmits (1 report)
+    ``pcie_loss_warning``           PCIe bandwidth fraction lost to a downtrained link
+                                    (2 reports; NVLink links down and a pending row
+                                    remap warn at once, fixed thresholds)
+    ``throttle_warning``            short-run fraction of reports with a thermal/HW
+                                    slowdown clock reason above own and fleet usual
+    ``power_cap_info``              ... with a power-cap reason (info only)
     ``fatal_xids``                  XIDs critical at once (with any uncorrectable ECC)
     ``fatal_latch_reports``         reports a hard-rule episode stays open
     Grading
@@ -172,6 +178,9 @@ class MonitorConfig:
     ecc_z_critical: float = 50.0
     nvlink_z_warning: float = 6.0
     nic_z_warning: float = 10.0
+    pcie_loss_warning: float = 0.2
+    throttle_warning: float = 0.5
+    power_cap_info: float = 0.5
     fatal_xids: frozenset[int] = FATAL_XIDS
     fatal_latch_reports: int = 30
     hold_steps: int = 5

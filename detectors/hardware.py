@@ -14,8 +14,12 @@ Scored per :class:`schemas.NodeHealth` report (one node, all its GPUs, vectorise
   ``(k - lam) / sqrt(lam + 1)`` with ``lam = max(own EW rate, fleet median rate) * dt``,
   so background noise on a busy counter does not page while a storm does.
 - ``hw_fatal`` (hard rule, :mod:`detectors.hardware_rules`): any increase of
-  ``ecc_uncorrected`` or any XID in ``fatal_xids`` (default :data:`FATAL_XIDS`).
-  Score 1, latched for ``fatal_latch_reports`` reports so the episode stays open.
+  ``ecc_uncorrected``, a failed row remap or any XID in ``fatal_xids`` (default
+  :data:`FATAL_XIDS`). Score 1, latched for ``fatal_latch_reports`` reports so the
+  episode stays open.
+- silent slowdowns (:mod:`detectors.hardware_links`): ``pcie_downtrain``,
+  ``nvlink_down`` and ``row_remap`` (rules), ``clock_throttle`` and ``power_cap``
+  (own and fleet baselines of the clock reasons).
 
 Counters going down (reboot, driver reload) re-base and give a zero count. Baseline
 scores are neutral until a GPU has ``warmup_reports`` reports; the hard rules apply at
@@ -52,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.base import Finding, check_positive
+from detectors.hardware_links import LINK_SIGNALS, learn_links, link_findings
 from detectors.hardware_rules import FATAL_XIDS, fatal_findings, learn_fatal
 from detectors.hardware_state import FleetState, NodeState, Prepared
 from schemas.telemetry import NodeHealth
@@ -61,8 +66,8 @@ __all__ = ["FATAL_XIDS", "HEALTH_SIGNALS", "HardwareDetector", "Prepared"]
 F64 = npt.NDArray[np.float64]
 
 #: Signals produced from NodeHealth reports.
-HEALTH_SIGNALS: frozenset[str] = frozenset(
-    {"thermal", "ecc_rate", "nvlink_errors", "nic_errors", "hw_fatal"}
+HEALTH_SIGNALS: frozenset[str] = (
+    frozenset({"thermal", "ecc_rate", "nvlink_errors", "nic_errors", "hw_fatal"}) | LINK_SIGNALS
 )
 
 
@@ -144,6 +149,7 @@ class HardwareDetector:
         # hard rules: critical at once, no warm-up
         out = fatal_findings(prep, st, p, seen, self.fatal_xids)
         warm = seen & (st.gpu_n[p] >= self.warmup_reports) if sized else seen
+        out += link_findings(prep, st, p, seen, warm, self._fleet)
         if not warm.any():
             return out
         # thermal: peer-relative temperature against the GPU's own offset
@@ -256,6 +262,7 @@ class HardwareDetector:
         f_temp, f_clock, _, _, _ = fl.medians
         # hard-rule latch, then the baselines
         learn_fatal(prep, st, pos, first_seen, self.fatal_latch_reports)
+        learn_links(prep, st, pos, fl, skip)
         if (
             math.isfinite(f_temp)
             and math.isfinite(f_clock)

@@ -1,17 +1,21 @@
-"""Hardware hard rules: an uncorrectable ECC error or a fatal XID is critical at once.
+"""Hardware hard rules: an uncorrectable ECC error, a failed row remap or a fatal XID
+is critical at once (recommended action: isolate the node now).
 
 ``hw_fatal`` fires for a GPU on any increase of ``ecc_uncorrected`` (a first report
-with a non-zero count counts as one) or any XID in ``fatal_xids``. Score 1, latched
+with a non-zero count counts as one), a report of a failed row remap
+(``remap_failed``: the GPU has no spare rows left, it needs an RMA) or any XID in
+``fatal_xids``. Score 1, latched
 for ``latch_reports`` more reports of the node so the episode stays open while the GPU
 reports normally again. No baseline and no warm-up: the rules apply from a GPU's first
 report. The state they read and write (last uncorrectable count, latch) lives in
 :class:`~detectors.hardware_state.NodeState`.
 
-:data:`FATAL_XIDS` (NVIDIA XID catalogue): 48 double-bit ECC error; 63 ECC page
-retirement / row-remap event; 64 ECC page retirement or row-remap failure; 74 NVLink
-error; 79 GPU fallen off the bus; 94 contained ECC error; 95 uncontained ECC error;
-119 GSP RPC timeout; 120 GSP error. Other XIDs (application faults such as 13, 31,
-43) are not scored.
+:data:`FATAL_XIDS` (NVIDIA XID catalogue, the XIDs after which a GPU must be
+drained): 48 double-bit ECC error; 64 ECC page retirement or row-remap failure; 74
+NVLink error; 79 GPU fallen off the bus; 94 contained ECC error; 95 uncontained ECC
+error; 119 GSP RPC timeout; 120 GSP error. XID 63 (a row remap recorded, applied at
+the next GPU reset) is the ``row_remap`` signal of :mod:`detectors.hardware_links`,
+not a hard rule. Other XIDs (application faults such as 13, 31, 43) are not scored.
 
 Examples
 --------
@@ -30,11 +34,16 @@ Examples
 ...     hw.learn_one(msg)
 0 []
 1 ['GPU 0: uncorrectable ECC +1']
-2 ['GPU 0: after uncorrectable ECC / fatal XID']
-3 ['GPU 0: after uncorrectable ECC / fatal XID']
+2 ['GPU 0: after uncorrectable ECC / failed row remap / fatal XID']
+3 ['GPU 0: after uncorrectable ECC / failed row remap / fatal XID']
 4 []
 >>> [f.detail for f in hw.score_one(report(5, 1, xids=(13, 79)))]
 ['GPU 0: fatal XID 79']
+>>> g = GpuHealth(index=2, temperature_c=60.0, power_w=300, sm_clock_mhz=1980,
+...               utilization_pct=99, remap_failed=True)
+>>> msg = NodeHealth(node="b", ts=t0, gpus=(g,))
+>>> [f.detail for f in HardwareDetector().score_one(msg)]
+['GPU 2: row remap failed']
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ __all__ = ["FATAL_XIDS", "fatal_findings", "learn_fatal"]
 I64 = npt.NDArray[np.int64]
 
 #: XID codes that are critical at once (see the module docstring).
-FATAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120})
+FATAL_XIDS: frozenset[int] = frozenset({48, 64, 74, 79, 94, 95, 119, 120})
 
 
 def fatal_findings(
@@ -75,6 +84,8 @@ def fatal_findings(
         reasons = []
         if unc[i] > prev_unc[i]:
             reasons.append(f"uncorrectable ECC +{int(unc[i] - prev_unc[i])}")
+        if prep.remap_failed[i]:
+            reasons.append("row remap failed")
         if prep.xid_fatal[i]:
             fatal = sorted(set(g.xid_codes) & fatal_xids)
             reasons.append("fatal XID " + ",".join(map(str, fatal)))
@@ -109,7 +120,7 @@ def learn_fatal(
     marks the GPUs registered by this report.
     """
     prev_unc = np.where(first_seen | (st.gpu_n[pos] == 0), 0, st.ecc_unc[pos])
-    fatal = (prep.unc > prev_unc) | prep.xid_fatal
+    fatal = (prep.unc > prev_unc) | prep.xid_fatal | prep.remap_failed
     st.latch[pos] = np.where(fatal, latch_reports, np.maximum(st.latch[pos] - 1, 0))
     for p in pos[fatal]:
-        st.latch_detail[int(p)] = "after uncorrectable ECC / fatal XID"
+        st.latch_detail[int(p)] = "after uncorrectable ECC / failed row remap / fatal XID"

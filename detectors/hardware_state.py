@@ -5,11 +5,16 @@
 ``index`` gets the next position the first time it is learned): the last cumulative
 counters, the reports learned per GPU, the hard-rule latch and the baselines
 (temperature and SM-clock offsets against the fleet, EW rates of the ECC and NVLink
-counters, the node's NIC rate). :class:`FleetState` holds the latest value per GPU and
-per node across the fleet, with medians recomputed now and then.
+counters, the node's NIC rate, the short and long-run fractions of reports with a
+thermal/hardware-slowdown or a power-cap clock reason). :class:`FleetState` holds the
+latest value per GPU and per node across the fleet, with medians recomputed now and
+then.
 :meth:`NodeState.read` turns one report into a :class:`Prepared`: its arrays and the
 counts since the node's previous report. Counters going down (reboot, driver reload)
-give a zero count. Scoring and learning are :mod:`detectors.hardware`'s.
+give a zero count. The silent-slowdown readings (PCIe bandwidth lost to a link trained
+below its maximum, NVLink links down, row remapping, clock reasons) are read here too
+(:func:`pcie_loss`, :func:`clock_reasons`). Scoring and learning are
+:mod:`detectors.hardware`'s.
 
 Examples
 --------
@@ -26,6 +31,14 @@ Examples
 >>> prep = st.read(msg, fatal_xids=frozenset({79}))
 >>> prep.corr.tolist(), prep.d_ecc.tolist(), prep.known.tolist(), prep.xid_fatal.tolist()
 ([7], [0.0], [False], [True])
+>>> round(pcie_loss(4, 5, 16, 16, busy=True), 2), pcie_loss(4, 5, 16, 16, busy=False)
+(0.5, 0.0)
+>>> pcie_loss(5, 5, 8, 16, busy=False), pcie_loss(None, None, None, None, busy=True)
+(0.5, 0.0)
+>>> clock_reasons(("hw_slowdown", "hw_power_brake_slowdown")), clock_reasons(("sw_power_cap",))
+((False, True), (False, True))
+>>> clock_reasons(("hw_thermal_slowdown",)), clock_reasons(("gpu_idle",))
+((True, False), (False, False))
 """
 
 from __future__ import annotations
@@ -40,13 +53,64 @@ import numpy.typing as npt
 from detectors._stats import EWArrays
 from schemas.telemetry import NodeHealth
 
-__all__ = ["FleetState", "NodeState", "Prepared"]
+__all__ = [
+    "PCIE_BUSY_UTIL_PCT", "POWER_REASONS", "REMAP_XIDS", "SLOWDOWN_REASONS", "FleetState",
+    "NodeState", "Prepared", "clock_reasons", "pcie_loss",
+]  # fmt: skip
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 _RATE_ALPHA = 0.05
 _OFFSET_ALPHA = 0.02
+#: Weight of the latest report in a GPU's short-run throttle fraction (3 reports of a
+#: reason take it from 0 to 0.66), and in its long-run baseline.
+THROTTLE_SHORT_ALPHA = 0.3
+THROTTLE_BASE_ALPHA = 0.02
+
+#: A GPU this busy (utilisation %) runs its PCIe link at full generation; idle GPUs
+#: lower the generation to save power, which is not a fault.
+PCIE_BUSY_UTIL_PCT = 50.0
+#: Clock reasons of a thermal or hardware slowdown (``hw_slowdown`` alone: NVML sets it
+#: for power-brake assertions too, so it counts only without ``hw_power_brake``).
+SLOWDOWN_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+#: Clock reasons of a power limit (software cap or an external power brake).
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
+#: XIDs that record a memory row remap waiting for a GPU reset (63: "ECC page
+#: retirement or row remapping recording event").
+REMAP_XIDS = frozenset({63})
+#: Usable GB/s per lane by PCIe generation (after line encoding).
+_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.125}
+
+
+def _lane(gen: int) -> float:
+    return _LANE_GBPS.get(gen, 0.25 * 2.0 ** (gen - 1))
+
+
+def pcie_loss(
+    gen: int | None, gen_max: int | None, width: int | None, width_max: int | None, *, busy: bool
+) -> float:
+    """Fraction of a GPU's PCIe bandwidth lost to a link trained below its maximum.
+
+    Width below the maximum always counts; a lower generation only while the GPU is
+    ``busy`` (idle links drop their generation to save power). Unknown values
+    (``None`` or 0 for a maximum) count as no loss.
+    """
+    ratio = 1.0
+    if width is not None and width_max and width < width_max:
+        ratio *= width / width_max
+    if busy and gen and gen_max and gen < gen_max:
+        ratio *= _lane(gen) / _lane(gen_max)
+    return 1.0 - ratio
+
+
+def clock_reasons(reasons: tuple[str, ...]) -> tuple[bool, bool]:
+    """``(slowdown, power)``: whether clock reasons show a thermal/hardware slowdown,
+    and whether they show a power limit."""
+    r = set(reasons)
+    power = bool(r & POWER_REASONS)
+    slowdown = bool(r & SLOWDOWN_REASONS) or ("hw_slowdown" in r and not power)
+    return slowdown, power
 
 
 _T = TypeVar("_T", bound=np.generic)
@@ -80,6 +144,10 @@ class NodeState:
     clock_off: EWArrays = field(default_factory=lambda: EWArrays(0, _OFFSET_ALPHA, warmup=5))
     ecc_rate: EWArrays = field(default_factory=lambda: EWArrays(0, _RATE_ALPHA, warmup=5))
     nvl_rate: EWArrays = field(default_factory=lambda: EWArrays(0, _RATE_ALPHA, warmup=5))
+    thr_short: EWArrays = field(default_factory=lambda: EWArrays(0, THROTTLE_SHORT_ALPHA))
+    thr_base: EWArrays = field(default_factory=lambda: EWArrays(0, THROTTLE_BASE_ALPHA, warmup=5))
+    pcap_short: EWArrays = field(default_factory=lambda: EWArrays(0, THROTTLE_SHORT_ALPHA))
+    pcap_base: EWArrays = field(default_factory=lambda: EWArrays(0, THROTTLE_BASE_ALPHA, warmup=5))
     _key: tuple[int, ...] = ()
     _idx: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
@@ -100,7 +168,10 @@ class NodeState:
                 self.latch = _grow(self.latch, n)
                 self.fleet_slot = _grow(self.fleet_slot, n, -1)
                 self.fleet_slot[p] = fleet.add_gpu(node, gi)
-                for ew in (self.temp_off, self.clock_off, self.ecc_rate, self.nvl_rate):
+                for ew in (
+                    self.temp_off, self.clock_off, self.ecc_rate, self.nvl_rate,
+                    self.thr_short, self.thr_base, self.pcap_short, self.pcap_base,
+                ):  # fmt: skip
                     ew.grow(n)
             out[i] = -1 if p is None else p
         if fleet is not None:
@@ -133,6 +204,7 @@ class NodeState:
         dt = ts - self.last_ts
         nic_total = msg.nic_errors + msg.nic_retransmits
         d_ecc, d_nvl, d_nic, known = self._counts(pos, corr, nvl, nic_total, dt)
+        reasons = [clock_reasons(g.throttle_reasons) for g in gpus]
         return Prepared(
             msg=msg,
             ts=ts,
@@ -151,6 +223,27 @@ class NodeState:
             xid_fatal=np.array(
                 [bool(fatal_xids.intersection(g.xid_codes)) for g in gpus], dtype=bool
             ),
+            pcie_loss=np.array(
+                [
+                    pcie_loss(
+                        g.pcie_gen,
+                        g.pcie_gen_max,
+                        g.pcie_width,
+                        g.pcie_width_max,
+                        busy=g.utilization_pct >= PCIE_BUSY_UTIL_PCT,
+                    )
+                    for g in gpus
+                ],
+                dtype=np.float64,
+            ).reshape(len(gpus)),
+            links_down=np.array([g.nvlink_links_down for g in gpus], dtype=np.int64),
+            remap_pending=np.array(
+                [g.remap_pending or bool(REMAP_XIDS.intersection(g.xid_codes)) for g in gpus],
+                dtype=bool,
+            ),
+            remap_failed=np.array([g.remap_failed for g in gpus], dtype=bool),
+            slowdown=np.array([r[0] for r in reasons], dtype=np.float64).reshape(len(gpus)),
+            power_cap=np.array([r[1] for r in reasons], dtype=np.float64).reshape(len(gpus)),
         )
 
     def _counts(
@@ -186,6 +279,12 @@ class Prepared:
     d_nic: float
     known: npt.NDArray[np.bool_]  #: GPUs with a previous report to count from
     xid_fatal: npt.NDArray[np.bool_]
+    pcie_loss: F64  #: PCIe bandwidth lost (fraction, :func:`pcie_loss`)
+    links_down: I64  #: NVLink links down
+    remap_pending: npt.NDArray[np.bool_]  #: row remap pending (flag or XID 63)
+    remap_failed: npt.NDArray[np.bool_]
+    slowdown: F64  #: 1.0 where a thermal/hardware-slowdown clock reason is active
+    power_cap: F64  #: 1.0 where a power-cap clock reason is active
 
 
 @dataclass
@@ -197,8 +296,12 @@ class FleetState:
     clock: F64 = field(default_factory=lambda: np.zeros(0))
     ecc: F64 = field(default_factory=lambda: np.zeros(0))
     nvl: F64 = field(default_factory=lambda: np.zeros(0))
+    thr: F64 = field(default_factory=lambda: np.zeros(0))  #: short slowdown fraction
+    pcap: F64 = field(default_factory=lambda: np.zeros(0))  #: short power-cap fraction
     nic: dict[str, float] = field(default_factory=dict)
     medians: tuple[float, float, float, float, float] = (math.nan, math.nan, 0.0, 0.0, 0.0)
+    #: medians of the GPUs' short-run slowdown and power-cap fractions
+    throttle_medians: tuple[float, float] = (0.0, 0.0)
     updates: int = 0
     fresh: bool = False
 
@@ -210,6 +313,8 @@ class FleetState:
         self.clock = _grow(self.clock, self.slots, math.nan)
         self.ecc = _grow(self.ecc, self.slots, math.nan)
         self.nvl = _grow(self.nvl, self.slots, math.nan)
+        self.thr = _grow(self.thr, self.slots, math.nan)
+        self.pcap = _grow(self.pcap, self.slots, math.nan)
         return s
 
     def refresh(self) -> None:
@@ -228,5 +333,6 @@ class FleetState:
             med(self.nvl, 0.0),
             float(np.median(list(self.nic.values()))) if self.nic else 0.0,
         )
+        self.throttle_medians = (med(self.thr, 0.0), med(self.pcap, 0.0))
         self.updates = 0
         self.fresh = True
