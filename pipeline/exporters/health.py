@@ -2,10 +2,21 @@
 
 :class:`NvmlReader` reads, per GPU, temperature, power, SM clock, utilisation, ECC
 counters (volatile: since the driver loaded), XID events (critical-error events
-registered on every GPU, drained without waiting), clock throttle reasons and NVLink
-error counters, and builds one NodeHealth per interval. The NVML module is injected
-(``nvml=``), so tests run against a fake; every call a GPU does not support counts as
-zero. Without an NVIDIA driver the command exits 3 with a clear message.
+registered on every GPU, drained without waiting), clock throttle reasons, NVLink
+error counters (replay, recovery, CRC) and link states, the PCIe link's current and
+maximum generation and width, and row remapping (pending, failed), and builds one
+NodeHealth per interval. The NVML module is injected (``nvml=``), so tests run against
+a fake; every counter a GPU does not support counts as zero, every link reading it
+does not support as unknown. Without an NVIDIA driver the command exits 3 with a clear
+message.
+
+NVLink links down: NVML tells which links are active, not how many a GPU should
+have (a PCIe card may have none, a bridged pair a few, an SXM board all of them). A
+GPU's links down are the most links any GPU of this node has had active since the
+reader started, minus its own active links now.
+
+``--from-dcgm URL`` reads the same report from a running dcgm-exporter instead
+(:mod:`pipeline.exporters.dcgm`).
 """
 
 from __future__ import annotations
@@ -42,6 +53,9 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 #: NVLink error counters summed into ``nvlink_errors``: DL replay, recovery, CRC FLIT.
 NVLINK_COUNTERS = (0, 1, 2)
+#: NVLink CRC counters (``nvmlNvLinkErrorCounter_t``): DL CRC FLIT, DL CRC DATA.
+NVLINK_CRC_COUNTERS = (2, 3)
+NVLINK_REPLAY_COUNTER = 0
 
 
 class NvmlUnavailable(StepguardError):
@@ -75,6 +89,7 @@ class NvmlReader:
             raise NvmlUnavailable(f"NVML cannot list GPUs: {exc}") from exc
         self._events: Any = None
         self._handle_index: dict[Any, int] = {}
+        self._links_up_max = 0  #: most NVLink links active on one GPU since the start
         with contextlib.suppress(nv.NVMLError):
             self._events = nv.nvmlEventSetCreate()
             for i, h in enumerate(self.handles):
@@ -102,10 +117,52 @@ class NvmlReader:
             out.setdefault(idx, []).append(int(data.eventData))
         return out
 
+    def _nvlink(self, h: Any) -> tuple[int, int, int, int]:
+        """``(errors, crc, replay, active links)`` of one GPU; links whose counters
+        are not supported are left out."""
+        nv = self.nvml
+        errors = crc = replay = active = 0
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 0)):
+            state = self._call(None, "nvmlDeviceGetNvLinkState", h, link)
+            if state:
+                active += 1
+            try:
+                counts = {c: int(nv.nvmlDeviceGetNvLinkErrorCounter(h, link, c)) for c in (0, 1, 2)}
+            except (nv.NVMLError, AttributeError):
+                continue
+            errors += sum(counts[c] for c in NVLINK_COUNTERS)
+            replay += counts[NVLINK_REPLAY_COUNTER]
+            crc += counts[2] + max(
+                0, int(self._call(0, "nvmlDeviceGetNvLinkErrorCounter", h, link, 3))
+            )
+        return max(0, errors), max(0, crc), max(0, replay), active
+
+    def _pcie(self, h: Any) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for field, fn in (
+            ("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration"),
+            ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+            ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+            ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
+        ):
+            value = self._call(None, fn, h)
+            top = 16 if "gen" in field else 64
+            out[field] = int(value) if value is not None and 0 <= int(value) <= top else None
+        return out
+
+    def _remap(self, h: Any) -> tuple[bool, bool]:
+        """``(pending, failed)`` from ``nvmlDeviceGetRemappedRows`` (False: unsupported)."""
+        rows = self._call(None, "nvmlDeviceGetRemappedRows", h)
+        if not rows or len(rows) < 4:
+            return False, False
+        return bool(rows[2]), bool(rows[3])
+
     def read(self, node: str, job_id: str | None = None, interval_s: float = 10.0) -> NodeHealth:
         nv = self.nvml
         xids = self._xids()
         gpus = []
+        links = [self._nvlink(h) for h in self.handles]
+        self._links_up_max = max([self._links_up_max, *(a for *_, a in links)])
         for i, h in enumerate(self.handles):
             reasons_fn = (
                 "nvmlDeviceGetCurrentClocksEventReasons"
@@ -114,13 +171,8 @@ class NvmlReader:
             )
             mask = int(self._call(0, reasons_fn, h))
             util = self._call(None, "nvmlDeviceGetUtilizationRates", h)
-            nvlink = 0
-            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 0)):
-                try:
-                    for counter in NVLINK_COUNTERS:
-                        nvlink += int(nv.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
-                except nv.NVMLError:
-                    continue
+            nvlink, crc, replay, active = links[i]
+            pending, failed = self._remap(h)
             gpus.append(
                 GpuHealth(
                     index=i,
@@ -169,6 +221,12 @@ class NvmlReader:
                         name for bit, name in THROTTLE_REASONS.items() if mask & bit
                     ),
                     nvlink_errors=nvlink,
+                    nvlink_crc_errors=crc,
+                    nvlink_replay_errors=replay,
+                    nvlink_links_down=min(64, self._links_up_max - active),
+                    remap_pending=pending,
+                    remap_failed=failed,
+                    **self._pcie(h),
                 )
             )
         return NodeHealth(
