@@ -7,6 +7,11 @@ completely (the same archive always answers in the same order), and takes
 travel beside the SQL and never become its text (:meth:`ArchiveBackend.query`).
 ``stepguard query NAME --job J`` prints one; the README's "Querying the archive"
 section shows each with what it answers.
+
+Unsigned commands and alerts are kept in the archive but no query here reads them
+(``commands.signed = 1``, ``alerts.signed != 0``; migration 008): whoever can write a
+topic could invent them. Alerts archived before that migration read ``signed = -1``
+(not known) and still count. A result of an unsigned command is left out with it.
 """
 
 from __future__ import annotations
@@ -53,30 +58,55 @@ LIMIT {limit:UInt32}
         ),
         AnalystQuery(
             "incident_timeline",
-            "Every alert update, command, command result and lifecycle event of a job in "
-            "event-time order: start, first sign, alert, confirmation, command, recovery, end.",
+            "Everything that happened to a job, in event-time order: alert updates, the "
+            "actuator's actions (observed, held, approved, rejected, refused, cancelled or "
+            "expired), human approvals and rejections, commands, every executor's results "
+            "and lifecycle events (start, phases, end).",
             """
 SELECT ts, what, subject, detail FROM (
-    SELECT ts, concat('alert ', kind, ' ', toString(grade), ' ', toString(state)) AS what,
+    SELECT ts, ts_ms, toUInt8(1) AS ord,
+           concat('alert ', kind, ' ', toString(grade), ' ', toString(state)) AS what,
            concat(node, if(rank >= 0, concat(' rank ', toString(rank)), '')) AS subject,
            concat('step ', toString(step), ': ', summary) AS detail
-    FROM {db}.alerts FINAL WHERE job_id = {job:String}
+    FROM {db}.alerts FINAL WHERE job_id = {job:String} AND signed != 0
     UNION ALL
-    SELECT ts, concat('command ', kind, ' (', mode, ')') AS what,
-           arrayStringConcat(targets, ',') AS subject, summary AS detail
-    FROM {db}.commands FINAL WHERE job_id = {job:String}
+    SELECT ts, ts_ms, toUInt8(2) AS ord,
+           concat('action ', if(state = 'cancelled' AND startsWith(d, 'expired'),
+                                'expired', state)) AS what,
+           concat(arrayStringConcat(kinds, '+'), if(length(targets) > 0,
+                  concat(' ', arrayStringConcat(targets, ',')), '')) AS subject,
+           concat(action_id, if(by != '', concat(' by ', by), ''),
+                  if(d != '', concat(': ', d), '')) AS detail
+    FROM (SELECT ts, ts_ms, state, kinds, targets, action_id, by, detail AS d
+          FROM {db}.actions FINAL WHERE job_id = {job:String})
     UNION ALL
-    SELECT ts, concat('result ', status) AS what, executor AS subject, detail
-    FROM {db}.command_results FINAL WHERE job_id = {job:String}
+    SELECT ts, ts_ms, toUInt8(3) AS ord, concat('approval ', decision) AS what,
+           by AS subject, concat(command_id, if(reason != '', concat(': ', reason), '')) AS detail
+    FROM {db}.approvals FINAL
+    WHERE command_id IN (SELECT action_id FROM {db}.actions FINAL WHERE job_id = {job:String})
     UNION ALL
-    SELECT ts, concat('job ', kind, if(phase != '', concat(' ', phase), ''),
-                      if(reason != '', concat(' ', reason), '')) AS what,
+    SELECT ts, ts_ms, toUInt8(4) AS ord, concat('command ', kind, ' (', mode, ')') AS what,
+           arrayStringConcat(targets, ',') AS subject, concat(command_id, ': ', summary) AS detail
+    FROM {db}.commands FINAL WHERE job_id = {job:String} AND signed = 1
+    UNION ALL
+    SELECT ts, ts_ms, toUInt8(5) AS ord, concat('result ', status) AS what,
+           executor AS subject, concat(command_id, if(d != '', concat(': ', d), '')) AS detail
+    FROM (SELECT ts, ts_ms, status, executor, command_id, detail AS d
+          FROM {db}.command_results FINAL
+          WHERE job_id = {job:String} AND command_id NOT IN
+                (SELECT command_id FROM {db}.commands FINAL
+                 WHERE job_id = {job:String} AND signed = 0))
+    UNION ALL
+    SELECT ts, ts_ms, toUInt8(0) AS ord,
+           concat('job ', kind, if(phase != '', concat(' ', phase), ''),
+                  if(reason != '', concat(' ', reason), '')) AS what,
            source AS subject,
            concat(if(step >= 0, concat('step ', toString(step)), ''), if(run != '',
-                  concat(' run ', run), ''), if(detail != '', concat(': ', detail), '')) AS detail
-    FROM {db}.job_events FINAL WHERE job_id = {job:String}
+                  concat(' run ', run), ''), if(d != '', concat(': ', d), '')) AS detail
+    FROM (SELECT ts, ts_ms, kind, phase, reason, source, step, run, detail AS d
+          FROM {db}.job_events FINAL WHERE job_id = {job:String})
 )
-ORDER BY ts, what, subject, detail
+ORDER BY ts_ms, ord, what, subject, detail
 """,
         ),
         AnalystQuery(
@@ -93,7 +123,8 @@ SELECT fault_id, kind, node, onset_step,
 FROM (SELECT job_id, fault_id, kind, node, onset_step FROM {db}.fault_truth FINAL
       WHERE job_id = {job:String} AND is_trap = 0) AS t
 ALL LEFT JOIN (SELECT job_id, node, step FROM {db}.alerts FINAL
-               WHERE job_id = {job:String} AND state = 'firing') AS a USING (job_id)
+               WHERE job_id = {job:String} AND state = 'firing' AND signed != 0) AS a
+USING (job_id)
 GROUP BY fault_id, kind, node, onset_step
 ORDER BY onset_step, fault_id
 """,
@@ -137,7 +168,8 @@ SELECT node, uniqExactIf(fingerprint, ts >= now() - 7 * 86400) AS episodes_7d,
        uniqExact(fingerprint) AS episodes_30d,
        arraySort(groupUniqArray(kind)) AS kinds
 FROM {db}.alerts FINAL
-WHERE node != '' AND state = 'firing' AND kind != 'guardrail' AND ts >= now() - 30 * 86400
+WHERE node != '' AND state = 'firing' AND kind != 'guardrail' AND signed != 0
+      AND ts >= now() - 30 * 86400
 GROUP BY node
 ORDER BY episodes_30d DESC, node
 LIMIT {limit:UInt32}
@@ -160,7 +192,7 @@ FROM (SELECT if(incident != '', incident, fingerprint) AS grp, fingerprint, any(
              any(node) AS node, any(rank) AS rank, min(step) AS first_step,
              max(step) AS last_step, max(toUInt8(grade)) AS worst,
              argMax(toUInt8(state), seq) AS resolved
-      FROM {db}.alerts FINAL WHERE job_id = {job:String}
+      FROM {db}.alerts FINAL WHERE job_id = {job:String} AND signed != 0
       GROUP BY grp, fingerprint)
 GROUP BY grp
 ORDER BY first_step, incident
@@ -182,14 +214,16 @@ ORDER BY started, run
         ),
         AnalystQuery(
             "command_outcomes",
-            "Every command with its mode, targets and the latest result per executor (a final "
-            "status wins over 'accepted' at the same instant).",
+            "Every signed command with its mode and targets, one row per executor that "
+            "answered with that executor's latest result (a final status wins over "
+            "'accepted' at the same instant); a command no executor answered has an "
+            "empty executor.",
             """
 SELECT c.ts AS issued, c.command_id AS command_id, c.kind AS kind, c.mode AS mode,
        arrayStringConcat(c.targets, ',') AS targets,
        r.executor AS executor, r.last_status AS status, r.last_detail AS detail
-FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = {job:String}) AS c
-ANY LEFT JOIN (SELECT command_id, executor,
+FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = {job:String} AND signed = 1) AS c
+ALL LEFT JOIN (SELECT command_id, executor,
                       argMax(status, ts_ms * 2 + (status != 'accepted')) AS last_status,
                       argMax(detail, ts_ms * 2 + (status != 'accepted')) AS last_detail
                FROM {db}.command_results FINAL WHERE job_id = {job:String}

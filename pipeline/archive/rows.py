@@ -118,7 +118,7 @@ def _alert(m: Alert, _rec_ms: int) -> Iterable[Row]:
         "peer_median": e.peer_median, "baseline": e.baseline, "deviation": e.deviation,
         "trend": e.trend, "detail": e.detail, "recommended_action": m.recommended_action.value,
         "summary": m.summary, "started_at": _utc(m.started_at), "ts": _utc(m.ts),
-        "ts_ms": ms, "incident": m.incident,
+        "ts_ms": ms, "incident": m.incident, "signed": int(m.signature is not None),
     }  # fmt: skip
 
 

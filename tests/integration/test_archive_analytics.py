@@ -142,3 +142,78 @@ def test_the_straggler_is_one_incident_and_the_run_ended_completed(smoke_run):
     cols, runs = run_query(archive, "job_runs", job=summary.job_id)
     (run,) = [dict(zip(cols, r, strict=True)) for r in runs]
     assert run["end_reason"] == "completed" and run["last_step"] >= summary.steps_completed - 1
+
+
+def _timeline_archive(archive):
+    """One job's history as the services archive it: a held action approved, a second
+    one that expired, a signed command two executors answered, and forgeries (an
+    unsigned command with a result, an unsigned alert on another node)."""
+    from pipeline.actuator.signing import SigningKey, sign
+    from schemas import ActionState, CommandStatus
+
+    s = samples()
+    t0 = s["commands"].issued_at
+    actuator, worker = SigningKey.generate("act"), SigningKey.generate("wrk")
+    alert = sign(s["decisions"].model_copy(update={"ts": t0}), worker)
+    forged_alert = s["decisions"].model_copy(
+        update={"fingerprint": "f" * 24, "node": "node-9", "summary": "forged"}
+    )
+    held = s["actions"]
+    approved = sign(
+        held.model_copy(
+            update={"state": ActionState.APPROVED, "by": "sre@example.com",
+                    "ts": t0 + timedelta(seconds=2)}
+        ),
+        actuator,
+    )  # fmt: skip
+    expired = sign(
+        held.model_copy(
+            update={"action_id": "act-expired-0000000000000000", "state": ActionState.CANCELLED,
+                    "detail": "expired after 600 s", "ts": t0 + timedelta(seconds=9)}
+        ),
+        actuator,
+    )  # fmt: skip
+    approval = s["approvals"].model_copy(update={"ts": t0 + timedelta(seconds=1)})
+    command = sign(s["commands"].model_copy(update={"issued_at": t0 + timedelta(seconds=3)}),
+                   actuator)  # fmt: skip
+    forged = s["commands"].model_copy(update={"command_id": "cmd-forged", "summary": "forged"})
+
+    def result(executor, status, seconds, cid=command.command_id):
+        return s["results"].model_copy(
+            update={"command_id": cid, "executor": executor, "status": status,
+                    "detail": f"{executor} {status}", "ts": t0 + timedelta(seconds=seconds)}
+        )  # fmt: skip
+
+    results = [
+        result("job-controller", CommandStatus.ACCEPTED, 4),
+        result("job-controller", CommandStatus.SUCCEEDED, 5),
+        result("slurm", CommandStatus.FAILED, 6),
+        result("slurm", CommandStatus.REFUSED, 4, cid="cmd-forged"),
+    ]
+    messages = [alert, forged_alert, held, approved, expired, approval, command, forged,
+                *results]  # fmt: skip
+    for table, cols in rows_for([(m, 0) for m in messages], list(range(len(messages)))).items():
+        archive.insert(table, cols)
+    return command
+
+
+def test_timeline_has_actions_approvals_and_every_result_and_ignores_unsigned(archive):
+    command = _timeline_archive(archive)
+    cols, rows = run_query(archive, "incident_timeline", job="job-1")
+    what = [r[cols.index("what")] for r in rows]
+    assert what == [
+        "alert straggler warning firing", "action held", "approval approve", "action approved",
+        "command isolate (auto)", "result accepted", "result succeeded", "result failed",
+        "action expired",
+    ]  # fmt: skip
+    text = " ".join(str(v) for r in rows for v in r)
+    assert "forged" not in text and "node-9" not in text and "refused" not in text
+    cols, rows = run_query(archive, "command_outcomes", job="job-1")
+    got = [(r[cols.index("command_id")], r[cols.index("executor")], r[cols.index("status")])
+           for r in rows]  # fmt: skip
+    assert got == [
+        (command.command_id, "job-controller", "succeeded"),
+        (command.command_id, "slurm", "failed"),
+    ]
+    cols, rows = run_query(archive, "incidents", job="job-1")
+    assert [r[cols.index("culprit")] for r in rows] == ["node-3"]
