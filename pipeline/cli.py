@@ -56,8 +56,14 @@ def demo(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the summary as JSON here.")
     ] = None,
+    speed: Annotated[
+        float, typer.Option(min=0.01, help="Play the job's time x SPEED in real time.")
+    ] = 8.0,
+    workers: Annotated[int, typer.Option(min=1, max=16, help="Detection worker processes.")] = 1,
 ) -> None:
-    """Run the whole path on the embedded default (Tansu broker + chDB) and summarise.
+    """Play a simulated job with injected faults against the production services
+    (those `stepguard up` runs: embedded Tansu broker, worker, actuator in auto mode,
+    dry-run executor, archiver on chDB) in accelerated real time, and summarise.
 
     Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
     """
@@ -72,7 +78,7 @@ def demo(
         f"[bold]stepguard demo[/]: {sc.name}: {sc.nodes} nodes x {sc.gpus_per_node} GPUs, "
         f"{sc.steps} steps, {len(sc.faults)} faults/traps"
     )
-    summary = run_demo(settings, sc, console=err)
+    summary = run_demo(settings, sc, console=err, speed=speed, workers=workers)
     print_summary(summary, console)
     if json_path is not None:
         write_json(summary, json_path)
@@ -207,6 +213,51 @@ def up(
         scenario=scenario, workers=workers, speed=speed, durable=durable, base_port=base_port
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
+
+
+@app.command()
+def status(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Refresh in place.")] = False,
+    every: Annotated[float, typer.Option(min=0.5, help="Seconds between refreshes.")] = 2.0,
+    window: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Records read from the end of each partition.")
+    ] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+) -> None:
+    """Services, jobs (last step and its age), firing incidents and held actions, read
+    from the broker (up.json too while `stepguard up` runs); no archive access needed."""
+    from pipeline.status import run_status
+
+    run_status(_settings(), console, follow=follow, every_s=every, window=window,
+               as_json=as_json, stop=stop_event())  # fmt: skip
+
+
+@app.command()
+def alerts(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new ones.")] = False,
+    last: Annotated[int, typer.Option(min=0, max=100_000, help="Start with the last N.")] = 20,
+    since: Annotated[
+        str | None, typer.Option(help="Only alerts dated within this age (30s, 10m, 2h, 1d).")
+    ] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    grade: Annotated[
+        str | None, typer.Option(help="Least grade: info | warning | critical.")
+    ] = None,
+    window: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Records read from the end of each partition.")
+    ] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="The messages as JSON lines.")] = False,
+) -> None:
+    """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
+    evidence, recommended action, incident. Alerts no worker key signed are marked."""
+    from pipeline.status import alerts_filter, follow_alerts
+
+    try:
+        keep = alerts_filter(job=job, grade=grade, since=since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    follow_alerts(_settings(), console, last=last, keep=keep, follow=follow, as_json=as_json,
+                  stop=stop_event().is_set, window=window)  # fmt: skip
 
 
 @app.command()
