@@ -37,6 +37,8 @@ STEPGUARD_JOB_IDLE_TTL_S      a job silent this long (no step, command or lifecy
                               record, no end) is dropped with one INFO alert
 STEPGUARD_MAX_RANKS_PER_JOB   distinct ranks per job; further ranks are dead-lettered
 STEPGUARD_MAX_CLOCK_SKEW_S    records dated further beyond the wall clock are refused
+STEPGUARD_DETECTOR_CONFIG     JSON file of detector thresholds for new jobs (written by
+                              ``stepguard calibrate --apply``; unset: the defaults)
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
 STEPGUARD_ACTUATOR_PRIVATE_KEY  ``key_id:base64`` Ed25519 key that signs commands
                               (secret; ``stepguard keys generate`` makes one)
@@ -172,6 +174,8 @@ class Settings(BaseSettings):
     max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
     #: a record dated more than this beyond the wall clock is dead-lettered
     max_clock_skew_s: float = Field(default=300.0, gt=0)
+    #: detector thresholds of new jobs (pipeline/calibrate_settings.py); None: defaults
+    detector_config: Path | None = None
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"

@@ -40,6 +40,7 @@ from kafka.admin import ConfigResource, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from pipeline.actuator.signing import public_keys, sign, signing_key
+from pipeline.calibrate_settings import load_detector_config
 from pipeline.errors import BrokerError
 from pipeline.kafka import client_config, create_topics, registry_of
 from pipeline.settings import Settings
@@ -243,6 +244,8 @@ def build_app(
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
         command_keys=command_keys,
         result_keys=result_keys,
+        # thresholds of new jobs: `stepguard calibrate --apply` writes this file
+        monitor_config=load_detector_config(settings.detector_config),
     )
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip
