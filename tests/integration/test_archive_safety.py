@@ -9,12 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 import pipeline.archive
+from pipeline.actuator.signing import sign
 from pipeline.archive import rows_for
 from pipeline.archive.queries import run_query
 from pipeline.cli import app
 from pipeline.errors import ArchiveError
 from pipeline.report import render_report
-from tests.factories import samples, step_telemetry
+from tests.factories import WORKER_KEY, samples, step_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +25,12 @@ HOSTILE_NODE = "n'); DROP TABLE alerts; --\t\\'"
 
 def _archive_hostile_job(archive) -> None:
     base = samples()["decisions"]
-    alerts = [
-        (base, 0),  # job-1, an ordinary job
-        (base.model_copy(update={
+    alerts = [  # signed by a worker: the named queries ignore unsigned alerts
+        (sign(base, WORKER_KEY), 0),  # job-1, an ordinary job
+        (sign(base.model_copy(update={
             "job_id": HOSTILE_JOB, "node": HOSTILE_NODE, "fingerprint": "e" * 24,
             "incident": "../../escaped", "step": 30,
-        }), 0),
+        }), WORKER_KEY), 0),
     ]  # fmt: skip
     steps = [
         (step_telemetry(job=HOSTILE_JOB, node=HOSTILE_NODE, step=s, first_rank=0), 0)

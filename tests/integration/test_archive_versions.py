@@ -82,11 +82,14 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         # rows as the archiver wrote them before: no run, ver = the message's ts_ms
         old = rows_for([(m, 1_795_000_000_000) for m in sent.values()])
         for table, cols in old.items():
+            # run (steps) came with 005, alerts.signed with 008
             before = {c: v for c, v in cols.items() if c != "run"}
+            if table == "alerts":
+                del before["signed"]
             before["ver"] = list(cols["ts_ms"])
             archive.insert(table, before)
             archive.insert(table, before)  # a replay, not merged yet
-        assert "005_ingest_version" in migrate(archive)
+        assert {"005_ingest_version", "008_signed_alerts"} <= set(migrate(archive))
         assert migrate(archive) == []
         for table in old:
             _, rows = archive.query(f"SELECT count(), min(ver), max(ver) FROM {db}.{table}")
@@ -101,6 +104,10 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         _store(archive, [later.model_copy(update={"run": "r2"})], [1])
         _, rows = archive.query(f"SELECT count() FROM {db}.steps FINAL")
         assert rows == [(16,)]
+        # alerts archived before 008 are not known to be unsigned: the queries keep them
+        _, rows = archive.query(f"SELECT signed FROM {db}.alerts")
+        assert rows == [(-1,)]
+        assert run_query(archive, "incidents", job="job-1")[1]
         for name in QUERIES.keys() - {"top_nodes"}:
             run_query(archive, name, job="job-1", limit=5)
         run_query(archive, "top_nodes", limit=5)
