@@ -509,8 +509,8 @@ def _age(seconds: float) -> str:
 
 
 def _short(values: list[Any], most: int = 3) -> str:
-    shown = ",".join(str(v) for v in values[:most])
-    return shown + (f",+{len(values) - most}" if len(values) > most else "")
+    shown = ", ".join(str(v) for v in values[:most])
+    return shown + (f", +{len(values) - most}" if len(values) > most else "")
 
 
 def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
@@ -521,10 +521,9 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
 
     svc = Table(title=f"services ({snap.services_from})", title_justify="left")
     for col in ("service", "state", "pid", "rst", "up"):
-        svc.add_column(col, no_wrap=col != "state")
-    svc.add_column("rec", justify="right")
-    svc.add_column("alerts", justify="right")
-    svc.add_column("cmd", justify="right")
+        svc.add_column(col, no_wrap=col != "state", overflow="fold")
+    for col in ("rec", "alerts", "cmd"):
+        svc.add_column(col, justify="right", overflow="fold")
     for s in snap.services:
         c = s.counters
 
@@ -538,7 +537,8 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
 
     jobs = Table(title=f"jobs (last {window} step records per partition)", title_justify="left")
     for col in ("job", "last step", "age", "nodes", "ended"):
-        jobs.add_column(col, justify="right" if col in ("last step", "nodes") else "left")
+        right = col in ("last step", "nodes")
+        jobs.add_column(col, justify="right" if right else "left", overflow="fold")
     for j in snap.jobs:
         age = Text(_age(j.age_s), style="red" if j.age_s > 300 and not j.ended else "")
         jobs.add_row(j.job_id, str(j.last_step), age, str(j.nodes), j.ended or "")
@@ -546,7 +546,7 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
 
     inc = Table(title="firing incidents", title_justify="left")
     for col in ("grade", "job", "kind", "nodes", "since", "action", "incident"):
-        inc.add_column(col, no_wrap=col in ("grade", "since"))
+        inc.add_column(col, no_wrap=col in ("grade", "since"), overflow="fold")
     for i in snap.incidents:
         grade = Grade(i.grade)
         where = _short(i.nodes) or (f"ranks {_short(i.ranks)}" if i.ranks else "job")
@@ -556,7 +556,7 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
 
     held = Table(title="held actions (stepguard approve/reject ID)", title_justify="left")
     for col in ("job", "commands", "expires", "action id"):
-        held.add_column(col, no_wrap=col == "action id")
+        held.add_column(col, no_wrap=col == "action id", overflow="fold")
     for h in snap.held:
         held.add_row(h.job_id, h.commands, f"in {_age(h.expires_in_s)}", h.action_id)
     parts.append(held if snap.held else Text("held actions: none"))

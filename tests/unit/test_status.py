@@ -1,0 +1,177 @@
+"""The pure parts of ``stepguard status`` and ``stepguard alerts``: folds, filters,
+lines and tables (at 80 columns)."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from rich.console import Console
+
+from pipeline.actuator.signing import sign
+from pipeline.status import (
+    AlertFilter,
+    HeldRow,
+    ServiceRow,
+    StatusSnapshot,
+    alert_line,
+    alerts_filter,
+    held_from,
+    incidents_from,
+    jobs_from,
+    parse_since,
+    render_status,
+    services_from_up,
+    signature_mark,
+)
+from schemas import (
+    ActionRecord,
+    ActionState,
+    ActuatorMode,
+    Alert,
+    AlertKind,
+    AlertState,
+    EndReason,
+    Evidence,
+    Grade,
+    JobEvent,
+    JobEventKind,
+    RecommendedAction,
+)
+from tests.factories import ACTUATOR_KEY, WORKER_KEY, step_telemetry, test_key
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def alert(fp="fp-a-0000001", seq=0, *, node="node-3", state=AlertState.FIRING,
+          grade=Grade.CRITICAL, incident="inc-1", kind=AlertKind.STRAGGLER, job="job-1",
+          ts=T0) -> Alert:  # fmt: skip
+    return Alert(
+        fingerprint=fp, seq=seq, kind=kind, grade=grade, state=state, job_id=job, node=node,
+        rank=5, step=10 + seq, started_at=T0 - timedelta(seconds=30), ts=ts,
+        evidence=Evidence(metric="compute_s", value=1.31, peer_median=1.0, deviation=8.5),
+        recommended_action=RecommendedAction.ISOLATE, summary=f"{node} is slow",
+        incident=incident,
+    )  # fmt: skip
+
+
+def test_jobs_last_step_age_and_end():
+    def step(job, node, n, at):
+        return step_telemetry(job=job, node=node, step=n).model_copy(
+            update={"ts_start": at - timedelta(seconds=1), "ts_end": at}
+        )
+
+    steps = [step("a", "n0", 9, T0), step("a", "n1", 10, T0 + timedelta(seconds=2)),
+             step("b", "n0", 3, T0 - timedelta(hours=1))]  # fmt: skip
+    end = JobEvent(job_id="b", kind=JobEventKind.END, reason=EndReason.FAILED, ts=T0)
+    other = JobEvent(job_id="zzz", kind=JobEventKind.END, ts=T0, reason=EndReason.COMPLETED)
+    rows = jobs_from(steps, [end, other], T0 + timedelta(seconds=12))
+    assert [(r.job_id, r.last_step, r.age_s, r.nodes, r.ended) for r in rows] == [
+        ("a", 10, 10.0, 2, None),
+        ("b", 3, 3612.0, 1, "failed"),
+    ]
+    restarted = JobEvent(job_id="b", kind=JobEventKind.START, ts=T0)
+    assert jobs_from(steps, [end, restarted], T0)[1].ended is None
+
+
+def test_incidents_group_firing_episodes_and_drop_resolved_ones():
+    rows = incidents_from([
+        alert("fp-a-0000001"), alert("fp-b-0000001", node="node-4", grade=Grade.WARNING),
+        alert("fp-c-0000001", incident="inc-2"),
+        alert("fp-c-0000001", 1, incident="inc-2", state=AlertState.RESOLVED),
+        alert("fp-d-0000001", incident="", grade=Grade.WARNING, node="node-9"),
+    ])  # fmt: skip
+    assert [(r.incident, r.grade, r.nodes, r.episodes) for r in rows] == [
+        ("inc-1", "critical", ["node-3", "node-4"], 2),
+        ("fp-d-0000001", "warning", ["node-9"], 1),  # no incident key: its fingerprint
+    ]
+    # an update seen out of order does not bring a resolved episode back
+    late = incidents_from(
+        [alert("fp-c-0000001", 1, state=AlertState.RESOLVED), alert("fp-c-0000001")]
+    )
+    assert late == []
+
+
+def test_held_actions_leave_out_decided_and_expired_ones():
+    rec = ActionRecord(action_id="act-1", state=ActionState.HELD, job_id="j",
+                       mode=ActuatorMode.APPROVE, reason=("fp",), ts=T0)  # fmt: skip
+    records = {
+        "act-1": rec,
+        "act-2": rec.model_copy(update={"action_id": "act-2", "ts": T0 - timedelta(hours=2)}),
+        "act-3": rec.model_copy(update={"action_id": "act-3", "state": ActionState.REJECTED}),
+    }
+    rows = held_from(records, T0 + timedelta(seconds=60), hold_ttl_s=1800)
+    assert [(r.action_id, r.expires_in_s) for r in rows] == [("act-1", 1740.0)]
+
+
+def test_alert_lines_say_everything_and_mark_what_no_worker_signed():
+    workers = WORKER_KEY.verifier()
+    actuators = ACTUATOR_KEY.verifier()
+    good = sign(alert(), WORKER_KEY)
+    line = alert_line(good, signature_mark(good, workers, actuators)).plain
+    assert line == (
+        "12:00:00 CRIT FIRING job-1 node-3/r5 straggler: node-3 is slow "
+        "[compute_s=1.31 vs peers 1 (dev 8.5)] -> isolate [incident inc-1]"
+    )
+    assert signature_mark(alert(), workers, actuators) == "UNSIGNED"
+    forged = sign(alert(), test_key("w-other"))
+    assert signature_mark(forged, workers, actuators).startswith("BAD SIGNATURE: unknown key")
+    # the actuator's own guardrail alerts are its to sign
+    guard = sign(alert(kind=AlertKind.GUARDRAIL), ACTUATOR_KEY)
+    assert signature_mark(guard, workers, actuators) == ""
+    assert signature_mark(sign(alert(), ACTUATOR_KEY), workers, actuators).startswith("BAD")
+    assert signature_mark(good, {}, {}).startswith("UNVERIFIED")
+    assert alert_line(alert(), "UNSIGNED").plain.endswith(" UNSIGNED")
+
+
+def test_filters_job_least_grade_and_age():
+    keep = alerts_filter(job="job-1", grade="WARNING", since="5m", now=T0)
+    assert keep(alert(grade=Grade.WARNING)) and keep(alert())
+    assert not keep(alert(grade=Grade.INFO))
+    assert not keep(alert(job="job-2"))
+    assert not keep(alert(ts=T0 - timedelta(minutes=6)))
+    assert AlertFilter()(alert(grade=Grade.INFO))
+    with pytest.raises(ValueError, match="--grade"):
+        alerts_filter(job=None, grade="loud", since=None)
+    with pytest.raises(ValueError, match="--since"):
+        alerts_filter(job=None, grade=None, since="5 minutes")
+    assert parse_since("90s") == timedelta(seconds=90) and parse_since("1d").days == 1
+
+
+def test_services_from_up_json_live_and_gone():
+    doc = {"pid": 100, "services": {
+        "worker-1": {"state": "running", "pid": 101, "restarts": 1, "uptime_s": 65.0,
+                     "metrics_port": 9000},
+        "broken": "not a dict",
+    }}  # fmt: skip
+    rows, notes = services_from_up(doc, alive=lambda pid: True, scrape=lambda p: {"records": 7})
+    assert [(r.name, r.state, r.restarts, r.counters) for r in rows] == [
+        ("worker-1", "running", 1, {"records": 7})
+    ] and notes == []
+    rows, notes = services_from_up(doc, alive=lambda pid: False, scrape=lambda p: {"x": 1})
+    assert rows[0].state == "gone" and rows[0].counters == {} and "not running" in notes[0]
+    assert services_from_up({}, alive=lambda pid: False)[0] == []
+
+
+def test_the_status_tables_fit_80_columns():
+    snap = StatusSnapshot(
+        at=T0, bootstrap="127.0.0.1:9092", services_from="/x/.stepguard/up.json",
+        services=[ServiceRow("executor-dry-run", "restart in 12s", 123456, 3, 4000.0, 9110,
+                             {"records": 123456789, "alerts": 12, "commands": 4})],
+        jobs=jobs_from([step_telemetry(job="llm-pretrain-70b-" + "x" * 40)], [], T0),
+        incidents=incidents_from([alert(node=f"gpu-node-{i:04d}", fp=f"fp-{i:09d}")
+                                  for i in range(6)]),
+        held=[HeldRow("a" * 32, "llm-pretrain-70b", "isolate['gpu-node-0001'] restart[]",
+                      "slow", T0, 100.0)],
+        notes=["consumer groups: members unknown (this broker cannot describe groups)"],
+    )  # fmt: skip
+    buf = io.StringIO()
+    Console(file=buf, width=80, color_system=None).print(render_status(snap, 500))
+    out = buf.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert "a" * 32 in out  # the action id to copy is never cut
+    assert (
+        "gpu-node-0000,gpu-node-0001,gpu-node-0002,+3" in out.replace("\n", "").replace(" ", "")
+        or "+3" in out
+    )
