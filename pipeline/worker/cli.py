@@ -19,7 +19,7 @@ from pipeline.settings import Settings, load_settings
 if TYPE_CHECKING:
     from pipeline.simulator import Scenario, SimulatedJob
 
-__all__ = ["commands", "export_health", "export_node", "simulate", "worker"]
+__all__ = ["commands", "export_health", "export_node", "run_job_id", "simulate", "worker"]
 
 commands = typer.Typer()
 
@@ -52,16 +52,21 @@ def simulate(
         bool, typer.Option(help="Announce each checkpoint and eval step when it starts.")
     ] = False,
     job_id: Annotated[
-        str | None, typer.Option(help="Job id (default: the scenario's own, as before).")
+        str | None,
+        typer.Option(
+            help="Job id (default: the scenario's with a random suffix, new every run, "
+            "so runs never mix in the archive)."
+        ),
     ] = None,
     from_now: Annotated[
         bool,
         typer.Option(
-            "--from-now",
-            help="Date events by the wall clock, not the scenario's start time (faster than "
-            "real time: the last step is dated about when it is played, never ahead).",
+            "--from-now/--scenario-time",
+            help="Date events by the wall clock (default; faster than real time the last "
+            "step is dated about when it is played, never ahead), or by the scenario's "
+            "own start time (reproducible runs).",
         ),
-    ] = False,
+    ] = True,
     control: Annotated[
         bool,
         typer.Option(
@@ -78,9 +83,7 @@ def simulate(
 
     settings = load_settings()
     sc = find_scenario(scenario)
-    update: dict[str, object] = {}
-    if job_id:
-        update["job_id"] = job_id
+    update: dict[str, object] = {"job_id": job_id or run_job_id(sc.job)}
     if from_now:
         update["start_time"] = _start_from_now(sc, None if max_speed else speed)
     sc = sc.model_copy(update=update)
@@ -99,6 +102,18 @@ def simulate(
         f"{stats.health_messages} health reports, {stats.truth_messages} truth; "
         f"{stats.wall_s:.1f} s"
     )
+
+
+def run_job_id(base: str) -> str:
+    """A job id of its own for one run of a scenario: ``<base>-<6 hex digits>``.
+
+    >>> import re
+    >>> bool(re.fullmatch(r"ci_smoke-[0-9a-f]{6}", run_job_id("ci_smoke")))
+    True
+    """
+    import secrets
+
+    return f"{base[:240]}-{secrets.token_hex(3)}"
 
 
 def _start_from_now(sc: Scenario, speed: float | None) -> datetime:
@@ -149,10 +164,28 @@ def export_health(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print reports as JSON instead of sending.")
     ] = False,
+    from_dcgm: Annotated[
+        str | None,
+        typer.Option(
+            "--from-dcgm",
+            metavar="URL",
+            help="Scrape a running dcgm-exporter (e.g. http://localhost:9400/metrics) "
+            "instead of reading NVML; nodes come from its Hostname label.",
+        ),
+    ] = None,
 ) -> None:
-    """Read GPU health through NVML and publish NodeHealth reports."""
+    """Read GPU health through NVML (or a dcgm-exporter) and publish NodeHealth reports."""
+    import socket
+
+    from pipeline.exporters.dcgm import run_dcgm_exporter
     from pipeline.exporters.health import run_health_exporter
 
+    if from_dcgm is not None:
+        code = run_dcgm_exporter(
+            load_settings(), from_dcgm, node=node or socket.gethostname(), job_id=job_id,
+            interval_s=interval, once=once, dry_run=dry_run,
+        )  # fmt: skip
+        raise typer.Exit(code)
     code = run_health_exporter(
         load_settings(), node=node, job_id=job_id, interval_s=interval, once=once,
         dry_run=dry_run,
