@@ -312,7 +312,9 @@ def _aggregate(index: int, overrides: dict[str, Any], scores: Sequence[JobScore]
         kd = [f[2] for f in kf if f[2] is not None]
         p, r, f1 = _prf(ktp, kfp, kdet, len(kf))
         per_kind[k] = {
-            "precision": p, "recall": r, "f1": f1, "tp": ktp, "fp": kfp,
+            # a kind with no episode has no precision, one with no label no recall
+            "precision": p if ktp + kfp else None, "recall": r if kf else None,
+            "f1": f1 if ktp + kfp and kf else None, "tp": ktp, "fp": kfp,
             "labels": len(kf), "detected": kdet,
             "delay_median": statistics.median(kd) if kd else None,
         }  # fmt: skip

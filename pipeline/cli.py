@@ -151,6 +151,65 @@ def compare(
 
 
 @app.command()
+def calibrate(
+    job: Annotated[list[str] | None, typer.Option(help="Job id (repeat for more).")] = None,
+    since: Annotated[str | None, typer.Option(help="Every job with steps since, e.g. 30d.")] = None,
+    grid: Annotated[
+        Path | None, typer.Option(help="JSON/TOML grid: setting -> values (default grid).")
+    ] = None,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Write the recommended settings file.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the difference from the running settings.")
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="--apply: file to write (default STEPGUARD_DETECTOR_CONFIG)."),
+    ] = None,
+    plot_path: Annotated[Path | None, typer.Option("--plot", help="Pareto plot PNG.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Every result as JSON.")] = None,
+    processes: Annotated[int | None, typer.Option(min=1, help="Worker processes.")] = None,
+    labels: Annotated[
+        str, typer.Option(help="Label sources: truth,label,approval,outcome.")
+    ] = "truth,label,approval,outcome",
+    max_rank_steps: Annotated[
+        int, typer.Option(min=1, help="Most rank-steps loaded.")
+    ] = 50_000_000,
+) -> None:
+    """Replay archived jobs through the detectors under a grid of settings; precision,
+    recall, F1 and delay per setting and kind against the labels, the Pareto front and
+    the recommended settings."""
+    from pipeline.calibrate_cmd import run_calibrate
+
+    run_calibrate(
+        _settings(), console, jobs=job or (), since=since, grid_path=grid, apply=apply,
+        dry_run=dry_run, out=out, plot=plot_path, json_path=json_path, processes=processes,
+        sources=[s.strip() for s in labels.split(",") if s.strip()],
+        max_rank_steps=max_rank_steps,
+    )  # fmt: skip
+
+
+@app.command()
+def label(
+    incident: Annotated[str, typer.Argument(help="Incident id (stepguard query incidents).")],
+    verdict: Annotated[
+        bool, typer.Option("--true/--false", help="A real fault, or a false alarm.")
+    ],
+    note: Annotated[str, typer.Option(help="Why.")] = "",
+    by: Annotated[str | None, typer.Option(help="Who (default: the login name).")] = None,
+) -> None:
+    """Archive a verdict on an incident; stepguard calibrate learns from it."""
+    import getpass
+
+    from pipeline.calibrate_cmd import label_command
+
+    label_command(
+        _settings(), incident, verdict, by=by or getpass.getuser(), note=note, console=console
+    )
+
+
+@app.command()
 def broker(
     port: Annotated[int | None, typer.Option(help="Port; default: a free one.")] = None,
 ) -> None:

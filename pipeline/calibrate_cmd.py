@@ -1,0 +1,203 @@
+"""The bodies of ``stepguard calibrate`` and ``stepguard label`` (the CLI functions in
+:mod:`pipeline.cli` only parse options and call these)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline.calibrate import CalibrationResult, calibrate, diff_settings, load_grid, plot_front
+from pipeline.calibrate_archive import LABEL_SOURCES, archived_jobs
+from pipeline.calibrate_settings import load_detector_config, write_detector_config
+from pipeline.errors import ConfigError
+from pipeline.settings import Settings
+
+__all__ = ["default_processes", "label_command", "run_calibrate"]
+
+
+def default_processes() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _settings_text(overrides: dict[str, Any]) -> str:
+    return "\n".join(f"{k}={_fmt(v)}" for k, v in overrides.items()) or "(running)"
+
+
+def front_table(result: CalibrationResult, top: int) -> Table:
+    """The Pareto front, best F1 first (at most ``top`` rows), with the running settings
+    and the recommendation marked."""
+    rows = sorted(
+        {*result.front, 0, result.recommended},
+        key=lambda i: (-result.points[i].f1, result.points[i].delay_median or 0.0, i),
+    )[:top]
+    table = Table(
+        title="Pareto front (precision, recall, delay in steps); best = recommended",
+        title_justify="left",
+    )
+    table.add_column("#", justify="right")
+    table.add_column("settings changed", min_width=18, overflow="fold")
+    for col in ("prec.", "recall", "F1", "delay", "TP/FP"):
+        table.add_column(col, justify="right")
+    table.add_column("", min_width=9, overflow="fold")
+    for i in rows:
+        p = result.points[i]
+        mark = []
+        if i == result.recommended:
+            mark.append("best")
+        if i == 0:
+            mark.append("running")
+        if i not in result.front:
+            mark.append("dominated")
+        table.add_row(
+            str(i), _settings_text(p.overrides), f"{p.precision:.3f}", f"{p.recall:.3f}",
+            f"{p.f1:.3f}", _fmt(p.delay_median), f"{p.tp}/{p.fp}", " ".join(mark),
+        )  # fmt: skip
+    return table
+
+
+def kind_table(result: CalibrationResult) -> Table:
+    """Per kind: the running settings against the recommendation."""
+    run, best = result.points[0], result.best
+    table = Table(title="Per kind: running -> recommended", title_justify="left")
+    for col in ("kind", "labels", "precision", "recall", "F1", "delay (steps)"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for kind in sorted(set(run.per_kind) | set(best.per_kind)):
+        a, b = run.per_kind.get(kind, {}), best.per_kind.get(kind, {})
+
+        def pair(key: str, a: dict[str, Any] = a, b: dict[str, Any] = b) -> str:
+            return f"{_fmt(a.get(key))} -> {_fmt(b.get(key))}"
+
+        table.add_row(
+            kind, str(b.get("labels", a.get("labels", 0))), pair("precision"), pair("recall"),
+            pair("f1"), pair("delay_median"),
+        )  # fmt: skip
+    return table
+
+
+def run_calibrate(
+    settings: Settings,
+    console: Console,
+    *,
+    jobs: Sequence[str] = (),
+    since: str | None = None,
+    grid_path: Path | None = None,
+    apply: bool = False,
+    dry_run: bool = False,
+    out: Path | None = None,
+    plot: Path | None = None,
+    json_path: Path | None = None,
+    processes: int | None = None,
+    sources: Sequence[str] = LABEL_SOURCES,
+    max_rank_steps: int = 50_000_000,
+    top: int = 15,
+) -> CalibrationResult:
+    """Load, replay, report; ``apply`` writes the recommended settings file."""
+    from pipeline.archive import migrate, open_backend
+    from pipeline.archive.retention import parse_age
+
+    if apply and dry_run:
+        raise ConfigError("give --apply or --dry-run, not both")
+    if bool(jobs) == bool(since):
+        raise ConfigError("give --job J (one or more) or --since AGE (e.g. 30d), not both")
+    try:
+        since_at = datetime.now(UTC) - parse_age(since) if since else None
+    except ValueError as exc:
+        raise ConfigError(f"--since: expected e.g. 30d or 12h, got {since!r}") from exc
+    grid = load_grid(grid_path)
+    running = load_detector_config(settings.detector_config)
+    backend = open_backend(settings)
+    try:
+        migrate(backend)
+        with console.status("reading the archive") as status:
+            loaded = archived_jobs(
+                backend, list(jobs) or None, since_at, sources=sources,
+                max_rank_steps=max_rank_steps,
+                progress=lambda name: status.update(f"reading job {name}"),
+            )  # fmt: skip
+    finally:
+        backend.close()
+    procs = processes or default_processes()
+    with Progress(
+        TextColumn("replaying settings"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("grid", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        result = calibrate(loaded, grid, running=running, processes=procs, progress=tick)
+    labels = ", ".join(f"{n} {k}" for k, n in result.labels.items()) or "none"
+    console.print(
+        f"{result.jobs} job(s), {result.rank_steps:,} rank-steps each replay; labels: "
+        f"{labels}; {len(result.points)} settings in {result.wall_s:.1f} s on {procs} "
+        f"process(es): {result.replay_rank_steps_per_s:,.0f} rank-steps/s"
+    )
+    if result.best.true_labels == 0 and result.best.tp + result.best.fp == 0:
+        console.print(
+            "[yellow]no labelled fault or false alarm in these jobs: label incidents "
+            "(stepguard label), approve or reject actions, or replay simulated jobs first[/]"
+        )
+    refused = [p for p in result.points if p.error]
+    if refused:
+        console.print(f"[yellow]{len(refused)} setting(s) refused:[/] {refused[0].error}")
+    console.print(front_table(result, top))
+    console.print(kind_table(result))
+    proposed = result.settings_of(result.recommended)
+    changes = diff_settings(running, proposed)
+    console.print(
+        "recommended: "
+        + (", ".join(f"{n}={_fmt(b)}" for n, _, b in changes) or "keep the running settings")
+    )
+    if plot is not None:
+        console.print(f"plot: {plot_front(result, plot)}")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+        console.print(f"json: {json_path}")
+    if dry_run:
+        table = Table("setting", "running", "recommended", title="--dry-run: the difference")
+        for name, a, b in changes:
+            table.add_row(name, _fmt(a), _fmt(b))
+        console.print(table if changes else "--dry-run: the running settings are recommended")
+    if apply:
+        target = out or settings.detector_config or settings.state_dir / "detector.json"
+        write_detector_config(target, proposed)
+        console.print(
+            f"wrote {target}: workers started with STEPGUARD_DETECTOR_CONFIG={target} build "
+            "new jobs' detectors from it (restart them to pick it up; running jobs keep "
+            "their detectors and state)"
+        )
+    return result
+
+
+def label_command(
+    settings: Settings, incident: str, verdict: bool, *, by: str, note: str, console: Console
+) -> None:
+    from pipeline.archive import migrate, open_backend
+    from pipeline.labels import label_incident
+
+    backend = open_backend(settings)
+    try:
+        migrate(backend)
+        label = label_incident(backend, incident, verdict, by=by, note=note)
+    finally:
+        backend.close()
+    word = "a real fault" if label.verdict else "a false alarm"
+    console.print(f"incident {label.incident} of job {label.job_id}: {word} (by {label.by})")
