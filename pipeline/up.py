@@ -275,6 +275,7 @@ def build_plan(
         "actuator": keys["actuator"],
         "executor-dry-run": keys["executor"],
         "simulate": keys["simulate"],
+        "archiver": {},
     }
     job_id = None
     if options.scenario is not None:
@@ -295,11 +296,16 @@ def build_plan(
         worker = ServiceSpec(name, (*cmd, "worker"), after=after_topics, stop_tier=2)
         specs.append(replace(worker, metrics_port=port, ready=ready))
         workers.append(name)
-    specs.append(ServiceSpec("actuator", (*cmd, "actuator"), after=after_topics, stop_tier=3))
-    argv = (*cmd, "executor", "dry-run")
-    specs.append(ServiceSpec("executor-dry-run", argv, after=after_topics, stop_tier=3))
-    argv = (*cmd, "archiver", "--progress-s", "10")
-    specs.append(ServiceSpec("archiver", argv, after=after_topics, stop_tier=4))
+    # every service its own metrics port (two of a kind on one host never collide)
+    services = (
+        ("actuator", (*cmd, "actuator"), "ACTUATOR", 3),
+        ("executor-dry-run", (*cmd, "executor", "dry-run"), "EXECUTOR", 3),
+        ("archiver", (*cmd, "archiver", "--progress-s", "10"), "ARCHIVER", 4),
+    )
+    for name, argv, var, tier in services:
+        port = ports.take(f"{name} metrics")
+        extra[name] = extra[name] | {f"{ENV_PREFIX}{var}_METRICS_PORT": str(port)}
+        specs.append(ServiceSpec(name, argv, after=after_topics, stop_tier=tier, metrics_port=port))
     if options.scenario is not None:
         argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
                 "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
@@ -400,12 +406,16 @@ class ServiceMetrics:
     at: float = 0.0
 
 
+#: what each column sums, over whichever of these a service serves (pipeline/metrics.py)
 _SUMS = {
-    "records": ("stepguard_worker_records_total",),
-    "lag": ("stepguard_worker_consumer_lag",),
-    "alerts": ("stepguard_worker_alerts_total",),
-    "commands": ("stepguard_actuator_commands_total",),
-}
+    "records": (
+        "stepguard_worker_records_total", "stepguard_actuator_inputs_total",
+        "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
+    ),
+    "lag": ("stepguard_worker_consumer_lag", "stepguard_archiver_consumer_lag"),
+    "alerts": ("stepguard_worker_alerts_total", "stepguard_actuator_alerts_total"),
+    "commands": ("stepguard_actuator_commands_total", "stepguard_executor_commands_total"),
+}  # fmt: skip
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -73,3 +73,26 @@ def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) <= 2, out  # rich may wrap the one message
     assert var in " ".join(lines) and str(busy_port) in out
+
+
+def test_up_gives_every_service_its_own_metrics_port_and_sums_their_counters(tmp_path):
+    from pipeline.settings import load_settings
+    from pipeline.up import UpOptions, build_plan, parse_metrics
+
+    settings = load_settings({}, state_dir=tmp_path)
+    p = build_plan(settings, UpOptions(workers=2), {"PATH": "/bin"},
+                   python="py", run_id="r1")  # fmt: skip
+    var = {"worker-1": "WORKER", "worker-2": "WORKER", "actuator": "ACTUATOR",
+           "executor-dry-run": "EXECUTOR", "archiver": "ARCHIVER"}  # fmt: skip
+    ports = {s.name: s.metrics_port for s in p.specs if s.metrics_port}
+    assert set(ports) == set(var) and len(set(ports.values())) == len(ports)
+    for spec in p.specs:
+        if spec.name in var:
+            assert spec.env[f"STEPGUARD_{var[spec.name]}_METRICS_PORT"] == str(spec.metrics_port)
+    text = (
+        'stepguard_executor_commands_total{executor="dry-run",kind="isolate",result="ok"} 2\n'
+        'stepguard_executor_commands_total{executor="dry-run",kind="stop",result="refused"} 1\n'
+        'stepguard_executor_consumed_total{executor="dry-run"} 5\n'
+        'stepguard_archiver_consumer_lag{topic="steps"} 40\n'
+    )
+    assert parse_metrics(text) == {"commands": 3.0, "records": 5.0, "lag": 40.0}
