@@ -338,6 +338,7 @@ def archiver(
     """Archive every topic into ClickHouse; offsets are committed after each insert."""
     from pipeline.archive import migrate, open_backend
     from pipeline.archive.archiver import Archiver, ArchiverStats, default_decode_processes
+    from pipeline.archive.serve import query_socket_path
     from pipeline.metrics import ArchiverMetrics, serve_metrics
 
     settings = _settings()
@@ -348,9 +349,11 @@ def archiver(
     stop = stop_event()
     if decode_processes is None:
         decode_processes = default_decode_processes()
+    # on chDB the archiver owns the directory: it answers `stepguard sql/query/report`
+    query_socket = None if settings.clickhouse_dsn else query_socket_path(settings.chdb_path)
     service = Archiver(
         settings, backend, max_batch=max_batch, max_wait_s=max_wait_s,
-        decode_processes=decode_processes, metrics=metrics,
+        decode_processes=decode_processes, metrics=metrics, query_socket=query_socket,
     )  # fmt: skip
     err.print(
         f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database} "
@@ -417,24 +420,28 @@ def query(
     name: Annotated[str, typer.Argument(help="Query name; see --help for the list.")],
     job: Annotated[str, typer.Option(help="Job id.")] = "",
     limit: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per row (JSON lines), no table.")
+    ] = False,
 ) -> None:
     """Run a named analyst query: rank_slowdown, incident_timeline, detection_delay,
-    lost_gpu_hours, top_nodes, command_outcomes."""
-    from pipeline.archive import open_backend
+    lost_gpu_hours, top_nodes, incidents, job_runs, command_outcomes.
+
+    On chDB it reads through the archiver while one runs. The table fits the terminal
+    (long cells wrap); --json prints JSON lines for scripts."""
+    from pipeline.archive.client import open_reader, print_rows
     from pipeline.archive.queries import QUERIES, run_query
 
     if name not in QUERIES:
         raise typer.BadParameter(f"unknown query; known: {sorted(QUERIES)}", param_hint="NAME")
-    backend = open_backend(_settings())
+    backend = open_reader(_settings())
     try:
         cols, rows = run_query(backend, name, job=job or "none", limit=limit)
     finally:
         backend.close()
-    err.print(QUERIES[name].answers)
-    table = Table(*cols)
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
+    if not as_json:
+        err.print(QUERIES[name].answers)
+    print_rows(cols, rows, console, as_json=as_json)
 
 
 @app.command()
@@ -443,11 +450,12 @@ def report(
     incident: Annotated[str | None, typer.Option(help="One episode fingerprint.")] = None,
     out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("report.html"),
 ) -> None:
-    """An HTML post-mortem (plots, timeline, commands) of a job from the archive."""
-    from pipeline.archive import open_backend
+    """An HTML post-mortem (plots, timeline, commands) of a job from the archive (on
+    chDB through the archiver while one runs)."""
+    from pipeline.archive.client import open_reader
     from pipeline.report import render_report
 
-    backend = open_backend(_settings())
+    backend = open_reader(_settings())
     try:
         result = render_report(backend, job, out, incident)
     finally:
@@ -456,22 +464,26 @@ def report(
 
 
 @app.command()
-def sql(query: Annotated[str, typer.Argument(help="A SQL query for the archive.")]) -> None:
-    """Run one read-only query on the configured archive (server or chDB), print a table.
+def sql(
+    query: Annotated[str, typer.Argument(help="A SQL query for the archive.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per row (JSON lines), no table.")
+    ] = False,
+) -> None:
+    """Run one read-only query on the configured archive (server or chDB), print a table
+    that fits the terminal, or JSON lines with --json.
 
     The server runs it with ``readonly=1``; on chDB only one SELECT, SHOW, DESCRIBE,
-    EXPLAIN or WITH statement is accepted."""
-    from pipeline.archive import open_backend
+    EXPLAIN or WITH statement is accepted, and while an archiver runs it goes through
+    the archiver (chDB allows one process per directory)."""
+    from pipeline.archive.client import open_reader, print_rows
 
-    backend = open_backend(_settings())
+    backend = open_reader(_settings())
     try:
         cols, rows = backend.query(query, readonly=True)
     finally:
         backend.close()
-    table = Table(*cols)
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
+    print_rows(cols, rows, console, as_json=as_json)
     err.print(f"{len(rows)} rows")
 
 

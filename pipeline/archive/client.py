@@ -9,14 +9,20 @@ directory itself. :class:`ClientBackend` is the read side of
 
 from __future__ import annotations
 
+import json
+import math
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
-from pipeline.archive.backend import ChdbBackend, ServerBackend, bind_params, read_only_problem
+from pipeline.archive.backend import ArchiveBackend, bind_params, read_only_problem
 from pipeline.archive.serve import (
     MAX_REQUEST,
     MAX_RESPONSE,
@@ -28,7 +34,7 @@ from pipeline.archive.serve import (
 from pipeline.errors import ArchiveError
 from pipeline.settings import Settings
 
-__all__ = ["ClientBackend", "open_reader"]
+__all__ = ["ClientBackend", "json_lines", "open_reader", "print_rows", "rows_table"]
 
 
 class ClientBackend:
@@ -101,15 +107,17 @@ class ClientBackend:
         """Nothing to close: each query is one connection."""
 
 
-def open_reader(settings: Settings) -> ServerBackend | ChdbBackend | ClientBackend:
+def open_reader(settings: Settings) -> ArchiveBackend:
     """The archive for reading: the server (DSN), the archiver's query socket when an
     archiver owns the chDB directory, or the chDB directory itself.
 
     When the directory is locked and no archiver answers, the error is one line that
     says so (chDB allows one process per directory).
     """
+    from pipeline import archive  # looked up per call: tests hand in their own
+
     if settings.clickhouse_dsn is not None:
-        return ServerBackend(settings.clickhouse_dsn.get_secret_value())
+        return archive.open_backend(settings)
     path = query_socket_path(settings.chdb_path)
     if path.exists():
         try:
@@ -117,16 +125,107 @@ def open_reader(settings: Settings) -> ServerBackend | ChdbBackend | ClientBacke
         except ArchiveError:
             pass  # left by an archiver that is gone: its directory is free again
     try:
-        return ChdbBackend(settings.chdb_path)
+        return archive.open_backend(settings)
     except ArchiveError as exc:
+        if not _locked(str(exc)):
+            raise ArchiveError(_first_line(str(exc))) from exc
         raise ArchiveError(
             f"cannot open the chDB archive at {settings.chdb_path}: another process has it "
             f"open (chDB allows one at a time) and no archiver answers on {path}; stop that "
-            "process, or run `stepguard archiver`, which serves queries while it runs"
-            if path.exists() or _locked_message(str(exc))
-            else str(exc).splitlines()[0]
+            "process, or query while `stepguard archiver` runs (it serves queries)"
         ) from exc
 
 
-def _locked_message(text: str) -> bool:
-    return any(s in text for s in ("Cannot lock file", "Another server instance", "EmbeddedServer"))
+def _locked(text: str) -> bool:
+    """Whether chDB's error says another process holds the directory (chDB 4 says
+    "Error initializing EmbeddedServer", older ones "Cannot lock file")."""
+    signs = ("Cannot lock file", "Another server instance", "EmbeddedServer")
+    return any(s in text for s in signs)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "cannot open the archive"
+
+
+def _json_value(value: Any) -> Any:
+    """A query value as strict JSON: datetimes in ISO 8601, non-finite floats as the
+    strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (a NaN loss is a signal, not a
+    NULL), arrays as lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return _json_value(value.item())
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def json_lines(columns: list[str], rows: list[tuple[Any, ...]]) -> Iterator[str]:
+    """One JSON object per row (``{column: value}``), strict JSON (:func:`_json_value`).
+
+    >>> from datetime import UTC, datetime
+    >>> list(json_lines(["t", "x"], [(datetime(2026, 1, 1, tzinfo=UTC), float("nan"))]))
+    ['{"t": "2026-01-01T00:00:00+00:00", "x": "NaN"}']
+    """
+    for row in rows:
+        yield json.dumps(
+            {c: _json_value(v) for c, v in zip(columns, row, strict=True)}, allow_nan=False
+        )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):  # archive times are UTC
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def rows_table(columns: list[str], rows: list[tuple[Any, ...]]) -> Table:
+    """A table that fits the console: cells wrap, and a word longer than its column
+    (an id, a path) folds onto the next line instead of being cut."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    return table
+
+
+def _fits(columns: list[str], width: int) -> bool:
+    """Whether a table of ``columns`` can show every column legibly in ``width``: each
+    needs a few characters of its name and two of padding."""
+    return sum(min(max(len(c), 4), 8) + 2 for c in columns) <= width
+
+
+def _records(columns: list[str], rows: list[tuple[Any, ...]], out: Console) -> None:
+    """Too many columns for the width: each row as ``column  value`` lines."""
+    for i, row in enumerate(rows, start=1):
+        out.rule(f"row {i}", align="left")
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=False, overflow="fold", style="bold")
+        grid.add_column(overflow="fold")
+        for name, value in zip(columns, row, strict=True):
+            grid.add_row(name, _cell(value))
+        out.print(grid)
+
+
+def print_rows(
+    columns: list[str], rows: list[tuple[Any, ...]], out: Console, *, as_json: bool
+) -> None:
+    """Rows as a table that fits ``out``'s width, or as JSON lines (``--json``)."""
+    if as_json:
+        for line in json_lines(columns, rows):
+            out.file.write(line + "\n")
+        out.file.flush()
+        return
+    if _fits(columns, out.width):
+        out.print(rows_table(columns, rows))
+    else:
+        _records(columns, rows, out)
