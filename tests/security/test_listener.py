@@ -1,0 +1,59 @@
+"""Threat: the job controller (``CommandListener`` in the training process) published
+its results unsigned, and whatever read them trusted them: a forged SUCCEEDED for a
+real command id closed the episodes of the nodes a relaunch names (the worker) or made
+a restarted listener skip the command as done.
+
+Control: the listener signs its results with the executor key and, at start, counts
+as done only what an executor key signed; the worker's side is in
+``test_worker_inputs.py``. Run on a real broker.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline.actuator.signing import sign, signature_problem
+from pipeline.errors import ConfigError
+from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.listener import CommandListener
+from schemas import ActuatorMode, Command, CommandKind, CommandResult, CommandStatus
+from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, key_settings
+from tests.security._helpers import impostor
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_listener_signs_its_results_and_forged_ones_do_not_pre_empt_a_command(settings):
+    s = settings.model_copy(update=key_settings())
+    create_topics(s)
+    now = datetime.now(UTC)
+    cmd = sign(Command(command_id="cmd-ckpt", kind=CommandKind.CHECKPOINT, job_id="job-1",
+                       reason=("fp",), mode=ActuatorMode.AUTO, issued_at=now,
+                       expires_at=now + timedelta(minutes=5)), ACTUATOR_KEY)  # fmt: skip
+    done = CommandResult(command_id=cmd.command_id, job_id="job-1", executor="job-controller",
+                         status=CommandStatus.SUCCEEDED, ts=now)  # fmt: skip
+    producer = control_producer(s)
+    try:
+        for forged in (done, sign(done, impostor(EXECUTOR_KEY)), sign(done, ACTUATOR_KEY)):
+            publish(producer, registry_of(s), "results", forged).get(30)
+        publish(producer, registry_of(s), "commands", cmd).get(30)
+    finally:
+        producer.close()
+    saved = []
+    with CommandListener(
+        s, "job-1", on_checkpoint=lambda c, step: saved.append(step) or "ok"
+    ) as lis:
+        assert lis.unsigned_results == 3
+        applied = lis.poll_step_boundary(7, wait_s=30)
+    assert [c.command_id for c in applied] == [cmd.command_id] and saved == [7]
+    ours = [
+        r.message
+        for r in read_back(s, "results")
+        if r.message.executor == "job-controller" and r.message.key_id == EXECUTOR_KEY.key_id
+    ]
+    real = [r for r in ours if signature_problem(r, EXECUTOR_KEY.verifier()) is None]
+    assert [r.status for r in real] == [CommandStatus.ACCEPTED, CommandStatus.SUCCEEDED]
+    with pytest.raises(ConfigError, match="STEPGUARD_EXECUTOR_PRIVATE_KEY"):
+        CommandListener(s.model_copy(update={"executor_private_key": None}), "job-1")
