@@ -105,6 +105,13 @@ def _health(m: NodeHealth, _rec_ms: int) -> Iterable[Row]:
             "nvlink_errors": g.nvlink_errors, "nic_errors": m.nic_errors,
             "nic_retransmits": m.nic_retransmits, "interval_s": m.interval_s,
             "ts": _utc(m.ts), "ts_ms": ms,
+            # NodeHealth v2 (migration 006)
+            "nvlink_crc_errors": g.nvlink_crc_errors,
+            "nvlink_replay_errors": g.nvlink_replay_errors,
+            "nvlink_links_down": g.nvlink_links_down, "pcie_gen": g.pcie_gen,
+            "pcie_gen_max": g.pcie_gen_max, "pcie_width": g.pcie_width,
+            "pcie_width_max": g.pcie_width_max, "remap_pending": int(g.remap_pending),
+            "remap_failed": int(g.remap_failed),
         }  # fmt: skip
 
 
