@@ -49,7 +49,8 @@ STEPGUARD_WORKER_PRIVATE_KEY / _PUBLIC_KEYS  the same for alerts (workers sign, 
 STEPGUARD_OPERATOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for approvals and control
                               messages (operators sign, the actuator verifies)
 STEPGUARD_EXECUTOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for command results (executors
-                              sign, an executor's start-up read-back verifies)
+                              and the job controller's CommandListener sign; executors'
+                              and listeners' start-up read-back and workers verify)
 STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
 STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
 STEPGUARD_SPARE_NODES         comma-separated spare pool
