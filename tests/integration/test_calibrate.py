@@ -1,0 +1,140 @@
+"""Calibration on a seeded archive, on both backends: labels archived and read back,
+labels from approvals and outcomes, and a planted threshold recovered."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from detectors.config import MonitorConfig
+from pipeline.archive import rows_for
+from pipeline.calibrate import calibrate
+from pipeline.calibrate_archive import archived_jobs, load_job
+from pipeline.calibrate_seed import seed_job
+from pipeline.labels import UnknownIncidentError, incident_labels, label_incident
+from pipeline.simulator import Scenario
+from schemas import (
+    ActionRecord,
+    ActionState,
+    ActuatorMode,
+    Approval,
+    ApprovalDecision,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+)
+
+pytestmark = pytest.mark.integration
+
+#: What the team ran while observing: thresholds low enough to page on small slowdowns.
+SENSITIVE = MonitorConfig(
+    straggler_warning=0.02, straggler_exit=0.01, degradation_warning=0.015,
+    degradation_exit=0.0075,
+)  # fmt: skip
+
+
+def _slow(name: str, magnitude: float, seed: int, node: int = 3) -> Scenario:
+    return Scenario.model_validate({
+        "name": name, "nodes": 8, "steps": 160, "seed": seed,
+        "faults": [{"kind": "straggler", "node": node, "gpu": 2, "onset_step": 60,
+                    "magnitude": magnitude}],
+    })  # fmt: skip
+
+
+def _insert(archive, *messages):
+    for table, cols in rows_for([(m, 0) for m in messages]).items():
+        archive.insert(table, cols)
+
+
+def test_label_is_archived_validated_and_the_latest_verdict_counts(archive):
+    seeded = seed_job(archive, _slow("lab", 0.035, 2), truth=False, observed_with=SENSITIVE)
+    incident = next(iter(seeded.incidents))
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    label_incident(archive, incident, True, by="alice", note="looked slow", now=t0)
+    label_incident(archive, incident, False, by="bob", note="data imbalance",
+                   now=t0 + timedelta(minutes=5))  # fmt: skip
+    (latest,) = incident_labels(archive, ["lab"])
+    assert (latest.incident, latest.job_id, latest.verdict) == (incident, "lab", False)
+    assert (latest.by, latest.note) == ("bob", "data imbalance")
+    _, rows = archive.query(f"SELECT count() FROM {archive.database}.labels")
+    assert rows[0][0] == 2  # every verdict kept
+    with pytest.raises(UnknownIncidentError, match="no-such-incident"):
+        label_incident(archive, "no-such-incident", True, by="alice")
+    job = load_job(archive, "lab")
+    assert [(lab.source, lab.truth, lab.node) for lab in job.labels] == [
+        ("label", False, "node-0003")
+    ]
+    assert not job.fully_labelled and len(job.frames) == 160 and job.health
+
+
+def test_approvals_rejections_and_outcomes_become_labels_and_a_label_outranks_them(archive):
+    seeded = seed_job(archive, _slow("ops", 0.05, 4), truth=False, observed_with=SENSITIVE)
+    alerts = sorted(seeded.incidents.values(), key=lambda a: a.incident)
+    assert alerts, "the sensitive settings raised something to act on"
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    fp = alerts[0].fingerprint
+    # the action held for that incident was rejected ...
+    _insert(
+        archive,
+        ActionRecord(action_id="act-ops-1", state=ActionState.HELD, job_id="ops",
+                     mode=ActuatorMode.APPROVE, reason=(fp,), ts=t0),
+        Approval(action_id="act-ops-1", decision=ApprovalDecision.REJECT, by="sre", ts=t0),
+    )  # fmt: skip
+    (lab,) = load_job(archive, "ops").labels
+    assert (lab.source, lab.truth) == ("approval", False)
+    # ... a command it led to succeeded: weaker than the human rejection
+    _insert(
+        archive,
+        Command(command_id="cmd-ops-1", kind=CommandKind.ISOLATE, job_id="ops",
+                targets=(alerts[0].node,), reason=(fp,), mode=ActuatorMode.AUTO, issued_at=t0),
+        CommandResult(command_id="cmd-ops-1", job_id="ops", executor="dry-run",
+                      status=CommandStatus.SUCCEEDED, ts=t0),
+    )  # fmt: skip
+    job = load_job(archive, "ops")
+    assert [(x.source, x.truth) for x in job.labels] == [("approval", False)]
+    assert len(job.commands) == 1 and len(job.results) == 1
+    assert [(x.source, x.truth) for x in load_job(archive, "ops", sources=("outcome",)).labels] == [
+        ("outcome", True)
+    ]
+    # an explicit label speaks louder than the rejection
+    label_incident(archive, alerts[0].incident, True, by="lead", note="it was the GPU")
+    assert [(x.source, x.truth) for x in load_job(archive, "ops").labels] == [("label", True)]
+
+
+def test_calibration_recovers_the_planted_slowdown_threshold(archive):
+    """Slow ranks of 3-3.5 % are normal here (labelled false after the team looked at
+    them); 8-10 % are faults (simulator truth). The threshold that separates them lies
+    in (0.035, 0.08]: calibration must recommend one there, and the running defaults,
+    which page on the benign ones, must score worse."""
+    for name, magnitude, seed in (("fault-08", 0.08, 11), ("fault-10", 0.10, 12)):
+        seed_job(archive, _slow(name, magnitude, seed))
+    for name, magnitude, seed in (("benign-030", 0.03, 13), ("benign-035", 0.035, 14)):
+        seeded = seed_job(archive, _slow(name, magnitude, seed, node=5), truth=False,
+                          observed_with=SENSITIVE)  # fmt: skip
+        assert seeded.incidents, name
+        for incident in seeded.incidents:
+            label_incident(archive, incident, False, by="sre", note="benign imbalance")
+    jobs = archived_jobs(archive, since=datetime(2025, 12, 1, tzinfo=UTC))
+    assert sorted(j.job_id for j in jobs) == ["benign-030", "benign-035", "fault-08", "fault-10"]
+    thresholds = [0.02, 0.03, 0.05, 0.065, 0.1]
+    grid = {
+        "straggler_warning,degradation_warning,straggler_exit": [
+            [t, t, min(0.025, t / 2)] for t in thresholds
+        ]
+    }
+    result = calibrate(jobs, grid, processes=2)
+    best = result.settings_of(result.recommended)
+    assert 0.035 < best.straggler_warning <= 0.08
+    assert best.degradation_warning == best.straggler_warning
+    assert result.best.f1 == 1.0 and result.best.recall == 1.0
+    assert result.points[0].precision < 1.0  # the defaults page on a benign slow rank
+    by_t = {p.overrides.get("straggler_warning", 0.05): p for p in result.points[1:]}
+    assert by_t[0.02].fp > 0  # too low: false alarms
+    assert by_t[0.1].recall < 1.0  # too high: the 8 % fault is missed
+    assert result.recommended in result.front
+    assert result.labels == {"truth": 2, "label": sum(
+        1 for j in jobs for x in j.labels if x.source == "label")}  # fmt: skip
+    per_kind = result.best.per_kind["straggler"]
+    assert per_kind["recall"] == 1.0 and per_kind["delay_median"] is not None
