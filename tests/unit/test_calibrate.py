@@ -223,3 +223,22 @@ def test_calibrate_scores_the_running_settings_first_and_reports_refused_points(
     assert result.to_json()["recommended"] == result.recommended
     with pytest.raises(ConfigError, match="no archived job"):
         calibrate([], grid)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"jobs": ["a"], "since": "30d"}, "--job"),
+        ({}, "--job"),
+        ({"jobs": ["a"], "apply": True, "dry_run": True}, "--apply or --dry-run"),
+        ({"since": "soon"}, "--since"),
+    ],
+)
+def test_calibrate_command_refuses_contradictory_options_before_reading(kw, match):
+    from rich.console import Console
+
+    from pipeline.calibrate_cmd import run_calibrate
+    from pipeline.settings import Settings
+
+    with pytest.raises(ConfigError, match=match):
+        run_calibrate(Settings(), Console(quiet=True), **kw)
