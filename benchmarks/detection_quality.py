@@ -90,6 +90,11 @@ QUICK = (
     "trap_storage_hiccup_256n",
     "trap_seq_len_imbalance_256n_pp2",
     "mixed_multi_fault_128n",
+    "pcie_downtrain_width_128n",
+    "nvlink_down_128n_pp2",
+    "row_remap_64n",
+    "drain_xid_128n_pp4",
+    "clock_throttle_64n",
 )
 
 # Targets.

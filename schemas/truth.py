@@ -22,6 +22,12 @@ class FaultKind(StrEnum):
     CRASH = "crash"
     HANG = "hang"
     DIVERGENCE = "divergence"
+    # Silent hardware slowdowns (issue 16 item 2)
+    PCIE_DOWNTRAIN = "pcie_downtrain"
+    NVLINK_DOWN = "nvlink_down"
+    ROW_REMAP = "row_remap"
+    DRAIN_XID = "drain_xid"
+    CLOCK_THROTTLE = "clock_throttle"
     # Traps: normal behaviour that must not alert.
     STAGE_IMBALANCE = "stage_imbalance"
     CLUSTER_SLOWDOWN = "cluster_slowdown"

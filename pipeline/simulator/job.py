@@ -50,6 +50,11 @@ F64 = npt.NDArray[np.float64]
 
 #: XID raised with an uncorrectable (double-bit) ECC error.
 XID_DBE = 48
+#: XIDs of a row remap recorded (pending a GPU reset) and of a failed remap.
+XID_REMAP_PENDING = 63
+XID_REMAP_FAILURE = 64
+PCIE_GEN, PCIE_WIDTH = 5, 16  #: every simulated GPU's PCIe maximum (Gen5 x16)
+NVLINKS = 18  #: NVLink links per GPU
 BASE_CLOCK_MHZ = 1980.0
 NIC_FLAP_RETRANSMITS = 300.0
 NIC_FLAP_ERRORS = 15.0
@@ -112,6 +117,8 @@ class _Hardware:
     nic_errors: npt.NDArray[np.int64]  #: per node slot
     nic_retransmits: npt.NDArray[np.int64]
     flaps: npt.NDArray[np.int64]  #: NIC flaps since the last report, per slot
+    nvl_crc: npt.NDArray[np.int64]  #: cumulative NVLink CRC errors per rank
+    nvl_replay: npt.NDArray[np.int64]
     xids: dict[int, list[int]] = field(default_factory=dict)  #: rank -> pending XIDs
 
 
@@ -150,6 +157,8 @@ class SimulatedJob:
             nic_errors=np.zeros(s.nodes, np.int64),
             nic_retransmits=rng.integers(0, 2000, s.nodes).astype(np.int64),
             flaps=np.zeros(s.nodes, np.int64),
+            nvl_crc=np.zeros(n_ranks, np.int64),
+            nvl_replay=np.zeros(n_ranks, np.int64),
         )
         self._host_alive = np.ones(s.nodes, dtype=bool)
         self._ranks_alive = np.ones(s.nodes, dtype=bool)
@@ -241,6 +250,8 @@ class SimulatedJob:
         hw.ecc_bg[ranks] = 0.0
         hw.ecc_corrected[ranks] = 0
         hw.ecc_uncorrected[ranks] = 0
+        hw.nvl_crc[ranks] = 0
+        hw.nvl_replay[ranks] = 0
         hw.nic_errors[slot] = 0
         hw.nic_retransmits[slot] = 0
         hw.flaps[slot] = 0
@@ -431,6 +442,7 @@ class SimulatedJob:
                 FaultKind.DEGRADATION,
                 FaultKind.THERMAL,
                 FaultKind.SINGLE_STEP_BLIP,
+                FaultKind.CLOCK_THROTTLE,
             ):
                 idx = self._mask(f)
                 compute[idx] *= 1.0 + f.slowdown_at(step)
@@ -445,6 +457,8 @@ class SimulatedJob:
             elif kind == FaultKind.CLUSTER_SLOWDOWN:
                 if (f.variant or "storage") == "storage":
                     data += f.magnitude * (1.0 + 0.2 * np.abs(rng.standard_normal(n)))
+                elif f.variant == "power_cap":
+                    compute *= 1.0 / (1.0 - min(f.magnitude, 0.9))
                 else:
                     compute *= 1.0 + f.magnitude
             elif kind == FaultKind.STAGE_IMBALANCE and f.variant == "sequence_length":
@@ -545,6 +559,7 @@ class SimulatedJob:
         clock = BASE_CLOCK_MHZ - np.abs(6.0 * rng.standard_normal(n))
         thermal = np.zeros(n, dtype=bool)
         ecc_rate = hw.ecc_bg.copy()
+        links = self._links(step, temp, clock)
         for f in s.faults:
             if f.kind == FaultKind.DIURNAL_TEMPERATURE:
                 phase = 2.0 * math.pi * (self.ts - s.start_ts) / f.period_s
@@ -575,6 +590,8 @@ class SimulatedJob:
         clock_l = clock.round(0).tolist()
         util_l = np.clip(util, 0.0, 100.0).round(1).tolist()
         corr_l = hw.ecc_corrected.tolist()
+        crc_l = hw.nvl_crc.tolist()
+        replay_l = hw.nvl_replay.tolist()
         unc_l = hw.ecc_uncorrected.tolist()
         thermal_l = thermal.tolist()
         ts = datetime.fromtimestamp(self.ts, UTC)
@@ -593,7 +610,19 @@ class SimulatedJob:
                         ecc_corrected=corr_l[r],
                         ecc_uncorrected=unc_l[r],
                         xid_codes=tuple(hw.xids.pop(r, ())),
-                        throttle_reasons=("hw_thermal_slowdown",) if thermal_l[r] else (),
+                        throttle_reasons=(
+                            ("hw_thermal_slowdown",) if thermal_l[r] else links.reasons.get(r, ())
+                        ),
+                        nvlink_errors=crc_l[r] + replay_l[r],
+                        nvlink_crc_errors=crc_l[r],
+                        nvlink_replay_errors=replay_l[r],
+                        nvlink_links_down=links.down.get(r, 0),
+                        pcie_gen=links.gen.get(r, PCIE_GEN),
+                        pcie_gen_max=PCIE_GEN,
+                        pcie_width=links.width.get(r, PCIE_WIDTH),
+                        pcie_width_max=PCIE_WIDTH,
+                        remap_pending=r in links.pending,
+                        remap_failed=r in links.failed,
                     )
                 )
             out.append(
@@ -608,6 +637,79 @@ class SimulatedJob:
                 )
             )
         return out
+
+    def _links(self, step: int, temp: F64, clock: F64) -> _Links:
+        """The silent-slowdown readings due now (adjusting ``temp`` and ``clock`` of
+        throttled GPUs in place); faults of a replaced node no longer apply."""
+        s, rng, hw = self.scenario, self._rng, self._hw
+        out = _Links()
+        for f in s.faults:
+            kind = f.kind
+            if kind == FaultKind.CLUSTER_SLOWDOWN and f.variant == "power_cap" and f.active(step):
+                clock *= 1.0 - min(f.magnitude, 0.9)
+                out.reasons.update(dict.fromkeys(range(s.n_ranks), ("sw_power_cap",)))
+                continue
+            if kind not in _LINK_KINDS or not f.active(step):
+                continue
+            idx = self._mask(f)
+            ranks = idx.tolist()
+            if kind == FaultKind.PCIE_DOWNTRAIN:
+                if f.variant == "gen":
+                    out.gen.update(dict.fromkeys(ranks, int(f.magnitude or 4)))
+                else:
+                    out.width.update(dict.fromkeys(ranks, int(f.magnitude or 8)))
+            elif kind == FaultKind.NVLINK_DOWN:
+                out.down.update(dict.fromkeys(ranks, min(NVLINKS, int(f.magnitude or 1))))
+                hw.nvl_crc[idx] += rng.poisson(20.0, idx.size)
+                hw.nvl_replay[idx] += rng.poisson(10.0, idx.size)
+            elif kind == FaultKind.ROW_REMAP:
+                failed = f.variant == "failure"
+                (out.failed if failed else out.pending).update(ranks)
+                self._xid_once(f, idx, XID_REMAP_FAILURE if failed else XID_REMAP_PENDING)
+            elif kind == FaultKind.DRAIN_XID:
+                self._xid_once(f, idx, int(f.magnitude))
+            elif kind == FaultKind.CLOCK_THROTTLE:
+                clock[idx] *= 1.0 - min(f.magnitude, 0.9)
+                variant = f.variant or "thermal"
+                if variant == "thermal":
+                    temp[idx] += 8.0
+                    out.reasons.update(dict.fromkeys(ranks, ("sw_thermal_slowdown",)))
+                elif variant == "hw_slowdown":
+                    out.reasons.update(dict.fromkeys(ranks, ("hw_slowdown",)))
+                else:
+                    out.reasons.update(dict.fromkeys(ranks, ("sw_power_cap",)))
+        return out
+
+    def _xid_once(self, f: FaultSpec, idx: npt.NDArray[np.intp], xid: int) -> None:
+        key = f"xid:{f.fault_id}"
+        if key in self._triggered:
+            return
+        self._triggered.add(key)
+        for r in idx.tolist():
+            self._hw.xids.setdefault(r, []).append(xid)
+
+
+_LINK_KINDS = frozenset(
+    {
+        FaultKind.PCIE_DOWNTRAIN,
+        FaultKind.NVLINK_DOWN,
+        FaultKind.ROW_REMAP,
+        FaultKind.DRAIN_XID,
+        FaultKind.CLOCK_THROTTLE,
+    }
+)
+
+
+@dataclass(slots=True)
+class _Links:
+    """Silent-slowdown readings of one health report, per rank where not nominal."""
+
+    gen: dict[int, int] = field(default_factory=dict)
+    width: dict[int, int] = field(default_factory=dict)
+    down: dict[int, int] = field(default_factory=dict)
+    pending: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    reasons: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def simulate(scenario: Scenario) -> Iterator[SimEvent]:

@@ -77,7 +77,10 @@ JOB_STOPPING_KINDS: frozenset[FaultKind] = frozenset(
 #: Allowed ``variant`` per kind (None: the first named one).
 _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.STAGE_IMBALANCE: (None, "pipeline", "sequence_length"),
-    FaultKind.CLUSTER_SLOWDOWN: (None, "storage", "compute"),
+    FaultKind.CLUSTER_SLOWDOWN: (None, "storage", "compute", "power_cap"),
+    FaultKind.PCIE_DOWNTRAIN: (None, "width", "gen"),
+    FaultKind.ROW_REMAP: (None, "pending", "failure"),
+    FaultKind.CLOCK_THROTTLE: (None, "thermal", "hw_slowdown", "power_cap"),
 }
 
 
@@ -116,8 +119,20 @@ class FaultSpec(BaseModel):
     divergence           loss spike factor; NaN ``duration_steps`` steps after onset
     stage_imbalance      extra compute of the heaviest stage (``variant: pipeline``) or
                          the sigma of per-step replica noise (``sequence_length``)
-    cluster_slowdown     seconds of data wait on every rank (``storage``) or fractional
-                         compute slowdown of every rank (``compute``)
+    cluster_slowdown     seconds of data wait on every rank (``storage``), fractional
+                         compute slowdown of every rank (``compute``), or SM-clock loss
+                         of every GPU under a facility power cap (``power_cap``: clock
+                         reason ``sw_power_cap`` everywhere, compute 1/(1-m) - 1 slower)
+    pcie_downtrain       the GPU's (or node's) PCIe link trained to ``magnitude`` lanes
+                         (``width``, default 8 of 16) or generation (``gen``, default 4
+                         of 5); step times do not move
+    nvlink_down          NVLink links down (default 1) with a burst of CRC/replay errors
+    row_remap            a row remap pending (XID 63, ``pending``) or failed (XID 64,
+                         ``failure``) from onset on
+    drain_xid            the XID ``magnitude`` (e.g. 79, 94, 95, 119, 120, 74) once
+    clock_throttle       fractional SM-clock loss with the clock reason of ``variant``
+                         (``thermal``: sw_thermal_slowdown, +8 C; ``hw_slowdown``;
+                         ``power_cap``: sw_power_cap on this GPU or node alone)
     diurnal_temperature  amplitude in degrees C over ``period_s``
     single_step_blip     fractional compute slowdown for exactly one step
     ==================== =====================================================================
@@ -188,6 +203,8 @@ class FaultSpec(BaseModel):
             ramp = min(1.0, (step - self.onset_step + 1) / float(self.ramp_steps or 10))
             loss = min(m * ramp, 0.9)
             return 1.0 / (1.0 - loss) - 1.0
+        if self.kind == FaultKind.CLOCK_THROTTLE:
+            return 1.0 / (1.0 - min(m, 0.9)) - 1.0
         if self.kind not in (
             FaultKind.STRAGGLER,
             FaultKind.DEGRADATION,
@@ -279,10 +296,17 @@ class Scenario(BaseModel):
                 FaultKind.ECC_STORM,
                 FaultKind.CRASH,
                 FaultKind.SINGLE_STEP_BLIP,
+                FaultKind.PCIE_DOWNTRAIN,
+                FaultKind.NVLINK_DOWN,
+                FaultKind.ROW_REMAP,
+                FaultKind.DRAIN_XID,
+                FaultKind.CLOCK_THROTTLE,
             )
             if needs_node and f.node is None:
                 raise ValueError(f"fault {fid}: kind {f.kind.value} needs a node")
-            if f.kind in (FaultKind.DATA_STALL, FaultKind.ECC_STORM) and f.gpu is None:
+            needs_gpu = (FaultKind.DATA_STALL, FaultKind.ECC_STORM, FaultKind.ROW_REMAP,
+                         FaultKind.DRAIN_XID)  # fmt: skip
+            if f.kind in needs_gpu and f.gpu is None:
                 raise ValueError(f"fault {fid}: kind {f.kind.value} needs a gpu")
             allowed = _VARIANTS.get(f.kind, (None,))
             if f.variant not in allowed:
