@@ -685,8 +685,8 @@ def follow_alerts(
             if as_json:
                 print(a.model_dump_json(), flush=True)
             else:
-                console.print(alert_line(a, signature_mark(a, worker_keys, actuator_keys)),
-                              highlight=False)  # fmt: skip
+                line = alert_line(a, signature_mark(a, worker_keys, actuator_keys))
+                console.print(line, highlight=False, soft_wrap=True)  # one line in a pipe
             shown += 1
 
     with TopicTail(settings, "decisions") as tail:

@@ -330,6 +330,9 @@ def build_plan(
         value = common.get(ENV_PREFIX + var, base_env.get(ENV_PREFIX + var))
         if value:
             shell[ENV_PREFIX + var] = value
+    # public keys are not secrets: `stepguard alerts` in another shell verifies with them
+    for env in keys.values():
+        shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell)
 
 

@@ -89,6 +89,9 @@ def test_up_gives_every_service_its_own_metrics_port_and_sums_their_counters(tmp
     for spec in p.specs:
         if spec.name in var:
             assert spec.env[f"STEPGUARD_{var[spec.name]}_METRICS_PORT"] == str(spec.metrics_port)
+    # another shell (up.env) gets the public keys to verify alerts, never a private one
+    assert {"STEPGUARD_WORKER_PUBLIC_KEYS", "STEPGUARD_ACTUATOR_PUBLIC_KEYS"} <= set(p.shell_env)
+    assert not [k for k in p.shell_env if "PRIVATE" in k]
     text = (
         'stepguard_executor_commands_total{executor="dry-run",kind="isolate",result="ok"} 2\n'
         'stepguard_executor_commands_total{executor="dry-run",kind="stop",result="refused"} 1\n'
