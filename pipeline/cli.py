@@ -14,9 +14,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, TextIO
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -496,66 +495,45 @@ def score_series_cmd(
     columns: Annotated[
         str | None, typer.Option(help="Comma-separated columns to score; default: all others.")
     ] = None,
-    warmup: Annotated[int, typer.Option(min=1, help="Values a column needs first.")] = 10,
-    fading_factor: Annotated[
-        float, typer.Option(min=0.0001, max=1.0, help="Weight of a new value in the EW baseline.")
-    ] = 0.05,
+    season: Annotated[
+        str,
+        typer.Option(help="auto (a day and a week, when timestamps allow), none, or SECONDS."),
+    ] = "auto",
+    output: Annotated[
+        str, typer.Option("--format", help="csv (time,score) or plain (one score per line).")
+    ] = "csv",
+    explain: Annotated[
+        bool, typer.Option(help="csv: add the column and kind (spike/shift/drift/variance).")
+    ] = False,
+    warmup: Annotated[int, typer.Option(min=3, help="Values a column needs first.")] = 10,
+    rarity: Annotated[
+        float, typer.Option(min=1.0001, help="A score of 0.5 means as rare as 1 row in this.")
+    ] = 1e4,
+    progress: Annotated[
+        bool | None,
+        typer.Option(help="Progress on stderr; default: for files over 1 MiB on a terminal."),
+    ] = None,
 ) -> None:
-    """Score an exported metric series, strictly causally: one anomaly score in [0, 1]
-    per row, printed as CSV (timestamp,score) as each row is read."""
-    import csv
+    """Score an exported metric series, strictly causally: one calibrated anomaly score
+    in [0, 1] per row (0.5 = as rare as 1 row in --rarity on any series), printed as
+    each row is read. Spikes, level shifts, drifts and variance changes, per column."""
+    from pipeline.series import SeriesInputError, run_score_series
 
-    with contextlib.ExitStack() as stack:
-        handle = sys.stdin if file == "-" else stack.enter_context(_open_csv(file))
-        _score_csv(csv.reader(handle), time_column, columns, warmup, fading_factor)
-
-
-def _score_csv(
-    reader: Iterator[list[str]],
-    time_column: str | None,
-    columns: str | None,
-    warmup: int,
-    fading_factor: float,
-) -> None:
-    import csv
-
-    from detectors.series import SeriesScorer
-
-    header = next(reader, None)
-    if not header:
-        raise typer.BadParameter("empty CSV (no header row)", param_hint="FILE")
-    t_col = time_column or header[0]
-    if t_col not in header:
-        raise typer.BadParameter(f"no column {t_col!r} in {header}", param_hint="--time-column")
-    wanted = (
-        [c.strip() for c in columns.split(",")] if columns else [c for c in header if c != t_col]
-    )
-    missing = [c for c in wanted if c not in header]
-    if missing:
-        raise typer.BadParameter(f"no column(s) {missing} in {header}", param_hint="--columns")
-    t_idx, idx = header.index(t_col), {c: header.index(c) for c in wanted}
-    scorer = SeriesScorer(warmup=warmup, fading_factor=fading_factor)
-    out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow([t_col, "score"])
-    for line_no, row in enumerate(reader, start=2):
-        values: dict[str, float | None] = {}
-        for name, i in idx.items():
-            cell = row[i].strip() if i < len(row) else ""
-            try:
-                values[name] = float(cell) if cell and cell.lower() not in ("nan", "null") else None
-            except ValueError:
-                err.print(f"line {line_no}, column {name!r}: not a number: {cell!r}")
-                raise typer.Exit(2) from None
-        score = scorer.score_one(values)
-        scorer.learn_one(values)
-        out.writerow([row[t_idx] if t_idx < len(row) else "", f"{score:.6f}"])
-
-
-def _open_csv(path: str) -> TextIO:
     try:
-        return open(path, newline="")
-    except OSError as exc:
-        raise typer.BadParameter(str(exc), param_hint="FILE") from exc
+        run_score_series(
+            file,
+            time_column=time_column,
+            columns=columns,
+            season=season,
+            output=output,
+            explain=explain,
+            warmup=warmup,
+            rarity=rarity,
+            progress=progress,
+        )
+    except SeriesInputError as exc:
+        err.print(f"score-series: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
 
 
 @schemas_app.command("export")
