@@ -1,78 +1,89 @@
-"""``stepguard demo``: the whole path on the embedded default, then a summary.
+"""``stepguard demo``: a simulated job with injected faults, played in accelerated real
+time against the production services, then scored against the simulator's truth.
 
-simulator -> exporter (kafka-python) -> broker -> detection stage -> decision topic
--> archiver -> chDB, then scores the alerts against the simulator's ground truth.
+The services are the ones ``stepguard up`` runs, as supervised child processes
+(:func:`pipeline.up.build_plan`, :func:`pipeline.up.start_group`): the embedded broker
+(or the configured one), topic creation, the detection worker(s), the actuator in auto
+mode with the job's spare nodes, the dry-run executor and the archiver. This process is
+the training job: :func:`pipeline.exporters.player.play` (what ``stepguard simulate
+--control`` runs) publishes its steps, health, announced phases, lifecycle and ground
+truth at SPEED x real time, and its job controller (a
+:class:`~pipeline.listener.CommandListener`) applies the actuator's commands at step
+boundaries, so isolations, checkpoints and restarts change what is played next. It
+reads the decision and command topics as any subscriber does.
 
-Stages run one after another in this process, so a 2-core laptop shows every part
-working on real services without Docker or a JVM. The detection stage drives the one
-detection core (:class:`~pipeline.detection.JobDetection`) that ``stepguard worker``
-(Faust, the production path) drives too.
+Accelerated real time: the job's events are dated from now (back-dated by what the
+speed-up gains, so that none is ahead of the wall clock), and the actuator's wall-clock
+guardrails (guard window, node and relaunch cooldowns) are divided by the speed, as
+the job's hours pass in minutes. Detection is the production worker, untouched.
+
+At the end it waits until detection and the actuator have handled everything (every
+episode of the job resolved, as the job's end resolves them, and the actuator's
+committed offsets at what the decisions topic holds), stops the archiver and finishes
+its work here (chDB has one owner at a time), and scores the alerts
+(:func:`match_alerts`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from functools import partial
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from kafka import KafkaConsumer, TopicPartition
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import (
-    ephemeral_keys,
-    public_keys,
-    sign,
-    signature_problem,
-    signing_key,
-)
 from pipeline.archive import migrate, open_backend
 from pipeline.archive.archiver import Archiver
 from pipeline.archive.backend import ArchiveBackend
-from pipeline.detection import JobDetection
-from pipeline.embedded import TansuBroker
-from pipeline.kafka import (
-    consume_decoded,
-    create_topics,
-    make_consumer,
-    make_producer,
-    publish,
-    registry_of,
-)
+from pipeline.errors import EmbeddedServiceError
+from pipeline.exporters.player import PlayStats, play
+from pipeline.kafka import consumer_config, make_consumer, registry_of
 from pipeline.listener import CommandListener
-from pipeline.settings import ROLES, Settings
+from pipeline.settings import ENV_PREFIX, Settings, load_settings
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
+from pipeline.supervisor import ServiceState
+from pipeline.up import UpOptions, build_plan, start_group, status_table
 from schemas import (
     Alert,
     AlertKind,
     AlertState,
     Command,
-    CommandResult,
-    EndReason,
     FaultKind,
     FaultTruth,
-    JobEvent,
-    JobEventKind,
-    NodeHealth,
-    StepTelemetry,
+    Rejected,
+    decode,
 )
 
 __all__ = [
+    "DEFAULT_SPEED",
     "DemoSummary",
+    "FaultOutcome",
     "match_alerts",
+    "print_summary",
     "run_demo",
+    "write_json",
 ]
+
+#: Event time x this in real time by default: the default scenario (256 nodes x 8 GPUs,
+#: ~15 minutes of training with its restarts) in about two minutes.
+DEFAULT_SPEED = 8.0
+#: How long the services may take to start, and to finish what is in flight.
+START_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 90.0
 
 
 @dataclass
@@ -111,6 +122,9 @@ class DemoSummary:
     isolated_nodes: list[str] = field(default_factory=list)
     actions_applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    speed: float = DEFAULT_SPEED
+    #: restarts of each service that needed one (a supervised crash, not a failure)
+    service_restarts: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,352 +179,345 @@ def match_alerts(
     return outcomes, trap_alerts, len(unmatched)
 
 
-class _Pace:
-    """Frames published by the job vs frames processed by detection: the job waits
-    when detection falls ``lag`` frames behind (a real job runs at its own pace and
-    detection keeps up; a compressed simulation must not outrun the loop it tests)."""
-
-    def __init__(self, lag: int) -> None:
-        self.lag = lag
-        self.published = 0
-        self.processed = 0
-        self.sent_msgs = 0  #: step messages the job published
-        self.seen_msgs = 0  #: step messages detection consumed
-        self.closed = False
-        self._cond = threading.Condition()
-
-    def publish(self, messages: int) -> None:
-        with self._cond:
-            self.published += 1
-            self.sent_msgs += messages
-
-    def seen(self, messages: int) -> None:
-        with self._cond:
-            self.seen_msgs += messages
-            self._cond.notify_all()
-
-    def processed_one(self, count: int = 1) -> None:
-        with self._cond:
-            self.processed += count
-            self._cond.notify_all()
-
-    def wait(self, timeout_s: float = 30.0) -> None:
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self.closed or self.processed >= self.published - self.lag, timeout_s
-            )
-
-    def wait_until(self, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self.closed or condition(), timeout_s)
-
-    def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+# -- the services ------------------------------------------------------------------------
 
 
-def _reached(detection: DetectionStage, ts: float) -> bool:
-    return (detection.core.now or 0.0) >= ts
+def _start_time(scenario: Scenario, speed: float) -> datetime:
+    """Events dated by the wall clock: back-dated by what the speed-up gains over the
+    job's expected length (restarts and stalls included, hence the margin), so that
+    the last event is dated about when it is played and none is ahead of the clock."""
+    expected_s = scenario.steps * scenario.nominal_step_s * 1.25
+    return datetime.now(UTC) - timedelta(seconds=expected_s * max(0.0, 1.0 - 1.0 / speed))
 
 
-class DetectionStage:
-    """The demo's detection path: steps, health, commands and results from the broker
-    into the one detection core (:class:`~pipeline.detection.JobDetection`, which
-    orders them on event time), alerts to the decision topic.
+def _base_env(settings: Settings, base: Mapping[str, str], run: str) -> dict[str, str]:
+    """What every child inherits: the caller's environment with the demo's own topics,
+    consumer groups and archive (``settings`` may come from a test, not the env)."""
+    p = ENV_PREFIX
+    env = dict(base)
+    env[p + "TOPIC_PREFIX"] = f"{settings.topic_prefix}demo-{run}."
+    env[p + "CONSUMER_GROUP"] = f"{settings.consumer_group}.demo-{run}"
+    if settings.clickhouse_dsn is not None:
+        env[p + "CLICKHOUSE_DSN"] = settings.clickhouse_dsn.get_secret_value()
+    else:
+        env.pop(p + "CLICKHOUSE_DSN", None)
+        env[p + "CHDB_PATH"] = str(settings.chdb_path.resolve())
+    return env
 
-    What is left here is transport: after ``stall_polls`` polls in a row bring no step
-    (a stalled job), the clock is ticked at the health partitions' watermark (the
-    oldest newest-report among them), so held reports carry the time forward while a
-    partition that is behind cannot make its nodes look silent.
-    """
 
-    def __init__(self, settings: Settings, job_id: str, pace: _Pace) -> None:
+def _actuator_env(settings: Settings, job: SimulatedJob, speed: float) -> dict[str, str]:
+    """Auto mode with the job's spares; wall-clock guardrails divided by the speed."""
+    p = ENV_PREFIX
+    return {
+        p + "ACTUATOR_MODE": "auto",
+        p + "SPARE_NODES": ",".join(job.spare_pool),
+        p + "GUARD_JOB_NODES": str(job.scenario.nodes),
+        p + "GUARD_WINDOW_S": f"{settings.guard_window_s / speed:.3f}",
+        p + "GUARD_NODE_COOLDOWN_S": f"{settings.guard_node_cooldown_s / speed:.3f}",
+        p + "GUARD_RELAUNCH_COOLDOWN_S": f"{settings.guard_relaunch_cooldown_s / speed:.3f}",
+    }
+
+
+class _Watch:
+    """The demo's view of the topics, as any subscriber's: this job's alerts and
+    commands, the ground truth, and how far the decisions topic goes."""
+
+    def __init__(self, settings: Settings, job_id: str) -> None:
+        self.job_id = job_id
         self.registry = registry_of(settings)
-        # as the worker: alerts signed, only the actuator's commands obeyed
-        self._key = signing_key(settings, "worker", "the demo's detection")
-        self._command_keys = public_keys(settings, "actuator", "the demo's detection")
-        self._result_keys = public_keys(settings, "executor", "the demo's detection")
-        self.core = JobDetection(job_id)
-        self.pace = pace
+        names = ("decisions", "commands", "truth")
+        self.topics = {self.registry.name(n): n for n in names}
+        self.consumer = make_consumer(settings, list(self.topics), None)
         self.alerts: list[Alert] = []
-        self.messages = 0
-        self.stall_polls = 3
-        self._idle = 0
-        self.error: BaseException | None = None
-        self._health_wm: dict[int, float] = {}
-        self._ended: list[JobEvent] = []
-        self._producer = make_producer(settings)
-        self._consumer = make_consumer(
-            settings,
-            [
-                self.registry.name(t)
-                for t in ("steps", "health", "commands", "results", "lifecycle")
-            ],
-            f"{settings.consumer_group}.detect",
-        )
+        self.commands: dict[str, Command] = {}
+        self.truth: dict[str, FaultTruth] = {}
+        self.undecodable = 0
+        #: next offset of each decisions partition read so far
+        self.decisions_end: dict[int, int] = {}
 
-    @property
-    def frames(self) -> int:
-        return self.core.frames
-
-    @property
-    def restarts(self) -> int:
-        return self.core.relaunches
-
-    def _emit(self, alerts: list[Alert]) -> None:
-        for a in alerts:
-            publish(self._producer, self.registry, "decisions", sign(a, self._key))
-        self.alerts.extend(alerts)
-
-    def poll(self) -> int:
-        core = self.core
-        steps = 0
-        relaunches, now = core.relaunches, core.now
-        got = list(consume_decoded(self._consumer, self.registry, self._producer, 200))
-        # commands and results first: a relaunch is known before the steps that follow it
-        for d in got:
-            msg = d.message
-            if isinstance(msg, Command) and signature_problem(msg, self._command_keys):
-                continue
-            if isinstance(msg, CommandResult) and signature_problem(msg, self._result_keys):
-                continue
-            if isinstance(msg, Command | CommandResult) and msg.job_id == core.job_id:
-                self._emit(
-                    core.on_command(msg) if isinstance(msg, Command) else core.on_result(msg)
-                )
-        for d in got:
-            msg = d.message
-            if isinstance(msg, NodeHealth):
-                hts = msg.ts.timestamp()
-                self._health_wm[d.partition] = max(self._health_wm.get(d.partition, hts), hts)
-                self._emit(core.on_health(msg))
-            elif isinstance(msg, JobEvent) and msg.job_id == core.job_id:
-                if msg.kind is JobEventKind.END:
-                    self._ended.append(msg)  # after the job's last steps: see drain()
+    def poll(self, timeout_ms: int = 200) -> int:
+        got = 0
+        for tp, records in self.consumer.poll(timeout_ms=timeout_ms).items():
+            logical = self.topics.get(tp.topic)
+            for rec in records:
+                got += 1
+                if logical == "decisions":
+                    self.decisions_end[tp.partition] = rec.offset + 1
+                model = {"decisions": Alert, "commands": Command, "truth": FaultTruth}[
+                    logical or "truth"
+                ]
+                msg = decode(model, rec.value, topic=tp.topic, partition=tp.partition,
+                             offset=rec.offset, key=rec.key)  # fmt: skip
+                if isinstance(msg, Rejected):
+                    self.undecodable += 1  # the services dead-letter it; not ours to
+                elif msg.job_id != self.job_id:
+                    continue
+                elif isinstance(msg, Alert):
+                    self.alerts.append(msg)
+                elif isinstance(msg, Command):
+                    self.commands.setdefault(msg.command_id, msg)
                 else:
-                    self._emit(core.on_lifecycle(msg))
-            elif isinstance(msg, StepTelemetry):
-                steps += 1
-                detected = core.on_step(msg)
-                self._emit(detected.alerts)
-                self.pace.processed_one(len(detected.frames))
-        self._idle = 0 if steps else self._idle + 1
-        self.pace.seen(steps)
-        if self._idle >= self.stall_polls and core.frames and self._health_wm:
-            self._emit(core.tick(min(self._health_wm.values())))  # stalled: reports carry time
-        if core.relaunches != relaunches or core.now != now:
-            self.pace.processed_one(count=0)  # wake a job waiting for detection to see it
-        self._producer.flush()
-        self._consumer.commit()
-        self.messages += len(got)
-        return len(got)
+                    self.truth[msg.fault_id] = msg
+        return got
 
-    def run(self, stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                self.poll()
-        except BaseException as exc:  # surfaced by the main thread
-            self.error = exc
-            self.pace.close()
-
-    def drain(self, idle_polls: int = 5) -> None:
-        idle = 0
-        while idle < idle_polls:
-            idle = idle + 1 if self.poll() == 0 else 0
-        self._emit(self.core.flush())
-        for event in self._ended:
-            self._emit(self.core.on_lifecycle(event))
-        self._producer.flush()
+    def open_episodes(self) -> set[str]:
+        last: dict[str, Alert] = {}
+        for a in sorted(self.alerts, key=lambda a: a.seq):
+            last[a.fingerprint] = a
+        return {fp for fp, a in last.items() if a.state is AlertState.FIRING}
 
     def close(self) -> None:
-        self._consumer.close()
-        self._producer.close()
+        self.consumer.close()
+
+
+def _committed(settings: Settings, group: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    """The offsets ``group`` committed (OffsetFetch: nothing joins the group)."""
+    consumer = KafkaConsumer(**consumer_config(settings, group))
+    try:
+        out = {}
+        for p in partitions:
+            off = consumer.committed(TopicPartition(topic, p))
+            out[p] = -1 if off is None else off
+        return out
+    finally:
+        consumer.close()
+
+
+def _archived_rows(backend: ArchiveBackend, job_id: str) -> int:
+    """Rows archived for the job, in every stored table that has a ``job_id`` column."""
+    db = backend.database
+    _, tables = backend.query(
+        f"SELECT name FROM system.tables WHERE database = '{db}' "
+        "AND engine IN ('MergeTree', 'ReplacingMergeTree')"
+    )
+    _, with_job = backend.query(
+        f"SELECT table FROM system.columns WHERE database = '{db}' AND name = 'job_id'"
+    )
+    stored = {t for (t,) in tables} & {t for (t,) in with_job}
+    total = 0
+    for table in sorted(stored):
+        _, rows = backend.query(f"SELECT count() FROM {db}.`{table}` WHERE job_id = '{job_id}'")
+        total += int(rows[0][0])
+    return total
 
 
 def run_demo(
     settings: Settings,
     scenario: Scenario,
     console: Console | None = None,
+    *,
+    speed: float = DEFAULT_SPEED,
+    workers: int = 1,
     backend: ArchiveBackend | None = None,
-    lag_frames: int = 4,
+    base_env: Mapping[str, str] | None = None,
 ) -> DemoSummary:
-    """Run the scenario closed loop through every stage; ``backend`` defaults to the
-    settings' archive (tests pass their own: chDB allows one data path per process)."""
+    """Play ``scenario`` against the production services and score what they did.
+
+    ``backend``: archive into this one, here at the end, instead of running the
+    archiver service (tests pass their own: chDB allows one data path per process).
+    ``base_env``: the environment the services inherit (default: this process's).
+    """
+    if speed <= 0:
+        raise ValueError("speed must be positive")
     console = console or Console(stderr=True)
     t0 = time.monotonic()
-    notes: list[str] = []
-    stop = threading.Event()
+    run = secrets.token_hex(4)
+    job_id = f"{scenario.job}-{run}"
+    scenario = scenario.model_copy(
+        update={"job_id": job_id, "start_time": _start_time(scenario, speed)}
+    )
+    job = SimulatedJob(scenario)
+    scratch = (settings.state_dir / "demo" / run).resolve()
+    logs = scratch / "logs"
+    env = _base_env(settings, os.environ if base_env is None else base_env, run)
+    plan = build_plan(
+        settings.model_copy(update={"state_dir": scratch}),
+        UpOptions(workers=workers, grace_s=10.0),
+        env,
+        run_id=run,
+    )
+    actuator_env = _actuator_env(settings, job, speed)
+    plan.specs = [
+        replace(s, env={**s.env, **actuator_env}) if s.name == "actuator" else s
+        for s in plan.specs
+        if not (backend is not None and s.name == "archiver")
+    ]
+    # the job controller is an executor: it verifies commands and signs its results
+    job_settings = load_settings(next(s.env for s in plan.specs if s.name == "executor-dry-run"))
+    registry = registry_of(job_settings)
+    notes = [n for n in plan.notes if not n.startswith("no STEPGUARD_OPERATOR")]
+    notes += [
+        f"services: {', '.join(s.name for s in plan.specs)} (child processes; logs in {logs})",
+        f"played at {speed:g}x real time; actuator in auto mode, its guard window and "
+        "cooldowns divided by the speed",
+    ]
+
+    live: Live | None = None
+
+    def event(name: str, text: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {name}: {text}"
+        (live.console if live is not None else console).print(line, highlight=False)
+
+    sup, group, board = start_group(plan, event)
+    controller = JobController(job)
+    outcome: dict[str, Any] = {}
+    watch: _Watch | None = None
+    title = f"stepguard demo: {scenario.name} as job {job_id} on {plan.bootstrap}"
+    last_line = 0.0
+
+    def progress_line() -> str:
+        found = 0
+        if watch is not None and watch.truth:
+            outcomes, _, _ = match_alerts(list(watch.truth.values()), watch.alerts)
+            found = sum(o.detected for o in outcomes)
+        faults = sum(1 for f in scenario.faults if not f.is_trap)
+        grades = Counter(
+            a.grade.value for a in (watch.alerts if watch else []) if a.state is AlertState.FIRING
+        )
+        return (
+            f"job step {max(job.step, 0)}/{scenario.steps}, faults detected {found}/{faults}, "
+            f"alerts {dict(grades) or 0}, commands {len(watch.commands) if watch else 0}, "
+            f"goodput {job.goodput().fraction:.2f}"
+        )
+
+    def refresh(force: bool = False) -> None:
+        nonlocal last_line
+        now = time.monotonic()
+        if live is not None:
+            table = status_table(sup, board, now, title)
+            live.update(Group(table, Text(progress_line())), refresh=True)
+        elif force or now - last_line >= 10.0:
+            last_line = now
+            console.print(f"{time.strftime('%H:%M:%S')} {progress_line()}", highlight=False)
+
+    def supervise(until: float, done: Callable[[], bool]) -> bool:
+        """Tick the services and read the topics until ``done`` (True) or ``until``."""
+        while not done():
+            if time.monotonic() > until:
+                return False
+            group.tick()
+            if watch is not None:
+                watch.poll(200)
+            else:
+                time.sleep(0.2)  # the services are starting: nothing to read yet
+            failed = [n for n, s in sup.services.items() if s.state is ServiceState.FAILED]
+            if failed:
+                raise EmbeddedServiceError(f"demo: {', '.join(failed)} failed; see {logs}")
+            if "error" in outcome:
+                raise outcome["error"]
+            refresh()
+        return True
+
+    def started() -> bool:
+        return all(
+            s.state is (ServiceState.DONE if s.spec.one_shot else ServiceState.RUNNING)
+            for s in sup.services.values()
+        )
+
     with ExitStack() as stack:
-        if not settings.kafka_bootstrap:
-            broker = stack.enter_context(TansuBroker(log_dir=settings.state_dir / "tansu"))
-            settings = settings.model_copy(
-                update={"kafka_bootstrap": broker.bootstrap, "broker_flavor": "tansu"}
-            )
-            notes.append(f"embedded Tansu broker on {broker.bootstrap}")
-        run = uuid.uuid4().hex[:8]
-        # a job id per run, so that runs archived side by side stay apart
-        scenario = scenario.model_copy(update={"job_id": f"{scenario.job}-{run}"})
-        job = SimulatedJob(scenario)
-        update: dict[str, Any] = {
-            "topic_prefix": f"{settings.topic_prefix}demo-{run}.",
-            "consumer_group": f"{settings.consumer_group}.demo-{run}",
-            "actuator_mode": "auto",
-            "spare_nodes": ",".join(job.spare_pool),
-            "guard_job_nodes": scenario.nodes,
-        }
-        keys = ephemeral_keys(settings, f"demo-{run}", ROLES)
-        if keys:
-            roles = [k.removesuffix("_private_key") for k in keys if k.endswith("_private_key")]
-            notes.append("signed with ephemeral demo keys: " + ", ".join(roles))
-        settings = settings.model_copy(update=update | keys)
-        registry = registry_of(settings)
-        topics = create_topics(settings)
-        if backend is None:
-            backend = open_backend(settings)
-            stack.callback(backend.close)
-        migrate(backend)
-        notes.append(f"archive: {backend.name} database {backend.database}")
-        producer = make_producer(settings)
-        stack.callback(producer.close)
-
-        pace = _Pace(lag_frames)
-        detection = DetectionStage(settings, scenario.job, pace)
-        stack.callback(detection.close)
-
-        # guardrail windows, cooldowns and command expiry run on the job's event time:
-        # the demo compresses hours into minutes
-        def sim_clock() -> datetime:
-            return datetime.fromtimestamp(job.ts, UTC)
-
-        actuator = Actuator(settings, clock=sim_clock)
-        stack.callback(actuator.close)
-        controller = JobController(job)
+        stack.callback(board.close)
+        stack.callback(group.stop, 10.0)
+        if console.is_terminal:
+            live = Live(console=console, auto_refresh=False, transient=False)
+            live.start()
+            stack.callback(live.stop)
+        if not supervise(time.monotonic() + START_TIMEOUT_S, started):
+            raise EmbeddedServiceError(f"demo: the services did not start; see {logs}")
+        watch = _Watch(job_settings, job_id)
+        stack.callback(watch.close)
         listener = CommandListener(
-            settings, scenario.job, name="simulated-job",
-            on_checkpoint=controller.checkpoint, on_isolate=controller.isolate,
-            clock=sim_clock,
+            job_settings, job_id, name="simulated-job", on_checkpoint=controller.checkpoint,
+            on_isolate=controller.isolate, clock=lambda: datetime.fromtimestamp(job.ts, UTC),
         ).start()  # fmt: skip
         controller.listener = listener
         stack.callback(listener.close)
-        threads = [
-            threading.Thread(target=detection.run, args=(stop,), name="detect", daemon=True),
-            threading.Thread(target=actuator.run, args=(stop.is_set,), name="act", daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        stack.callback(stop.set)
 
-        progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-        )  # fmt: skip
-        counts: Counter[str] = Counter()
-        with progress:
-            task = progress.add_task("training", total=scenario.steps, info="")
-            truth = scenario.truth()
-            for t in truth:
-                publish(producer, registry, "truth", t)
-                counts["truth"] += 1
-            publish(producer, registry, "lifecycle", _job_event(scenario, JobEventKind.START, job))
-            for ev in job.events():
-                if ev.frame is not None:
-                    messages = ev.frame.to_messages()
-                    for m in messages:
-                        publish(producer, registry, "steps", m)
-                    counts["steps"] += len(messages)
-                    producer.flush()
-                    pace.publish(len(messages))
-                    pace.wait()
-                for h in ev.health:
-                    publish(producer, registry, "health", h)
-                    counts["health"] += 1
-                if ev.frame is None and ev.health:
-                    # compressed time: a stall lasts long enough for detection to see
-                    # it (in real time it lasts seconds to minutes)
-                    producer.flush()
-                    pace.wait_until(partial(_reached, detection, ev.ts), timeout_s=5.0)
-                if detection.error is not None:
-                    raise detection.error
-                controller.queue(listener.poll_step_boundary(job.step))
-                if controller.restart_due():
-                    # compressed time: detection sees every step of the old run first
-                    pace.wait_until(lambda: pace.seen_msgs >= pace.sent_msgs)
-                if controller.at_boundary():
-                    # compressed time: let detection see the relaunch before the
-                    # relaunch's silent seconds are played to it
-                    pace.wait_until(lambda: detection.restarts >= controller.relaunches)
-                grades = Counter(
-                    a.grade.value for a in detection.alerts if a.state is AlertState.FIRING
-                )
-                progress.update(
-                    task, completed=max(job.step, 0),
-                    info=f"alerts {dict(grades)} commands {actuator.stats.commands} "
-                    f"goodput {job.goodput().fraction:.2f}",
+        def at_boundary(j: SimulatedJob) -> None:
+            controller.queue(listener.poll_step_boundary(j.step))
+            controller.at_boundary()
+
+        def play_job() -> None:
+            try:
+                outcome["stats"] = play(
+                    job_settings, scenario, speed=speed, announce_phases=True, job=job,
+                    on_event=at_boundary,
                 )  # fmt: skip
-            # the training code's exporter announces the end when it closes
-            end = _job_event(scenario, JobEventKind.END, job, reason=EndReason.COMPLETED)
-            publish(producer, registry, "lifecycle", end)
-            counts["lifecycle"] += 2
-            producer.flush()
-            progress.stop_task(task)
+            except BaseException as exc:  # surfaced by the supervising loop
+                outcome["error"] = exc
 
-            # let detection and the actuator finish what is in flight
-            settle = progress.add_task("settle", total=None, info="")
-            stop.set()
-            for t in threads:
-                t.join(timeout=60)
-            detection.drain()
-            while actuator.poll_once(timeout_ms=300):
-                pass
-            controller.queue(listener.poll_step_boundary(job.step))
-            progress.stop_task(settle)
+        def player_done() -> bool:
+            return "stats" in outcome
 
-            # archive every topic
-            archive_task = progress.add_task("archive", total=None, info="")
-            archiver = Archiver(settings, backend, max_batch=20000, max_wait_s=0.5)
-            stack.callback(archiver.close)
-            idle = 0
-            while idle < 6:
-                idle = idle + 1 if archiver.poll_batch() == 0 else 0
-                progress.update(archive_task, info=f"{archiver.stats.rows} rows")
-            progress.stop_task(archive_task)
+        player = threading.Thread(target=play_job, name="simulated-job", daemon=True)
+        player.start()
+        played_s = scenario.steps * scenario.nominal_step_s * 2 / speed
+        if not supervise(time.monotonic() + START_TIMEOUT_S + played_s, player_done):
+            raise EmbeddedServiceError(f"demo: the job did not finish playing; see {logs}")
+        player.join()
 
-        alerts = detection.alerts
-        outcomes, trap_alerts, false_alerts = match_alerts(truth, alerts)
+        # detection and the actuator finish what is in flight: the job's end resolves
+        # every episode, and the actuator commits a poll only after its commands
+        actuator_group = f"{job_settings.consumer_group}.actuator"
+        decisions = registry.name("decisions")
+
+        def settled() -> bool:
+            if watch is None or watch.open_episodes():
+                return False
+            done = _committed(job_settings, actuator_group, decisions, list(watch.decisions_end))
+            return all(done[p] >= end for p, end in watch.decisions_end.items())
+
+        if not supervise(time.monotonic() + SETTLE_TIMEOUT_S, settled):
+            notes.append(f"not settled after {SETTLE_TIMEOUT_S:.0f} s: open episodes "
+                         f"{sorted(watch.open_episodes())}")  # fmt: skip
+        while watch.poll(500):  # the commands of the last decisions
+            pass
+        refresh(force=True)
+
+        # the archiver's work: stop it (it commits what it stored), finish here
+        group.stop_one("archiver")
+        if backend is None:
+            backend = open_backend(job_settings)
+            stack.callback(backend.close)
+        migrate(backend)
+        archiver = Archiver(job_settings, backend, max_batch=20000, max_wait_s=0.5)
+        idle = 0
+        while idle < 4:
+            idle = idle + 1 if archiver.poll_batch() == 0 else 0
+        archiver.close()
+        archived = _archived_rows(backend, job_id)
         db = backend.database
-        _, dl = backend.query(f"SELECT count() FROM {db}.dead_letters")
-        _, cmds = backend.query(
-            f"SELECT kind, targets FROM {db}.commands FINAL WHERE job_id = '{scenario.job}'"
+        prefix = registry.name("steps").removesuffix("stepguard.steps")
+        _, dl = backend.query(
+            f"SELECT count() FROM {db}.dead_letters WHERE startsWith(source_topic, '{prefix}')"
         )
-        faulty = {t.node for t in truth if not t.is_trap and t.node}
-        isolated = [n for kind, targets in cmds if kind == "isolate" for n in targets]
-        grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
-        summary = DemoSummary(
-            scenario=scenario.name, job_id=scenario.job, nodes=scenario.nodes,
-            ranks=scenario.n_ranks,
-            steps_completed=detection.frames,
-            faults_injected=len(outcomes), faults_detected=sum(o.detected for o in outcomes),
-            traps=sum(1 for t in truth if t.is_trap), trap_alerts=trap_alerts,
-            false_alerts=false_alerts,
-            false_isolations=sum(1 for n in isolated if n not in faulty),
-            goodput=round(job.goodput().fraction, 4),
-            wall_seconds=round(time.monotonic() - t0, 2),
-            messages_published=sum(counts.values()) + len(alerts),
-            archived_rows=archiver.stats.rows, dead_letters=int(dl[0][0]),
-            alerts_by_grade=dict(grades), faults=outcomes,
-            commands=dict(Counter(str(kind) for kind, _ in cmds)),
-            isolated_nodes=isolated,
-            actions_applied=[f"step {s}: {k} {d}".strip() for s, k, d in controller.applied],
-            notes=[*notes, f"topics: {', '.join(sorted(topics.values()))}"],
-        )  # fmt: skip
-    return summary
+        restarts = {n: s.restarts for n, s in sup.services.items() if s.restarts}
 
-
-def _job_event(scenario: Scenario, kind: JobEventKind, job: SimulatedJob, **kw: Any) -> JobEvent:
-    return JobEvent(
-        job_id=scenario.job, kind=kind, ts=datetime.fromtimestamp(job.ts, UTC),
-        step=max(job.step, 0), source="simulated-job", **kw,
+    stats: PlayStats = outcome["stats"]
+    truth = list(watch.truth.values())
+    alerts = watch.alerts
+    outcomes, trap_alerts, false_alerts = match_alerts(truth, alerts)
+    cmds = list(watch.commands.values())
+    faulty = {t.node for t in truth if not t.is_trap and t.node}
+    isolated = [n for c in cmds if c.kind.value == "isolate" for n in c.targets]
+    grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
+    published = stats.step_messages + stats.health_messages + stats.truth_messages + 2
+    return DemoSummary(
+        scenario=scenario.name, job_id=job_id, nodes=scenario.nodes, ranks=scenario.n_ranks,
+        steps_completed=stats.steps,
+        faults_injected=len(outcomes), faults_detected=sum(o.detected for o in outcomes),
+        traps=sum(1 for t in truth if t.is_trap), trap_alerts=trap_alerts,
+        false_alerts=false_alerts,
+        false_isolations=sum(1 for n in isolated if n not in faulty),
+        goodput=round(job.goodput().fraction, 4),
+        wall_seconds=round(time.monotonic() - t0, 2),
+        messages_published=published + len(alerts),
+        archived_rows=archived, dead_letters=int(dl[0][0]),
+        alerts_by_grade=dict(grades), faults=outcomes,
+        commands=dict(Counter(c.kind.value for c in cmds)),
+        isolated_nodes=isolated,
+        actions_applied=[f"step {s}: {k} {d}".strip() for s, k, d in controller.applied],
+        notes=[*notes, f"archive: {backend.name} database {db}"],
+        speed=speed, service_restarts=restarts,
     )  # fmt: skip
 
 
@@ -527,12 +534,12 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
     console.print(table)
     console.print(
         f"{summary.nodes} nodes x {summary.ranks // max(summary.nodes, 1)} GPUs, "
-        f"{summary.steps_completed} steps; faults detected {summary.faults_detected}/"
-        f"{summary.faults_injected}; alerts on traps {summary.trap_alerts}; "
-        f"unmatched alerts {summary.false_alerts}; alerts by grade {summary.alerts_by_grade}; "
-        f"goodput {summary.goodput:.3f}; {summary.messages_published} messages, "
-        f"{summary.archived_rows} archived rows, {summary.dead_letters} dead letters; "
-        f"{summary.wall_seconds:.1f} s"
+        f"{summary.steps_completed} steps at {summary.speed:g}x; faults detected "
+        f"{summary.faults_detected}/{summary.faults_injected}; alerts on traps "
+        f"{summary.trap_alerts}; unmatched alerts {summary.false_alerts}; alerts by grade "
+        f"{summary.alerts_by_grade}; goodput {summary.goodput:.3f}; "
+        f"{summary.messages_published} messages, {summary.archived_rows} archived rows, "
+        f"{summary.dead_letters} dead letters; {summary.wall_seconds:.1f} s"
     )
     cmds = ", ".join(f"{n} {k}" for k, n in sorted(summary.commands.items())) or "none"
     console.print(
@@ -541,6 +548,8 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
     )
     for line in summary.actions_applied:
         console.print(f"  job applied {line}")
+    if summary.service_restarts:
+        console.print(f"  service restarts: {summary.service_restarts}")
     for n in summary.notes:
         console.print(f"  - {n}")
     console.print(
