@@ -72,7 +72,9 @@ def simulate(
         typer.Option(
             "--control",
             help="Act on the job's commands (a CommandListener as its job controller): "
-            "isolations, checkpoints and restarts change what is played next.",
+            "isolations, checkpoints and restarts change what is played next. Needs "
+            "STEPGUARD_ACTUATOR_PUBLIC_KEYS and STEPGUARD_EXECUTOR_PRIVATE_KEY (its "
+            "results are signed).",
         ),
     ] = False,
 ) -> None:
