@@ -113,7 +113,11 @@ class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self._secrets is None:
             self._secrets = list(self._source())
-        record.msg, record.args = redact(record.getMessage(), self._secrets), None
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed log call: logging reports it, we must not raise
+            return True
+        record.msg, record.args = redact(message, self._secrets), None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:

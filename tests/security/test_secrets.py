@@ -85,3 +85,28 @@ def test_an_unexpected_traceback_is_masked_too():
     assert "RuntimeError: unexpected failure" in text
     for secret in (TOKEN, PASSWORD, SASL):
         assert secret not in text, text
+
+
+def test_a_logged_traceback_is_masked_and_a_malformed_log_call_does_not_raise():
+    import io
+    import logging
+
+    from pipeline.redact import RedactingFilter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(RedactingFilter(lambda: [PASSWORD]))
+    log = logging.getLogger("tests.security.redact")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        try:
+            raise ConnectionError(f"clickhouse://default:{PASSWORD}@db:9000 refused")
+        except ConnectionError:
+            log.exception("archive write failed")
+        log.warning("bad %d", "not a number")  # logging reports it; the filter must not raise
+    finally:
+        log.removeHandler(handler)
+    text = out.getvalue()
+    assert "ConnectionError: clickhouse://***@db:9000 refused" in text
+    assert PASSWORD not in text
