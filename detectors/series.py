@@ -38,7 +38,8 @@ nor learned; the first ``warmup`` values of a column score 0.
 Seasonality (``season``): ``"none"``; ``"auto"`` (a day and a week are tried when the
 rows carry timestamps in seconds and a period spans at least 12 rows; a seasonal
 baseline is used once it has seen a whole period and its long-run spread is below 0.8
-times the plain baseline's); or a period in seconds (that period only, same rule).
+times the plain baseline's, and its calibration, started afresh when the period was
+seen, holds 256 values); or a period in seconds (that period only, same rule).
 
 Examples
 --------
@@ -228,6 +229,12 @@ class _Baseline:
         self._warm = []
 
     @property
+    def seasoned(self) -> bool:
+        """Whether the calibration has as many values as its prior weighs (a seasonal
+        baseline is chosen only then: its first period's statistics are not its normal)."""
+        return all(cal.size >= cal.prior_weight for cal in self.cals)
+
+    @property
     def warm_count(self) -> int:
         return len(self._warm)
 
@@ -360,7 +367,7 @@ class SeriesScorer:
             sigma = base.sigma_level(floor)
             if profile is None:
                 chosen, best_sigma = 0, _SEASON_MARGIN * sigma
-            elif ts is not None and profile.ready(ts) and sigma < best_sigma:
+            elif ts is not None and base.seasoned and profile.ready(ts) and sigma < best_sigma:
                 chosen, best_sigma = i, sigma
         return _Eval(floor, stats, chosen)
 

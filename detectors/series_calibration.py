@@ -7,11 +7,12 @@ mean, heavy tails make 6-sigma values routine, quantization piles values up. A
 bounded ring buffer of magnitudes) and answers the tail probability of a new value:
 the empirical fraction at least as large below the buffer's 90th percentile, and a
 generalised Pareto tail fitted to the excesses above it (probability-weighted moments,
-Hosking & Wallis 1987; shape clamped to ``[0, 0.9]``, so never lighter than an
-exponential tail) beyond it. Until the buffer fills, the answer is a mixture with a
-half-normal prior, weighted by the number of values seen; the mixture is never less
-conservative than its larger part. Everything is in natural-log probability so that
-values far beyond anything seen do not underflow.
+Hosking & Wallis 1987; the shape raised by one standard error of its estimate and
+clamped to ``[0, 0.9]``, so never lighter than an exponential tail) beyond it. Until
+the buffer fills, the answer is a mixture with a half-normal prior, weighted by the
+number of values seen; the mixture is never less conservative than its larger part.
+Everything is in natural-log probability so that values far beyond anything seen do
+not underflow.
 
 :func:`calibrated_score` maps a log tail probability to ``[0, 1]``:
 ``L / (L + log(rarity))`` with ``L = -log p``, so a score of 0.5 means "as rare as
@@ -191,8 +192,7 @@ class TailCalibrator:
         self._u, self._frac = u, k / m
         # Probability-weighted moments of the excesses (ascending order i = 0..k-1):
         # a0 = mean, a1 = mean(x_i * (k-1-i) / (k-1)) estimates E[X (1 - F(X))];
-        # GPD shape xi = 2 - a0 / (a0 - 2 a1), scale = 2 a0 a1 / (a0 - 2 a1)
-        # (Hosking & Wallis 1987, with their k = -xi).
+        # GPD shape xi = 2 - a0 / (a0 - 2 a1) (Hosking & Wallis 1987, their k = -xi).
         a0 = float(excess.mean())
         a1 = float((excess * np.arange(k - 1, -1, -1) / (k - 1)).mean())
         denom = a0 - 2.0 * a1
@@ -204,9 +204,13 @@ class TailCalibrator:
             self._shape, self._scale = 0.0, max(a0, spread, 1e-12)
             return
         shape = 2.0 - a0 / denom
-        scale = 2.0 * a0 * a1 / denom
+        # Claim no rarer tail than the data support: the shape is raised by one
+        # approximate standard error of its estimate (4 / (3 k) at shape 0, growing
+        # with the shape), clamped to [0, 0.9], and the scale refitted so the mean
+        # excess (scale / (1 - shape)) is kept.
+        shape += (1.0 + max(shape, 0.0)) * math.sqrt(4.0 / (3.0 * k))
         self._shape = min(max(shape, 0.0), 0.9)
-        self._scale = max(scale if shape == self._shape else a0 * (1.0 - self._shape), 1e-12)
+        self._scale = max(a0 * (1.0 - self._shape), 1e-12)
 
     def _log_empirical(self, z: float) -> float:
         m = len(self._sorted)
