@@ -358,6 +358,8 @@ def archiver(
         f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database} "
         f"({decode_processes} decode processes)"
     )
+    if query_socket is not None:
+        err.print(f"read-only queries (stepguard sql/query/report) answered on {query_socket}")
     last = (time.monotonic(), 0)
 
     def progress(stats: ArchiverStats) -> None:

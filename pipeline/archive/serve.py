@@ -61,7 +61,7 @@ MAX_REQUEST = 1 << 20
 MAX_RESPONSE = 64 << 20
 #: A connection that sends nothing for this long is closed (one slow reader must
 #: not keep the others waiting).
-IO_TIMEOUT_S = 30.0
+IO_TIMEOUT_S = 10.0
 _LEN = struct.Struct(">I")
 #: sun_path holds 108 bytes on Linux; longer paths are reached through /proc.
 _SUN_PATH_MAX = 100
