@@ -673,6 +673,7 @@ def follow_alerts(
     ``stop()``. Returns how many were printed."""
     from pipeline.actuator.signing import public_keys
 
+    _quiet_client_logs()
     worker_keys = public_keys(settings, "worker")
     actuator_keys = public_keys(settings, "actuator")
     shown = 0
@@ -718,6 +719,12 @@ def alerts_filter(
     return AlertFilter(job=job or None, grade=least, since=start)
 
 
+def _quiet_client_logs() -> None:
+    """kafka-python logs an ERROR when a client closes during a metadata refresh (a
+    short-lived reader does, every time): noise on a screen a person reads."""
+    logging.getLogger("kafka.cluster").setLevel(logging.CRITICAL)
+
+
 def run_status(
     settings: Settings,
     console: Console,
@@ -733,6 +740,8 @@ def run_status(
     from rich.live import Live
 
     from pipeline.up import scrape
+
+    _quiet_client_logs()
 
     def snapshot() -> StatusSnapshot:
         return collect_status(settings, window=window, scrape=scrape)
