@@ -58,6 +58,7 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.metrics import ExecutorMetrics, serve_metrics
 from pipeline.settings import Settings
 from schemas import (
     Command,
@@ -111,7 +112,11 @@ class CommandListener:
         on_stop: Callback | None = None,
         on_isolate: Callback | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: ExecutorMetrics | None = None,
     ) -> None:
+        #: results by kind and status, as an executor counts them (executor label:
+        #: ``name``); served on STEPGUARD_LISTENER_METRICS_PORT when that is set
+        self.metrics = metrics or ExecutorMetrics()
         if not job_id:
             raise ValueError("job_id must not be empty")
         self.settings = settings
@@ -142,6 +147,9 @@ class CommandListener:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Read back past results, start the consumer thread, wait until it is assigned."""
+        if self._thread is None:
+            serve_metrics(self.metrics.registry, self.settings.listener_metrics_port,
+                          "listener_metrics_port")  # fmt: skip
         create_topics(self.settings, ["commands", "results", "lifecycle"])
         for rec in read_back(self.settings, "results"):
             res = rec.message
@@ -236,6 +244,14 @@ class CommandListener:
         )  # fmt: skip
         signed = sign(result, self._key)
         publish(self._producer, self.registry, "results", signed).get(timeout=30)
+        self.metrics.commands.labels(self.name, cmd.kind.value, status.value).inc()
+        if status is CommandStatus.REFUSED:
+            self.metrics.refused.labels(self.name).inc()
+        # one line per command carried out (or refused); the queueing is a detail
+        level = logging.DEBUG if status is CommandStatus.ACCEPTED else logging.INFO
+        log.log(level, "%s: command %s %s job=%s targets=%s -> %s: %s", self.name,
+                cmd.command_id, cmd.kind.value, cmd.job_id, ",".join(cmd.targets) or "-",
+                status.value, result.detail)  # fmt: skip
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -24,6 +24,7 @@ STEPGUARD_WORKER_METRICS_PORT Prometheus port of ``stepguard worker`` (0: off)
 STEPGUARD_ACTUATOR_METRICS_PORT / EXECUTOR_ / ARCHIVER_  the same for the actuator
                               (9109), an executor (9110) and the archiver (9111); two
                               of a kind on one host need distinct ports
+STEPGUARD_LISTENER_METRICS_PORT  the CommandListener's, in training code (default 0: off)
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
 STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
                               state is written to the table (steps / wall seconds)
@@ -148,6 +149,8 @@ class Settings(BaseSettings):
     actuator_metrics_port: int = Field(default=9109, ge=0, le=65535)
     executor_metrics_port: int = Field(default=9110, ge=0, le=65535)
     archiver_metrics_port: int = Field(default=9111, ge=0, le=65535)
+    #: the CommandListener's, inside training code (0: off; one per process on a host)
+    listener_metrics_port: int = Field(default=0, ge=0, le=65535)
     worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
     worker_data_dir: Path = Path(".stepguard/worker")
     #: snapshot a job's detector state to the table after this many completed steps ...

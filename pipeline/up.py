@@ -310,8 +310,10 @@ def build_plan(
         argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
                 "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
         after = (*workers, "actuator", "executor-dry-run")
+        port = ports.take("simulate (job controller) metrics")
+        extra["simulate"] = extra["simulate"] | {f"{ENV_PREFIX}LISTENER_METRICS_PORT": str(port)}
         simulate = ServiceSpec("simulate", argv, one_shot=True, restart="never", after=after)
-        specs.append(simulate)
+        specs.append(replace(simulate, metrics_port=port))
 
     final = [
         replace(

@@ -153,3 +153,31 @@ def test_the_archiver_counts_rows_per_table_and_its_lag_reaches_zero(
     assert value(r, "stepguard_archiver_rows_total", table="steps") == 12
     assert value(r, "stepguard_archiver_insert_seconds_count", table="steps") >= 1
     assert value(r, "stepguard_archiver_consumer_lag", topic="steps") == 0
+
+
+def test_the_job_controller_serves_counts_and_logs_what_it_carries_out(act_settings, caplog):
+    import urllib.request
+
+    from pipeline.embedded import free_port
+    from pipeline.listener import CommandListener
+
+    port = free_port()
+    s = act_settings.model_copy(update={"listener_metrics_port": port})
+    caplog.set_level(logging.INFO, logger="pipeline.listener")
+    saved: list[int] = []
+    listener = CommandListener(s, "job-m", on_checkpoint=lambda c, step: saved.append(step) or "ok")
+    with listener:
+        send(s, "commands", command("cmd-forged-2", key=test_key("attacker")), command("cmd-ok-2"))
+        listener.poll_step_boundary(3, wait_s=30)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            served = resp.read().decode()
+    reg = listener.metrics.registry
+    ok = dict(executor="job-controller", kind="checkpoint", result="succeeded")
+    assert saved == [3]
+    assert value(reg, "stepguard_executor_commands_total", **ok) == 1
+    assert value(reg, "stepguard_executor_refused_total", executor="job-controller") == 1
+    assert 'result="succeeded"} 1.0' in served
+    lines = [r.getMessage() for r in caplog.records if "command cmd-" in r.getMessage()]
+    assert len(lines) == 2 and "cmd-forged-2" in lines[0] and "-> refused" in lines[0]
+    assert "job-controller: command cmd-ok-2 checkpoint job=job-m" in lines[1]
+    assert lines[1].endswith("-> succeeded: ok")

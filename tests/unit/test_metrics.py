@@ -80,10 +80,11 @@ def test_up_gives_every_service_its_own_metrics_port_and_sums_their_counters(tmp
     from pipeline.up import UpOptions, build_plan, parse_metrics
 
     settings = load_settings({}, state_dir=tmp_path)
-    p = build_plan(settings, UpOptions(workers=2), {"PATH": "/bin"},
+    p = build_plan(settings, UpOptions(workers=2, scenario="ci_smoke"), {"PATH": "/bin"},
                    python="py", run_id="r1")  # fmt: skip
     var = {"worker-1": "WORKER", "worker-2": "WORKER", "actuator": "ACTUATOR",
-           "executor-dry-run": "EXECUTOR", "archiver": "ARCHIVER"}  # fmt: skip
+           "executor-dry-run": "EXECUTOR", "archiver": "ARCHIVER",
+           "simulate": "LISTENER"}  # fmt: skip
     ports = {s.name: s.metrics_port for s in p.specs if s.metrics_port}
     assert set(ports) == set(var) and len(set(ports.values())) == len(ports)
     for spec in p.specs:
