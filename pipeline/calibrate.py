@@ -19,10 +19,14 @@ returns are judged against the job's labels:
 
 Per setting: precision (TP / (TP + FP) episodes), recall (detected / true labels), F1
 and the median delay, overall and per kind (precision by the episode's alert kind,
-recall and delay by the label's kind). The Pareto front keeps the settings no other
+recall and delay by the label's kind). The same for the *actions*: the alerts are also
+fed to the actuator's own pure :class:`~pipeline.actuator.policy.Policy` (observe mode)
+under the point's confirmation settings (:data:`ACTUATOR_SETTINGS`, WARNING persistence
+in steps or seconds), and the episodes it would act on are judged the same way; grid
+points that differ only there share one replay. The Pareto front keeps the settings no other
 beats on precision, recall and delay at once; the recommendation is the best F1, then
-the shortest delay, then the fewest false positives, then the fewest changes from the
-running settings.
+the best action F1, then the shortest delays, then the fewest false positives, then
+the fewest changes from the running settings.
 
 Grid points run in worker processes (``concurrent.futures``, spawned: each receives the
 jobs once, as plain data built here, never anything read from a topic).
@@ -42,15 +46,17 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from detectors.config import MonitorConfig
+from pipeline.actuator.policy import Policy, PolicyParams
 from pipeline.calibrate_archive import ArchivedJob, Label
 from pipeline.calibrate_settings import SETTING_NAMES, config_from_overrides, overrides_of
 from pipeline.detection import JobDetection
 from pipeline.errors import ConfigError
-from schemas import Alert
+from schemas import ActuatorMode, Alert
 
 __all__ = [
     "DEFAULT_GRID",
@@ -75,6 +81,11 @@ DEFAULT_GRID: dict[str, list[Any]] = {
     "degradation_warning": [0.02, 0.04],
     "hang_factor": [2.0, 2.5, 3.5],
 }
+#: The actuator's confirmation settings a grid may vary too: how long a WARNING must
+#: persist (steps of the job, or seconds of event time) before it becomes an action.
+#: They need no new replay: the detector alerts of a setting are confirmed again under
+#: each value by the actuator's own pure policy (observe mode).
+ACTUATOR_SETTINGS: dict[str, type] = {"warning_confirm_steps": int, "warning_confirm_s": float}
 #: Most grid points one calibration evaluates.
 MAX_POINTS = 5000
 #: Steps after a label's end (or either side of an incident) an alert still speaks of it.
@@ -113,9 +124,10 @@ def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
     for key, values in grid.items():
         names = [n.strip() for n in key.split(",")]
         for n in names:
-            if n not in SETTING_NAMES:
+            if n not in SETTING_NAMES and n not in ACTUATOR_SETTINGS:
                 raise ConfigError(
                     f"grid {key!r}: {n!r} is not a detector setting (see detectors/config.py)"
+                    f" nor one of the actuator's {sorted(ACTUATOR_SETTINGS)}"
                 )
         vals = _check_values(key, values, len(names))
         axes.append([dict(zip(names, v if len(names) > 1 else [v], strict=True)) for v in vals])
@@ -123,6 +135,30 @@ def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
     if total > MAX_POINTS:
         raise ConfigError(f"grid: {total} settings, over the limit of {MAX_POINTS}")
     return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*axes)]
+
+
+def split_overrides(overrides: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(detector settings, actuator settings) of a grid point."""
+    det = {k: v for k, v in overrides.items() if k not in ACTUATOR_SETTINGS}
+    act = {k: v for k, v in overrides.items() if k in ACTUATOR_SETTINGS}
+    return det, act
+
+
+def actuator_params(values: Mapping[str, Any]) -> PolicyParams:
+    """Observe-mode actuator parameters with ``values`` (a ``ConfigError`` names a bad
+    one)."""
+    clean: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = ACTUATOR_SETTINGS[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"actuator setting {name!r}: expected a positive number")
+        if kind is int and float(value) != int(value):
+            raise ConfigError(f"actuator setting {name!r}: expected an integer, got {value!r}")
+        clean[name] = kind(value)
+    try:
+        return PolicyParams(mode=ActuatorMode.OBSERVE, **clean)
+    except ValueError as exc:
+        raise ConfigError(f"actuator settings {clean}: {exc}") from exc
 
 
 def load_grid(path: Path | None) -> dict[str, Any]:
@@ -169,17 +205,33 @@ def _inputs(job: ArchivedJob) -> Iterator[tuple[float, int, Any]]:
         yield ts, order, rec
 
 
+@dataclass(slots=True)
+class Replayed:
+    """What one replay of a job produced."""
+
+    updates: list[Update]  #: FIRING alert updates
+    #: every alert update and every completed step, in order, for the actuator:
+    #: (alert, None) or (None, frame step and event time)
+    stream: list[tuple[Alert | None, tuple[int, float] | None]]
+
+
 def replay(job: ArchivedJob, config: MonitorConfig, tick_s: float = 1.0) -> list[Update]:
     """The FIRING alert updates the detection core raises on ``job`` under ``config``."""
+    return replay_core(job, config, tick_s).updates
+
+
+def replay_core(job: ArchivedJob, config: MonitorConfig, tick_s: float = 1.0) -> Replayed:
+    """Drive a fresh :class:`JobDetection` over ``job``'s records (module docstring)."""
     det = JobDetection(job.job_id, config)
-    out: list[Update] = []
+    out = Replayed([], [])
     step = -1  # last completed step
 
     def keep(alerts: Sequence[Alert]) -> None:
         for a in alerts:
+            out.stream.append((a, None))
             if a.state.value == "firing":
                 s = a.step if a.step is not None and a.step >= 0 else step + 1
-                out.append(Update(a.fingerprint, a.kind.value, a.node, s))
+                out.updates.append(Update(a.fingerprint, a.kind.value, a.node, s))
 
     last: float | None = None
     for ts, order, rec in _inputs(job):
@@ -198,9 +250,31 @@ def replay(job: ArchivedJob, config: MonitorConfig, tick_s: float = 1.0) -> list
         else:
             keep(det.on_frame(rec))
             step = rec.step
+            out.stream.append((None, (step, ts)))
         keep(det.tick(ts))
         last = ts if last is None else max(last, ts)
     keep(det.flush())
+    return out
+
+
+def actions(job: ArchivedJob, replayed: Replayed, params: PolicyParams) -> list[Update]:
+    """The actions the actuator's policy (observe mode, ``params``) would take on the
+    replayed alerts: one update per action, at the step it was confirmed."""
+    policy = Policy(params)
+    out: list[Update] = []
+    for alert, progress in replayed.stream:
+        if alert is not None:
+            outcome = policy.on_alert(alert, alert.ts)
+        else:
+            assert progress is not None
+            at = datetime.fromtimestamp(progress[1], UTC)
+            outcome = policy.on_progress(job.job_id, progress[0], at, at)
+        for rec in outcome.records:
+            a = rec.alert
+            if a is None:
+                continue
+            step = a.step if a.step is not None and a.step >= 0 else 0
+            out.extend(Update(fp, a.kind.value, a.node, step) for fp in rec.reason[:1])
     return out
 
 
@@ -290,6 +364,12 @@ class PointResult:
     rank_steps: int
     replay_s: float
     error: str | None = None
+    #: the same for the actions the actuator would take (confirmation applied)
+    action_precision: float = 0.0
+    action_recall: float = 0.0
+    action_f1: float = 0.0
+    action_delay_median: float | None = None
+    actions: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -329,20 +409,47 @@ def _aggregate(index: int, overrides: dict[str, Any], scores: Sequence[JobScore]
 
 
 def evaluate(
-    index: int, overrides: dict[str, Any], jobs: Sequence[ArchivedJob],
-    base: Mapping[str, Any] | None = None, tick_s: float = 1.0, grace: int = GRACE_STEPS,
-) -> PointResult:  # fmt: skip
-    """Replay every job under ``base`` + ``overrides`` and score it. A setting the
-    detectors refuse (an exit above an enter threshold) comes back with ``error``."""
+    points: Sequence[tuple[int, dict[str, Any]]], jobs: Sequence[ArchivedJob],
+    base: Mapping[str, Any] | None = None, base_actuator: Mapping[str, Any] | None = None,
+    tick_s: float = 1.0, grace: int = GRACE_STEPS,
+) -> list[PointResult]:  # fmt: skip
+    """Score grid points that share their detector settings: every job is replayed once
+    under ``base`` + those settings, and its alerts confirmed under each point's actuator
+    settings. A setting the detectors or the actuator refuse (an exit above an enter
+    threshold) comes back with ``error``."""
+    det_overrides = split_overrides(points[0][1])[0]
+    out: list[PointResult] = []
     try:
-        config = config_from_overrides({**(base or {}), **overrides})
+        config = config_from_overrides({**(base or {}), **det_overrides})
     except ConfigError as exc:
-        return PointResult(index, overrides, 0.0, 0.0, 0.0, None, 0, 0, 0, 0, 0, {}, 0, 0.0,
-                           error=str(exc))  # fmt: skip
+        return [_refused(i, ov, str(exc)) for i, ov in points]
     t0 = time.perf_counter()
-    scores = [score_job(j, replay(j, config, tick_s), grace) for j in jobs]
+    replays = [replay_core(j, config, tick_s) for j in jobs]
+    scores = [score_job(j, r.updates, grace) for j, r in zip(jobs, replays, strict=True)]
     spent = time.perf_counter() - t0
-    return _aggregate(index, overrides, scores, sum(j.rank_steps for j in jobs), spent)
+    rank_steps = sum(j.rank_steps for j in jobs)
+    for index, overrides in points:
+        try:
+            params = actuator_params({**(base_actuator or {}), **split_overrides(overrides)[1]})
+        except ConfigError as exc:
+            out.append(_refused(index, overrides, str(exc)))
+            continue
+        acted = [
+            score_job(j, actions(j, r, params), grace) for j, r in zip(jobs, replays, strict=True)
+        ]
+        point = _aggregate(index, overrides, scores, rank_steps, spent)
+        a = _aggregate(index, overrides, acted, rank_steps, spent)
+        out.append(replace(
+            point, action_precision=a.precision, action_recall=a.recall, action_f1=a.f1,
+            action_delay_median=a.delay_median, actions=a.tp + a.fp,
+        ))  # fmt: skip
+        spent = 0.0  # the replay is counted once, with the group's first point
+    return out
+
+
+def _refused(index: int, overrides: dict[str, Any], why: str) -> PointResult:
+    return PointResult(index, overrides, 0.0, 0.0, 0.0, None, 0, 0, 0, 0, 0, {}, 0, 0.0,
+                       error=why)  # fmt: skip
 
 
 # -- worker processes ------------------------------------------------------------------
@@ -356,8 +463,8 @@ def _init(jobs: list[ArchivedJob], opts: dict[str, Any]) -> None:
     _JOBS, _OPTS = jobs, opts
 
 
-def _evaluate_in_worker(index: int, overrides: dict[str, Any]) -> PointResult:
-    return evaluate(index, overrides, _JOBS, **_OPTS)
+def _evaluate_in_worker(points: list[tuple[int, dict[str, Any]]]) -> list[PointResult]:
+    return evaluate(points, _JOBS, **_OPTS)
 
 
 # -- the whole calibration -------------------------------------------------------------
@@ -367,12 +474,14 @@ def _evaluate_in_worker(index: int, overrides: dict[str, Any]) -> PointResult:
 class CalibrationResult:
     """Every setting scored, the front, the recommendation."""
 
-    running: dict[str, Any]  #: the running settings (overrides of the defaults)
+    running: dict[str, Any]  #: the running detector settings (overrides of the defaults)
+    running_actuator: dict[str, Any]  #: the running actuator confirmation settings
     points: list[PointResult]  #: index 0 is the running settings themselves
     front: list[int]  #: indices of the Pareto front
     recommended: int  #: index of the recommended setting
     jobs: int
     rank_steps: int  #: per replay of every job
+    replays: int  #: replays of every job (one per distinct detector setting)
     labels: dict[str, int]  #: labels per source
     wall_s: float
 
@@ -381,18 +490,24 @@ class CalibrationResult:
         return self.points[self.recommended]
 
     def settings_of(self, index: int) -> MonitorConfig:
-        return config_from_overrides({**self.running, **self.points[index].overrides})
+        det = split_overrides(self.points[index].overrides)[0]
+        return config_from_overrides({**self.running, **det})
+
+    def actuator_of(self, index: int) -> dict[str, Any]:
+        """The actuator confirmation settings of point ``index`` (running ones included)."""
+        return {**self.running_actuator, **split_overrides(self.points[index].overrides)[1]}
 
     @property
     def replay_rank_steps_per_s(self) -> float:
         """Rank-steps replayed per wall second, all processes together."""
-        done = sum(p.rank_steps for p in self.points if p.error is None)
-        return done / self.wall_s if self.wall_s > 0 else 0.0
+        return self.replays * self.rank_steps / self.wall_s if self.wall_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "running": self.running, "recommended": self.recommended, "front": self.front,
+            "running": self.running, "running_actuator": self.running_actuator,
+            "recommended": self.recommended, "front": self.front,
             "recommended_settings": overrides_of(self.settings_of(self.recommended)),
+            "recommended_actuator": self.actuator_of(self.recommended),
             "jobs": self.jobs, "rank_steps": self.rank_steps, "labels": self.labels,
             "wall_s": round(self.wall_s, 3),
             "replay_rank_steps_per_s": round(self.replay_rank_steps_per_s, 1),
@@ -420,19 +535,23 @@ def _changes(p: PointResult, running: Mapping[str, Any]) -> int:
 
 
 def _default(name: str) -> Any:
+    if name in ACTUATOR_SETTINGS:
+        return getattr(PolicyParams(), name)
     return getattr(MonitorConfig(), name)
 
 
 def recommend(points: Sequence[PointResult], running: Mapping[str, Any]) -> int:
-    """Best F1, then shortest median delay, then fewest false positives, then fewest
-    changes from the running settings, then the first."""
+    """Best alert F1, then best action F1 (the actuator's confirmation), then the
+    shortest median delay of alerts and of actions, then the fewest false positives,
+    then the fewest changes from the ``running`` settings, then the first."""
     ok = [p for p in points if p.error is None]
     if not ok:
         raise ConfigError("calibrate: every setting of the grid was refused by the detectors")
 
-    def key(p: PointResult) -> tuple[float, float, int, int, int]:
+    def key(p: PointResult) -> tuple[float, float, float, float, int, int, int]:
         delay = math.inf if p.delay_median is None else p.delay_median
-        return (-p.f1, delay, p.fp, _changes(p, running), p.index)
+        act = math.inf if p.action_delay_median is None else p.action_delay_median
+        return (-p.f1, -p.action_f1, delay, act, p.fp, _changes(p, running), p.index)
 
     return min(ok, key=key).index
 
@@ -442,6 +561,7 @@ def calibrate(
     grid: Mapping[str, Any],
     *,
     running: MonitorConfig | None = None,
+    running_actuator: Mapping[str, Any] | None = None,
     processes: int = 1,
     tick_s: float = 1.0,
     grace: int = GRACE_STEPS,
@@ -449,48 +569,66 @@ def calibrate(
 ) -> CalibrationResult:
     """Replay ``jobs`` under the running settings and every point of ``grid``.
 
-    ``processes`` > 1 spreads the points over that many spawned processes; ``progress``
-    is called with (done, total) after each point.
+    ``running_actuator``: the actuator's running confirmation settings
+    (:data:`ACTUATOR_SETTINGS`; its defaults when omitted). Points that share their
+    detector settings share one replay. ``processes`` > 1 spreads the replays over that
+    many spawned processes; ``progress`` is called with (points done, points).
     """
     if not jobs:
         raise ConfigError("calibrate: no archived job with steps to replay (check --job/--since)")
     if processes < 1:
         raise ConfigError(f"--processes must be >= 1, got {processes}")
     base = overrides_of(running or MonitorConfig())
+    base_act = {k: getattr(PolicyParams(), k) for k in ACTUATOR_SETTINGS}
+    base_act.update(running_actuator or {})
+    actuator_params(base_act)  # a bad running value fails here, named
     points = [{}, *expand_grid(grid)]  # index 0: the running settings as they are
-    opts = {"base": base, "tick_s": tick_s, "grace": grace}
+    groups: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for i, ov in enumerate(points):
+        det = split_overrides(ov)[0]
+        groups[json.dumps({**base, **det}, sort_keys=True, default=str)].append((i, ov))
+    opts = {"base": base, "base_actuator": base_act, "tick_s": tick_s, "grace": grace}
     results: list[PointResult | None] = [None] * len(points)
+    done = 0
     t0 = time.perf_counter()
-    if processes == 1:
-        for i, ov in enumerate(points):
-            results[i] = evaluate(i, ov, jobs, **opts)
-            if progress is not None:
-                progress(i + 1, len(points))
+
+    def collect(batch: list[PointResult]) -> None:
+        nonlocal done
+        for r in batch:
+            results[r.index] = r
+        done += len(batch)
+        if progress is not None:
+            progress(done, len(points))
+
+    if processes == 1 or len(groups) == 1:
+        for group in groups.values():
+            collect(evaluate(group, jobs, **opts))
     else:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(processes, ctx, _init, (list(jobs), opts)) as pool:
-            futures = [pool.submit(_evaluate_in_worker, i, ov) for i, ov in enumerate(points)]
-            for done, fut in enumerate(as_completed(futures), 1):
-                r = fut.result()
-                results[r.index] = r
-                if progress is not None:
-                    progress(done, len(points))
+        workers = min(processes, len(groups))
+        with ProcessPoolExecutor(workers, ctx, _init, (list(jobs), opts)) as pool:
+            futures = [pool.submit(_evaluate_in_worker, g) for g in groups.values()]
+            for fut in as_completed(futures):
+                collect(fut.result())
     wall = time.perf_counter() - t0
-    scored = [r for r in results if r is not None]
+    running_all = {**base, **base_act}
     # an override equal to the running value is no change: show the point as it runs
     scored = [
         replace(r, overrides={k: v for k, v in r.overrides.items()
-                              if base.get(k, _default(k)) != v})
-        for r in scored
+                              if running_all.get(k, _default(k)) != v})
+        for r in results if r is not None
     ]  # fmt: skip
     labels: dict[str, int] = defaultdict(int)
     for j in jobs:
         for k, v in j.label_counts.items():
             labels[k] += v
+    ok_groups = [g for g in groups.values() if (r := results[g[0][0]]) and r.error is None]
+    replays = len(ok_groups)
     return CalibrationResult(
-        running=base, points=scored, front=pareto_front(scored),
-        recommended=recommend(scored, base), jobs=len(jobs),
-        rank_steps=sum(j.rank_steps for j in jobs), labels=dict(labels), wall_s=wall,
+        running=base, running_actuator=base_act, points=scored, front=pareto_front(scored),
+        recommended=recommend(scored, running_all), jobs=len(jobs),
+        rank_steps=sum(j.rank_steps for j in jobs), replays=replays, labels=dict(labels),
+        wall_s=wall,
     )  # fmt: skip
 
 

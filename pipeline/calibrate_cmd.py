@@ -14,7 +14,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline.calibrate import CalibrationResult, calibrate, diff_settings, load_grid, plot_front
+from pipeline.archive.backend import ArchiveBackend
+from pipeline.calibrate import (
+    ACTUATOR_SETTINGS,
+    CalibrationResult,
+    calibrate,
+    diff_settings,
+    load_grid,
+    plot_front,
+)
 from pipeline.calibrate_archive import LABEL_SOURCES, archived_jobs
 from pipeline.calibrate_settings import load_detector_config, write_detector_config
 from pipeline.errors import ConfigError
@@ -47,12 +55,13 @@ def front_table(result: CalibrationResult, top: int) -> Table:
         key=lambda i: (-result.points[i].f1, result.points[i].delay_median or 0.0, i),
     )[:top]
     table = Table(
-        title="Pareto front (precision, recall, delay in steps); best = recommended",
+        title="Pareto front of the alerts (precision, recall, delay in steps) and the "
+        "actions the actuator would confirm; best = recommended",
         title_justify="left",
     )
     table.add_column("#", justify="right")
     table.add_column("settings changed", min_width=18, overflow="fold")
-    for col in ("prec.", "recall", "F1", "delay", "TP/FP"):
+    for col in ("prec.", "recall", "F1", "delay", "TP/FP", "action F1/delay"):
         table.add_column(col, justify="right")
     table.add_column("", min_width=9, overflow="fold")
     for i in rows:
@@ -66,7 +75,8 @@ def front_table(result: CalibrationResult, top: int) -> Table:
             mark.append("dominated")
         table.add_row(
             str(i), _settings_text(p.overrides), f"{p.precision:.3f}", f"{p.recall:.3f}",
-            f"{p.f1:.3f}", _fmt(p.delay_median), f"{p.tp}/{p.fp}", " ".join(mark),
+            f"{p.f1:.3f}", _fmt(p.delay_median), f"{p.tp}/{p.fp}",
+            f"{p.action_f1:.2f}/{_fmt(p.action_delay_median)}", " ".join(mark),
         )  # fmt: skip
     return table
 
@@ -88,6 +98,51 @@ def kind_table(result: CalibrationResult) -> Table:
             pair("f1"), pair("delay_median"),
         )  # fmt: skip
     return table
+
+
+def running_actuator(settings: Settings, backend: ArchiveBackend) -> dict[str, Any]:
+    """The actuator's confirmation settings as they run: its settings, then every signed
+    control change archived since (in order), as the actuator itself applies them."""
+    values: dict[str, Any] = {k: getattr(settings, k) for k in ACTUATOR_SETTINGS}
+    _, rows = backend.query(
+        f"SELECT change FROM {backend.database}.control_changes FINAL WHERE signed = 1 "
+        "ORDER BY ts_ms, change_id"
+    )
+    for (change,) in rows:
+        try:
+            data = json.loads(change)
+        except ValueError:
+            continue  # an unreadable record changes nothing, as for the actuator
+        if not isinstance(data, dict):
+            continue
+        for k in ACTUATOR_SETTINGS:
+            v = data.get(k)
+            if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                values[k] = v
+    return values
+
+
+def publish_confirmation(settings: Settings, values: dict[str, Any], reason: str) -> str:
+    """Publish the actuator's new confirmation settings as a signed control message
+    (the operator's key, as ``stepguard control``); returns its change id."""
+    import uuid
+
+    from pipeline.actuator.signing import sign, signing_key
+    from pipeline.kafka import control_producer, create_topics, publish, registry_of
+    from schemas import ControlMessage
+
+    msg = ControlMessage(
+        change_id=uuid.uuid4().hex, by="stepguard calibrate", reason=reason,
+        ts=datetime.now(UTC), **values,
+    )  # fmt: skip
+    signed = sign(msg, signing_key(settings, "operator", "`stepguard calibrate --apply`"))
+    create_topics(settings, ["control"])
+    producer = control_producer(settings)
+    try:
+        publish(producer, registry_of(settings), "control", signed).get(timeout=30)
+    finally:
+        producer.close()
+    return msg.change_id
 
 
 def run_calibrate(
@@ -124,6 +179,7 @@ def run_calibrate(
     backend = open_backend(settings)
     try:
         migrate(backend)
+        actuator_now = running_actuator(settings, backend)
         with console.status("reading the archive") as status:
             loaded = archived_jobs(
                 backend, list(jobs) or None, since_at, sources=sources,
@@ -142,7 +198,10 @@ def run_calibrate(
         def tick(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        result = calibrate(loaded, grid, running=running, processes=procs, progress=tick)
+        result = calibrate(
+            loaded, grid, running=running, running_actuator=actuator_now, processes=procs,
+            progress=tick,
+        )  # fmt: skip
     labels = ", ".join(f"{n} {k}" for k, n in result.labels.items()) or "none"
     console.print(
         f"{result.jobs} job(s), {result.rank_steps:,} rank-steps each replay; labels: "
@@ -161,6 +220,9 @@ def run_calibrate(
     console.print(kind_table(result))
     proposed = result.settings_of(result.recommended)
     changes = diff_settings(running, proposed)
+    act = result.actuator_of(result.recommended)
+    act_changes = {k: v for k, v in act.items() if actuator_now.get(k) != v}
+    changes += [(k, actuator_now.get(k), v) for k, v in act_changes.items()]
     console.print(
         "recommended: "
         + (", ".join(f"{n}={_fmt(b)}" for n, _, b in changes) or "keep the running settings")
@@ -176,6 +238,11 @@ def run_calibrate(
         for name, a, b in changes:
             table.add_row(name, _fmt(a), _fmt(b))
         console.print(table if changes else "--dry-run: the running settings are recommended")
+    if apply and act_changes:
+        change = publish_confirmation(
+            settings, act_changes, f"stepguard calibrate: recommended setting #{result.recommended}"
+        )
+        console.print(f"actuator confirmation {act_changes}: signed control change {change} sent")
     if apply:
         target = out or settings.detector_config or settings.state_dir / "detector.json"
         write_detector_config(target, proposed)

@@ -242,3 +242,21 @@ def test_calibrate_command_refuses_contradictory_options_before_reading(kw, matc
 
     with pytest.raises(ConfigError, match=match):
         run_calibrate(Settings(), Console(quiet=True), **kw)
+
+
+def test_confirmation_settings_share_one_replay_and_delay_the_actions(slow_job):
+    grid = {"warning_confirm_steps": [2, 500], "warning_confirm_s": [1e6]}
+    result = calibrate([slow_job], grid, running_actuator={"warning_confirm_steps": 20})
+    assert result.replays == 1  # the detector settings are the same everywhere
+    quick, never = result.points[1], result.points[2]
+    assert quick.f1 == never.f1 == result.points[0].f1  # the alerts do not change
+    assert quick.action_recall == 1.0 and quick.action_delay_median is not None
+    # a WARNING that must persist 500 steps never becomes an action in a 120-step job,
+    # unless it turned CRITICAL (which confirms at once)
+    assert never.actions <= quick.actions
+    assert never.action_delay_median is None or (
+        never.action_delay_median >= quick.action_delay_median
+    )
+    assert result.recommended == 1 and result.actuator_of(1)["warning_confirm_steps"] == 2
+    with pytest.raises(ConfigError, match="warning_confirm_steps"):
+        calibrate([slow_job], {"hang_factor": [3.0]}, running_actuator={"warning_confirm_steps": 0})
