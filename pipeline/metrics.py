@@ -14,8 +14,8 @@ executor            STEPGUARD_EXECUTOR_METRICS_PORT   :class:`ExecutorMetrics`
                     (9110)
 archiver            STEPGUARD_ARCHIVER_METRICS_PORT   :class:`ArchiverMetrics`
                     (9111)
-job controller      STEPGUARD_LISTENER_METRICS_PORT   :class:`ExecutorMetrics` (executor
-(CommandListener)   (0: off; it runs in training code)  ``job-controller``)
+job controller      STEPGUARD_LISTENER_METRICS_PORT   :class:`ExecutorMetrics`, executor
+(CommandListener)   (0: off; runs in training code)   ``job-controller``
 ==================  ================================  =====================================
 
 Two services of one kind on one host need a port each (``stepguard up`` assigns free
