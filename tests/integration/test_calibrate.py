@@ -138,3 +138,36 @@ def test_calibration_recovers_the_planted_slowdown_threshold(archive):
         1 for j in jobs for x in j.labels if x.source == "label")}  # fmt: skip
     per_kind = result.best.per_kind["straggler"]
     assert per_kind["recall"] == 1.0 and per_kind["delay_median"] is not None
+
+
+def test_running_confirmation_is_the_settings_then_every_signed_control_change(archive):
+    from pipeline.actuator.signing import sign
+    from pipeline.calibrate_cmd import running_actuator
+    from pipeline.settings import Settings
+    from schemas import ControlMessage
+    from tests.factories import OPERATOR_KEY
+
+    s = Settings(warning_confirm_steps=20, warning_confirm_s=300.0)
+    assert running_actuator(s, archive) == {"warning_confirm_steps": 20, "warning_confirm_s": 300.0}
+    t0 = datetime(2026, 2, 1, tzinfo=UTC)
+    first = ControlMessage(change_id="c1", warning_confirm_steps=8, by="sre", ts=t0)
+    later = ControlMessage(change_id="c2", warning_confirm_s=60.0, by="sre",
+                           ts=t0 + timedelta(hours=1))  # fmt: skip
+    unsigned = ControlMessage(change_id="c3", warning_confirm_steps=1, by="x",
+                              ts=t0 + timedelta(hours=2))  # fmt: skip
+    _insert(archive, sign(first, OPERATOR_KEY), sign(later, OPERATOR_KEY), unsigned)
+    assert running_actuator(s, archive) == {"warning_confirm_steps": 8, "warning_confirm_s": 60.0}
+
+
+def test_apply_publishes_the_confirmation_signed_by_the_operator(settings):
+    from pipeline.actuator.signing import public_keys, signature_problem
+    from pipeline.calibrate_cmd import publish_confirmation
+    from pipeline.kafka import read_back
+    from tests.factories import key_settings
+
+    s = settings.model_copy(update=key_settings())
+    change = publish_confirmation(s, {"warning_confirm_steps": 5}, "calibrated")
+    (msg,) = [d.message for d in read_back(s, "control", stall_s=30)
+              if getattr(d.message, "change_id", None) == change]  # fmt: skip
+    assert msg.warning_confirm_steps == 5 and msg.by == "stepguard calibrate"
+    assert signature_problem(msg, public_keys(s, "operator")) is None
