@@ -133,8 +133,12 @@ def test_a_bad_record_on_every_topic_is_handled_and_the_good_ones_after_it_are_t
         forwarded = _forwarded(jobs, good, 60)
         letters = dead.wait(lambda xs: len(xs) >= len(lettered) + 1, 60, "dead letters", w)
         assert w.proc.poll() is None, w.tail()  # it kept running throughout
-        assert w.metric('stepguard_worker_state_events{event="refused_command"}') == 1
-        assert w.metric('stepguard_worker_state_events{event="refused_result"}') == 1
+        refused = ('stepguard_worker_state_events{event="refused_command"}',
+                   'stepguard_worker_state_events{event="refused_result"}')  # fmt: skip
+        deadline = time.monotonic() + 30  # the gauges follow the job topic (ticks: 0.5 s)
+        while [w.metric(m) for m in refused] != [1, 1] and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling the worker's metrics endpoint, bounded
+        assert [w.metric(m) for m in refused] == [1, 1], w.tail()
     finally:
         for closing in (stack.close, dead.close, decisions.close, producer.close, w.stop):
             closing()
