@@ -61,6 +61,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from detectors._stats import EWArrays
 from detectors.base import Finding
 from detectors.hardware_state import FleetState, NodeState, Prepared
 
@@ -102,6 +103,8 @@ def link_findings(
     ``p`` holds the GPUs' positions in ``st`` (0 where unknown), ``seen`` marks the GPUs
     ``st`` has learned a report of and ``warm`` those past the baselines' warm-up.
     """
+    if not (prep.link_events or prep.any_reason):
+        return []
     msg, node = prep.msg, prep.msg.node
     out: list[Finding] = []
     loss = prep.pcie_loss
@@ -128,7 +131,7 @@ def link_findings(
                     detail=f"GPU {gpus}: row remap pending (checkpoint, then reset the GPU "
                     "or drain the node to apply it)")
         )  # fmt: skip
-    if not warm.any() or st.thr_short.n_slots == 0:
+    if not prep.any_reason or not warm.any() or st.thr_short.n_slots == 0:
         return out
     f_thr, f_pcap = fleet.throttle_medians
     for signal, x, short, base, f_med, alpha in (
@@ -166,6 +169,15 @@ def link_findings(
     return out
 
 
+def _learn_fraction(ew: EWArrays, pos: I64, x: F64) -> None:
+    """``ew.update(pos, x)``; zeros into a zero mean and variance (a GPU that never
+    throttled, the usual case) only move the counts, which is the same result."""
+    if not x.any() and not ew.mean[pos].any() and not ew.var[pos].any():
+        ew.n[pos] += 1
+    else:
+        ew.update(pos, x)
+
+
 def learn_links(prep: Prepared, st: NodeState, pos: I64, fleet: FleetState, skip: set[str]) -> None:
     """Learn the throttle fractions of a report (``pos``: all GPUs registered).
 
@@ -173,12 +185,20 @@ def learn_links(prep: Prepared, st: NodeState, pos: I64, fleet: FleetState, skip
     baselines not while their signal is judged anomalous, so a sustained fault is
     not learned as the GPU's normal.
     """
-    st.thr_short.update(pos, prep.slowdown)
-    st.pcap_short.update(pos, prep.power_cap)
-    if "clock_throttle" not in skip:
-        st.thr_base.update(pos, prep.slowdown)
-    if "power_cap" not in skip:
-        st.pcap_base.update(pos, prep.power_cap)
+    if not st.throttled:
+        if not prep.any_reason:
+            return  # the usual case: zeros into zero fractions (counted when needed)
+        # the node's first clock reason: each GPU had learned gpu_n reports of zeros
+        st.throttled = True
+        k = len(st.pos)
+        for ew in (st.thr_short, st.pcap_short, st.thr_base, st.pcap_base):
+            ew.n[:k] = st.gpu_n[:k]
     slots = st.fleet_slot[pos]
+    _learn_fraction(st.thr_short, pos, prep.slowdown)
+    _learn_fraction(st.pcap_short, pos, prep.power_cap)
+    if "clock_throttle" not in skip:
+        _learn_fraction(st.thr_base, pos, prep.slowdown)
+    if "power_cap" not in skip:
+        _learn_fraction(st.pcap_base, pos, prep.power_cap)
     fleet.thr[slots] = st.thr_short.mean[pos]
     fleet.pcap[slots] = st.pcap_short.mean[pos]

@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors._stats import EWArrays
-from schemas.telemetry import NodeHealth
+from schemas.telemetry import GpuHealth, NodeHealth
 
 __all__ = [
     "PCIE_BUSY_UTIL_PCT", "POWER_REASONS", "REMAP_XIDS", "SLOWDOWN_REASONS", "FleetState",
@@ -104,6 +104,19 @@ def pcie_loss(
     return 1.0 - ratio
 
 
+def _pcie_losses(gpus: tuple[GpuHealth, ...]) -> F64:
+    return np.array(
+        [
+            pcie_loss(
+                g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max,
+                busy=g.utilization_pct >= PCIE_BUSY_UTIL_PCT,
+            )
+            for g in gpus
+        ],
+        dtype=np.float64,
+    ).reshape(len(gpus))  # fmt: skip
+
+
 def clock_reasons(reasons: tuple[str, ...]) -> tuple[bool, bool]:
     """``(slowdown, power)``: whether clock reasons show a thermal/hardware slowdown,
     and whether they show a power limit."""
@@ -130,6 +143,8 @@ class NodeState:
 
     n: int = 0
     last_ts: float = -math.inf
+    #: a clock reason was ever learned (before, the throttle fractions only count)
+    throttled: bool = False
     nic: int = 0  #: last cumulative errors + retransmits
     nic_rate: EWArrays = field(default_factory=lambda: EWArrays(1, _RATE_ALPHA, warmup=5))
     pos: dict[int, int] = field(default_factory=dict)
@@ -204,7 +219,17 @@ class NodeState:
         dt = ts - self.last_ts
         nic_total = msg.nic_errors + msg.nic_retransmits
         d_ecc, d_nvl, d_nic, known = self._counts(pos, corr, nvl, nic_total, dt)
-        reasons = [clock_reasons(g.throttle_reasons) for g in gpus]
+        n_gpus = len(gpus)
+        any_reason = any(g.throttle_reasons for g in gpus)
+        reasons = [clock_reasons(g.throttle_reasons) for g in gpus] if any_reason else []
+        zeros = np.zeros(n_gpus)
+        flagged = any(
+            g.nvlink_links_down or g.remap_pending or g.remap_failed or g.xid_codes for g in gpus
+        )
+        no_links, no_flags = np.zeros(n_gpus, dtype=np.int64), np.zeros(n_gpus, dtype=bool)
+        at_max = all(
+            g.pcie_width == g.pcie_width_max and g.pcie_gen == g.pcie_gen_max for g in gpus
+        )
         return Prepared(
             msg=msg,
             ts=ts,
@@ -223,27 +248,23 @@ class NodeState:
             xid_fatal=np.array(
                 [bool(fatal_xids.intersection(g.xid_codes)) for g in gpus], dtype=bool
             ),
-            pcie_loss=np.array(
-                [
-                    pcie_loss(
-                        g.pcie_gen,
-                        g.pcie_gen_max,
-                        g.pcie_width,
-                        g.pcie_width_max,
-                        busy=g.utilization_pct >= PCIE_BUSY_UTIL_PCT,
-                    )
-                    for g in gpus
-                ],
-                dtype=np.float64,
-            ).reshape(len(gpus)),
-            links_down=np.array([g.nvlink_links_down for g in gpus], dtype=np.int64),
+            pcie_loss=zeros if at_max else _pcie_losses(gpus),
+            links_down=np.array([g.nvlink_links_down for g in gpus], dtype=np.int64)
+            if flagged
+            else no_links,
             remap_pending=np.array(
                 [g.remap_pending or bool(REMAP_XIDS.intersection(g.xid_codes)) for g in gpus],
                 dtype=bool,
-            ),
-            remap_failed=np.array([g.remap_failed for g in gpus], dtype=bool),
-            slowdown=np.array([r[0] for r in reasons], dtype=np.float64).reshape(len(gpus)),
-            power_cap=np.array([r[1] for r in reasons], dtype=np.float64).reshape(len(gpus)),
+            )
+            if flagged
+            else no_flags,
+            remap_failed=np.array([g.remap_failed for g in gpus], dtype=bool)
+            if flagged
+            else no_flags,
+            any_reason=any_reason,
+            link_events=flagged or not at_max,
+            slowdown=np.array([r[0] for r in reasons], dtype=np.float64) if any_reason else zeros,
+            power_cap=np.array([r[1] for r in reasons], dtype=np.float64) if any_reason else zeros,
         )
 
     def _counts(
@@ -283,6 +304,8 @@ class Prepared:
     links_down: I64  #: NVLink links down
     remap_pending: npt.NDArray[np.bool_]  #: row remap pending (flag or XID 63)
     remap_failed: npt.NDArray[np.bool_]
+    any_reason: bool  #: any GPU reports any clock reason
+    link_events: bool  #: any GPU reports a PCIe, NVLink-link, remap or XID reading
     slowdown: F64  #: 1.0 where a thermal/hardware-slowdown clock reason is active
     power_cap: F64  #: 1.0 where a power-cap clock reason is active
 
@@ -313,8 +336,9 @@ class FleetState:
         self.clock = _grow(self.clock, self.slots, math.nan)
         self.ecc = _grow(self.ecc, self.slots, math.nan)
         self.nvl = _grow(self.nvl, self.slots, math.nan)
-        self.thr = _grow(self.thr, self.slots, math.nan)
-        self.pcap = _grow(self.pcap, self.slots, math.nan)
+        # 0 until the GPU's node first reports a clock reason (it learns none before)
+        self.thr = _grow(self.thr, self.slots, 0.0)
+        self.pcap = _grow(self.pcap, self.slots, 0.0)
         return s
 
     def refresh(self) -> None:
