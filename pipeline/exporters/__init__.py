@@ -3,6 +3,8 @@
 - :class:`StepExporter` — one ``record_step`` call per rank per step, never blocking;
 - :class:`NodeAggregator` — one producer per node fed over a Unix socket;
 - :mod:`pipeline.exporters.health` — ``stepguard export-health`` (NVML);
+- :mod:`pipeline.exporters.dcgm` — ``stepguard export-health --from-dcgm URL`` (a
+  running dcgm-exporter);
 - :func:`play` — ``stepguard simulate`` (a scenario to the broker).
 """
 
