@@ -37,9 +37,10 @@ nor learned; the first ``warmup`` values of a column score 0.
 
 Seasonality (``season``): ``"none"``; ``"auto"`` (a day and a week are tried when the
 rows carry timestamps in seconds and a period spans at least 12 rows; a seasonal
-baseline is used once it has seen a whole period and its long-run spread is below 0.8
-times the plain baseline's, and its calibration, started afresh when the period was
-seen, holds 256 values); or a period in seconds (that period only, same rule).
+baseline is used once it has seen a whole period, its calibration (started afresh then)
+holds 256 values, and its fit (a very long-run spread around its level, kept apart
+from the re-anchoring) is below 0.8 times the plain baseline's, and then while it stays
+below the plain one's); or a period in seconds (that period only, same rule).
 
 Examples
 --------
@@ -125,6 +126,9 @@ class _Baseline:
         "_warm",
         "cals",
         "fast",
+        "fit",
+        "fit_n",
+        "fresh",
         "level",
         "medium",
         "n",
@@ -141,6 +145,15 @@ class _Baseline:
         self.spread_level = self.spread_fast = self.short_dev = 0.0
         self.cals = tuple(TailCalibrator() for _ in KINDS)
         self.runs = [0] * len(KINDS)
+        # How well this baseline fits normal data, for choosing among baselines: a
+        # very long EW mean absolute deviation from the level that no re-anchoring
+        # touches (an anomaly must not make a baseline look like a bad model).
+        self.fit = 0.0
+        self.fit_n = 0
+        self.fresh = False  # calibration started afresh (seasonal: profile ready)
+
+    def fit_sigma(self, floor: float) -> float:
+        return max(_GAUSS_SD_PER_MAD * self.fit, floor)
 
     def sigma_level(self, floor: float) -> float:
         return max(_GAUSS_SD_PER_MAD * self.spread_level, floor)
@@ -192,6 +205,9 @@ class _Baseline:
         self.short_dev += a_v * (min(abs(dev_fast), dev_cap) - self.short_dev)
         self.spread_fast += a_l * (min(abs(dev_fast), 4.0 * s_fast) - self.spread_fast)
         self.spread_level += a_l * (min(abs(dev_level), 4.0 * s_level) - self.spread_level)
+        self.fit_n += 1
+        a_fit = max(1.0 / (4.0 * mem.long), 1.0 / self.fit_n)
+        self.fit += a_fit * (min(abs(dev_level), 4.0 * s_level) - self.fit)
         self.level += a_l * min(max(dev_level, -_HUBER * s_level), _HUBER * s_level)
         self.fast += a_f * min(max(y - self.fast, -_FAST_CLIP * s_fast), _FAST_CLIP * s_fast)
         self.medium += a_m * min(max(y - self.medium, -_FAST_CLIP * s_level), _FAST_CLIP * s_level)
@@ -213,9 +229,10 @@ class _Baseline:
             self.runs[3] = 0
 
     def recalibrate(self) -> None:
-        """Forget the calibration (after the seasonal profile became ready)."""
+        """Forget the calibration and the fit (after the seasonal profile became ready)."""
         self.cals = tuple(TailCalibrator() for _ in KINDS)
         self.runs = [0] * len(KINDS)
+        self.fit, self.fit_n, self.fresh = 0.0, 0, True
 
     def start(self) -> None:
         """End the warm-up: median level, mean absolute deviation spread."""
@@ -232,7 +249,7 @@ class _Baseline:
     def seasoned(self) -> bool:
         """Whether the calibration has as many values as its prior weighs (a seasonal
         baseline is chosen only then: its first period's statistics are not its normal)."""
-        return all(cal.size >= cal.prior_weight for cal in self.cals)
+        return self.fresh and all(cal.size >= cal.prior_weight for cal in self.cals)
 
     @property
     def warm_count(self) -> int:
@@ -246,7 +263,16 @@ class _Baseline:
 class _Column:
     """One column: its quantum, the plain baseline and any seasonal ones."""
 
-    __slots__ = ("_intervals", "_last_ts", "last", "plain", "quantum", "seasons", "values")
+    __slots__ = (
+        "_intervals",
+        "_last_ts",
+        "active",
+        "last",
+        "plain",
+        "quantum",
+        "seasons",
+        "values",
+    )
 
     def __init__(self) -> None:
         self.values = 0
@@ -256,6 +282,7 @@ class _Column:
         self.seasons: list[tuple[SeasonalProfile, _Baseline]] = []
         self._intervals: list[float] = []
         self._last_ts: float | None = None
+        self.active: int | None = None  # the baseline that scored the last value
 
     def floor(self) -> float:
         level = abs(self.plain.level)
@@ -356,7 +383,7 @@ class SeriesScorer:
         floor = col.floor()
         bases = [(None, col.plain), *col.seasons]
         stats: list[tuple[list[float], list[float]] | None] = []
-        chosen, best_sigma = None, math.inf
+        chosen, best_sigma, plain_sigma = None, math.inf, math.inf
         for i, (profile, base) in enumerate(bases):
             if base.warming or (profile is not None and ts is None):
                 stats.append(None)
@@ -364,10 +391,15 @@ class SeriesScorer:
             y = x if profile is None or ts is None else x - profile.value(ts)
             z = list(base.stats(y, floor, self._mem))
             stats.append((z, base.log_tails(z)))
-            sigma = base.sigma_level(floor)
+            sigma = base.fit_sigma(floor)
             if profile is None:
-                chosen, best_sigma = 0, _SEASON_MARGIN * sigma
-            elif ts is not None and base.seasoned and profile.ready(ts) and sigma < best_sigma:
+                chosen, plain_sigma = 0, sigma
+                continue
+            # Hysteresis: a seasonal baseline must beat the plain one by the margin to
+            # be chosen, and stays chosen while it is no worse than the plain one.
+            margin = 1.0 if col.active == i else _SEASON_MARGIN
+            usable = ts is not None and base.seasoned and profile.ready(ts)
+            if usable and sigma < margin * plain_sigma and sigma < best_sigma:
                 chosen, best_sigma = i, sigma
         return _Eval(floor, stats, chosen)
 
@@ -449,14 +481,14 @@ class SeriesScorer:
         for (profile, base), entry in zip(col.seasons, ev.stats[1:], strict=True):
             if ts is None:
                 continue
-            was_ready = profile.ready(ts)
             alarms = self._learn_base(base, x - profile.value(ts), floor, entry)
             if not base.warming and not alarms[0]:
                 profile.learn(ts, x - base.level, step)
-            if not was_ready and profile.ready(ts):
+            if not base.fresh and profile.ready(ts):
                 # The statistics seen while the profile was learning are not this
                 # baseline's normal: calibrate afresh from here.
                 base.recalibrate()
+        col.active = ev.chosen
         if col.last is not None and x != col.last:
             col.quantum = min(col.quantum, abs(x - col.last))
         col.last = x
