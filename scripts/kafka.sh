@@ -8,6 +8,8 @@
 #
 # Usage: scripts/kafka.sh start|stop|status|restart [--keep-data] [--secure]
 #        scripts/kafka.sh acl-spec        print the principals' ACLs (no broker needed)
+#        scripts/kafka.sh apply-acls      SCRAM users + ACLs on a running broker (compose)
+#        scripts/kafka.sh certs DIR       CA + broker certificate for docker-compose.yml
 #
 # By default every start begins with empty storage and stop deletes it (tests start
 # from a clean broker). With --keep-data, stop leaves the log dirs and metadata in
@@ -58,6 +60,7 @@ KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-19093}"
 KAFKA_HOME_DIR="${KAFKA_HOME_DIR:-/tmp/stepguard-kafka}"
 KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
 KAFKA_START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+KAFKA_BIN_DIR="${KAFKA_BIN_DIR:-/opt/kafka/bin}"
 
 LOG4J2_VERSION="2.25.5"            # matches what kafka-server 4.4.0 brings
 DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
@@ -357,6 +360,41 @@ acl_spec() {
 
 random_secret() { head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 32; }
 
+# A CA (ca.pem, ca.key) and a broker certificate for subjectAltName $2, in folder $1:
+# broker.pem is Kafka's PEM key store (PKCS#8 key, certificate, CA), CN=stepguard-broker
+# (the broker's principal on the mutual-TLS controller listener).
+make_certs() {
+  local dir="$1" san="$2"
+  (
+    umask 077
+    cd "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 365 \
+      -subj "/CN=stepguard-kafka-ca" -keyout ca.key -out ca.pem >/dev/null 2>&1
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -subj "/CN=stepguard-broker" -keyout broker.key -out broker.csr >/dev/null 2>&1
+    printf '%s\n' "subjectAltName=$san" "extendedKeyUsage=serverAuth,clientAuth" >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 \
+      -extfile broker.ext -out broker.crt >/dev/null 2>&1
+    openssl pkcs8 -topk8 -nocrypt -in broker.key -out broker.pk8
+    cat broker.pk8 broker.crt ca.pem >broker.pem
+    rm -f broker.csr broker.ext broker.key broker.pk8 broker.crt ca.srl
+  )
+}
+
+# certs DIR: the TLS material of docker-compose.yml's broker (SAN kafka, localhost) in
+# a new folder DIR (which must not exist: an existing folder is never trusted).
+cmd_certs() {
+  local dir="${1:?usage: $0 certs DIR}"
+  command -v openssl >/dev/null || die "openssl not found"
+  [[ -e "$dir" || -L "$dir" ]] && die "$dir exists: give a new folder"
+  mkdir -m 700 "$dir"
+  make_certs "$dir" "DNS:kafka,DNS:localhost,IP:127.0.0.1" || die "openssl failed"
+  # the apache/kafka image runs as uid 1000 (appuser): it must read the key store
+  chmod 640 "$dir/broker.pem"
+  chmod 644 "$dir/ca.pem"
+  log "CA and broker certificate in $dir (keep ca.key offline; mount broker.pem and ca.pem)"
+}
+
 # A fresh private folder with a CA, a broker certificate, passwords, the broker config,
 # the admin's client config and an env file per principal. Sets SECURE_DIR.
 make_secure_dir() {
@@ -364,22 +402,10 @@ make_secure_dir() {
   local dir
   dir="$(mktemp -d "${TMPDIR:-/tmp}/stepguard-kafka-secure.XXXXXXXX")"
   chmod 700 "$dir"
-  (
-    umask 077
-    cd "$dir"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
-      -subj "/CN=stepguard-kafka-ca" -keyout ca.key -out ca.pem >/dev/null 2>&1
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-      -subj "/CN=stepguard-broker" -keyout broker.key -out broker.csr >/dev/null 2>&1
-    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
-      "extendedKeyUsage=serverAuth,clientAuth" >broker.ext
-    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
-      -extfile broker.ext -out broker.crt >/dev/null 2>&1
-    # Kafka's PEM key store: the PKCS#8 key, then the certificate chain
-    openssl pkcs8 -topk8 -nocrypt -in broker.key -out broker.pk8
-    cat broker.pk8 broker.crt ca.pem >broker.pem
-    rm -f broker.csr broker.ext broker.key broker.pk8 ca.srl
-  ) || { rm -rf "$dir"; die "openssl could not make the certificates"; }
+  make_certs "$dir" "IP:127.0.0.1,DNS:localhost" || {
+    rm -rf "$dir"
+    die "openssl could not make the certificates"
+  }
   touch "$dir/.stepguard-kafka-secure"
   SECURE_DIR="$dir"
   echo "$dir" >"$SECURE_REF"
@@ -527,6 +553,74 @@ EOF
     return 1
   fi
   log "created $n ACLs for ${#PRINCIPALS[@]} principals (topics ${KAFKA_ACL_TOPIC_PREFIX}stepguard.*, groups $KAFKA_ACL_GROUP.*)"
+}
+
+# Kafka's own tools: its bin scripts where they exist (the apache/kafka image), else
+# the same main classes from the jars.
+kafka_cli() {
+  local name="$1"
+  shift
+  if [[ -x "$KAFKA_BIN_DIR/$name.sh" ]]; then
+    "$KAFKA_BIN_DIR/$name.sh" "$@"
+    return
+  fi
+  [[ -f "$LIBS/.complete" ]] || die "no $KAFKA_BIN_DIR/$name.sh and no jars in $LIBS"
+  set_log_opts
+  case "$name" in
+    kafka-acls) kafka_tool org.apache.kafka.tools.AclCommand "$@" ;;
+    kafka-configs) kafka_tool org.apache.kafka.tools.ConfigCommand "$@" ;;
+    *) die "unknown tool $name" ;;
+  esac
+}
+
+# DESCRIBE_CONFIGS -> DescribeConfigs (how kafka-acls spells operations)
+pascal_case() {
+  local out="" word words
+  IFS=_ read -ra words <<<"${1,,}"
+  for word in "${words[@]}"; do out+="${word^}"; done
+  echo "$out"
+}
+
+# apply-acls: on a running broker with SASL_SSL and an authorizer (docker-compose's
+# kafka-init), create each principal's SCRAM-SHA-512 credential and the ACLs of
+# acl_spec, as an admin. Needs KAFKA_BOOTSTRAP_SERVERS, KAFKA_ADMIN_CONFIG (the admin's
+# client properties) and KAFKA_PASSWORD_<PRINCIPAL> (e.g. KAFKA_PASSWORD_WORKER) for
+# every principal.
+cmd_apply_acls() {
+  : "${KAFKA_BOOTSTRAP_SERVERS:?set KAFKA_BOOTSTRAP_SERVERS}"
+  : "${KAFKA_ADMIN_CONFIG:?set KAFKA_ADMIN_CONFIG (the admin client properties)}"
+  local who var pw
+  for who in "${PRINCIPALS[@]}"; do
+    var="KAFKA_PASSWORD_${who^^}"
+    [[ -n "${!var:-}" ]] || die "$var is not set (the SCRAM password of principal $who)"
+  done
+  local admin=(--bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" --command-config "$KAFKA_ADMIN_CONFIG")
+  for who in "${PRINCIPALS[@]}"; do
+    var="KAFKA_PASSWORD_${who^^}"
+    pw="${!var}"
+    # kafka-configs takes SCRAM passwords on its command line only (its
+    # --add-config-file refuses SCRAM-SHA-512): run this where nobody else can see argv
+    # (the one-shot kafka-init container), never on a shared host
+    kafka_cli kafka-configs "${admin[@]}" --alter --entity-type users --entity-name "$who" \
+      --add-config "SCRAM-SHA-512=[password=$pw]" >/dev/null ||
+      die "could not set the SCRAM credential of $who"
+  done
+  # one kafka-acls per principal, resource kind and operations (all its names at once)
+  local principal rtype ptype ops names n args op
+  while read -r principal rtype ptype ops names; do
+    args=("${admin[@]}" --add --allow-principal "$principal" --resource-pattern-type "${ptype,,}")
+    for op in ${ops//,/ }; do args+=(--operation "$(pascal_case "$op")"); done
+    for n in $names; do
+      case "$rtype" in
+        TOPIC) args+=(--topic "$n") ;;
+        GROUP) args+=(--group "$n") ;;
+        *) die "unknown resource type $rtype" ;;
+      esac
+    done
+    kafka_cli kafka-acls "${args[@]}" >/dev/null || die "kafka-acls failed for $principal"
+  done < <(acl_spec | awk '{ k = $1 " " $2 " " $3 " " $5; if (!(k in n)) o[++c] = k; n[k] = n[k] " " $4 }
+                           END { for (i = 1; i <= c; i++) print o[i] n[o[i]] }')
+  log "SCRAM credentials and ACLs applied for ${#PRINCIPALS[@]} principals"
 }
 
 # ---------------------------------------------------------------- commands
@@ -711,9 +805,13 @@ cmd_status() {
 }
 
 usage() {
-  echo "usage: $0 start|stop|status|restart [--keep-data] [--secure] | acl-spec" >&2
+  echo "usage: $0 start|stop|status|restart [--keep-data] [--secure] | acl-spec | apply-acls | certs DIR" >&2
   exit 2
 }
+if [[ "${1:-}" == certs ]]; then
+  cmd_certs "${2:-}"
+  exit 0
+fi
 for opt in "${@:2}"; do
   case "$opt" in
     --keep-data) KEEP_DATA=1 ;;
@@ -732,5 +830,6 @@ case "${1:-}" in
   status) cmd_status ;;
   restart) cmd_stop; cmd_start ;;
   acl-spec) acl_spec ;;
+  apply-acls) cmd_apply_acls ;;
   *) usage ;;
 esac
