@@ -20,7 +20,6 @@ counted in :attr:`ArchivedJob.skipped` and left out, never fatal.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from detectors.frame import StepFrame
 from pipeline.archive.backend import ArchiveBackend
@@ -120,11 +120,20 @@ def job_ids(backend: ArchiveBackend, since: datetime | None = None) -> list[str]
 
 # -- records ---------------------------------------------------------------------------
 
-_STEP_COLS = (
-    "run, step, node, rank, local_rank, dp_group, pp_stage, tp_group, CAST(phase AS Int8), "
-    "step_time_s, compute_s, comm_wait_s, data_wait_s, isNull(loss), ifNull(loss, 0), "
-    "isNull(grad_norm), ifNull(grad_norm, 0), ts_ms"
+#: One row per (run, step): the step's ranks as arrays (a row per rank costs a Python
+#: tuple per rank-step on the way out of the backend; an array per step does not).
+_STEP_ARRAYS = (
+    "groupArray(node), groupArray(rank), groupArray(local_rank), groupArray(dp_group), "
+    "groupArray(pp_stage), groupArray(tp_group), groupArray(CAST(phase AS Int8)), "
+    "groupArray(step_time_s), groupArray(compute_s), groupArray(comm_wait_s), "
+    "groupArray(data_wait_s), groupArray(isNull(loss)), groupArray(ifNull(loss, 0)), "
+    "groupArray(isNull(grad_norm)), groupArray(ifNull(grad_norm, 0))"
 )
+
+
+def _floats(values: Any) -> npt.NDArray[np.float64]:
+    # NaN, inf: null or text in the JSON of some formats; numpy reads all of them
+    return np.asarray([math.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def _frames(backend: ArchiveBackend, job: str, max_rank_steps: int) -> list[StepFrame]:
@@ -139,46 +148,36 @@ def _frames(backend: ArchiveBackend, job: str, max_rank_steps: int) -> list[Step
             "calibrate on fewer or shorter jobs (--job) or raise the limit"
         )
     _, rows = backend.query(
-        f"SELECT {_STEP_COLS} FROM {db}.steps FINAL WHERE job_id = {{job:String}} "
-        "ORDER BY run, step, rank",
+        f"SELECT run, step, max(ts_ms), {_STEP_ARRAYS} FROM {db}.steps FINAL "
+        "WHERE job_id = {job:String} GROUP BY run, step ORDER BY run, step",
         {"job": job},
     )
-    if not rows:
-        return []
-    cols = list(zip(*rows, strict=True))
-    run = np.asarray(cols[0], dtype=object)
-    step = np.asarray(cols[1], dtype=np.int64)
-    node = np.asarray(cols[2], dtype=object)
-    ints = [np.asarray(c, dtype=np.int64) for c in cols[3:8]]
-    phase = np.asarray(cols[8], dtype=np.int8)
-    floats = [np.asarray(c, dtype=np.float64) for c in cols[9:13]]
-    loss_null, loss = np.asarray(cols[13], dtype=bool), np.asarray(cols[14], dtype=np.float64)
-    grad_null, grad = np.asarray(cols[15], dtype=bool), np.asarray(cols[16], dtype=np.float64)
-    ts_ms = np.asarray(cols[17], dtype=np.int64)
-    # rows come ordered by (run, step, rank): a frame is a run of equal (run, step)
-    change = np.flatnonzero((run[1:] != run[:-1]) | (step[1:] != step[:-1])) + 1
-    bounds = np.concatenate(([0], change, [len(rows)]))
     frames = []
-    for lo, hi in itertools.pairwise(bounds):
-        sl = slice(int(lo), int(hi))
-        names, node_idx = np.unique(node[sl].astype(str), return_inverse=True)
-        st = floats[0][sl]
-        ts = float(ts_ms[sl].max()) / 1000.0
-        lo_ = loss[sl].copy()
-        lo_[loss_null[sl]] = np.nan
-        gr = grad[sl].copy()
-        gr[grad_null[sl]] = np.nan
+    for r in rows:
+        rank = np.asarray(r[4], dtype=np.int64)
+        order = np.argsort(rank, kind="stable")  # groupArray keeps no order of its own
+
+        def col(i: int, dtype: Any, order: Any = order, r: Any = r) -> Any:
+            return np.asarray(r[i], dtype=dtype)[order]
+
+        names, node_idx = np.unique(np.asarray(r[3], dtype=str)[order], return_inverse=True)
+        st = _floats(r[10])[order]
+        ts = int(r[2]) / 1000.0
+        loss_null, grad_null = col(14, bool), col(16, bool)
+        loss, grad = _floats(r[15])[order], _floats(r[17])[order]
+        loss[loss_null] = np.nan
+        grad[grad_null] = np.nan
         frames.append(
             StepFrame(
-                job_id=job, step=int(step[lo]), ts=ts,
+                job_id=job, step=int(r[1]), ts=ts,
                 # the archive keeps the end of a step only: its start is its wall time back
                 ts_start=ts - float(st.max()), nodes=tuple(str(x) for x in names),
-                rank=ints[0][sl].copy(), node_idx=node_idx.astype(np.int32),
-                local_rank=ints[1][sl].astype(np.int32), dp_group=ints[2][sl].astype(np.int32),
-                pp_stage=ints[3][sl].astype(np.int32), tp_group=ints[4][sl].astype(np.int32),
-                phase=phase[sl].copy(), step_time=st.copy(), compute=floats[1][sl].copy(),
-                comm_wait=floats[2][sl].copy(), data_wait=floats[3][sl].copy(),
-                loss=lo_, grad_norm=gr, has_loss=~loss_null[sl], has_grad_norm=~grad_null[sl],
+                rank=rank[order], node_idx=node_idx.astype(np.int32),
+                local_rank=col(5, np.int32), dp_group=col(6, np.int32),
+                pp_stage=col(7, np.int32), tp_group=col(8, np.int32), phase=col(9, np.int8),
+                step_time=st, compute=_floats(r[11])[order], comm_wait=_floats(r[12])[order],
+                data_wait=_floats(r[13])[order], loss=loss, grad_norm=grad,
+                has_loss=~loss_null, has_grad_norm=~grad_null,
             )
         )  # fmt: skip
     frames.sort(key=lambda f: (f.ts, f.step))
