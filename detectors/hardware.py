@@ -64,6 +64,9 @@ from schemas.telemetry import NodeHealth
 __all__ = ["FATAL_XIDS", "HEALTH_SIGNALS", "HardwareDetector", "Prepared"]
 
 F64 = npt.NDArray[np.float64]
+#: A fleet median SM clock below this (MHz) is no running GPU: the clock offsets and
+#: the thermal signal wait (a ratio against ~0 overflows).
+_MIN_CLOCK_MHZ = 1.0
 
 #: Signals produced from NodeHealth reports.
 HEALTH_SIGNALS: frozenset[str] = (
@@ -153,7 +156,7 @@ class HardwareDetector:
         if not warm.any():
             return out
         # thermal: peer-relative temperature against the GPU's own offset
-        if math.isfinite(f_temp) and math.isfinite(f_clock) and f_clock > 0:
+        if math.isfinite(f_temp) and math.isfinite(f_clock) and f_clock >= _MIN_CLOCK_MHZ:
             off_t = st.temp_off.mean[p]
             excess = temp - f_temp - off_t
             drop = st.clock_off.mean[p] - clock / f_clock
@@ -266,7 +269,7 @@ class HardwareDetector:
         if (
             math.isfinite(f_temp)
             and math.isfinite(f_clock)
-            and f_clock > 0
+            and f_clock >= _MIN_CLOCK_MHZ
             and "thermal" not in skip
         ):
             st.temp_off.update(pos, temp - f_temp)
