@@ -7,6 +7,8 @@ database through the archiver's row mapping (``pipeline.calibrate_seed``), then:
 - **load**: ``archived_jobs`` reads it back (steps into frames, health, labels);
 - **detector**: ``JobMonitor.process_step`` + ``tick`` on the loaded frames, nothing
   else (the detector_throughput approach, on the same records: the same-run baseline);
+- **detector + health**: the same plus ``process_health`` of the job's health reports
+  before the step they precede (what the detectors themselves cost on these records);
 - **replay**: ``pipeline.calibrate.replay`` (the detection core with health, commands,
   lifecycle, clock ticks across gaps) and judging against the labels, one process;
 - **grid**: ``calibrate`` over a grid of settings with 1 and with N spawned processes,
@@ -74,7 +76,20 @@ def run(nodes: int, steps: int, processes: int, repeats: int) -> dict:  # type: 
             mon.process_step(f)
             mon.tick(f.ts)
 
+    health = sorted(job.health, key=lambda h: h.ts)
+
+    def detector_and_health() -> None:
+        mon = JobMonitor(job.job_id, cfg)
+        i = 0
+        for f in job.frames:
+            while i < len(health) and health[i].ts.timestamp() <= f.ts:
+                mon.process_health(health[i])
+                i += 1
+            mon.process_step(f)
+            mon.tick(f.ts)
+
     det_s = _best_of(repeats, detector_only)
+    det_h_s = _best_of(repeats, detector_and_health)
     replay_s = _best_of(repeats, lambda: score_job(job, replay(job, cfg)))
     points = 1 + 6  # the running settings + the grid
     grid_wall = {}
@@ -89,7 +104,9 @@ def run(nodes: int, steps: int, processes: int, repeats: int) -> dict:  # type: 
         "load_rank_steps_per_s": round(rs / load_s),
         "detector_rank_steps_per_s": round(rs / det_s),
         "replay_rank_steps_per_s": round(rs / replay_s),
+        "detector_health_rank_steps_per_s": round(rs / det_h_s),
         "replay_over_detector": round(det_s / replay_s, 3),
+        "replay_over_detector_health": round(det_h_s / replay_s, 3),
         "grid_points": points,
         "grid_rank_steps_per_s": {p: round(points * rs / w) for p, w in grid_wall.items()},
         "grid_wall_s": {p: round(w, 2) for p, w in grid_wall.items()},
@@ -106,7 +123,9 @@ def markdown(results: list[dict], env: dict) -> str:  # type: ignore[type-arg]
         "",
         "One simulated job with a straggler archived into chDB, read back by "
         "`stepguard calibrate`'s loader, then replayed. *detector*: `JobMonitor.process_step`"
-        " + `tick` alone on the same loaded frames (the same-run baseline); *replay*: the "
+        " + `tick` alone on the same loaded frames (the same-run baseline, as in the "
+        "detector throughput section); *detector + health*: the same with the job's health "
+        "reports (`process_health`); *replay*: the "
         "detection core driven as calibrate drives it (health held and released, clock "
         "ticks across gaps) plus judging the alerts; *grid*: `calibrate` over the running "
         "settings + 6 grid points, wall time including spawning the processes. Best of "
@@ -114,15 +133,16 @@ def markdown(results: list[dict], env: dict) -> str:  # type: ignore[type-arg]
         "noisy while the ratio is measured back to back.",
         "",
         "| ranks | rank-steps | load rank-steps/s | detector rank-steps/s | replay rank-steps/s "
-        "| replay / detector | " + " | ".join(f"grid ({p} proc) rank-steps/s" for p in procs)
-        + " |",
-        "|---:|---:|---:|---:|---:|---:|" + "---:|" * len(procs),
+        "| detector + health rank-steps/s | replay / detector | replay / (detector + health) | "
+        + " | ".join(f"grid ({p} proc) rank-steps/s" for p in procs) + " |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(procs),
     ]  # fmt: skip
     for r in results:
         lines.append(
             f"| {r['ranks']:,} | {r['rank_steps']:,} | {r['load_rank_steps_per_s']:,} | "
             f"{r['detector_rank_steps_per_s']:,} | {r['replay_rank_steps_per_s']:,} | "
-            f"{r['replay_over_detector']:.2f} | "
+            f"{r['detector_health_rank_steps_per_s']:,} | {r['replay_over_detector']:.2f} | "
+            f"{r['replay_over_detector_health']:.2f} | "
             + " | ".join(f"{r['grid_rank_steps_per_s'].get(p, 0):,}" for p in procs)
             + " |"
         )
