@@ -139,6 +139,8 @@ class HardwareDetector:
         """Findings of a report read by :meth:`prepare` (reads state only)."""
         msg = prep.msg
         st = self._nodes.get(msg.node) or NodeState()
+        st.upgrade()
+        self._fleet.upgrade()
         node = msg.node
         indices, temp, clock = prep.indices, prep.temp, prep.clock
         pos = st.positions(indices, None, node)
@@ -246,6 +248,8 @@ class HardwareDetector:
         st = self._nodes.get(node)
         if st is None:
             st = self._nodes[node] = NodeState()
+        st.upgrade()
+        self._fleet.upgrade()
         ts = prep.ts
         if ts <= st.last_ts:
             return

@@ -140,7 +140,9 @@ def link_findings(
     ):
         if not x.any():
             continue
-        now = _short(short.mean[p], np.where(seen, short.n[p], 0), x, alpha)
+        # before its first clock reason a node's fractions only count in gpu_n
+        learned = short.n[p] if st.throttled else st.gpu_n[p]
+        now = _short(short.mean[p], np.where(seen, learned, 0), x, alpha)
         ref = np.maximum(np.where(seen, base.mean[p], 0.0), f_med)
         excess = np.where(warm, now - ref, 0.0)
         i = int(np.argmax(excess))

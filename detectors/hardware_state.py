@@ -166,6 +166,17 @@ class NodeState:
     _key: tuple[int, ...] = ()
     _idx: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
+    def upgrade(self) -> None:
+        """Fill the fields a state written before NodeHealth v2 lacks (a worker
+        restored from an older snapshot): throttle fractions that learned nothing."""
+        if "thr_short" in vars(self):
+            return
+        n = self.gpu_n.shape[0]
+        self.thr_short = EWArrays(n, THROTTLE_SHORT_ALPHA)
+        self.thr_base = EWArrays(n, THROTTLE_BASE_ALPHA, warmup=5)
+        self.pcap_short = EWArrays(n, THROTTLE_SHORT_ALPHA)
+        self.pcap_base = EWArrays(n, THROTTLE_BASE_ALPHA, warmup=5)
+
     def positions(self, indices: tuple[int, ...], fleet: FleetState | None, node: str) -> I64:
         """Positions of the GPUs of a report (registering new GPUs when ``fleet``)."""
         if indices == self._key:
@@ -327,6 +338,12 @@ class FleetState:
     throttle_medians: tuple[float, float] = (0.0, 0.0)
     updates: int = 0
     fresh: bool = False
+
+    def upgrade(self) -> None:
+        """Fill the fields a state written before NodeHealth v2 lacks."""
+        if "thr" not in vars(self):
+            self.thr = np.zeros(self.temp.shape[0])
+            self.pcap = np.zeros(self.temp.shape[0])
 
     def add_gpu(self, node: str, index: int) -> int:
         """Give a new GPU its fleet slot."""

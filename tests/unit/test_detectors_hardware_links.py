@@ -118,6 +118,15 @@ def test_sustained_thermal_slowdown_on_one_node_warns():
     }
 
 
+def test_the_first_report_of_a_reason_weighs_as_one_report():
+    hw = HardwareDetector()
+    for i in range(8):
+        for n in NODES:
+            hw.learn_one(report(n, i))
+    (f,) = hw.score_one(report("n1", 8, bad=True, throttle_reasons=("hw_thermal_slowdown",)))
+    assert f.signal == "clock_throttle" and abs(f.score - 0.3) < 1e-9
+
+
 def test_one_report_of_throttling_is_not_sustained():
     alerts = run(lambda n, i: {"bad": n == "n6" and i == 15, "throttle_reasons": ("hw_slowdown",)})
     assert alerts == []
@@ -156,3 +165,27 @@ def test_version_1_report_without_link_fields_scores_as_before():
     msg = NodeHealth.model_validate_json(raw)
     assert msg.schema_version == 1 and msg.gpus[0].pcie_gen is None
     assert HardwareDetector().score_one(msg) == []
+
+
+def test_a_detector_restored_from_a_state_older_than_v2_keeps_working():
+    from pipeline import statecodec
+
+    hw = HardwareDetector()
+    for i in range(8):
+        for n in NODES:
+            hw.learn_one(report(n, i))
+    # what a snapshot written before NodeHealth v2 holds: no throttle fields
+    for st in hw._nodes.values():
+        for name in ("thr_short", "thr_base", "pcap_short", "pcap_base", "throttled"):
+            vars(st).pop(name, None)
+    for name in ("thr", "pcap", "throttle_medians"):
+        vars(hw._fleet).pop(name, None)
+    old = statecodec.loads(statecodec.dumps(hw))
+    capped = report("n1", 8, bad=True, throttle_reasons=("hw_slowdown",), pcie_width=4)
+    scores = {f.signal: f.score for f in old.score_one(capped)}
+    assert scores["pcie_downtrain"] == 0.75 and 0 < scores["clock_throttle"] < 0.5
+    for i in range(8, 14):
+        for n in NODES:
+            old.learn_one(report(n, i, bad=n == "n1", throttle_reasons=("hw_slowdown",)))
+    (f,) = old.score_one(report("n1", 14, bad=True, throttle_reasons=("hw_slowdown",)))
+    assert f.signal == "clock_throttle" and f.score > 0.5
