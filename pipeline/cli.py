@@ -150,6 +150,53 @@ def compare(
 
 
 @app.command()
+def plan(
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the job.")] = 1024,
+    days: Annotated[float, typer.Option(min=0.01, help="Job length (wall days).")] = 21.0,
+    checkpoint_s: Annotated[
+        float, typer.Option(min=1, help="Checkpoint interval today (wall seconds).")
+    ] = 300.0,
+    rates: Annotated[
+        Path | None, typer.Option(help="JSON/TOML fault rates and delays (see README).")
+    ] = None,
+    sweep_gpus: Annotated[
+        str | None, typer.Option(help="Comma-separated scales, e.g. 64,512,4096,16384.")
+    ] = None,
+    sweep_days: Annotated[
+        str | None, typer.Option(help="Job lengths for the sweep (default: 7,DAYS,60).")
+    ] = None,
+    replicates: Annotated[int, typer.Option(min=2, help="Monte-Carlo replicates.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    plot_path: Annotated[Path | None, typer.Option("--plot", help="Save a PNG here.")] = None,
+) -> None:
+    """Monte-Carlo of a job's faults under passive, active and hybrid policies: lost
+    GPU-hours and goodput with 95% CIs, the best checkpoint interval beside Young/Daly,
+    the spare pool; --sweep-gpus says which policy wins at which scale."""
+    from pipeline.plan import run_plan
+
+    def numbers(text: str | None, kind: type) -> list:
+        try:
+            return [kind(x) for x in (text or "").split(",") if x.strip()]
+        except ValueError as exc:
+            raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from exc
+
+    g = numbers(sweep_gpus, int)
+    d = numbers(sweep_days, float) or (sorted({7.0, days, 60.0}) if g else [])
+    if any(x < 1 for x in g) or any(x <= 0 for x in d):
+        raise typer.BadParameter("sweep GPUs must be >= 1 and days > 0")
+    try:
+        run_plan(
+            console, err, gpus=gpus, days=days, checkpoint_s=checkpoint_s, rates_path=rates,
+            sweep_gpus=g, sweep_days=d, replicates=replicates, seed=seed,
+            json_path=json_path, plot_path=plot_path,
+        )  # fmt: skip
+    except StepguardError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
 def calibrate(
     job: Annotated[list[str] | None, typer.Option(help="Job id (repeat for more).")] = None,
     since: Annotated[str | None, typer.Option(help="Every job with steps since, e.g. 30d.")] = None,

@@ -11,6 +11,9 @@ what the policy costs, not how the bytes travel):
   actuator's policy act at once, within the same guardrails as production.
 - **hybrid**: the same decisions, applied only after a modelled human approval delay.
 
+The three policies are :data:`pipeline.plan.RULES`: ``stepguard plan`` runs the same
+rules over thousands of whole-job fault traces at event level, so the two cannot drift.
+
 Lost GPU-hours = (wall time - useful steps x ideal step time) x ranks: everything the
 job paid for beyond a perfect run (slow steps, stalls, relaunches, redone steps,
 checkpoint saves).
@@ -27,13 +30,12 @@ from typing import Any
 
 from pipeline.actuator.policy import Policy, PolicyParams
 from pipeline.detection import JobDetection
+from pipeline.plan import POLICIES, RULES
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from schemas import ActuatorMode, Command, CommandKind
 
 __all__ = ["POLICIES", "PolicyResult", "compare", "run_policy"]
-
-POLICIES = ("passive", "active", "hybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ def run_policy(
     """Play ``scenario`` under one policy and account for what it cost."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    rules = RULES[policy]
     job = SimulatedJob(scenario)
     controller = JobController(job)
     nominal = job.nominal_step_s
@@ -81,7 +84,7 @@ def run_policy(
     faulty = {t.node for t in truth if t.node}
     onset_ts: dict[str, float] = {}
     remedy_ts: dict[str, float] = {}
-    detection = JobDetection(scenario.job) if policy != "passive" else None
+    detection = JobDetection(scenario.job) if rules.detects else None
     actuator = Policy(
         PolicyParams(
             mode=ActuatorMode.AUTO, spare_nodes=tuple(job.spare_pool),
@@ -110,14 +113,14 @@ def run_policy(
             if ev.frame is not None:
                 decided += actuator.on_progress(scenario.job, ev.frame.step, now, now).commands
         if decided:
-            if policy == "hybrid":
+            if rules.human_approval:
                 heapq.heappush(delayed, (ev.ts + approval_delay_s, seq, decided))
                 seq += 1
             else:
                 _apply(controller, decided, job.step)
         while delayed and delayed[0][0] <= ev.ts:
             _apply(controller, heapq.heappop(delayed)[2], job.step)
-        if policy == "passive" and job.stalled and job.stall_kind in ("hang", "dead"):
+        if rules.relaunch_on_timeout and job.stalled and job.stall_kind in ("hang", "dead"):
             since = job.stalled_since or ev.ts
             if ev.ts - since >= comm_timeout_steps * nominal:
                 dead = job.dead_nodes
