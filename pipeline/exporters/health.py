@@ -132,8 +132,9 @@ class NvmlReader:
                 continue
             errors += sum(counts[c] for c in NVLINK_COUNTERS)
             replay += counts[NVLINK_REPLAY_COUNTER]
-            crc += counts[2] + max(
-                0, int(self._call(0, "nvmlDeviceGetNvLinkErrorCounter", h, link, 3))
+            flit, data = NVLINK_CRC_COUNTERS
+            crc += counts[flit] + max(
+                0, int(self._call(0, "nvmlDeviceGetNvLinkErrorCounter", h, link, data))
             )
         return max(0, errors), max(0, crc), max(0, replay), active
 
