@@ -182,7 +182,7 @@ def daly_interval_s(save_s: float, mtbf_s: float) -> float:
     ``C < 2M``, else ``M``.
 
     >>> round(daly_interval_s(30, 3600 * 50))
-    3267
+    3266
     """
     if save_s >= 2 * mtbf_s:
         return mtbf_s
