@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 
-from _common import command_line, environment, write_section
+from _common import command_line, cores_busy, environment, write_section
 
 from detectors.config import MonitorConfig
 from detectors.engine import JobMonitor
@@ -130,7 +131,9 @@ def markdown(results: list[dict], env: dict) -> str:  # type: ignore[type-arg]
         "ticks across gaps) plus judging the alerts; *grid*: `calibrate` over the running "
         "settings + 6 grid points, wall time including spawning the processes. Best of "
         "the repeats; the machine was shared with other work, so absolute figures are "
-        "noisy while the ratio is measured back to back.",
+        "noisy while the ratios are measured back to back"
+        + (f" (the machine's cores busy during the run, other work included: "
+           f"{env['cores_busy']})." if "cores_busy" in env else "."),
         "",
         "| ranks | rank-steps | load rank-steps/s | detector rank-steps/s | replay rank-steps/s "
         "| detector + health rank-steps/s | replay / detector | replay / (detector + health) | "
@@ -160,10 +163,15 @@ def main() -> None:
     args = ap.parse_args()
     env = environment(command_line(), ("numpy", "river", "chdb", "pydantic"))
     results = []
+    before = cores_busy()
     for n in (int(x) for x in args.nodes.split(",")):
         r = run(n, args.steps, args.processes, args.repeats)
         print(json.dumps(r))
         results.append(r)
+    after = cores_busy()
+    if before is not None and after is not None and after[1] > before[1]:
+        busy = (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
+        env["cores_busy"] = f"{busy:.2f} of {os.cpu_count()}"
     md = markdown(results, env)
     print(md)
     if args.json:
