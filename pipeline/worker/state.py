@@ -45,6 +45,7 @@ from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from pipeline import statecodec
 from pipeline.actuator.signing import PublicKeys, check_command, signature_problem
+from pipeline.clockskew import future_dated
 from pipeline.detection import JobDetection
 from pipeline.errors import CapacityError
 from pipeline.fastdecode import decode_step
@@ -750,16 +751,12 @@ class WorkerCore:
         token: Any,
     ) -> Handled | None:
         """A dead letter for a record dated beyond wall clock + ``max_clock_skew_s``."""
-        if self.max_clock_skew_s is None:
-            return None
-        ahead = ts - time.time()
-        if ahead <= self.max_clock_skew_s:
+        error = future_dated(
+            ts, self.max_clock_skew_s, now=time.time(), field="event time", whose="this worker's"
+        )
+        if error is None:
             return None
         self.future_dated += 1
-        error = (
-            f"event time {ts:.3f} is {ahead:.0f}s ahead of this worker's clock, over "
-            f"STEPGUARD_MAX_CLOCK_SKEW_S={self.max_clock_skew_s:g}"
-        )
         log.warning("%s[%d]@%d refused: %s", topic, partition, offset, error)
         letter = _dead_letter(value, error, topic, partition, offset, key, "clock")
         return Handled(dead_letters=[letter], release=[token])
