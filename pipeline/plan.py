@@ -476,17 +476,18 @@ def plot(result: PlanResult | None, cells: Sequence[SweepCell], path: Path) -> P
 
     fig, axes = plt.subplots(1, 2 if cells else 1, figsize=(11 if cells else 6, 4))
     ax_list = list(np.atleast_1d(axes))
+    colors = {"passive": "tab:red", "active": "tab:green", "hybrid": "tab:blue"}
     if result is not None:
         ax = ax_list[0]
         for i, p in enumerate(POLICIES):
             e = result.policies[p].lost_gpu_hours
-            ax.bar(i, e.mean, yerr=[[e.mean - e.ci_low], [e.ci_high - e.mean]], capsize=4)
+            ax.bar(i, e.mean, yerr=[[e.mean - e.ci_low], [e.ci_high - e.mean]], capsize=4,
+                   color=colors[p])  # fmt: skip
         ax.set_xticks(range(len(POLICIES)), POLICIES)
         ax.set_title(f"lost GPU-h, {result.gpus} GPUs x {result.days:g} days")
     if cells:
         ax = ax_list[-1]
         styles = ["-", "--", ":", "-."]
-        colors = {"passive": "tab:red", "active": "tab:green", "hybrid": "tab:blue"}
         for j, d in enumerate(sorted({c.days for c in cells})):
             row = sorted((c for c in cells if c.days == d), key=lambda c: c.gpus)
             xs = [c.gpus for c in row]
