@@ -12,7 +12,12 @@ applied, in the rebuild as afterwards (a replayed old change is not applied agai
 rebuild applies control state (mode, thresholds, spares) in order but never replays a
 one-shot action: a ``reset_breaker`` closes no breaker that tripped after it (breakers
 are reopened from the signed refusal that tripped them). Alerts count only when a
-worker key signed them. Then it consumes decisions, approvals and control messages;
+worker key signed them. A decision, approval or control message dated more than
+``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond the actuator's clock is a dead letter (stage
+``clock``, its source coordinates; the message as decoded) and never reaches the policy;
+in the rebuild a control message is judged against the earlier of its broker time and
+now, so what was refused live is not applied after a restart. Then it consumes
+decisions, approvals and control messages;
 for each poll it lets time pass in the policy (holds expire, breakers close),
 publishes the signed commands, action records and guardrail alerts, waits for the
 broker's acks and only then commits the consumed offsets. A crash anywhere in between
@@ -34,6 +39,7 @@ from kafka import KafkaProducer
 
 from pipeline.actuator.policy import Outcome, Policy, PolicyParams
 from pipeline.actuator.signing import public_keys, sign, signature_problem, signing_key
+from pipeline.clockskew import future_dated
 from pipeline.kafka import (
     Decoded,
     assigned_consumer,
@@ -46,7 +52,16 @@ from pipeline.kafka import (
 )
 from pipeline.metrics import ActuatorMetrics
 from pipeline.settings import Settings
-from schemas import ActionRecord, Alert, AlertKind, Approval, Command, ControlMessage
+from schemas import (
+    ActionRecord,
+    Alert,
+    AlertKind,
+    Approval,
+    Command,
+    ControlMessage,
+    DeadLetter,
+    encode,
+)
 
 __all__ = ["ACTUATOR_TOPICS", "Actuator", "ActuatorStats"]
 
@@ -75,6 +90,9 @@ class ActuatorStats:
     refused: int = 0
     #: action records read back that no actuator key signed (ignored by the rebuild)
     unsigned_records: int = 0
+    #: inputs dated beyond the clock + STEPGUARD_MAX_CLOCK_SKEW_S (dead letters; in the
+    #: rebuild, control messages ignored)
+    future_dated: int = 0
 
 
 class Actuator:
@@ -191,6 +209,8 @@ class Actuator:
         if rec.offset <= self._control_seen:
             return Outcome(note="control already applied")
         self._control_seen = rec.offset
+        if replay and (late := self._replayed_from_the_future(rec, now)) is not None:
+            return late
         problem = signature_problem(msg, self._operator_keys)
         if problem is None and msg.change_id in self._control_ids:
             problem = f"change {msg.change_id} already applied (replay)"
@@ -206,6 +226,43 @@ class Actuator:
             self._control_ids.popitem(last=False)
         log.info("control %s by %s: %s", msg.change_id, msg.by, msg.reason or "(no reason)")
         return self.policy.on_control(msg, now, replay=replay)
+
+    def _replayed_from_the_future(self, rec: Decoded, now: datetime) -> Outcome | None:
+        """A control message read back that was dated too far ahead when it was
+        written (judged against the earlier of its broker time and now: the live check
+        refused it then, so the rebuild must not apply it now that its time has come)."""
+        msg = rec.message
+        assert isinstance(msg, ControlMessage)
+        written = now.timestamp()
+        if rec.timestamp_ms > 0:
+            written = min(written, rec.timestamp_ms / 1000)
+        problem = future_dated(msg.ts, self.settings.max_clock_skew_s, now=written)
+        if problem is None:
+            return None
+        self.stats.future_dated += 1
+        log.warning("rebuild: not applying control %s from %s at %s[%d]@%d: %s", msg.change_id,
+                    msg.by, rec.topic, rec.partition, rec.offset, problem)  # fmt: skip
+        return Outcome(note=f"control refused: {problem}")
+
+    def future_letter(self, rec: Decoded, now: datetime) -> DeadLetter | None:
+        """The dead letter of an input dated beyond ``now`` + the allowed skew, or None.
+
+        Its ``raw`` is the message as decoded (unknown fields dropped), its source the
+        record's topic, partition and offset."""
+        ts = getattr(rec.message, "ts", None)
+        if not isinstance(ts, datetime):
+            return None
+        problem = future_dated(ts, self.settings.max_clock_skew_s, now=now,
+                               whose="the actuator's")  # fmt: skip
+        if problem is None:
+            return None
+        self.stats.future_dated += 1
+        log.warning("dead letter from %s[%d]@%d: %s %s", rec.topic, rec.partition, rec.offset,
+                    type(rec.message).__name__, problem)  # fmt: skip
+        return DeadLetter(
+            source_topic=rec.topic, partition=rec.partition, offset=rec.offset,
+            raw=encode(rec.message), error=problem[:2000], stage="clock", ts=now,
+        )  # fmt: skip
 
     def handle(self, rec: Decoded) -> Outcome:
         """One decoded input to an outcome (no I/O)."""
@@ -265,7 +322,12 @@ class Actuator:
         n = 0
         for rec in consume_decoded(self._consumer, self.registry, self._producer, timeout_ms):
             n += 1
-            refused = self.stats.refused + self.stats.unsigned_alerts
+            refused = self._refused()
+            letter = self.future_letter(rec, self._clock())
+            if letter is not None:  # never reaches the policy; committed with the rest
+                futures.append(publish(self._producer, self.registry, "deadletter", letter))
+                self._count_input(rec, Outcome(note="dated in the future"), refused)
+                continue
             out = self.handle(rec)
             self._count_input(rec, out, refused)
             if not (out.commands or out.records or out.alerts):
@@ -295,7 +357,7 @@ class Actuator:
         """Metrics of one input: its topic; an alert's grade and what came of it."""
         m = self.metrics
         m.inputs.labels(self.registry.logical_of(rec.topic) or rec.topic).inc()
-        refused = self.stats.refused + self.stats.unsigned_alerts > refused_before
+        refused = self._refused() > refused_before
         msg = rec.message
         if isinstance(msg, Alert):
             acted = bool(out.commands or out.records or out.alerts)
@@ -303,6 +365,9 @@ class Actuator:
             m.alerts.labels(msg.grade.value, result).inc()
         elif refused:
             m.refused.inc()
+
+    def _refused(self) -> int:
+        return self.stats.refused + self.stats.unsigned_alerts + self.stats.future_dated
 
     def run(self, stop: Callable[[], bool]) -> ActuatorStats:
         while not stop():

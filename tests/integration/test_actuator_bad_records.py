@@ -3,9 +3,8 @@ approvals, control) is a dead letter with its source coordinates, the running ac
 goes on, handles the good records after it on all three topics, and commits past them.
 
 Bad here: bytes that are not JSON, a message of the wrong kind, and a signature that is
-not even well-formed (it used to make the verifier raise). A well-formed message dated
-a day ahead is not a dead letter for the actuator: it stales only its own job (per-job
-staleness), so the good job's alert after it is still acted on.
+not even well-formed (it used to make the verifier raise), and a well-formed, signed
+alert dated a day ahead (beyond ``STEPGUARD_MAX_CLOCK_SKEW_S``: stage ``clock``).
 """
 
 from __future__ import annotations
@@ -99,10 +98,10 @@ def test_a_bad_record_on_every_topic_is_dead_lettered_and_the_good_ones_handled(
             sent("control", b"[]"),
             sent("control", _garbled(to_approve)),
         ]
-        # well-formed, signed, dated a day ahead: stales only its own job
+        # well-formed, signed, dated a day ahead: beyond the allowed clock skew
         ahead = _alert("job-evil", "node-9", now + timedelta(days=1))
-        good = [publish(producer, registry, "decisions", ahead).get(30),
-                publish(producer, registry, "control", to_approve).get(30)]  # fmt: skip
+        lettered.append(publish(producer, registry, "decisions", ahead).get(30))
+        good = [publish(producer, registry, "control", to_approve).get(30)]
     finally:
         producer.close()
     act = Actuator(s)
@@ -138,6 +137,8 @@ def test_a_bad_record_on_every_topic_is_dead_lettered_and_the_good_ones_handled(
     assert coords == {(m.topic, m.partition, m.offset) for m in lettered}
     garbled = [d for d in letters if d.raw.count(b"\\u00e9") or b'"ab' in d.raw]
     assert len(garbled) == 3 and all("signature" in d.error for d in garbled)
+    (future,) = [d for d in letters if d.stage == "clock"]
+    assert "STEPGUARD_MAX_CLOCK_SKEW_S=300" in future.error and b"job-evil" in future.raw
     # committed past every record it read: a restarted actuator reads none of them again
     committed = KafkaConsumer(
         **client_config(s), group_id=f"{s.consumer_group}.actuator", enable_auto_commit=False
