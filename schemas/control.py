@@ -13,6 +13,9 @@ Examples
 >>> t = datetime(2026, 1, 1, tzinfo=timezone.utc)
 >>> ControlMessage(change_id="c1", mode=ActuatorMode.APPROVE, by="sre", ts=t).scope
 'actuator'
+>>> ControlMessage(change_id="c2", action_modes={"replace_at_checkpoint": "auto"},
+...                by="sre", ts=t).action_modes
+{<RecommendedAction.REPLACE_AT_CHECKPOINT: 'replace_at_checkpoint'>: 'auto'}
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ from typing import Literal
 from pydantic import AwareDatetime, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from schemas._base import KeyId, Message, Signature
-from schemas.alerts import Alert
+from schemas.alerts import Alert, RecommendedAction
 from schemas.commands import ActuatorMode, Command
 
-__all__ = ["ActionRecord", "ActionState", "ControlMessage"]
+__all__ = ["ActionRecord", "ActionState", "ControlMessage", "ModeOverride"]
+
+#: ``ControlMessage.action_modes`` value: a mode for the kind, or ``default`` (follow
+#: the global mode again)
+ModeOverride = Literal["observe", "approve", "auto", "default"]
 
 
 class ActionState(StrEnum):
@@ -62,6 +69,12 @@ class ControlMessage(Message):
         default=None, description="Node count of job_id, for the percentage guardrail."
     )
     reset_breaker: bool = Field(default=False, description="Close open circuit breakers.")
+    action_modes: dict[RecommendedAction, ModeOverride] | None = Field(
+        default=None,
+        max_length=len(RecommendedAction),
+        description="Per action kind, a mode that overrides the global one ('default' "
+        "removes the override); kinds not named keep theirs.",
+    )
     by: str = Field(min_length=1, max_length=256)
     reason: str = ""
     ts: AwareDatetime

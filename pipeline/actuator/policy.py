@@ -13,6 +13,10 @@ alert dated in the future stales only its own job) and how long a WARNING has
 persisted. Isolations are bounded per job (the circuit breaker) and across all jobs
 (``max_isolations_global`` per window), so invented job ids do not bypass the bound.
 
+Modes are per action kind: ``PolicyParams.action_modes`` overrides the global mode
+for a kind (say auto for straggler replacement, approve for restarts), set at runtime
+by a control message; a global OBSERVE still stops every kind.
+
 Held actions (approve mode) are announced: a NOTIFY command for the webhook and a
 GUARDRAIL alert on the decisions topic, both naming the action id and the held alert's
 kind, grade, node, rank and age. Undecided after ``hold_ttl_s`` a hold expires: a
@@ -119,6 +123,9 @@ class PolicyParams:
     hold_ttl_s: float = 1800.0
     #: hard cap of every per-episode, per-command, per-action and per-node map
     max_tracked: int = 10_000
+    #: per action kind, a mode that overrides ``mode`` (sorted pairs, one per kind);
+    #: a global OBSERVE still stops every kind (the emergency brake)
+    action_modes: tuple[tuple[RecommendedAction, ActuatorMode], ...] = ()
 
     def __post_init__(self) -> None:
         if self.command_ttl_s <= 0:
@@ -137,6 +144,28 @@ class PolicyParams:
             raise ValueError("max_isolation_pct must be within [0, 100]")
         if self.window_s <= 0:
             raise ValueError("window_s must be positive")
+        kinds = [k for k, _ in self.action_modes]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"action_modes names a kind twice: {kinds}")
+        for kind, mode in self.action_modes:
+            if not isinstance(kind, RecommendedAction) or not isinstance(mode, ActuatorMode):
+                raise ValueError(
+                    f"action_modes: ({kind!r}, {mode!r}) is not (RecommendedAction, ActuatorMode)"
+                )
+
+    def mode_of(self, action: RecommendedAction) -> ActuatorMode:
+        """The mode an action of this kind is decided in.
+
+        >>> p = PolicyParams(mode=ActuatorMode.APPROVE,
+        ...                  action_modes=((RecommendedAction.REPLACE_AT_CHECKPOINT,
+        ...                                 ActuatorMode.AUTO),))
+        >>> p.mode_of(RecommendedAction.REPLACE_AT_CHECKPOINT).value, p.mode_of(
+        ...     RecommendedAction.RESTART).value
+        ('auto', 'approve')
+        """
+        if self.mode is ActuatorMode.OBSERVE:
+            return self.mode
+        return dict(self.action_modes).get(action, self.mode)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PolicyParams:
@@ -175,6 +204,14 @@ class PolicyParams:
             value = getattr(msg, theirs)
             if value is not None:
                 changes[ours] = value
+        if msg.action_modes is not None:
+            modes = dict(self.action_modes)
+            for kind, mode in msg.action_modes.items():
+                if mode == "default":
+                    modes.pop(kind, None)
+                else:
+                    modes[kind] = ActuatorMode(mode)
+            changes["action_modes"] = tuple(sorted(modes.items()))
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -352,14 +389,15 @@ class Policy:
         if aid in ep.acted or (prior is not None and prior.state is not ActionState.OBSERVED):
             out.note = "already decided"
             return out
-        if self.params.mode is ActuatorMode.OBSERVE:
+        mode = self.params.mode_of(action)
+        if mode is ActuatorMode.OBSERVE:
             if aid in ep.observed or prior is not None:
                 out.note = "already observed"
                 return out
             ep.observed.add(aid)
         else:
             ep.acted.add(aid)
-        out.extend(self._decide(aid, alert, ep.first_step, now, self.params.mode, by=None))
+        out.extend(self._decide(aid, alert, ep.first_step, now, mode, by=None))
         return out
 
     def on_approval(self, approval: Approval, now: datetime) -> Outcome:
@@ -375,13 +413,13 @@ class Policy:
             )
             out.alerts.append(self._hold_notice(held, now, f"rejected by {approval.by}"))
             return out
-        if self.params.mode is ActuatorMode.OBSERVE:
+        assert held.alert is not None  # held records always carry their alert
+        if self.params.mode_of(held.alert.recommended_action) is ActuatorMode.OBSERVE:
             out.records.append(
                 self._record(held, ActionState.REFUSED, now, "actuator is in observe mode")
             )
             out.alerts.append(self._hold_notice(held, now, "refused: observe mode"))
             return out
-        assert held.alert is not None  # held records always carry their alert
         if held.alert.node is not None:
             self._learn_node(held.job_id, held.alert.node, now)
         ep = self._episodes.get(held.alert.fingerprint)

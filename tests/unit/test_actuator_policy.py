@@ -417,6 +417,72 @@ def test_approve_mode_holds_until_approved():
     assert p.held == [] and p.on_approval(ok, T0).commands == []  # approving twice: nothing
 
 
+# -- per-kind modes ---------------------------------------------------------------------
+def test_a_kind_in_auto_acts_while_the_others_wait_for_approval():
+    p = auto(mode=ActuatorMode.APPROVE,
+             action_modes=((RA.REPLACE_AT_CHECKPOINT, ActuatorMode.AUTO),))  # fmt: skip
+    out = p.on_alert(alert(), T0)  # straggler replacement: auto
+    assert len(out.commands) == 3 and {c.mode for c in out.commands} == {ActuatorMode.AUTO}
+    assert p.held == []
+    restart = alert("fp-node5-r", node="node-5", action=RA.RESTART, kind=AlertKind.HANG)
+    out = p.on_alert(restart, T0)  # restarts: the global approve
+    assert [r.state for r in out.records] == [ActionState.HELD]
+    assert [c.kind for c in out.commands] == [CommandKind.NOTIFY]
+    assert out.records[0].mode is ActuatorMode.APPROVE
+
+
+def test_a_kind_can_be_held_back_under_auto_and_observed_alone():
+    p = auto(action_modes=((RA.RESTART, ActuatorMode.APPROVE),
+                           (RA.REPLACE_AT_CHECKPOINT, ActuatorMode.OBSERVE)))  # fmt: skip
+    out = p.on_alert(alert(), T0)
+    assert out.commands == [] and [r.state for r in out.records] == [ActionState.OBSERVED]
+    assert p.spares == ["spare-0", "spare-1", "spare-2"]
+    restart = alert("fp-node5-r", node="node-5", action=RA.RESTART, kind=AlertKind.HANG)
+    assert [r.state for r in p.on_alert(restart, T0).records] == [ActionState.HELD]
+
+
+def test_a_global_observe_stops_every_kind_whatever_its_override():
+    p = auto(mode=ActuatorMode.OBSERVE,
+             action_modes=((RA.REPLACE_AT_CHECKPOINT, ActuatorMode.AUTO),))  # fmt: skip
+    out = p.on_alert(alert(), T0)
+    assert out.commands == [] and out.records[0].state is ActionState.OBSERVED
+
+
+def test_control_sets_and_clears_per_kind_modes_and_they_survive_a_pickle():
+    p = auto(mode=ActuatorMode.APPROVE)
+    p.on_control(control(action_modes={"replace_at_checkpoint": "auto", "restart": "approve"}), T0)
+    assert p.params.action_modes == (
+        (RA.REPLACE_AT_CHECKPOINT, ActuatorMode.AUTO), (RA.RESTART, ActuatorMode.APPROVE),
+    )  # fmt: skip
+    p.on_control(control(mode=ActuatorMode.AUTO), T0)  # other fields keep the overrides
+    assert dict(p.params.action_modes)[RA.RESTART] is ActuatorMode.APPROVE
+    p.on_control(control(action_modes={"restart": "default"}), T0)
+    assert p.params.action_modes == ((RA.REPLACE_AT_CHECKPOINT, ActuatorMode.AUTO),)
+    assert pickle.loads(pickle.dumps(p)).params == p.params
+    assert len(p.on_alert(alert(), T0).commands) == 3
+
+
+def test_per_kind_modes_are_validated():
+    with pytest.raises(ValueError, match="twice"):
+        PolicyParams(action_modes=((RA.RESTART, ActuatorMode.AUTO),
+                                   (RA.RESTART, ActuatorMode.APPROVE)))  # fmt: skip
+    with pytest.raises(ValueError, match="action_modes"):
+        PolicyParams(action_modes=(("restart", "auto"),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="action_modes"):
+        control(action_modes={"reboot": "auto"})
+    with pytest.raises(ValueError, match="action_modes"):
+        control(action_modes={"restart": "sometimes"})
+
+
+def test_held_action_of_a_kind_switched_to_observe_is_refused_on_approval():
+    p = auto(mode=ActuatorMode.APPROVE)
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    p.on_control(control(action_modes={"replace_at_checkpoint": "observe"}), T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    out = p.on_approval(ok, T0)
+    assert out.commands == [] and out.records[0].state is ActionState.REFUSED
+
+
 def test_approve_mode_reject_and_notifications_need_no_approval():
     p = auto(mode=ActuatorMode.APPROVE)
     assert len(p.on_alert(alert("fp-inv-00001", action=RA.INVESTIGATE), T0).commands) == 1
