@@ -62,6 +62,7 @@ from pipeline.archive.rows import (
     step_rows_of,
 )
 from pipeline.archive.serve import QueryServer
+from pipeline.archive.trust import SignatureCheck
 from pipeline.errors import ArchiveError, ArchiveRowError, BrokerError
 from pipeline.fastdecode import from_models
 from pipeline.kafka import aiokafka_consumer_config, make_producer, publish, registry_of
@@ -126,6 +127,8 @@ class Archiver:
         self.settings = settings
         self.backend = backend
         self.registry = registry_of(settings)
+        # alerts and commands whose signature does not verify are archived as unsigned
+        self._signatures = SignatureCheck(settings)
         logical = topics or list(TOPICS)
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -311,7 +314,7 @@ class Archiver:
                 if isinstance(out, Rejected):
                     batch.letters.append((rec, out.letter if logical != "deadletter" else None))
                 else:
-                    batch.generic.append((rec, out))
+                    batch.generic.append((rec, self._signatures.mark(out)))
         return batch
 
     @staticmethod
