@@ -127,7 +127,7 @@ def test_daily_season_is_learned_and_a_missing_peak_is_flagged():
 
 @pytest.mark.parametrize(
     "family",
-    ["gauss", "ar1", "student_t2", "poisson", "rounded"],
+    ["gauss", "ar1", "student_t2", "poisson", "rounded", "daily"],
 )
 def test_calibrated_rate_on_null_series_is_the_designed_rate(family):
     rng = np.random.default_rng(7)
@@ -138,8 +138,10 @@ def test_calibrated_rate_on_null_series_is_the_designed_rate(family):
         "student_t2": lambda: rng.standard_t(2, n),
         "poisson": lambda: rng.poisson(2.0, n).astype(float),
         "rounded": lambda: np.round(rng.standard_normal(n) * 0.8),
+        "daily": lambda: 5 * np.sin(2 * np.pi * np.arange(n) / 288) + rng.standard_normal(n),
     }[family]()
-    scores = np.asarray(SeriesScorer(rarity=100).score_rows(rows_of(x)))[2000:]
+    times = (START + 300.0 * np.arange(n)).tolist() if family == "daily" else None
+    scores = np.asarray(SeriesScorer(rarity=100).score_rows(rows_of(x), times))[2000:]
     rate = float((scores >= 0.5).mean())
     assert 0.002 <= rate <= 0.025, rate
 
