@@ -1,8 +1,9 @@
 """The job-controller side of the actuator: training code listens for commands.
 
 A background thread consumes the commands topic, keeps the commands for this job,
-refuses unsigned, wrongly signed, expired or observe-mode ones (a REFUSED result; the
-actuator's public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify) and queues the rest; a
+refuses unsigned, wrongly signed, expired or observe-mode ones and those issued more
+than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond its clock (a REFUSED result; the actuator's
+public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify) and queues the rest; a
 record that does not decode (a malformed signature, say) is logged and skipped. The
 results it publishes are signed with the executor key
 (``STEPGUARD_EXECUTOR_PRIVATE_KEY``): the job controller is an executor, and the worker
@@ -50,6 +51,7 @@ from pipeline.actuator.signing import (
     signature_problem,
     signing_key,
 )
+from pipeline.clockskew import future_dated
 from pipeline.kafka import (
     assigned_consumer,
     control_producer,
@@ -286,7 +288,10 @@ class CommandListener:
     def _offer(self, cmd: Command) -> None:
         if cmd.job_id != self.job_id or cmd.command_id in self._done:
             return
-        problem = check_command(cmd, self._keys, self._clock())
+        now = self._clock()
+        problem = check_command(cmd, self._keys, now) or future_dated(
+            cmd.issued_at, self.settings.max_clock_skew_s, now=now, field="issued_at"
+        )
         if problem is not None:
             # not remembered: a forgery must not pre-empt the genuine command's id
             log.warning("refusing %s %s: %s", cmd.kind.value, cmd.command_id, problem)

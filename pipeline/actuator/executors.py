@@ -15,8 +15,10 @@ job controller      the training job itself, via :class:`pipeline.listener.Comma
 
 Every executor refuses unsigned, wrongly signed, expired and observe-mode commands
 (:func:`~pipeline.actuator.signing.check_command`, with the actuator's public keys
-``STEPGUARD_ACTUATOR_PUBLIC_KEYS``) and says so with a REFUSED result; a command whose
-signature is not even well-formed does not decode and goes to the dead-letter topic.
+``STEPGUARD_ACTUATOR_PUBLIC_KEYS``), and commands issued more than
+``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond its clock, and says so with a REFUSED result; a
+command whose signature is not even well-formed does not decode and goes to the
+dead-letter topic.
 When the command carries the job's known nodes (``job_nodes``, signed with it: the nodes
 the actuator saw named in worker-signed alerts of that job), a target outside them is
 refused too.
@@ -44,6 +46,7 @@ from pipeline.actuator.signing import (
     signature_problem,
     signing_key,
 )
+from pipeline.clockskew import future_dated
 from pipeline.errors import StepguardError
 from pipeline.kafka import (
     assigned_consumer,
@@ -343,7 +346,10 @@ class ExecutorRunner:
         """Check, execute and describe one command (``None``: not ours, or done)."""
         if cmd.command_id in self.done:
             return None
-        problem = check_command(cmd, self._keys, self._clock())
+        now = self._clock()
+        problem = check_command(cmd, self._keys, now) or future_dated(
+            cmd.issued_at, self.settings.max_clock_skew_s, now=now, field="issued_at"
+        )
         if problem is None and not self.executor.handles(cmd):
             return None
         if problem is not None:  # not remembered: a forgery must not pre-empt a real id
