@@ -2,8 +2,9 @@
 
 ``scripts/kafka.sh start --secure`` runs it: SASL_SSL with SCRAM-SHA-512, ACLs enforced
 by StandardAuthorizer, one principal per stepguard service (docs/kafka-acls.md). It is
-started once per session with its own state folder, ports, topic prefix and consumer
-group, and stopped afterwards.
+started once per module with its own state folder, ports, topic prefix and consumer
+group, and stopped after the module that uses it (a JVM of ~0.5 GB is not kept
+for the rest of the run).
 
 - ``STEPGUARD_TEST_SECURE_KAFKA_HOME``: the broker's state folder (``.ci/run`` makes
   one so that its cleanup stops the broker even if pytest dies); default a fresh
@@ -90,7 +91,7 @@ def _script_env(home: Path, port: int, prefix: str, group: str) -> dict[str, str
     return env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
     """``scripts/kafka.sh start --secure`` with a uuid topic prefix and group."""
     if shutil.which("java") is None:
