@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
@@ -14,6 +15,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from pipeline.actuator.policy import PolicyParams
+from pipeline.actuator.signing import PublicKeys
 from pipeline.cliutil import console, err, stop_event
 from pipeline.settings import Role, Settings, load_settings
 from schemas import (
@@ -23,6 +26,7 @@ from schemas import (
     Approval,
     ApprovalDecision,
     ControlMessage,
+    RecommendedAction,
 )
 
 __all__ = [
@@ -42,6 +46,70 @@ commands = typer.Typer()
 
 def _nodes(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _action_modes(pairs: list[str] | None) -> dict[str, str] | None:
+    """``KIND=MODE`` options as a control message's ``action_modes`` (``None``: none)."""
+    if not pairs:
+        return None
+    kinds = [k.value for k in RecommendedAction]
+    modes = [m.value for m in ActuatorMode] + ["default"]
+    out: dict[str, str] = {}
+    for pair in pairs:
+        kind, sep, mode = pair.partition("=")
+        kind, mode = kind.strip(), mode.strip()
+        if not sep or kind not in kinds or mode not in modes:
+            raise typer.BadParameter(
+                f"--mode-for {pair!r}: expected KIND=MODE, KIND one of {', '.join(kinds)}, "
+                f"MODE one of {', '.join(modes)}"
+            )
+        out[kind] = mode
+    return out
+
+
+def fold_control(
+    params: PolicyParams, messages: Iterable[ControlMessage], keys: PublicKeys
+) -> tuple[PolicyParams, int]:
+    """``params`` after every control change signed by one of ``keys``, newer than the
+    last one applied and not applied before (the actuator's own rules); also the number
+    of changes ignored."""
+    from pipeline.actuator.signing import signature_problem
+
+    last: datetime | None = None
+    seen: set[str] = set()
+    ignored = 0
+    for msg in messages:
+        fresh = last is None or msg.ts > last
+        if signature_problem(msg, keys) is not None or msg.change_id in seen or not fresh:
+            ignored += 1
+            continue
+        params, last = params.with_control(msg), msg.ts
+        seen.add(msg.change_id)
+    return params, ignored
+
+
+def running_params(settings: Settings) -> tuple[PolicyParams, int]:
+    """The actuator's mode and overrides as it has them: the settings folded with the
+    control topic (:func:`fold_control`)."""
+    from pipeline.actuator.signing import public_keys
+    from pipeline.kafka import create_topics, read_back
+
+    create_topics(settings, ["control"])
+    messages = (rec.message for rec in read_back(settings, "control"))
+    return fold_control(
+        PolicyParams.from_settings(settings),
+        (m for m in messages if isinstance(m, ControlMessage)),
+        public_keys(settings, "operator"),
+    )
+
+
+def modes_line(params: PolicyParams) -> str:
+    """``mode approve; overrides: replace_at_checkpoint=auto`` (pending's header)."""
+    over = ", ".join(f"{k.value}={m.value}" for k, m in params.action_modes)
+    text = f"actuator mode {params.mode.value}; per-kind overrides: {over or 'none'}"
+    if params.mode is ActuatorMode.OBSERVE and over:
+        text += " (observe stops every kind)"
+    return text
 
 
 def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
@@ -171,6 +239,9 @@ def pending(
 
     settings = load_settings()
     now = datetime.now(UTC)
+    params, ignored = running_params(settings)
+    err.print(modes_line(params) + (f" ({ignored} unsigned or stale control changes ignored)"
+                                    if ignored else ""))  # fmt: skip
     records = latest_actions(settings)
     table = Table("state", "job", "commands", "summary", "since")
     table.add_column("action id", no_wrap=True, min_width=28)  # to copy into `approve`
@@ -202,10 +273,18 @@ def control(
     job_id: Annotated[str | None, typer.Option("--job", help="Job whose size follows.")] = None,
     job_nodes: Annotated[int | None, typer.Option(min=1, help="Node count of --job.")] = None,
     reset_breaker: Annotated[bool, typer.Option(help="Close open circuit breakers.")] = False,
+    mode_for: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KIND=MODE: a mode for one action kind (e.g. replace_at_checkpoint=auto, "
+            "restart=approve; MODE default removes it). Repeatable."
+        ),
+    ] = None,
     by: Annotated[str, typer.Option(help="Who changes it.")] = "cli",
     reason: Annotated[str, typer.Option(help="Why (archived with the change).")] = "",
 ) -> None:
-    """Change the running actuator's mode and thresholds (signed, archived, no restart)."""
+    """Change the running actuator's mode (globally or per action kind) and thresholds
+    (signed, archived, no restart)."""
     msg = ControlMessage(
         change_id=uuid.uuid4().hex, mode=mode, warning_confirm_steps=warning_confirm_steps,
         warning_confirm_s=warning_confirm_s, stale_alert_s=stale_alert_s,
@@ -213,8 +292,9 @@ def control(
         guard_window_s=window_s, guard_node_cooldown_s=cooldown_s,
         no_spare_policy=no_spare_policy,  # type: ignore[arg-type]
         spare_nodes=None if spares is None else _nodes(spares),
-        job_id=job_id, job_nodes=job_nodes, reset_breaker=reset_breaker, by=by, reason=reason,
-        ts=datetime.now(UTC),
+        job_id=job_id, job_nodes=job_nodes, reset_breaker=reset_breaker,
+        action_modes=_action_modes(mode_for),  # type: ignore[arg-type]
+        by=by, reason=reason, ts=datetime.now(UTC),
     )  # fmt: skip
     _send_signed(load_settings(), "control", msg)
     console.print(f"control change {msg.change_id} sent")

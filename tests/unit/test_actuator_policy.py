@@ -756,3 +756,47 @@ def test_the_hard_cap_bounds_an_alert_storm_within_the_horizon():
         now = T0 + timedelta(seconds=i)
         p.on_alert(alert(f"fp-{i:08d}", node=f"n{i}", ts=now, action=RA.INVESTIGATE), now)
     assert max(p.memory().values()) <= 50 and p.evicted > 0
+
+
+# -- per-kind modes on the command line (control, pending) ---------------------------------
+def test_control_mode_for_options_become_action_modes():
+    import typer
+
+    from pipeline.actuator.cli import _action_modes
+
+    assert _action_modes(None) is None
+    assert _action_modes(["replace_at_checkpoint=auto", "restart = default"]) == {
+        "replace_at_checkpoint": "auto", "restart": "default",
+    }  # fmt: skip
+    for bad in ("restart", "reboot=auto", "restart=sometimes"):
+        with pytest.raises(typer.BadParameter, match="KIND=MODE"):
+            _action_modes([bad])
+
+
+def test_pending_header_folds_only_signed_fresh_control_changes():
+    from pipeline.actuator.cli import fold_control, modes_line
+    from pipeline.actuator.signing import SigningKey, sign
+
+    op, other = SigningKey.generate("op-1"), SigningKey.generate("intruder")
+    base = PolicyParams(mode=ActuatorMode.APPROVE)
+
+    def change(cid, minutes, key=op, **kw):
+        msg = ControlMessage(change_id=cid, by="sre", ts=T0 + timedelta(minutes=minutes), **kw)
+        return sign(msg, key)
+
+    msgs = [
+        change("a", 1, action_modes={"replace_at_checkpoint": "auto"}),
+        change("b", 2, key=other, mode=ActuatorMode.AUTO),  # not an operator's key
+        change("c", 0, action_modes={"restart": "auto"}),  # older than the last applied
+        change("d", 3, action_modes={"restart": "observe"}),
+        change("d", 4, mode=ActuatorMode.OBSERVE),  # a change id already applied
+    ]
+    params, ignored = fold_control(base, msgs, op.verifier())
+    assert ignored == 3 and params.mode is ActuatorMode.APPROVE
+    assert params.action_modes == (
+        (RA.REPLACE_AT_CHECKPOINT, ActuatorMode.AUTO), (RA.RESTART, ActuatorMode.OBSERVE),
+    )  # fmt: skip
+    assert modes_line(params) == (
+        "actuator mode approve; per-kind overrides: replace_at_checkpoint=auto, restart=observe"
+    )
+    assert modes_line(base) == "actuator mode approve; per-kind overrides: none"
