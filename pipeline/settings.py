@@ -233,6 +233,14 @@ class Settings(BaseSettings):
     chdb_path: Path = Path(".stepguard/archive")
     state_dir: Path = Path(".stepguard")
 
+    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
+    @classmethod
+    def _check_tls_file(cls, value: Path | None) -> Path | None:
+        # a typo'd CA path would otherwise surface as a TLS error at the first connect
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _check_bootstrap(cls, value: str) -> str:

@@ -39,6 +39,7 @@ from pipeline.actuator.service import Actuator
 from pipeline.actuator.signing import sign
 from pipeline.archive.archiver import Archiver
 from pipeline.cli import app
+from pipeline.errors import ConfigError
 from pipeline.exporters import StepExporter
 from pipeline.exporters.sink import KafkaSink
 from pipeline.kafka import client_config, control_producer, create_topics, publish, read_back
@@ -298,6 +299,11 @@ def test_the_worker_builds_sasl_ssl_credentials_from_its_settings(tmp_path):
         update={"kafka_security_protocol": "PLAINTEXT", "kafka_sasl_mechanism": None}
     )
     assert _credentials(plain) is None
+
+
+def test_a_missing_tls_file_is_a_configuration_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"STEPGUARD_KAFKA_SSL_CAFILE: .*no such file"):
+        load_settings({"STEPGUARD_KAFKA_SSL_CAFILE": str(tmp_path / "ca.pem")})
 
 
 def _committed(k, group: str, topic: str) -> int:
