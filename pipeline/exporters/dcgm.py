@@ -71,6 +71,7 @@ import math
 import signal
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -80,6 +81,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.clockskew import FutureGate
 from pipeline.errors import StepguardError
 from pipeline.exporters.health import THROTTLE_REASONS
 from pipeline.settings import Settings
@@ -339,8 +341,12 @@ def run_dcgm_exporter(
     once: bool = False,
     dry_run: bool = False,
     fetch: Callable[[str, float], str] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> int:
     """Scrape every ``interval_s`` and publish the reports; returns the exit code.
+
+    A report dated more than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond ``clock`` is not
+    published (counted, one warning per interval).
 
     A failed scrape is logged and the next one is tried (the worker notices a node
     whose health goes silent); with ``once`` it exits 4 with the reason.
@@ -358,6 +364,7 @@ def run_dcgm_exporter(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sink = None if dry_run else KafkaSink(settings)
+    future = FutureGate(settings.max_clock_skew_s, "export-health --from-dcgm", clock=clock)
     code = 0
     try:
         while not stop.is_set():
@@ -369,6 +376,8 @@ def run_dcgm_exporter(
                 if once:
                     code = 4
             for report in reports:
+                if not future.admit(report.ts):
+                    continue  # counted and logged
                 if sink is None:
                     print(encode(report).decode(), flush=True)
                 else:
@@ -379,6 +388,9 @@ def run_dcgm_exporter(
     except KeyboardInterrupt:
         pass
     finally:
+        if future.dropped:
+            print(f"stepguard export-health: {future.dropped} reports dated in the future "
+                  "not published", file=sys.stderr)  # fmt: skip
         if sink is not None:
             sink.flush(10.0)
             sink.close()

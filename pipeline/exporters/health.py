@@ -16,7 +16,9 @@ GPU's links down are the most links any GPU of this node has had active since th
 reader started, minus its own active links now.
 
 ``--from-dcgm URL`` reads the same report from a running dcgm-exporter instead
-(:mod:`pipeline.exporters.dcgm`).
+(:mod:`pipeline.exporters.dcgm`). A report dated more than
+``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond the exporter's clock is not published (counted,
+one warning per interval; :class:`~pipeline.clockskew.FutureGate`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
+from pipeline.clockskew import FutureGate
 from pipeline.errors import StepguardError
 from pipeline.settings import Settings
 from schemas import GpuHealth, NodeHealth, encode
@@ -275,8 +280,11 @@ def run_health_exporter(
     once: bool = False,
     dry_run: bool = False,
     nvml: Any = None,
+    clock: Callable[[], float] = time.time,
 ) -> int:
-    """Publish a report every ``interval_s``; returns the exit code (3: no NVML)."""
+    """Publish a report every ``interval_s``; returns the exit code (3: no NVML).
+
+    ``clock`` is the wall clock reports are checked against (tests move it)."""
     from pipeline.exporters.sink import KafkaSink
 
     node = node or socket.gethostname()
@@ -289,11 +297,14 @@ def run_health_exporter(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sink = None if dry_run else KafkaSink(settings)
+    future = FutureGate(settings.max_clock_skew_s, "export-health", clock=clock)
     try:
         with reader:
             while not stop.is_set():
                 report = reader.read(node, job_id, interval_s)
-                if sink is None:
+                if not future.admit(report.ts):
+                    pass  # counted and logged; the next report may be fine
+                elif sink is None:
                     print(encode(report).decode(), flush=True)
                 else:
                     sink.send("health", report)
@@ -303,6 +314,9 @@ def run_health_exporter(
     except KeyboardInterrupt:
         pass
     finally:
+        if future.dropped:
+            print(f"stepguard export-health: {future.dropped} reports dated in the future "
+                  "not published", file=sys.stderr)  # fmt: skip
         if sink is not None:
             sink.flush(10.0)
             sink.close()

@@ -2,7 +2,10 @@
 
 Each rank's :class:`~pipeline.exporters.step.StepExporter` (``to_aggregator``) sends
 datagrams of records; :class:`NodeAggregator` groups them per step and publishes one
-StepTelemetry per node per step with a single Kafka producer.
+StepTelemetry per node per step with a single Kafka producer. A record or lifecycle
+event dated more than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond this host's clock is not
+published (counted in ``future_dated``, one warning per interval); a record whose times
+are not numbers makes its datagram malformed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.clockskew import FutureGate
 from pipeline.exporters.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.exporters.sink import KafkaSink
 from pipeline.settings import Settings
@@ -44,6 +48,7 @@ class NodeAggregator:
         self.batcher = StepBatcher(ranks_per_node, max_wait_s=max_wait_s)
         self.received = 0
         self.malformed = 0
+        self._future = FutureGate(settings.max_clock_skew_s, "aggregator")
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -71,12 +76,15 @@ class NodeAggregator:
         try:
             rows = json.loads(data)
             if isinstance(rows, dict):  # a lifecycle event of the job
-                self.sink.send("lifecycle", JobEvent.model_validate(rows["event"]))
+                event = JobEvent.model_validate(rows["event"])
+                if self._future.admit(event.ts):
+                    self.sink.send("lifecycle", event)
                 return
             now = time.monotonic()
             # the record's fields up to ``arrived``, then the run (absent from older
             # exporters)
             records = [RankRecord(*row[:WIRE_FIELDS], now, *row[WIRE_FIELDS:]) for row in rows]
+            records = [r for r in records if self._admit(r)]
         except (ValueError, TypeError, KeyError) as exc:
             self.malformed += 1
             log.warning("aggregator: malformed datagram: %s", exc)
@@ -85,6 +93,22 @@ class NodeAggregator:
             self.received += 1
             for msg in self.batcher.add(rec):
                 self.sink.send("steps", msg)
+
+    def _admit(self, rec: RankRecord) -> bool:
+        """False for a record dated too far ahead; TypeError when its times are not
+        numbers (the datagram is malformed)."""
+        for t in (rec.ts_start, rec.ts_end):
+            if isinstance(t, bool) or not isinstance(t, int | float):
+                raise TypeError(f"ts_start and ts_end must be numbers, got {t!r}")
+        wall = self._future.clock()
+        return self._future.admit(rec.ts_end, "ts_end", wall) and self._future.admit(
+            rec.ts_start, "ts_start", wall
+        )
+
+    @property
+    def future_dated(self) -> int:
+        """Records and events not published: dated beyond the allowed clock skew."""
+        return self._future.dropped
 
     def stop(self) -> None:
         self._stop.set()

@@ -3,7 +3,11 @@
 ``record_step`` appends a tuple to a bounded deque (well under 20 µs); a background
 thread turns records into one StepTelemetry per node per step and sends them. When the
 queue is full (broker down, sender stuck) the record is dropped and counted — the
-training loop never waits for telemetry.
+training loop never waits for telemetry. A record whose ``ts_end`` or ``ts_start`` lies
+more than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond this host's clock (a wrong clock, or
+milliseconds passed as seconds) is not published either: ``record_step`` returns False,
+it counts in ``ExporterStats.future_dated`` and one warning per interval says why; the
+worker would only dead-letter it.
 
 Two transports:
 
@@ -49,6 +53,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.clockskew import FutureGate
 from pipeline.exporters.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.exporters.sink import KafkaSink
 from pipeline.settings import Settings
@@ -60,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: Largest datagram sent to the node aggregator.
 MAX_DATAGRAM = 60_000
+#: The allowed clock skew when no settings are given (``to_aggregator``).
+DEFAULT_MAX_CLOCK_SKEW_S: float = Settings.model_fields["max_clock_skew_s"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,8 @@ class ExporterStats:
     #: (aggregator) delivered
     sent: int
     queued: int  #: records still waiting
+    #: record_step calls refused: dated beyond the clock + STEPGUARD_MAX_CLOCK_SKEW_S
+    future_dated: int = 0
 
     @property
     def dropped(self) -> int:
@@ -186,6 +195,9 @@ class StepExporter:
         Records buffered before ``record_step`` starts dropping.
     poll_s
         Sender sleep when the queue is empty.
+    max_clock_skew_s
+        A record dated further beyond this host's clock is dropped and counted
+        (``direct``: ``STEPGUARD_MAX_CLOCK_SKEW_S``); None: no check.
     """
 
     def __init__(
@@ -199,6 +211,7 @@ class StepExporter:
         register_atexit: bool = True,
         run: str = "",
         announce_start: bool = True,
+        max_clock_skew_s: float | None = DEFAULT_MAX_CLOCK_SKEW_S,
     ) -> None:
         if not job_id or not node:
             raise ValueError("job_id and node must not be empty")
@@ -209,6 +222,7 @@ class StepExporter:
         self.queue_size = queue_size
         self.poll_s = poll_s
         self._transport = transport
+        self._future = FutureGate(max_clock_skew_s, f"exporter {job_id}/{node}", interval_s=30.0)
         self._queue: collections.deque[RankRecord] = collections.deque()
         self._recorded = 0
         self._dropped_full = 0
@@ -238,6 +252,7 @@ class StepExporter:
     ) -> StepExporter:
         """Batch in this process and publish straight to Kafka."""
         transport = _Direct(KafkaSink(settings), StepBatcher(ranks_per_node, max_wait_s=max_wait_s))
+        kwargs.setdefault("max_clock_skew_s", settings.max_clock_skew_s)
         return cls(transport, job_id=job_id, node=node, **kwargs)  # type: ignore[arg-type]
 
     @classmethod
@@ -272,14 +287,23 @@ class StepExporter:
         Times are seconds; ``ts_end`` (epoch seconds) defaults to now and ``ts_start``
         to ``ts_end - step_time_s``. ``node`` overrides the exporter's node (one
         process reporting for several nodes: small jobs, replays). Validation happens
-        on the sender thread.
+        on the sender thread, except the clock: a ``ts_end`` or ``ts_start`` more than
+        the allowed skew beyond this host's clock is dropped here (counted in
+        ``future_dated``, one warning per 30 s).
         """
         q = self._queue
         if len(q) >= self.queue_size:
             self._dropped_full += 1
             return False
         now = time.time()
-        end = now if ts_end is None else ts_end
+        if ts_end is None:
+            end = now
+        elif self._future.admit(ts_end, "ts_end", now):
+            end = ts_end
+        else:
+            return False
+        if ts_start is not None and not self._future.admit(ts_start, "ts_start", now):
+            return False
         q.append(
             RankRecord(
                 self.job_id,
@@ -402,6 +426,10 @@ class StepExporter:
                 with_drops.dropped_queue_full,
                 with_drops.dropped_send,
             )
+        if with_drops.future_dated:
+            log.warning("exporter %s/%s: %d records dated beyond this host's clock + "
+                        "STEPGUARD_MAX_CLOCK_SKEW_S were not published", self.job_id,
+                        self.node, with_drops.future_dated)  # fmt: skip
         return with_drops
 
     def _close_at_exit(self) -> None:
@@ -416,4 +444,5 @@ class StepExporter:
             invalid=invalid,
             sent=sent,
             queued=len(self._queue),
+            future_dated=self._future.dropped,
         )
