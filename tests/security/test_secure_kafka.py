@@ -359,7 +359,21 @@ def test_a_live_worker_consumes_steps_with_its_principal(secure_kafka, topics, t
         finally:
             admin.close()
         worker_settings = k.settings("worker")
-        assert {jobs_topic_name(worker_settings), changelog_topic_name(worker_settings)} <= names
+        changelog = changelog_topic_name(worker_settings)
+        assert {jobs_topic_name(worker_settings), changelog} <= names
+        # ... and its Faust producer wrote the job's snapshots to the changelog
+        probe = KafkaConsumer(**client_config(k.settings("admin")))
+        try:
+            parts = [TopicPartition(changelog, p) for p in probe.partitions_for_topic(changelog)]
+            written = 0
+            for _ in range(60):
+                written = sum(probe.end_offsets(parts).values())
+                if written:
+                    break
+                time.sleep(0.5)  # polling the changelog's end offsets
+        finally:
+            probe.close()
+        assert written > 0
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         try:
