@@ -31,7 +31,7 @@ from kafka.admin import (
     ResourcePatternFilter,
     ResourceType,
 )
-from kafka.errors import KafkaError, TopicAuthorizationFailedError
+from kafka.errors import InvalidPartitionsError, KafkaError, TopicAuthorizationFailedError
 from typer.testing import CliRunner
 
 from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
@@ -42,7 +42,14 @@ from pipeline.cli import app
 from pipeline.errors import ConfigError
 from pipeline.exporters import StepExporter
 from pipeline.exporters.sink import KafkaSink
-from pipeline.kafka import client_config, control_producer, create_topics, publish, read_back
+from pipeline.kafka import (
+    _check_created,
+    client_config,
+    control_producer,
+    create_topics,
+    publish,
+    read_back,
+)
 from pipeline.listener import CommandListener
 from pipeline.settings import load_settings
 from pipeline.worker.app import _credentials, changelog_topic_name, jobs_topic_name
@@ -299,6 +306,17 @@ def test_the_worker_builds_sasl_ssl_credentials_from_its_settings(tmp_path):
         update={"kafka_security_protocol": "PLAINTEXT", "kafka_sasl_mechanism": None}
     )
     assert _credentials(plain) is None
+
+
+def test_create_topics_leaves_topics_it_may_not_create_to_the_admin():
+    """CreateTopics answers per topic: created, exists, not authorised pass; others raise."""
+    ok = {"topics": [
+        {"name": "a", "error_code": 0}, {"name": "b", "error_code": 36},
+        {"name": "c", "error_code": 29, "error_message": "Authorization failed."},
+    ]}  # fmt: skip
+    _check_created(ok)
+    with pytest.raises(InvalidPartitionsError, match="cannot create topic d"):
+        _check_created({"topics": [{"name": "d", "error_code": 37, "error_message": "bad"}]})
 
 
 def test_a_missing_tls_file_is_a_configuration_error_naming_it(tmp_path):
