@@ -24,6 +24,8 @@
 #   KAFKA_LIBS_DIR=$KAFKA_HOME_DIR/libs-$KAFKA_VERSION   the jars (share one between brokers)
 #   KAFKA_HEAP_OPTS="-Xms256m -Xmx512m"
 #   KAFKA_START_TIMEOUT=90        seconds to wait for the broker to answer
+#   KAFKA_BIN_DIR=/opt/kafka/bin  apply-acls uses Kafka's scripts there when present
+#                                 (the apache/kafka image), else the jars
 #
 # Layout under $KAFKA_HOME_DIR:
 #   fetch-<ver>/pom.xml   generated pom (Maven caches the jars in ~/.m2)
@@ -406,6 +408,7 @@ make_secure_dir() {
     rm -rf "$dir"
     die "openssl could not make the certificates"
   }
+  rm -f "$dir/ca.key"  # this broker's certificate is the only one it will ever sign
   touch "$dir/.stepguard-kafka-secure"
   SECURE_DIR="$dir"
   echo "$dir" >"$SECURE_REF"
