@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -222,10 +223,31 @@ def calibrate(
     max_rank_steps: Annotated[
         int, typer.Option(min=1, help="Most rank-steps loaded.")
     ] = 50_000_000,
+    actions: Annotated[
+        bool,
+        typer.Option(
+            "--actions",
+            help="Report approvals and outcomes per action kind and "
+            "recommend the kinds ready for auto (no replay).",
+        ),
+    ] = False,
+    min_approvals: Annotated[int, typer.Option(min=0, help="--actions: approvals needed.")] = 5,
+    max_rejections: Annotated[int, typer.Option(min=0, help="--actions: rejections allowed.")] = 0,
+    min_success: Annotated[
+        float, typer.Option(min=0, max=1, help="--actions: share of commands that succeeded.")
+    ] = 0.95,
 ) -> None:
     """Replay archived jobs through the detectors under a grid of settings; precision,
     recall, F1 and delay per setting and kind against the labels, the Pareto front and
     the recommended settings."""
+    if actions:
+        from pipeline.graduation import GraduationRules, run_graduation
+
+        rules = GraduationRules(min_approvals=min_approvals, max_rejections=max_rejections,
+                                min_success=min_success)  # fmt: skip
+        run_graduation(_settings(), console, since=_since_arg(since), jobs=job or (),
+                       rules=rules, json_path=json_path)  # fmt: skip
+        return
     from pipeline.calibrate_cmd import run_calibrate
 
     run_calibrate(
@@ -234,6 +256,17 @@ def calibrate(
         sources=[s.strip() for s in labels.split(",") if s.strip()],
         max_rank_steps=max_rank_steps,
     )  # fmt: skip
+
+
+def _since_arg(since: str | None) -> datetime | None:
+    from pipeline.archive.retention import parse_age
+
+    if since is None:
+        return None
+    try:
+        return datetime.now(UTC) - parse_age(since)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--since: expected e.g. 30d or 12h, got {since!r}") from exc
 
 
 @app.command()
