@@ -227,8 +227,8 @@ def run_calibrate(
         "recommended: "
         + (", ".join(f"{n}={_fmt(b)}" for n, _, b in changes) or "keep the running settings")
     )
-    if plot is not None:
-        console.print(f"plot: {plot_front(result, plot)}")
+    plot = plot or settings.state_dir / "calibration-front.png"
+    console.print(f"Pareto plot: {plot_front(result, plot)}")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")

@@ -214,7 +214,9 @@ def calibrate(
         Path | None,
         typer.Option(help="--apply: file to write (default STEPGUARD_DETECTOR_CONFIG)."),
     ] = None,
-    plot_path: Annotated[Path | None, typer.Option("--plot", help="Pareto plot PNG.")] = None,
+    plot_path: Annotated[
+        Path | None, typer.Option("--plot", help="Pareto plot PNG (default STATE_DIR/...).")
+    ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Every result as JSON.")] = None,
     processes: Annotated[int | None, typer.Option(min=1, help="Worker processes.")] = None,
     labels: Annotated[

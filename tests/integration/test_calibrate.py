@@ -3,6 +3,11 @@ labels from approvals and outcomes, and a planted threshold recovered."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -25,6 +30,7 @@ from schemas import (
     CommandResult,
     CommandStatus,
 )
+from tests.conftest import TEST_CLICKHOUSE, _missing
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +177,71 @@ def test_apply_publishes_the_confirmation_signed_by_the_operator(settings):
               if getattr(d.message, "change_id", None) == change]  # fmt: skip
     assert msg.warning_confirm_steps == 5 and msg.by == "stepguard calibrate"
     assert signature_problem(msg, public_keys(s, "operator")) is None
+
+
+_SEED = """
+from detectors.config import MonitorConfig
+from pipeline.archive import migrate, open_backend
+from pipeline.calibrate_seed import seed_job
+from pipeline.settings import load_settings
+from pipeline.simulator import Scenario
+
+def sc(name, mag, seed):
+    return Scenario.model_validate({"name": name, "nodes": 8, "steps": 120, "seed": seed,
+        "faults": [{"kind": "straggler", "node": 3, "gpu": 2, "onset_step": 50,
+                    "magnitude": mag}]})
+
+b = open_backend(load_settings())
+migrate(b)
+seed_job(b, sc("cli-fault", 0.08, 21))
+s = seed_job(b, sc("cli-benign", 0.035, 22), truth=False, observed_with=MonitorConfig(
+    straggler_warning=0.02, straggler_exit=0.01, degradation_warning=0.015,
+    degradation_exit=0.0075))
+print(" ".join(s.incidents))
+b.close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["chdb", "server"])
+def test_label_and_calibrate_commands_end_to_end(kind, tmp_path):
+    """The commands as a user runs them, each a process of its own (chDB allows one
+    data path per process), against each backend."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+    env["STEPGUARD_STATE_DIR"] = str(tmp_path / "state")
+    if kind == "server":
+        if not TEST_CLICKHOUSE:
+            _missing("STEPGUARD_TEST_CLICKHOUSE is not set (no ClickHouse server)")
+        base = TEST_CLICKHOUSE.rsplit("/", 1)[0]
+        env["STEPGUARD_CLICKHOUSE_DSN"] = f"{base}/t_{uuid.uuid4().hex[:12]}"
+    else:
+        env["STEPGUARD_CHDB_PATH"] = str(tmp_path / "chdb")
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+
+    seeded = run(sys.executable, "-c", _SEED)
+    assert seeded.returncode == 0, seeded.stderr
+    stepguard = [sys.executable, "-m", "pipeline"]
+    for incident in seeded.stdout.split():
+        done = run(*stepguard, "label", incident, "--false", "--note", "benign", "--by", "sre")
+        assert done.returncode == 0 and "false alarm" in done.stdout, done.stderr
+    refused = run(*stepguard, "label", "no-such-incident", "--true")
+    assert refused.returncode == 2 and "no-such-incident" in refused.stdout + refused.stderr
+    grid = tmp_path / "grid.toml"
+    grid.write_text('"straggler_warning,degradation_warning,straggler_exit" = '
+                    "[[0.02, 0.02, 0.01], [0.05, 0.05, 0.025]]\n")  # fmt: skip
+    out = tmp_path / "cal.json"
+    done = run(*stepguard, "calibrate", "--job", "cli-fault", "--job", "cli-benign", "--grid",
+               str(grid), "--dry-run", "--json", str(out), "--processes", "1")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--dry-run: the difference" in done.stdout and "degradation_warning" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["recommended_settings"] == {"degradation_warning": 0.05}
+    assert (tmp_path / "state" / "calibration-front.png").stat().st_size > 5000
+    target = tmp_path / "detector.json"
+    done = run(*stepguard, "calibrate", "--since", "10000d", "--grid", str(grid), "--apply",
+               "--out", str(target), "--processes", "1")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(target.read_text()) == {"degradation_warning": 0.05}
