@@ -205,7 +205,12 @@ def calibrate(
         Path | None, typer.Option(help="JSON/TOML grid: setting -> values (default grid).")
     ] = None,
     apply: Annotated[
-        bool, typer.Option("--apply", help="Write the recommended settings file.")
+        bool,
+        typer.Option(
+            "--apply",
+            help="Write the recommended detector thresholds to the settings file and send "
+            "a changed confirmation as a signed control message.",
+        ),
     ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the difference from the running settings.")
