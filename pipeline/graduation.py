@@ -295,7 +295,8 @@ def render(report: GraduationReport, console: Any) -> None:
     for col in ("action", "fault", "held", "approved", "rejected", "expired", "approval",
                 "latency p50 s", "p90 s", "commands", "succeeded", "auto cmds"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("action", "fault") else "right")
-    for s in [*report.rows, *report.totals]:
+    every = sorted([*report.rows, *report.totals], key=lambda s: (s.action, s.fault == ALL))
+    for s in every:
         table.add_row(
             s.action, s.fault, str(s.held), str(s.approved), str(s.rejected), str(s.expired),
             _pct(s.approval_rate), _fmt_s(s.latency(50)), _fmt_s(s.latency(90)),
