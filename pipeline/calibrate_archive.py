@@ -402,7 +402,7 @@ def load_job(
     job: str,
     *,
     sources: Sequence[str] = LABEL_SOURCES,
-    max_rank_steps: int = 50_000_000,
+    max_rank_steps: int = 10_000_000,
 ) -> ArchivedJob:
     """Everything calibration needs of ``job``."""
     unknown = set(sources) - set(LABEL_SOURCES)
@@ -434,7 +434,7 @@ def archived_jobs(
     since: datetime | None = None,
     *,
     sources: Sequence[str] = LABEL_SOURCES,
-    max_rank_steps: int = 50_000_000,
+    max_rank_steps: int = 10_000_000,
     progress: Callable[[str], None] | None = None,
 ) -> list[ArchivedJob]:
     """The named ``jobs``, or every job with steps since ``since``; jobs without steps

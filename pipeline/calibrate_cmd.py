@@ -159,7 +159,7 @@ def run_calibrate(
     json_path: Path | None = None,
     processes: int | None = None,
     sources: Sequence[str] = LABEL_SOURCES,
-    max_rank_steps: int = 50_000_000,
+    max_rank_steps: int = 10_000_000,
     top: int = 15,
 ) -> CalibrationResult:
     """Load, replay, report; ``apply`` writes the recommended settings file."""

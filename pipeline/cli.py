@@ -228,8 +228,8 @@ def calibrate(
         str, typer.Option(help="Label sources: truth,label,approval,outcome.")
     ] = "truth,label,approval,outcome",
     max_rank_steps: Annotated[
-        int, typer.Option(min=1, help="Most rank-steps loaded.")
-    ] = 50_000_000,
+        int, typer.Option(min=1, help="Most rank-steps loaded (~80 B each, per process).")
+    ] = 10_000_000,
     actions: Annotated[
         bool,
         typer.Option(
