@@ -250,6 +250,10 @@ def calibrate(
     if actions:
         from pipeline.graduation import GraduationRules, run_graduation
 
+        if apply or dry_run or grid is not None:
+            raise typer.BadParameter("--actions reports the history of the actions; it "
+                                     "takes no --apply, --dry-run or --grid")  # fmt: skip
+
         rules = GraduationRules(min_approvals=min_approvals, max_rejections=max_rejections,
                                 min_success=min_success)  # fmt: skip
         run_graduation(_settings(), console, since=_since_arg(since), jobs=job or (),

@@ -187,3 +187,10 @@ def test_cli_calibrate_actions_prints_the_report_and_the_control_command(
     data = json.loads(out.read_text())
     assert data["rules"]["min_approvals"] == 3
     assert data["recommendations"][0]["auto"] is True
+
+
+def test_cli_calibrate_actions_refuses_replay_options():
+    from pipeline.cli import app
+
+    result = CliRunner().invoke(app, ["calibrate", "--actions", "--apply"])
+    assert result.exit_code != 0 and "--actions" in result.output
