@@ -192,7 +192,7 @@ def plan(
             sweep_gpus=g, sweep_days=d, replicates=replicates, seed=seed,
             json_path=json_path, plot_path=plot_path,
         )  # fmt: skip
-    except StepguardError as exc:
+    except (StepguardError, ValueError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
 

@@ -85,6 +85,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "MAX_EVENTS",
     "POLICIES",
     "RULES",
     "PlanResult",
@@ -122,6 +123,8 @@ RULES: dict[str, PolicyRules] = {
 }
 
 _CRASH_RATE = 419 / (54 * 24 * 16_384)
+#: most fault events one plan draws (all replicates): memory stays in the hundreds of MB
+MAX_EVENTS = 20_000_000
 
 
 class Rates(BaseModel):
@@ -397,6 +400,14 @@ def plan_one(
             f"gpus={gpus}, days={days}, checkpoint_s={checkpoint_s}, replicates={replicates}"
         )
     rates = rates or Rates()
+    per_job = (rates.crash_per_gpu_hour + rates.straggler_per_gpu_hour) * gpus * days * 24 + (
+        rates.false_replace_per_node_day * math.ceil(gpus / rates.gpus_per_node) * days
+    )
+    if per_job * replicates > MAX_EVENTS:
+        raise ValueError(
+            f"about {per_job * replicates:,.0f} fault events to draw ({per_job:,.0f} per job x "
+            f"{replicates} replicates), more than {MAX_EVENTS:,}: lower replicates"
+        )
     tr = _draw(gpus, days, rates, replicates, seed)
     grid = _intervals() if grid is None else grid
     gpu_h = gpus / 3600.0

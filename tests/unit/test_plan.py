@@ -137,6 +137,13 @@ def test_cli_prints_the_sweep_and_writes_json_and_a_plot(tmp_path):
     assert png.stat().st_size > 5000
 
 
+def test_a_plan_too_big_to_draw_is_refused_by_name():
+    with pytest.raises(ValueError, match="replicates"):
+        plan_one(10_000_000, 365, 300, replicates=1000)
+    result = CliRunner().invoke(app, ["plan", "--gpus", "10000000", "--days", "365"])
+    assert result.exit_code == 2 and "lower replicates" in result.output
+
+
 def test_cli_refuses_a_bad_sweep_list():
     result = CliRunner().invoke(app, ["plan", "--sweep-gpus", "64,lots"])
     assert result.exit_code != 0
