@@ -10,8 +10,8 @@ takes. Labels, strongest first when several speak of one incident:
                *fully labelled*, so any other alert in it is a false positive
 ``label``      ``stepguard label INCIDENT --true|--false`` (the latest verdict)
 ``approval``   a human approved (true) or rejected (false) the action an incident led to
-``outcome``    a command the incident led to was carried out (succeeded) and nobody
-               objected: weak evidence that it was real
+``outcome``    a command the incident led to (signed by the actuator) was carried out
+               (succeeded) and nobody objected: weak evidence that it was real
 =============  ===========================================================================
 
 Rows that cannot be read back as records (a value outside a message's bounds) are
@@ -237,7 +237,9 @@ def _commands(backend: ArchiveBackend, job: str) -> tuple[list[Command], list[Co
     db, p = backend.database, {"job": job}
     _, crows = backend.query(
         "SELECT command_id, kind, targets, replacements, reason, mode, ts_ms "
-        f"FROM {db}.commands FINAL WHERE job_id = {{job:String}} ORDER BY ts_ms, command_id",
+        # only what the actuator signed: the worker obeys nothing else
+        f"FROM {db}.commands FINAL WHERE job_id = {{job:String}} AND signed = 1 "
+        "ORDER BY ts_ms, command_id",
         p,
     )
     _, rrows = backend.query(
@@ -382,8 +384,8 @@ def _human(
     if "outcome" in sources:
         _, rows = backend.query(
             f"SELECT reason FROM {db}.commands FINAL WHERE job_id = {{job:String}} AND "
-            f"command_id IN (SELECT command_id FROM {db}.command_results FINAL WHERE "
-            "job_id = {job:String} AND status = 'succeeded') ORDER BY command_id",
+            f"signed = 1 AND command_id IN (SELECT command_id FROM {db}.command_results "
+            "FINAL WHERE job_id = {job:String} AND status = 'succeeded') ORDER BY command_id",
             p,
         )
         for (reason,) in rows:

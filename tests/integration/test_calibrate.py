@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from detectors.config import MonitorConfig
+from pipeline.actuator.signing import sign
 from pipeline.archive import rows_for
 from pipeline.calibrate import calibrate
 from pipeline.calibrate_archive import archived_jobs, load_job
@@ -31,6 +32,7 @@ from schemas import (
     CommandStatus,
 )
 from tests.conftest import TEST_CLICKHOUSE, _missing
+from tests.factories import ACTUATOR_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +95,11 @@ def test_approvals_rejections_and_outcomes_become_labels_and_a_label_outranks_th
     # ... a command it led to succeeded: weaker than the human rejection
     _insert(
         archive,
-        Command(command_id="cmd-ops-1", kind=CommandKind.ISOLATE, job_id="ops",
+        sign(Command(command_id="cmd-ops-1", kind=CommandKind.ISOLATE, job_id="ops",
+                     targets=(alerts[0].node,), reason=(fp,), mode=ActuatorMode.AUTO,
+                     issued_at=t0), ACTUATOR_KEY),
+        # an unsigned command is nobody's word: neither replayed nor a label
+        Command(command_id="cmd-ops-2", kind=CommandKind.RESTART, job_id="ops",
                 targets=(alerts[0].node,), reason=(fp,), mode=ActuatorMode.AUTO, issued_at=t0),
         CommandResult(command_id="cmd-ops-1", job_id="ops", executor="dry-run",
                       status=CommandStatus.SUCCEEDED, ts=t0),
@@ -147,7 +153,6 @@ def test_calibration_recovers_the_planted_slowdown_threshold(archive):
 
 
 def test_running_confirmation_is_the_settings_then_every_signed_control_change(archive):
-    from pipeline.actuator.signing import sign
     from pipeline.calibrate_cmd import running_actuator
     from pipeline.settings import Settings
     from schemas import ControlMessage
