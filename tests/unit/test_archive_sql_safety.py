@@ -73,3 +73,17 @@ def test_read_only_accepts_one_read(sql):
 )
 def test_read_only_refuses_writes_and_anything_ambiguous(sql):
     assert read_only_problem(sql) is not None
+
+
+def test_every_named_query_is_read_only_so_the_archivers_socket_takes_it():
+    for q in QUERIES.values():
+        assert read_only_problem(q.render("db")) is None, q.name
+
+
+def test_named_queries_read_only_signed_alerts_and_commands():
+    for name in ("incident_timeline", "command_outcomes", "incidents", "detection_delay",
+                 "top_nodes"):  # fmt: skip
+        sql = QUERIES[name].render("db")
+        for table, filtered in (("db.alerts", "signed != 0"), ("db.commands", "signed")):
+            if table in sql:
+                assert filtered in sql, (name, table)
