@@ -124,6 +124,8 @@ _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     # the job's CommandListener: a job controller, it signs its results as an executor
     "simulate": ("executor", ("actuator", "executor")),
+    # archives alerts and commands whose signature does not verify as unsigned
+    "archiver": (None, ("actuator", "worker")),
 }
 
 
@@ -275,7 +277,7 @@ def build_plan(
         "actuator": keys["actuator"],
         "executor-dry-run": keys["executor"],
         "simulate": keys["simulate"],
-        "archiver": {},
+        "archiver": keys["archiver"],
     }
     job_id = None
     if options.scenario is not None:
