@@ -41,6 +41,8 @@ STEPGUARD_MAX_CLOCK_SKEW_S    records dated further beyond the wall clock are re
 STEPGUARD_DETECTOR_CONFIG     JSON file of detector thresholds for new jobs (written by
                               ``stepguard calibrate --apply``; unset: the defaults)
 STEPGUARD_ACTUATOR_MODE       observe | approve | auto
+STEPGUARD_ACTUATOR_ACTION_MODES  per action kind, a mode overriding it:
+                              ``replace_at_checkpoint=auto,restart=approve``
 STEPGUARD_ACTUATOR_PRIVATE_KEY  ``key_id:base64`` Ed25519 key that signs commands
                               (secret; ``stepguard keys generate`` makes one)
 STEPGUARD_ACTUATOR_PUBLIC_KEYS  ``key_id:base64[,key_id:base64]``: keys whose commands
@@ -183,6 +185,9 @@ class Settings(BaseSettings):
 
     # -- actuator -----------------------------------------------------------------------
     actuator_mode: Literal["observe", "approve", "auto"] = "observe"
+    #: per action kind, a mode overriding actuator_mode: ``kind=mode,...`` (e.g.
+    #: ``replace_at_checkpoint=auto,restart=approve``); control --mode-for changes it
+    actuator_action_modes: str = ""
     #: Ed25519 keys, ``key_id:base64`` (``stepguard keys generate``): a role's private
     #: key signs what it publishes, its public keys verify (all listed: rotation)
     actuator_private_key: SecretStr | None = None
@@ -310,6 +315,17 @@ class Settings(BaseSettings):
         text: str = getattr(self, f"{role}_public_keys")
         return parse_keys(text) if text else []
 
+    @field_validator("actuator_action_modes")
+    @classmethod
+    def _check_action_modes(cls, value: str) -> str:
+        _action_mode_pairs(value)
+        return value.strip()
+
+    @property
+    def action_modes(self) -> list[tuple[str, str]]:
+        """(recommended action, mode) pairs of ``actuator_action_modes``."""
+        return _action_mode_pairs(self.actuator_action_modes)
+
     @property
     def spare_pool(self) -> list[str]:
         return [n.strip() for n in self.spare_nodes.split(",") if n.strip()]
@@ -349,3 +365,21 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> 
             name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
             problems.append(f"{name}: {err['msg']}")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from exc
+
+
+def _action_mode_pairs(text: str) -> list[tuple[str, str]]:
+    """``kind=mode,...`` as pairs; an unknown kind or mode, or a kind twice, is refused."""
+    kinds = ("none", "investigate", "isolate", "replace_at_checkpoint", "restart", "rollback")
+    modes = ("observe", "approve", "auto")
+    pairs: list[tuple[str, str]] = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        kind, sep, mode = (v.strip() for v in item.partition("="))
+        if not sep or kind not in kinds or mode not in modes:
+            raise ValueError(
+                f"{item!r}: expected kind=mode, kind one of {', '.join(kinds)}, mode one of "
+                f"{', '.join(modes)}"
+            )
+        if kind in dict(pairs):
+            raise ValueError(f"{kind} is given twice")
+        pairs.append((kind, mode))
+    return pairs

@@ -186,7 +186,10 @@ class PolicyParams:
             default_job_nodes=settings.guard_job_nodes,
             hold_ttl_s=settings.hold_ttl_s,
             max_tracked=settings.actuator_max_tracked,
-        )
+            action_modes=tuple(sorted(
+                (RecommendedAction(k), ActuatorMode(m)) for k, m in settings.action_modes
+            )),
+        )  # fmt: skip
 
     def with_control(self, msg: ControlMessage) -> PolicyParams:
         changes: dict[str, object] = {}

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pipeline.actuator.policy import Policy, PolicyParams, action_id
+from pipeline.errors import ConfigError
 from pipeline.settings import load_settings
 from schemas import (
     ActionState,
@@ -800,3 +801,17 @@ def test_pending_header_folds_only_signed_fresh_control_changes():
         "actuator mode approve; per-kind overrides: replace_at_checkpoint=auto, restart=observe"
     )
     assert modes_line(base) == "actuator mode approve; per-kind overrides: none"
+
+
+def test_per_kind_modes_come_from_the_settings_and_bad_ones_are_named():
+    modes = "replace_at_checkpoint=auto, restart=observe"
+    s = load_settings(
+        {"STEPGUARD_ACTUATOR_MODE": "approve", "STEPGUARD_ACTUATOR_ACTION_MODES": modes}
+    )
+    params = PolicyParams.from_settings(s)
+    assert params.action_modes == (
+        (RA.REPLACE_AT_CHECKPOINT, ActuatorMode.AUTO), (RA.RESTART, ActuatorMode.OBSERVE),
+    )  # fmt: skip
+    for bad in ("restart=sometimes", "reboot=auto", "restart", "restart=auto,restart=approve"):
+        with pytest.raises(ConfigError, match="STEPGUARD_ACTUATOR_ACTION_MODES"):
+            load_settings({"STEPGUARD_ACTUATOR_ACTION_MODES": bad})
