@@ -35,7 +35,6 @@ True
 
 from __future__ import annotations
 
-import bisect
 import math
 
 import numpy as np
@@ -147,7 +146,7 @@ class TailCalibrator:
         self._pos = 0
         self._count = 0
         self._since_fit = 0
-        self._sorted: list[float] = []
+        self._sorted = np.zeros(0)
         self._u = math.inf
         self._frac = 0.0
         self._scale = 1.0
@@ -174,14 +173,15 @@ class TailCalibrator:
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile of the values as of the last refit (inf when none)."""
-        if not self._sorted:
+        m = len(self._sorted)
+        if not m:
             return math.inf
-        return self._sorted[min(int(q * len(self._sorted)), len(self._sorted) - 1)]
+        return float(self._sorted[min(int(q * m), m - 1)])
 
     def _refit(self) -> None:
         self._since_fit = 0
         data = np.sort(self._buf[: self.size])
-        self._sorted = data.tolist()
+        self._sorted = data
         m = len(data)
         k = max(int(self.tail_fraction * m), 8)
         if m < 2 * k:
@@ -215,7 +215,7 @@ class TailCalibrator:
     def _log_empirical(self, z: float) -> float:
         m = len(self._sorted)
         if z <= self._u:
-            at_least = m - bisect.bisect_left(self._sorted, z)
+            at_least = m - int(np.searchsorted(self._sorted, z, side="left"))
             return math.log(max(at_least, 0.5) / m)
         y = (z - self._u) / self._scale
         log_sf = -math.log1p(self._shape * y) / self._shape if self._shape > 1e-6 else -y
