@@ -118,7 +118,7 @@ def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
     >>> expand_grid({"hang_factr": [2]})
     Traceback (most recent call last):
     ...
-    pipeline.errors.ConfigError: grid 'hang_factr': 'hang_factr' is not a detector setting (...)
+    pipeline.errors.ConfigError: grid 'hang_factr': 'hang_factr' is not a detector setting ...
     """
     axes: list[list[dict[str, Any]]] = []
     for key, values in grid.items():
