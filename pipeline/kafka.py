@@ -7,7 +7,7 @@ Low-volume topics that are read back at start-up (commands, actions, control, re
 the actuator, its executors and the training-side command listener):
 
 - they are produced one record per batch (:func:`control_producer`): Tansu's end
-  offsets are only right then (INFRA.md), and these topics carry a few messages a
+  offsets are only right then (docs/backends.md), and these topics carry a few messages a
   minute;
 - their consumers are assigned every partition instead of joining a group
   (:func:`assigned_consumer`, no rebalance wait); with a ``group_id`` they still commit
@@ -90,7 +90,7 @@ def client_config(settings: Settings) -> dict[str, Any]:
 
 
 def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
-    """A producer that waits for the leader's ack; idempotence off on Tansu (INFRA.md)."""
+    """A producer that waits for the leader's ack; idempotence off on Tansu (docs/backends.md)."""
     cfg = client_config(settings) | {
         "acks": 1 if settings.is_tansu else "all",
         "linger_ms": 20,

@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     #: largest compressed detector snapshot of one job (~140 B per rank before zlib):
     #: the changelog topic's max.message.bytes and the worker's request and fetch sizes
     worker_max_snapshot_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
-    #: consumer-group session timeout of the worker (Tansu: 3-6 s, see INFRA.md)
+    #: consumer-group session timeout of the worker (Tansu: 3-6 s, see docs/backends.md)
     worker_session_timeout_s: float = Field(default=10.0, ge=1.0, le=300.0)
     #: a worker whose table recovery has not completed for this long exits (code 75)
     #: for its supervisor to restart it (Faust's recovery can stall after a rebalance)

@@ -22,7 +22,7 @@ the raw JSON, one message a line), from the last N updates, and keeps following 
 wrongly signed alert is shown, marked, never hidden (the actuator does not act on it).
 
 Reading the end of a partition: Tansu's end offsets (ListOffsets LATEST) are wrong when
-a batch holds several records (INFRA.md), but the high watermark in a fetch response is
+a batch holds several records (docs/backends.md), but the high watermark in a fetch response is
 right, so :class:`TopicTail` starts at the reported end less N, and once a fetch tells
 it the real high watermark it moves to that less N; it keeps at most N records per
 partition whatever happens.
@@ -434,7 +434,7 @@ def services_from_groups(settings: Settings) -> tuple[list[ServiceRow], list[str
         try:
             for desc in admin.describe_groups(names) if names else []:
                 members[_group_id(desc)] = len(_field(desc, "members") or ())
-        except Exception:  # Tansu: describe_groups raises (INFRA.md)
+        except Exception:  # Tansu: describe_groups raises (docs/backends.md)
             notes.append("consumer groups: members unknown (this broker cannot describe groups)")
         rows = [
             ServiceRow(

@@ -192,7 +192,7 @@ class ServerBackend:
     """ClickHouse server over the native protocol (clickhouse-driver).
 
     Inserts always use ``INSERT INTO t (cols) VALUES`` with data passed separately:
-    inline VALUES hang clickhouse-driver against 18.16 (INFRA.md).
+    inline VALUES hang clickhouse-driver against 18.16 (docs/backends.md).
     """
 
     name = "server"

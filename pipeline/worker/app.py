@@ -186,7 +186,7 @@ def build_app(
     )
     extra: dict[str, Any] = {}
     if tansu:
-        # ListOffsets is exact only with one record per batch (INFRA.md): without it
+        # ListOffsets is exact only with one record per batch (docs/backends.md): without it
         # changelog recovery stops early and the table loses updates.
         extra["producer_max_batch_size"] = 1
     creds = _credentials(settings)
