@@ -190,7 +190,28 @@ run_as_user() {
     fi
 }
 
+# The state dir is trusted only when it is ours: a real directory (not a symlink),
+# owned by this user or the server's user, writable by nobody else. Anyone could have
+# made /tmp/<name> first, and the server would then run on their config and data.
+ensure_state_dir() {
+    if [[ -e "$STATE_DIR" || -L "$STATE_DIR" ]]; then
+        local owner mode
+        [[ ! -L "$STATE_DIR" ]] || die "$STATE_DIR is a symbolic link: refusing to use it"
+        [[ -d "$STATE_DIR" ]] || die "$STATE_DIR is not a directory"
+        owner="$(stat -c %u "$STATE_DIR")"
+        [[ "$owner" == "$(id -u)" || "$owner" == "$(id -u "$(run_as_user)")" ]] \
+            || die "$STATE_DIR belongs to uid $owner, not to us: refusing to use it"
+        mode="$(stat -c %a "$STATE_DIR")"
+        (( (8#$mode & 8#022) == 0 )) \
+            || die "$STATE_DIR is writable by others (mode $mode): refusing to use it"
+    else
+        mkdir -p "$(dirname "$STATE_DIR")"
+        mkdir -m 700 "$STATE_DIR"
+    fi
+}
+
 write_config() {
+    ensure_state_dir
     mkdir -p "$STATE_DIR"/{data,tmp,user_files,format_schemas} "$LOG_DIR"
     cat > "$CONFIG" <<EOF
 <?xml version="1.0"?>
