@@ -29,8 +29,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -56,7 +58,7 @@ from pipeline.settings import ENV_PREFIX, Settings, load_settings
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from pipeline.supervisor import ServiceState
-from pipeline.up import UpOptions, build_plan, start_group, status_table
+from pipeline.up import MEMORY_ONLY, UpOptions, build_plan, start_group, status_table
 from schemas import (
     Alert,
     AlertKind,
@@ -182,12 +184,12 @@ def match_alerts(
 # -- the services ------------------------------------------------------------------------
 
 
-def _start_time(scenario: Scenario, speed: float) -> datetime:
-    """Events dated by the wall clock: back-dated by what the speed-up gains over the
-    job's expected length (restarts and stalls included, hence the margin), so that
-    the last event is dated about when it is played and none is ahead of the clock."""
+def _back_dating_s(scenario: Scenario, speed: float) -> float:
+    """How far before now the job starts: what the speed-up gains over the job's
+    expected length (restarts and stalls included, hence the margin), so that its last
+    event is dated about when it is played and none is ahead of the wall clock."""
     expected_s = scenario.steps * scenario.nominal_step_s * 1.25
-    return datetime.now(UTC) - timedelta(seconds=expected_s * max(0.0, 1.0 - 1.0 / speed))
+    return expected_s * max(0.0, 1.0 - 1.0 / speed)
 
 
 def _base_env(settings: Settings, base: Mapping[str, str], run: str) -> dict[str, str]:
@@ -270,6 +272,26 @@ class _Watch:
         self.consumer.close()
 
 
+def _worker_gauges(ports: list[int]) -> tuple[int, int] | None:
+    """(job steps scored, jobs held) summed over the workers' Prometheus endpoints;
+    None while one does not answer."""
+    steps = jobs = 0.0
+    for port in ports:
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                text = r.read().decode(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "stepguard_worker_steps_total":
+                steps += float(value)
+            elif name == "stepguard_worker_jobs":
+                jobs += float(value)
+    return int(steps), int(jobs)
+
+
 def _committed(settings: Settings, group: str, topic: str, partitions: list[int]) -> dict[int, int]:
     """The offsets ``group`` committed (OffsetFetch: nothing joins the group)."""
     consumer = KafkaConsumer(**consumer_config(settings, group))
@@ -323,9 +345,9 @@ def run_demo(
     t0 = time.monotonic()
     run = secrets.token_hex(4)
     job_id = f"{scenario.job}-{run}"
-    scenario = scenario.model_copy(
-        update={"job_id": job_id, "start_time": _start_time(scenario, speed)}
-    )
+    back_s = _back_dating_s(scenario, speed)
+    start = datetime.now(UTC) - timedelta(seconds=back_s)
+    scenario = scenario.model_copy(update={"job_id": job_id, "start_time": start})
     job = SimulatedJob(scenario)
     scratch = (settings.state_dir / "demo" / run).resolve()
     logs = scratch / "logs"
@@ -337,15 +359,27 @@ def run_demo(
         run_id=run,
     )
     actuator_env = _actuator_env(settings, job, speed)
-    plan.specs = [
-        replace(s, env={**s.env, **actuator_env}) if s.name == "actuator" else s
-        for s in plan.specs
-        if not (backend is not None and s.name == "archiver")
-    ]
-    # the job controller is an executor: it verifies commands and signs its results
-    job_settings = load_settings(next(s.env for s in plan.specs if s.name == "executor-dry-run"))
+    specs = []
+    for spec in plan.specs:
+        if spec.name == "actuator":
+            specs.append(replace(spec, env={**spec.env, **actuator_env}))
+        elif spec.name != "archiver":
+            specs.append(spec)
+        elif backend is None:
+            # the archive may lag and catch up; detection and the closed loop may not
+            nice = ("nice", "-n", "10") if shutil.which("nice") else ()
+            specs.append(replace(spec, argv=(*nice, *spec.argv)))
+    plan.specs = specs
+    # the job controller is an executor: it verifies commands and signs its results.
+    # Its clock is the job's event time, up to back_s behind the wall clock on which
+    # the actuator dates its commands: that much more skew is no future command
+    job_settings = load_settings(
+        next(s.env for s in plan.specs if s.name == "executor-dry-run"),
+        max_clock_skew_s=settings.max_clock_skew_s + back_s,
+    )
     registry = registry_of(job_settings)
-    notes = [n for n in plan.notes if not n.startswith("no STEPGUARD_OPERATOR")]
+    # the demo's topics are its own and thrown away: no word on keeping them
+    notes = [n for n in plan.notes if not n.startswith(("no STEPGUARD_OPERATOR", MEMORY_ONLY))]
     notes += [
         f"services: {', '.join(s.name for s in plan.specs)} (child processes; logs in {logs})",
         f"played at {speed:g}x real time; actuator in auto mode, its guard window and "
@@ -359,11 +393,14 @@ def run_demo(
         (live.console if live is not None else console).print(line, highlight=False)
 
     sup, group, board = start_group(plan, event)
+    worker_ports = [s.metrics_port for s in plan.specs if s.name.startswith("worker-")]
+    worker_ports = [p for p in worker_ports if p]
     controller = JobController(job)
     outcome: dict[str, Any] = {}
     watch: _Watch | None = None
     title = f"stepguard demo: {scenario.name} as job {job_id} on {plan.bootstrap}"
     last_line = 0.0
+    scored: list[float] = [0, 0.0]  # steps the workers scored, when last scraped
 
     def progress_line() -> str:
         found = 0
@@ -374,8 +411,14 @@ def run_demo(
         grades = Counter(
             a.grade.value for a in (watch.alerts if watch else []) if a.state is AlertState.FIRING
         )
+        now = time.monotonic()
+        if now - scored[1] >= 2.0:
+            gauges = _worker_gauges(worker_ports)
+            scored[:] = [gauges[0] if gauges else scored[0], now]
+        behind = max(0, job.goodput().executed_steps - int(scored[0]))
         return (
-            f"job step {max(job.step, 0)}/{scenario.steps}, faults detected {found}/{faults}, "
+            f"job step {max(job.step, 0)}/{scenario.steps} (detection {behind} steps "
+            f"behind), faults detected {found}/{faults}, "
             f"alerts {dict(grades) or 0}, commands {len(watch.commands) if watch else 0}, "
             f"goodput {job.goodput().fraction:.2f}"
         )
@@ -461,6 +504,11 @@ def run_demo(
         decisions = registry.name("decisions")
 
         def settled() -> bool:
+            # the workers scored the job and dropped it (its end), every episode is
+            # resolved, and the actuator committed every decision
+            gauges = _worker_gauges(worker_ports)
+            if gauges is None or gauges[0] == 0 or gauges[1] != 0:
+                return False
             if watch is None or watch.open_episodes():
                 return False
             done = _committed(job_settings, actuator_group, decisions, list(watch.decisions_end))
