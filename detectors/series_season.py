@@ -5,9 +5,10 @@ weighted mean of how far the values in that bin sit from the series' slow level.
 scorer subtracts the profile before its baselines see a value, so a daily cycle is
 not a drift twice a day and a missing daily peak is a surprise. The profile is used
 (``ready``) only once a whole period has been seen and every bin holds at least two
-values. Bins are ``period / interval / 3`` wide (at least 3 values per bin and period),
-4 to 168 of them. Learning is clipped by the caller (see :meth:`learn`), so one spike
-moves a bin by a bounded amount.
+values. There are ``period / interval / 3`` bins (at least 3 values per bin and
+period), 4 to 168 of them; the profile is linear between bin centres. Learning is
+clipped by the caller (see :meth:`learn`), so one spike moves a bin by a bounded
+amount.
 
 Examples
 --------
@@ -15,13 +16,12 @@ Examples
 >>> p = SeasonalProfile(period=86400.0, interval=3600.0)
 >>> p.bins
 8
->>> for h in range(48):
-...     ts = h * 3600.0
-...     p.learn(ts, 10.0 * math.sin(2 * math.pi * h / 24), step=50.0)
->>> p.ready(48 * 3600.0)
+>>> for h in range(96):   # four days of an hourly sine of amplitude 10
+...     p.learn(h * 3600.0, 10.0 * math.sin(2 * math.pi * h / 24), step=50.0)
+>>> p.ready(96 * 3600.0)
 True
->>> round(p.value(6 * 3600.0), 1)   # the bin of 06:00-09:00 sits high
-9.4
+>>> [round(p.value(h * 3600.0), 1) for h in (0, 3, 6, 12, 18)]   # sin: 0, 7.1, 10, 0, -10
+[0.2, 6.8, 9.7, -0.2, -9.7]
 """
 
 from __future__ import annotations
@@ -75,32 +75,42 @@ class SeasonalProfile:
         self.bins = season_bins(period, interval)
         self.visits = max(period / interval / self.bins, 1.0)
         self._offsets = np.zeros(self.bins)
-        self._counts = np.zeros(self.bins, dtype=np.int64)
+        self._counts = np.zeros(self.bins)  # values seen per bin, by share
         self._first: float | None = None
 
-    def _bin(self, ts: float) -> int:
-        return int((ts % self.period) / self.period * self.bins) % self.bins
+    def _where(self, ts: float) -> tuple[int, int, float]:
+        """The two bins whose centres surround ``ts``'s phase, and how far past the first."""
+        pos = (ts % self.period) / self.period * self.bins - 0.5
+        lo = math.floor(pos)
+        return lo % self.bins, (lo + 1) % self.bins, pos - lo
 
     def ready(self, ts: float) -> bool:
         """Whether the profile has seen a whole period and two values in every bin."""
         return (
             self._first is not None
             and ts - self._first >= self.period
-            and int(self._counts.min()) >= 2
+            and float(self._counts.min()) >= 2.0
         )
 
     def value(self, ts: float) -> float:
-        """The learned offset of ``ts``'s phase bin (0 until learned)."""
-        return float(self._offsets[self._bin(ts)])
+        """The learned offset at ``ts``'s phase: linear between the two nearest bin
+        centres (0 until learned), so a smooth cycle is not a staircase."""
+        b0, b1, f = self._where(ts)
+        return float((1.0 - f) * self._offsets[b0] + f * self._offsets[b1])
 
     def learn(self, ts: float, deviation: float, step: float) -> None:
-        """Move ``ts``'s bin toward ``deviation`` (value minus slow level), by at most ``step``."""
+        """Move the profile at ``ts`` toward ``deviation`` (value minus slow level): each
+        of the two nearest bins by its share, the error clipped to ``step``."""
         if not math.isfinite(ts) or not math.isfinite(deviation):
             return
         if self._first is None:
             self._first = ts
-        b = self._bin(ts)
-        self._counts[b] += 1
-        weight = max(1.0 / float(self._counts[b]), 1.0 / (self.memory * self.visits))
-        delta = deviation - self._offsets[b]
-        self._offsets[b] += weight * min(max(delta, -step), step)
+        b0, b1, f = self._where(ts)
+        error = min(max(deviation - self.value(ts), -step), step)
+        floor = 1.0 / (self.memory * self.visits)
+        for b, share in ((b0, 1.0 - f), (b1, f)):
+            if share <= 0.0:
+                continue
+            self._counts[b] += share
+            rate = min(1.0, share * max(1.0 / float(self._counts[b]), floor))
+            self._offsets[b] += rate * error
