@@ -40,7 +40,7 @@ Totals are summed over series (micro-averaged) per family and overall.
 
 Usage::
 
-    python benchmarks/series_quality.py                 # dev seeds 0,1; held-out 2,3,4
+    python benchmarks/series_quality.py                 # dev seeds 0-4; held-out 5,6,7
     python benchmarks/series_quality.py --quick         # dev seed 0 only, no BENCHMARKS.md
     python benchmarks/series_quality.py --json out.json --no-write
 """
@@ -71,8 +71,8 @@ TOLERANCE = 20
 RUN_GAP = 10
 Z_WINDOW = 100
 Z_HALF = 3.0
-DEV_SEEDS = (0, 1)
-HELD_OUT_SEEDS = (2, 3, 4)
+DEV_SEEDS = (0, 1, 2, 3, 4)
+HELD_OUT_SEEDS = (5, 6, 7)
 SCORERS = ("stepguard", "baselines.zscore", "baselines.hst")
 
 
