@@ -596,7 +596,8 @@ def score_series_cmd(
         str, typer.Option("--format", help="csv (time,score) or plain (one score per line).")
     ] = "csv",
     explain: Annotated[
-        bool, typer.Option(help="csv: add the column and kind (spike/shift/drift/variance).")
+        bool,
+        typer.Option(help="csv: add the column, kind (spike/shift/drift/variance), season."),
     ] = False,
     warmup: Annotated[int, typer.Option(min=3, help="Values a column needs first.")] = 10,
     rarity: Annotated[

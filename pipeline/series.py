@@ -11,9 +11,11 @@ explicit ``--season SECONDS`` any number counts as seconds. Anything else (row
 numbers with ``--season auto``, free text) leaves the row without a time: it is still
 scored, without seasonal baselines.
 
-Output. ``csv`` writes ``<time column>,score`` (plus ``column,kind`` with
-``explain``), ``plain`` one score per line; scores are printed at full precision
-(the shortest text that reads back as the same float).
+Output. ``csv`` writes ``<time column>,score`` (plus ``column,kind,season_s`` with
+``explain``: the column and kind of change behind the score, and the period of the
+seasonal baseline that scored it, empty for none), ``plain`` one score per line;
+scores are printed at full precision (the shortest text that reads back as the same
+float).
 """
 
 from __future__ import annotations
@@ -150,7 +152,8 @@ def score_csv(lines: Iterable[str], out: TextIO, opts: SeriesOptions) -> int:
     writer = csv.writer(out, lineterminator="\n")
     plain = opts.output == "plain"
     if not plain:
-        writer.writerow([header[t_idx], "score", *(("column", "kind") if opts.explain else ())])
+        extra = ("column", "kind", "season_s") if opts.explain else ()
+        writer.writerow([header[t_idx], "score", *extra])
     rows = 0
     for row in reader:
         line_no = reader.line_num
@@ -165,7 +168,10 @@ def score_csv(lines: Iterable[str], out: TextIO, opts: SeriesOptions) -> int:
         if plain:
             out.write(f"{result.score!r}\n")
         elif opts.explain:
-            writer.writerow([stamp, repr(result.score), result.column or "", result.kind or ""])
+            season = "" if result.seasonal is None else f"{result.seasonal:g}"
+            writer.writerow(
+                [stamp, repr(result.score), result.column or "", result.kind or "", season]
+            )
         else:
             writer.writerow([stamp, repr(result.score)])
     return rows

@@ -52,10 +52,10 @@ def test_csv_output_explains_the_column_and_kind(tmp_path):
     result = runner.invoke(app, ["score-series", str(path), "--explain"])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert lines[0] == "time,score,column,kind"
-    stamp, score, column, kind = lines[1 + 250].split(",")
-    assert stamp == str(START + 300 * 250) and float(score) > 0.8
-    assert (column, kind) == ("b", "spike")
+    assert lines[0] == "time,score,column,kind,season_s"
+    stamp, score, column, kind, season = lines[1 + 250].split(",")
+    assert stamp == str(START + 300 * 250) and float(score) > 0.7
+    assert (column, kind, season) == ("b", "spike", "")
 
 
 def test_columns_option_selects_what_is_scored(tmp_path):
@@ -79,11 +79,10 @@ def test_iso_timestamps_enable_the_daily_season():
     out = io.StringIO()
     score_csv(io.StringIO(text), out, SeriesOptions(explain=True))
     *_, last = out.getvalue().strip().splitlines()
-    assert last.startswith(stamps[-1])
-    # the same rows without a usable time: no seasonal baseline
+    assert last.startswith(stamps[-1]) and last.endswith(",86400")
     out_none = io.StringIO()
-    score_csv(io.StringIO(text), out_none, SeriesOptions(season="none"))
-    assert out.getvalue() != out_none.getvalue()
+    score_csv(io.StringIO(text), out_none, SeriesOptions(explain=True, season="none"))
+    assert out_none.getvalue().strip().splitlines()[-1].endswith(",")
 
 
 def test_parse_time_reads_iso_and_epoch_and_refuses_row_numbers():
