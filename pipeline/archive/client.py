@@ -189,13 +189,18 @@ def _cell(value: Any) -> str:
 
 def rows_table(columns: list[str], rows: list[tuple[Any, ...]]) -> Table:
     """A table that fits the console: cells wrap, and a word longer than its column
-    (an id, a path) folds onto the next line instead of being cut."""
+    (an id, a path) folds onto the next line instead of being cut; times stay whole."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name in columns:
-        table.add_column(name, overflow="fold")
+    for i, name in enumerate(columns):
+        first = next((r[i] for r in rows if r[i] is not None), None)
+        table.add_column(name, overflow="fold", no_wrap=isinstance(first, datetime))
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
     return table
+
+
+#: a table whose rows take more lines than this on average prints one block per row
+_MAX_LINES_PER_ROW = 6
 
 
 def _fits(columns: list[str], width: int) -> bool:
@@ -226,6 +231,10 @@ def print_rows(
         out.file.flush()
         return
     if _fits(columns, out.width):
-        out.print(rows_table(columns, rows))
-    else:
-        _records(columns, rows, out)
+        table = rows_table(columns, rows)
+        lines = out.render_lines(table, out.options, pad=False)
+        # a row squeezed over many lines reads better as a block of its own
+        if not rows or len(lines) <= _MAX_LINES_PER_ROW * (len(rows) + 2):
+            out.print(table)
+            return
+    _records(columns, rows, out)
