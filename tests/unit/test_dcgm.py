@@ -327,3 +327,18 @@ def test_stepguard_export_health_from_dcgm_command():
     assert result.exit_code == 0, result.output
     report = NodeHealth.model_validate_json(result.stdout.strip().splitlines()[-1])
     assert (report.node, report.interval_s, len(report.gpus)) == ("gpu-node-07", 2.0, 2)
+
+
+def test_a_scraped_downtrained_link_and_a_drain_xid_reach_the_detector():
+    from detectors.hardware import HardwareDetector
+
+    bodies = [exposition()] * 3 + [exposition(width1=8, xid1=79)]
+    hw = HardwareDetector()
+    with Exporter(bodies) as ex:
+        scraper = DcgmScraper(ex.url, node="x")
+        for _ in range(3):
+            hw.learn_one(scraper.read()[0])
+        (report,) = scraper.read()
+    found = {f.signal: f for f in hw.score_one(report)}
+    assert set(found) == {"pcie_downtrain", "hw_fatal"}
+    assert found["pcie_downtrain"].score == 0.5 and "GPU 1" in found["hw_fatal"].detail
