@@ -550,7 +550,10 @@ class _DecodePool:
         self._dir = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH}{os.getpid()}-", dir=parent))
         self._names = itertools.count()
         self._pool = ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("spawn"), initializer=_leave_sigint
+            processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_decode_process_init,
+            initargs=(os.getpid(),),
         )
         # start every process now, with the decode modules imported
         for ready in [self.submit([]) for _ in range(processes)]:
@@ -633,10 +636,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _leave_sigint() -> None:
+def _decode_process_init(parent: int) -> None:
     """In a decode process: Ctrl-C reaches the whole process group, but stopping is the
-    archiver's to do (it finishes the batches in flight, then shuts the pool down)."""
+    archiver's to do (it finishes the batches in flight, then shuts the pool down). And
+    the process dies with the archiver: a SIGKILLed archiver cannot shut its pool down,
+    and the pool's call queue never reads end-of-file (each process holds a copy of
+    its write end), so the process would wait for work forever, and keep
+    multiprocessing's resource tracker alive with it (the tracker exits when the last
+    process holding its pipe does)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(
+        target=_exit_with_parent, args=(parent,), name="decode-parent-watch", daemon=True
+    ).start()
+
+
+#: How often a decode process checks that its archiver is still alive (seconds).
+_PARENT_POLL_S = 0.25
+
+
+def _exit_with_parent(parent: int, poll_s: float = _PARENT_POLL_S) -> None:
+    """Exit the process at once when ``parent`` is no longer its parent (it died and the
+    process was re-parented). Polled, not ``PR_SET_PDEATHSIG``: that signal follows
+    the *thread* that started the process, and the pool may start its processes from
+    any thread of the archiver."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os._exit(0)
 
 
 def _rejected_row(rec: Record, error: str) -> DeadLetter:
