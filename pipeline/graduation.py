@@ -16,8 +16,10 @@ over every fault kind, it has at least ``min_approvals`` approvals, at most
 ``max_rejections`` rejections (0: none) and at least ``min_success`` of at least
 ``min_outcomes`` executed commands succeeded (:class:`GraduationRules`).
 
-Trust: only commands the actuator signed count (``commands.signed = 1``); action
-records and approvals are archived as the actuator and the operators' CLI wrote them.
+Trust: only commands the actuator signed count (``commands.signed = 1``), and only
+action records the actuator signed and approvals an operator signed (``signed != 0``,
+migration 010; rows archived before it read -1 and count): a forged approval or
+rejection on the approvals topic moves no kind towards auto, or away from it.
 The SQL is the subset ClickHouse 18.16 and chDB share; the counting is done here.
 """
 
@@ -178,7 +180,8 @@ def graduation_report(
     # actions: every state row; the hold's time and how it ended
     _, rows = backend.query(
         "SELECT action_id, state, job_id, reason, detail, ts_ms FROM "
-        f"{db}.actions FINAL WHERE ts_ms >= {{since:UInt64}} ORDER BY action_id, ts_ms",
+        f"{db}.actions FINAL WHERE ts_ms >= {{since:UInt64}} AND signed != 0 "
+        "ORDER BY action_id, ts_ms",
         p,
     )
     held: dict[str, tuple[list[str], int]] = {}
@@ -194,7 +197,8 @@ def graduation_report(
             ended.setdefault(aid, "expired")
     _, rows = backend.query(
         "SELECT command_id, decision, ts_ms FROM "
-        f"{db}.approvals FINAL WHERE ts_ms >= {{since:UInt64}} ORDER BY command_id, ts_ms",
+        f"{db}.approvals FINAL WHERE ts_ms >= {{since:UInt64}} AND signed != 0 "
+        "ORDER BY command_id, ts_ms",
         p,
     )
     decision: dict[str, tuple[str, int]] = {}

@@ -124,8 +124,9 @@ _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     # the job's CommandListener: a job controller, it signs its results as an executor
     "simulate": ("executor", ("actuator", "executor")),
-    # archives alerts and commands whose signature does not verify as unsigned
-    "archiver": (None, ("actuator", "worker")),
+    # archives alerts, commands, action records and approvals whose signature does not
+    # verify as unsigned
+    "archiver": (None, ("actuator", "worker", "operator")),
 }
 
 

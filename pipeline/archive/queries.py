@@ -12,6 +12,8 @@ Unsigned commands and alerts are kept in the archive but no query here reads the
 (``commands.signed = 1``, ``alerts.signed != 0``; migration 008): whoever can write a
 topic could invent them. Alerts archived before that migration read ``signed = -1``
 (not known) and still count. A result of an unsigned command is left out with it.
+Action records and approvals follow the alerts' rule (``signed != 0``; migration 010:
+the actuator's and the operators' keys).
 """
 
 from __future__ import annotations
@@ -78,12 +80,13 @@ SELECT ts, what, subject, detail FROM (
            concat(action_id, if(by != '', concat(' by ', by), ''),
                   if(d != '', concat(': ', d), '')) AS detail
     FROM (SELECT ts, ts_ms, state, kinds, targets, action_id, by, detail AS d
-          FROM {db}.actions FINAL WHERE job_id = {job:String})
+          FROM {db}.actions FINAL WHERE job_id = {job:String} AND signed != 0)
     UNION ALL
     SELECT ts, ts_ms, toUInt8(3) AS ord, concat('approval ', decision) AS what,
            by AS subject, concat(command_id, if(reason != '', concat(': ', reason), '')) AS detail
     FROM {db}.approvals FINAL
-    WHERE command_id IN (SELECT action_id FROM {db}.actions FINAL WHERE job_id = {job:String})
+    WHERE signed != 0 AND command_id IN
+          (SELECT action_id FROM {db}.actions FINAL WHERE job_id = {job:String} AND signed != 0)
     UNION ALL
     SELECT ts, ts_ms, toUInt8(4) AS ord, concat('command ', kind, ' (', mode, ')') AS what,
            arrayStringConcat(targets, ',') AS subject, concat(command_id, ': ', summary) AS detail

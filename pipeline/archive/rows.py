@@ -153,7 +153,8 @@ def _approval(m: Approval, _rec_ms: int) -> Iterable[Row]:
     # the column kept the name Approval had before version 2: no rename on ClickHouse 18.16
     yield {
         "command_id": m.action_id, "decision": m.decision.value, "by": m.by,
-        "reason": m.reason, "ts": _utc(m.ts), "ts_ms": ms,
+        "reason": m.reason, "signed": int(m.signature is not None), "ts": _utc(m.ts),
+        "ts_ms": ms,
     }  # fmt: skip
 
 
@@ -195,7 +196,8 @@ def _action(m: ActionRecord, _rec_ms: int) -> Iterable[Row]:
         "mode": m.mode.value, "kinds": [c.kind.value for c in m.commands],
         "targets": sorted({t for c in m.commands for t in c.targets}),
         "reason": list(m.reason), "summary": m.summary, "detail": m.detail,
-        "by": m.by or "", "ts": _utc(m.ts), "ts_ms": ms,
+        "by": m.by or "", "signed": int(m.signature is not None), "ts": _utc(m.ts),
+        "ts_ms": ms,
     }  # fmt: skip
 
 

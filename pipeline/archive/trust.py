@@ -1,4 +1,4 @@
-"""Which archived alerts and commands count as signed.
+"""Which archived alerts, commands, action records and approvals count as signed.
 
 The archive keeps every alert and command it reads, with a ``signed`` column that the
 named queries filter on (:mod:`pipeline.archive.queries`): anyone who can write the
@@ -6,8 +6,9 @@ decisions or commands topic could invent rows. A message counts as signed when i
 carries a well-formed signature (the schema refuses malformed ones) and, where the
 archiver holds its writers' public keys, one of those keys made it: alerts are checked
 when ``STEPGUARD_WORKER_PUBLIC_KEYS`` is set (against the workers' and the actuator's
-keys: the actuator signs its guardrail notices), commands when
-``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` is. Without them, presence is all it can check.
+keys: the actuator signs its guardrail notices), commands and action records when
+``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` is, approvals when ``STEPGUARD_OPERATOR_PUBLIC_KEYS``
+is (migration 010). Without them, presence is all it can check.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TypeVar
 
 from pipeline.actuator.signing import PublicKeys, public_keys, signature_problem
 from pipeline.settings import Settings
-from schemas import Alert, Command, Message
+from schemas import ActionRecord, Alert, Approval, Command, Message
 
 __all__ = ["SignatureCheck"]
 
@@ -26,22 +27,26 @@ M = TypeVar("M", bound=Message)
 
 
 class SignatureCheck:
-    """Marks alerts and commands whose signature does not verify as unsigned.
+    """Marks alerts, commands, action records and approvals whose signature does not
+    verify as unsigned.
 
-    ``mark(message)`` returns the message itself, or, for a signed alert or command
-    that none of its writers' keys verifies, a copy without the signature (archived
+    ``mark(message)`` returns the message itself, or, for a signed message of those
+    kinds that none of its writers' keys verifies, a copy without the signature (archived
     with ``signed = 0``). ``failed`` counts those.
     """
 
     def __init__(self, settings: Settings) -> None:
         worker = public_keys(settings, "worker")
         actuator = public_keys(settings, "actuator")
+        operator = public_keys(settings, "operator")
         # alerts come from workers (and guardrail notices from the actuator): without
         # the workers' keys a worker's alert cannot be told from a forgery, so none is
         # checked
         self._keys: dict[type[Message], list[PublicKeys]] = {
             Alert: [k for k in (worker, actuator) if k] if worker else [],
             Command: [actuator] if actuator else [],
+            ActionRecord: [actuator] if actuator else [],
+            Approval: [operator] if operator else [],
         }
         self.failed = 0
 

@@ -147,18 +147,24 @@ def test_the_straggler_is_one_incident_and_the_run_ended_completed(smoke_run):
 def _timeline_archive(archive):
     """One job's history as the services archive it: a held action approved, a second
     one that expired, a signed command two executors answered, and forgeries (an
-    unsigned command with a result, an unsigned alert on another node)."""
+    unsigned command with a result, an unsigned alert on another node, an unsigned
+    action record and an unsigned rejection of the held action)."""
     from pipeline.actuator.signing import SigningKey, sign
-    from schemas import ActionState, CommandStatus
+    from schemas import ActionState, ApprovalDecision, CommandStatus
 
     s = samples()
     t0 = s["commands"].issued_at
     actuator, worker = SigningKey.generate("act"), SigningKey.generate("wrk")
+    operator = SigningKey.generate("op")
     alert = sign(s["decisions"].model_copy(update={"ts": t0}), worker)
     forged_alert = s["decisions"].model_copy(
         update={"fingerprint": "f" * 24, "node": "node-9", "summary": "forged"}
     )
-    held = s["actions"]
+    held = sign(s["actions"], actuator)
+    forged_action = s["actions"].model_copy(
+        update={"action_id": "act-forged-00000000000000000", "summary": "forged",
+                "detail": "forged"}
+    )  # fmt: skip
     approved = sign(
         held.model_copy(
             update={"state": ActionState.APPROVED, "by": "sre@example.com",
@@ -173,7 +179,12 @@ def _timeline_archive(archive):
         ),
         actuator,
     )  # fmt: skip
-    approval = s["approvals"].model_copy(update={"ts": t0 + timedelta(seconds=1)})
+    approval = sign(s["approvals"].model_copy(update={"ts": t0 + timedelta(seconds=1)}),
+                    operator)  # fmt: skip
+    forged_rejection = s["approvals"].model_copy(
+        update={"decision": ApprovalDecision.REJECT, "by": "forger", "reason": "forged",
+                "ts": t0 + timedelta(seconds=7)}
+    )  # fmt: skip
     command = sign(s["commands"].model_copy(update={"issued_at": t0 + timedelta(seconds=3)}),
                    actuator)  # fmt: skip
     forged = s["commands"].model_copy(update={"command_id": "cmd-forged", "summary": "forged"})
@@ -191,7 +202,7 @@ def _timeline_archive(archive):
         result("slurm", CommandStatus.REFUSED, 4, cid="cmd-forged"),
     ]
     messages = [alert, forged_alert, held, approved, expired, approval, command, forged,
-                *results]  # fmt: skip
+                forged_action, forged_rejection, *results]  # fmt: skip
     for table, cols in rows_for([(m, 0) for m in messages], list(range(len(messages)))).items():
         archive.insert(table, cols)
     return command
@@ -208,6 +219,7 @@ def test_timeline_has_actions_approvals_and_every_result_and_ignores_unsigned(ar
     ]  # fmt: skip
     text = " ".join(str(v) for r in rows for v in r)
     assert "forged" not in text and "node-9" not in text and "refused" not in text
+    assert "forger" not in text and "approval reject" not in what
     cols, rows = run_query(archive, "command_outcomes", job="job-1")
     got = [(r[cols.index("command_id")], r[cols.index("executor")], r[cols.index("status")])
            for r in rows]  # fmt: skip

@@ -51,3 +51,22 @@ def test_alerts_are_checked_only_with_the_workers_keys():
     assert check.mark(by_a_worker) is by_a_worker  # no worker key to tell
     forged = sign(samples()["commands"], SigningKey.generate("a1"))
     assert check.mark(forged).signature is None
+
+
+def test_action_records_need_the_actuators_key_and_approvals_an_operators():
+    actuator, operator = SigningKey.generate("a1"), SigningKey.generate("op1")
+    stranger = SigningKey.generate("op1")  # an operator's key id, another key
+    settings = load_settings(
+        {}, actuator_public_keys=actuator.public_text(), operator_public_keys=operator.public_text()
+    )
+    check = SignatureCheck(settings)
+    s = samples()
+    actions = [sign(s["actions"], actuator), sign(s["actions"], operator), s["actions"]]
+    approvals = [sign(s["approvals"], operator), sign(s["approvals"], stranger),
+                 sign(s["approvals"], actuator), s["approvals"]]  # fmt: skip
+    marked = [check.mark(m) for m in (*actions, *approvals)]
+    assert _signed(rows_for([(m, 0) for m in marked])) == {
+        "actions": [1, 0, 0],
+        "approvals": [1, 0, 0, 0],
+    }
+    assert check.failed == 3

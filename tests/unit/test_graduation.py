@@ -31,6 +31,7 @@ from schemas import (
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 KEY = SigningKey.generate("actuator-test")
+OPERATOR = SigningKey.generate("operator-test")
 
 
 def _alert(i: int, kind: AlertKind, action: RecommendedAction, job: str) -> Alert:
@@ -44,7 +45,8 @@ def _alert(i: int, kind: AlertKind, action: RecommendedAction, job: str) -> Aler
 
 class History:
     """Runs the actuator's own policy in approve mode and keeps what the archiver would
-    have stored: alerts, action records, approvals, signed commands, results."""
+    have stored: alerts, action records and commands signed by the actuator, approvals
+    signed by an operator, results."""
 
     def __init__(self) -> None:
         spares = tuple(f"spare-{i}" for i in range(200))
@@ -63,14 +65,14 @@ class History:
         a = _alert(self.n, kind, action, job)
         now = a.ts
         out = self.policy.on_alert(a, now)
-        self.messages += [a, *out.records]
+        self.messages += [a, *(sign(r, KEY) for r in out.records)]
         [held] = out.records
         if decision is None:
             return
         when = now + timedelta(seconds=latency_s)
         ap = Approval(action_id=held.action_id, decision=decision, by="sre", ts=when)
         out = self.policy.on_approval(ap, when)
-        self.messages += [ap, *out.records]
+        self.messages += [sign(ap, OPERATOR), *(sign(r, KEY) for r in out.records)]
         for cmd in out.commands:
             self.messages.append(sign(cmd, KEY))
             if outcome is not None and cmd.kind is not CommandKind.NOTIFY:
@@ -148,6 +150,40 @@ def test_unsigned_commands_and_other_jobs_do_not_count(archive):
     assert one_job.recommendations[0].auto
     later = graduation_report(archive, since=T0 + timedelta(days=1))
     assert later.rows == [] and later.recommendations == []
+
+
+def test_unsigned_action_records_and_approvals_do_not_count(archive):
+    """Whoever can write the approvals or actions topic cannot graduate a kind (forged
+    approvals of held actions) nor hold one back (a forged rejection)."""
+    h = History()
+    for _ in range(5):  # replacements: 5 signed approvals, ready for auto
+        h.act(AK.STRAGGLER, RA.REPLACE_AT_CHECKPOINT, AD.APPROVE, latency_s=5)
+    n_signed = len(h.messages)
+    h.act(AK.HANG, RA.RESTART, AD.APPROVE, latency_s=5)  # restarts: one real approval
+    for m in h.messages[:n_signed]:  # a forged rejection of a real replacement action
+        if isinstance(m, Approval):
+            h.messages.append(m.model_copy(update={
+                "decision": AD.REJECT, "ts": m.ts - timedelta(seconds=1),
+                "signature": None, "key_id": None,
+            }))  # fmt: skip
+            break
+    restart = next(m for m in h.messages[n_signed:] if hasattr(m, "state"))
+    for i in range(6):  # forged holds and approvals that would make restart "ready"
+        aid = f"act-forged-{i:04d}"
+        h.messages += [
+            restart.model_copy(update={"action_id": aid, "signature": None, "key_id": None}),
+            Approval(action_id=aid, decision=AD.APPROVE, by="forger", ts=restart.ts),
+        ]
+    h.store(archive)
+    report = graduation_report(archive, GraduationRules(min_approvals=5))
+    rows = {(r.action, r.fault): r for r in report.rows}
+    s = rows[("replace_at_checkpoint", "straggler")]
+    assert (s.held, s.approved, s.rejected) == (5, 5, 0)
+    r = rows[("restart", "hang")]
+    assert (r.held, r.approved, r.rejected) == (1, 1, 0)
+    recs = {x.action: x for x in report.recommendations}
+    assert recs["replace_at_checkpoint"].auto
+    assert not recs["restart"].auto and "1 approvals < 5" in recs["restart"].why
 
 
 def test_rules_are_validated():
