@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import json
+import os
 import re
 import struct
 import threading
@@ -22,10 +24,12 @@ from pipeline.settings import Settings
 
 __all__ = [
     "ArchiveBackend",
+    "ArchiveBusyError",
     "ChdbBackend",
     "Columns",
     "ServerBackend",
     "bind_params",
+    "chdb_holder",
     "open_backend",
     "read_only_problem",
 ]
@@ -352,6 +356,34 @@ def _register_numpy_enums(types: Any) -> None:
         _NUMPY_ENUMS.add(ch_type)
 
 
+class ArchiveBusyError(ArchiveError):
+    """Another process has the chDB data directory open (one at a time)."""
+
+
+def chdb_holder(path: Path) -> int | None:
+    """The id of the process that holds chDB's lock on the data directory ``path`` (0
+    when its status file does not say), or ``None`` when nobody holds it.
+
+    ClickHouse keeps an exclusive ``flock`` on ``<path>/status`` while it runs and
+    writes its ``PID:`` there.
+    """
+    status = Path(path) / "status"
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            found = re.search(rb"PID: (\d+)", os.read(fd, 4096))
+            return int(found[1]) if found else 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class ChdbBackend:
     """ClickHouse in-process (chDB). One process owns a data directory at a time."""
 
@@ -365,14 +397,26 @@ class ChdbBackend:
         self.database = _check_ident(database)
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._check_free()  # before chDB prints its own complaint
         try:
             self._session = session.Session(str(self.path))
         except Exception as exc:  # chdb raises plain exceptions
+            self._check_free()
             raise ArchiveError(f"cannot open chDB at {self.path}: {exc}") from exc
         self._types: dict[tuple[str, str], dict[str, str]] = {}
         self._lock = threading.RLock()  # one query at a time, from any thread
         # NaN loss is a signal: keep it distinct from NULL in query results.
         self.execute("SET output_format_json_quote_denormals = 1")
+
+    def _check_free(self) -> None:
+        holder = chdb_holder(self.path)
+        if holder is not None and holder != os.getpid():  # our own: chDB's to judge
+            raise ArchiveBusyError(
+                f"the chDB archive at {self.path} is open in process {holder or '(unknown)'}, "
+                "and chDB lets one process at a time open it: stop that process (while it "
+                "is `stepguard archiver`, `stepguard sql`, `query` and `report` read "
+                "through it)"
+            )
 
     def with_database(self, database: str) -> ChdbBackend:
         """The same session (one chDB path per process) working in another database."""

@@ -22,7 +22,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.archive.backend import ArchiveBackend, bind_params, read_only_problem
+from pipeline.archive.backend import (
+    ArchiveBackend,
+    ArchiveBusyError,
+    bind_params,
+    read_only_problem,
+)
 from pipeline.archive.serve import (
     MAX_REQUEST,
     MAX_RESPONSE,
@@ -111,8 +116,8 @@ def open_reader(settings: Settings) -> ArchiveBackend:
     """The archive for reading: the server (DSN), the archiver's query socket when an
     archiver owns the chDB directory, or the chDB directory itself.
 
-    When the directory is locked and no archiver answers, the error is one line that
-    says so (chDB allows one process per directory).
+    When another process holds the directory and no archiver answers, the error
+    (:class:`~pipeline.archive.backend.ArchiveBusyError`) is one line naming it.
     """
     from pipeline import archive  # looked up per call: tests hand in their own
 
@@ -126,21 +131,12 @@ def open_reader(settings: Settings) -> ArchiveBackend:
             pass  # left by an archiver that is gone: its directory is free again
     try:
         return archive.open_backend(settings)
-    except ArchiveError as exc:
-        if not _locked(str(exc)):
-            raise ArchiveError(_first_line(str(exc))) from exc
-        raise ArchiveError(
-            f"cannot open the chDB archive at {settings.chdb_path}: another process has it "
-            f"open (chDB allows one at a time) and no archiver answers on {path}; stop that "
-            "process, or query while `stepguard archiver` runs (it serves queries)"
+    except ArchiveBusyError as exc:
+        raise ArchiveBusyError(
+            f"{exc}; no archiver answers queries on {path}" if path.exists() else str(exc)
         ) from exc
-
-
-def _locked(text: str) -> bool:
-    """Whether chDB's error says another process holds the directory (chDB 4 says
-    "Error initializing EmbeddedServer", older ones "Cannot lock file")."""
-    signs = ("Cannot lock file", "Another server instance", "EmbeddedServer")
-    return any(s in text for s in signs)
+    except ArchiveError as exc:
+        raise ArchiveError(_first_line(str(exc))) from exc
 
 
 def _first_line(text: str) -> str:

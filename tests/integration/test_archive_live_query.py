@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from pipeline.archive.backend import chdb_holder
 from pipeline.archive.client import ClientBackend
 from pipeline.archive.serve import QueryServer, query_socket_path, socket_address
 from pipeline.errors import ArchiveError
@@ -183,6 +184,14 @@ def test_sql_and_query_read_the_archive_while_the_archiver_runs(settings, tmp_pa
         out = _cli(env, "query", "rank_slowdown", "--job", "job-1", "--limit", "5")
         assert out.returncode == 0, out.stderr
         assert max(len(line) for line in out.stdout.splitlines()) <= 80
+        # what needs the directory itself says who holds it, in one line
+        assert chdb_holder(chdb) == archiver.pid
+        out = _cli(env, "archive", "migrate")
+        assert out.returncode == 2
+        said = " ".join(out.stderr.split())
+        assert said.startswith("error: the chDB archive at ")
+        assert f"is open in process {archiver.pid}," in said
+        assert "Traceback" not in said and "DB::Exception" not in said
         out = _cli(env, "sql", f"DROP TABLE {client.database}.steps")
         assert out.returncode == 2 and "refused" in out.stderr
         assert client.query(count)[1] == [(24,)]
@@ -191,7 +200,7 @@ def test_sql_and_query_read_the_archive_while_the_archiver_runs(settings, tmp_pa
         archiver.wait(timeout=60)
         archiver.stderr.close()  # type: ignore[union-attr]
     assert archiver.returncode == 0, "".join(seen)
-    assert not query_socket_path(chdb).exists()
+    assert not query_socket_path(chdb).exists() and chdb_holder(chdb) is None
     # with the archiver gone the directory is the command line's to open
     out = _cli(env, "sql", "SELECT count() FROM stepguard.steps FINAL")
     assert out.returncode == 0, out.stderr
