@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import Any, TextIO
 
 from detectors.series import SeriesScorer
 from pipeline.errors import StepguardError
@@ -144,7 +144,20 @@ def score_csv(lines: Iterable[str], out: TextIO, opts: SeriesOptions) -> int:
     already written).
     """
     reader = csv.reader(lines)
+    try:
+        return _score_rows(reader, out, opts)
+    except csv.Error as exc:
+        raise SeriesInputError(f"line {reader.line_num}: not CSV: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SeriesInputError(
+            f"line {reader.line_num + 1}: not UTF-8 text ({exc.reason})"
+        ) from exc
+
+
+def _score_rows(reader: Any, out: TextIO, opts: SeriesOptions) -> int:
     header = next(reader, None)
+    if header:
+        header[0] = header[0].removeprefix("\ufeff")  # a byte-order mark from a spreadsheet
     t_idx, idx = _pick_columns(header or [], opts)
     assert header is not None
     scorer = SeriesScorer(warmup=opts.warmup, rarity=opts.rarity, season=opts.season)

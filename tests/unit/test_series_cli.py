@@ -128,6 +128,16 @@ def test_bad_input_is_a_clear_error(tmp_path, argv, text, needle):
     assert needle in result.output
 
 
+def test_a_byte_order_mark_and_bad_bytes(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeffts,a\n1,1.0\n2,1.0\n".encode())
+    result = runner.invoke(app, ["score-series", str(path), "--time-column", "ts"])
+    assert result.exit_code == 0 and result.output.splitlines()[0] == "ts,score"
+    path.write_bytes(b"ts,a\n1,1.0\n2,\xff\xfe\n")
+    result = runner.invoke(app, ["score-series", str(path)])
+    assert result.exit_code == 2 and "UTF-8" in result.output
+
+
 def test_a_missing_file_is_named(tmp_path):
     result = runner.invoke(app, ["score-series", str(tmp_path / "absent.csv")])
     assert result.exit_code == 2 and "absent.csv" in result.output
