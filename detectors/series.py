@@ -33,7 +33,8 @@ rarest column's, times the number of columns scored. The score is
 rarity"** (10,000 by default) on every series, near 1 means far rarer, 0 means
 ordinary. A row is scored from earlier rows only (score, then learn), so appending
 rows never changes an earlier score. Missing values (None / NaN) are neither scored
-nor learned; the first ``warmup`` values of a column score 0.
+nor learned, values beyond 1e100 in magnitude are scored but not learned; the first
+``warmup`` values of a column score 0.
 
 Seasonality (``season``): ``"none"``; ``"auto"`` (a day and a week are tried when the
 rows carry timestamps in seconds and a period spans at least 12 rows; a seasonal
@@ -82,6 +83,9 @@ _SEASON_MARGIN = 0.8
 _AUTO_PERIODS = (DAY, WEEK)
 _MIN_ROWS_PER_PERIOD = 12
 _INTERVAL_SAMPLES = 32
+#: Values beyond this magnitude are scored but never learned: differences of such
+#: values overflow and would leave the baselines without a number.
+_MAX_LEARNED = 1e100
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +466,7 @@ class SeriesScorer:
 
     def _learn(self, row: Row, ts: float | None, evals: Mapping[str, _Eval]) -> None:
         for name, value in row.items():
-            if value is None or not math.isfinite(value):
+            if value is None or not abs(value) <= _MAX_LEARNED:
                 continue
             col = self._columns.get(name)
             if col is None:

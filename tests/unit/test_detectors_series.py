@@ -5,6 +5,8 @@ import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detectors.series import DAY, SeriesScorer, score_series
 
@@ -177,3 +179,30 @@ def test_columns_are_bounded():
 def test_invalid_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SeriesScorer(**kwargs)
+
+
+values = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-1e6, 1e6),
+    st.sampled_from([0.0, 1.0, 1e-300, -1e300]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(st.fixed_dictionaries({"a": values, "b": values}), min_size=1, max_size=60),
+    times=st.lists(st.floats(0, 2e9) | st.none(), min_size=60, max_size=60),
+    cut=st.integers(0, 60),
+    season=st.sampled_from(["auto", "none", 3600.0]),
+)
+def test_any_input_gives_finite_unit_scores_that_later_rows_never_change(rows, times, cut, season):
+    scores = SeriesScorer(warmup=3, season=season).score_rows(rows, times)
+    assert all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in scores)
+    tail = [{"a": 1e300, "b": -1e-300}] * 5
+    scorer = SeriesScorer(warmup=3, season=season)
+    again = scorer.score_rows(rows[:cut] + tail, times)
+    assert again[: min(cut, len(rows))] == scores[: min(cut, len(rows))]
+    # whatever came before, the state holds numbers: ordinary rows score finitely
+    for col in scorer._columns.values():
+        assert math.isfinite(col.plain.level) and math.isfinite(col.plain.spread_level)
