@@ -120,7 +120,8 @@ class Plan:
 #: the roles whose public keys it verifies with
 _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "actuator": ("actuator", ("actuator", "worker", "operator")),
-    "worker": ("worker", ("actuator", "executor")),  # acts on executor-signed results
+    # acts on executor-signed results; applies operator-signed detector settings
+    "worker": ("worker", ("actuator", "executor", "operator")),
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     # the job's CommandListener: a job controller, it signs its results as an executor
     "simulate": ("executor", ("actuator", "executor")),

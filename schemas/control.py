@@ -16,12 +16,20 @@ Examples
 >>> ControlMessage(change_id="c2", action_modes={"replace_at_checkpoint": "auto"},
 ...                by="sre", ts=t).action_modes
 {<RecommendedAction.REPLACE_AT_CHECKPOINT: 'replace_at_checkpoint'>: 'auto'}
+>>> ControlMessage(change_id="c3", scope="detector", by="sre", ts=t,
+...                detector_settings={"straggler_warning": 0.06, "hang_factor": 3}
+...                ).detector_settings
+{'straggler_warning': 0.06, 'hang_factor': 3}
+
+``detector_settings`` is for the workers (``scope`` ``detector``): every worker reads
+the control topic and builds new jobs' detectors from the latest signed set
+(``stepguard calibrate --apply``); the actuator's fields leave it alone.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
@@ -29,11 +37,16 @@ from schemas._base import KeyId, Message, Signature
 from schemas.alerts import Alert, RecommendedAction
 from schemas.commands import ActuatorMode, Command
 
-__all__ = ["ActionRecord", "ActionState", "ControlMessage", "ModeOverride"]
+__all__ = ["ActionRecord", "ActionState", "ControlMessage", "DetectorValue", "ModeOverride"]
 
 #: ``ControlMessage.action_modes`` value: a mode for the kind, or ``default`` (follow
 #: the global mode again)
 ModeOverride = Literal["observe", "approve", "auto", "default"]
+#: a detector setting's name (a field of ``detectors.config.MonitorConfig``)
+SettingName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+#: ``ControlMessage.detector_settings`` value: a number, a switch, or a set of integers
+#: (``fatal_xids``); the worker checks names and values against its MonitorConfig
+DetectorValue = bool | int | float | Annotated[tuple[int, ...], Field(max_length=256)]
 
 
 class ActionState(StrEnum):
@@ -74,6 +87,13 @@ class ControlMessage(Message):
         max_length=len(RecommendedAction),
         description="Per action kind, a mode that overrides the global one ('default' "
         "removes the override); kinds not named keep theirs.",
+    )
+    detector_settings: dict[SettingName, DetectorValue] | None = Field(
+        default=None,
+        max_length=256,
+        description="For the workers: the detector settings new jobs get, as the "
+        "settings that differ from the defaults (replaces the previous set; {} = the "
+        "defaults). Running jobs keep theirs.",
     )
     by: str = Field(min_length=1, max_length=256)
     reason: str = ""

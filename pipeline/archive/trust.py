@@ -7,8 +7,9 @@ carries a well-formed signature (the schema refuses malformed ones) and, where t
 archiver holds its writers' public keys, one of those keys made it: alerts are checked
 when ``STEPGUARD_WORKER_PUBLIC_KEYS`` is set (against the workers' and the actuator's
 keys: the actuator signs its guardrail notices), commands and action records when
-``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` is, approvals when ``STEPGUARD_OPERATOR_PUBLIC_KEYS``
-is (migration 010). Without them, presence is all it can check.
+``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` is, approvals and control changes when
+``STEPGUARD_OPERATOR_PUBLIC_KEYS`` is (migration 010). Without them, presence is all
+it can check.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 from pipeline.actuator.signing import PublicKeys, public_keys, signature_problem
 from pipeline.settings import Settings
-from schemas import ActionRecord, Alert, Approval, Command, Message
+from schemas import ActionRecord, Alert, Approval, Command, ControlMessage, Message
 
 __all__ = ["SignatureCheck"]
 
@@ -47,6 +48,7 @@ class SignatureCheck:
             Command: [actuator] if actuator else [],
             ActionRecord: [actuator] if actuator else [],
             Approval: [operator] if operator else [],
+            ControlMessage: [operator] if operator else [],
         }
         self.failed = 0
 

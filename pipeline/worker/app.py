@@ -11,11 +11,14 @@ Topology (``P`` = partitions of the steps topic)::
                                  job agent: WorkerCore ─► decisions, deadletter
                                        │
                                        └─► table "monitors" (changelog, P partitions)
+    control (no group, from the start) ─► ControlReader thread ─► new jobs' thresholds
 
 The job agent reads the steps topic and the internal jobs topic together, so Faust
 assigns partition ``p`` of both, and of the table's changelog, to the same worker: a
 job's steps, its health and its ticks all meet the one process holding its state.
 Agent bodies stay thin; the logic lives in :class:`~pipeline.worker.state.WorkerCore`.
+The control topic is read outside the consumer group, by every worker, for the signed
+detector settings ``stepguard calibrate --apply`` sends (:mod:`pipeline.worker.control`).
 
 Every Faust setting is passed explicitly and Faust gets an empty environment, so
 variables such as ``BROKER_URL`` never change the worker behind our back.
@@ -42,8 +45,9 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from pipeline.actuator.signing import public_keys, sign, signing_key
 from pipeline.calibrate_settings import load_detector_config
 from pipeline.errors import BrokerError
-from pipeline.kafka import client_config, create_topics, registry_of
+from pipeline.kafka import client_config, consumer_config, create_topics, registry_of
 from pipeline.settings import Settings
+from pipeline.worker.control import ControlReader, DetectorControl
 from pipeline.worker.metrics import WorkerMetrics
 from pipeline.worker.state import KIND_HEADER, CoreTopics, Forward, Handled, WorkerCore
 from schemas import Alert, DeadLetter, Rejected, encode
@@ -161,6 +165,8 @@ class WorkerApp:
     metrics: WorkerMetrics
     settings: Settings
     n_partitions: int
+    #: reads the signed detector settings on the control topic (start it with the app)
+    control: ControlReader | None = None
 
 
 def build_app(
@@ -426,7 +432,33 @@ def build_app(
                  names.jobs)  # fmt: skip
 
     del jobs_agent, tick_jobs, on_revoked, on_assigned
-    return WorkerApp(app, core, metrics, settings, n_partitions)
+    return WorkerApp(app, core, metrics, settings, n_partitions,
+                     control=_control_reader(settings, core, metrics))  # fmt: skip
+
+
+def _control_reader(settings: Settings, core: WorkerCore, metrics: WorkerMetrics) -> ControlReader:
+    """The reader of signed detector settings: every worker reads the whole control
+    topic (no consumer group) and builds new jobs' detectors from the latest change."""
+    keys = public_keys(settings, "operator")
+    if not keys:
+        log.warning("no STEPGUARD_OPERATOR_PUBLIC_KEYS: detector settings sent on the "
+                    "control topic (stepguard calibrate --apply) are refused")  # fmt: skip
+    control = DetectorControl(
+        keys, core.monitor_config or load_detector_config(None),
+        max_clock_skew_s=settings.max_clock_skew_s,
+    )  # fmt: skip
+
+    def on_change(config: Any) -> None:
+        core.monitor_config = config  # read when a new job's detectors are built
+
+    def on_record() -> None:
+        for name, value in control.counts().items():
+            metrics.state_events.labels(name).set(value)
+
+    return ControlReader(
+        control, lambda: KafkaConsumer(**consumer_config(settings, None)),
+        registry_of(settings).name("control"), on_change=on_change, on_record=on_record,
+    )  # fmt: skip
 
 
 #: Exit status of a worker whose table recovery stalled (EX_TEMPFAIL: restart it).

@@ -28,6 +28,8 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     except KafkaError as exc:
         raise BrokerError(f"cannot reach {settings.kafka_bootstrap}: {exc}") from exc
     wa = build_app(settings, n, metrics)
+    if wa.control is not None:  # signed detector settings, read by every worker
+        wa.control.start()
     _use_uvloop()
     worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
