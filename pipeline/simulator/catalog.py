@@ -9,10 +9,10 @@ Examples
 --------
 >>> big = find_scenario("default")
 >>> big.name, big.nodes, big.steps
-('demo_default', 256, 700)
->>> small = resize_scenario(big, nodes=64, steps=350)
+('demo_default', 64, 700)
+>>> small = resize_scenario(big, nodes=16, steps=350)
 >>> small.nodes, small.steps, len(small.faults) == len(big.faults)
-(64, 350, True)
+(16, 350, True)
 """
 
 from __future__ import annotations
