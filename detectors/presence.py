@@ -25,6 +25,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -109,6 +110,11 @@ class HealthPresence:
         self.factor = factor
         self.quorum = quorum
         self._last: dict[str, tuple[float, float]] = {}
+        self._resumed: float | None = None
+
+    #: event time from which silence counts after :meth:`resume` (class default: a
+    #: state stored before the field existed reads it)
+    _resumed: float | None = None
 
     def learn(self, node: str, ts: float, interval_s: float) -> None:
         old = self._last.get(node)
@@ -118,18 +124,44 @@ class HealthPresence:
     def nodes(self) -> Iterable[str]:
         return self._last.keys()
 
+    def resume(self, at: float) -> None:
+        """The reports' path (not the nodes) was interrupted until event time ``at``: a
+        broker outage, or a worker that re-keys them died and another took over. Each
+        known node's silence counts from ``at`` at the earliest, so a node is missing
+        only when it stays silent for its intervals after that.
+
+        Examples
+        --------
+        >>> p = HealthPresence()
+        >>> for t in range(4):
+        ...     p.learn("a", 10.0 * t, interval_s=10.0)
+        >>> p.learn("b", 0.0, interval_s=10.0)
+        >>> p.score(35.0)
+        {'b': 3.5}
+        >>> p.resume(30.0)  # b's reports were held up on their way until t=30
+        >>> p.score(35.0)
+        {}
+        >>> for t in range(4, 7):
+        ...     p.learn("a", 10.0 * t, interval_s=10.0)
+        >>> p.score(65.0)  # b stayed silent after the path came back: missing again
+        {'b': 3.5}
+        """
+        self._resumed = at if self._resumed is None else max(self._resumed, at)
+
     def score(self, now: float) -> dict[str, float]:
         """Silence of each silent node in units of its interval, only while another node
         reported within its own interval (otherwise the whole feed stopped)."""
         if not self._last:
             return {}
-        fresh = sum(1 for ts, iv in self._last.values() if now - ts <= 1.5 * iv)
+        floor = self._resumed if self._resumed is not None else -math.inf
+        last = {node: (max(ts, floor), iv) for node, (ts, iv) in self._last.items()}
+        fresh = sum(1 for ts, iv in last.values() if now - ts <= 1.5 * iv)
         if fresh == 0 or fresh < self.quorum * len(self._last):
             # most of the fleet is quiet at once: the feed stalled or lags, which says
             # nothing about any one node (a cluster-wide shift is not a node fault)
             return {}
         out: dict[str, float] = {}
-        for node, (ts, iv) in self._last.items():
+        for node, (ts, iv) in last.items():
             silence = (now - ts) / iv
             if silence > 1.0:
                 out[node] = silence

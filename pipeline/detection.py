@@ -260,6 +260,16 @@ class JobDetection:
         self._grace(now, removed_nodes)
         self.relaunches += 1
 
+    def resume(self, at: float) -> None:
+        """The pipeline, not the job, was away until about event time ``at`` (this state
+        was restored from a snapshot after a takeover, or the broker was unreachable):
+        the health reports it delayed are not silence, so silent nodes are judged from
+        ``at`` on (:meth:`~detectors.presence.HealthPresence.resume`). The hang clock
+        is the driver's: it keeps running from the job's last step (see
+        :meth:`pipeline.worker.state.WorkerCore._resume`)."""
+        if isinstance(self.monitor, JobMonitor):
+            self.monitor.presence.resume(at)
+
     def on_lifecycle(self, event: JobEvent) -> list[Alert]:
         """A lifecycle event of the job (rule 5); returns the episodes an end resolved."""
         self._check_job(event.job_id)

@@ -129,6 +129,9 @@ class JobState:
     #: wall time of the last step, command or lifecycle record (not health: node
     #: agents outlive jobs); the idle TTL counts from here
     active_wall: float = 0.0
+    #: wall time until which a state restored from a snapshot is catching up (its
+    #: steps are replayed late: they count as arrived when their event time says)
+    resume_wall: float = 0.0
     steps_since_snapshot: int = 0
     dirty: bool = False
     last_snapshot_wall: float = 0.0
@@ -295,6 +298,8 @@ class WorkerCore:
         self.max_state_bytes = 16 * max_snapshot_bytes
         self.clock = clock
         self._last_record_wall: float | None = None
+        #: steps partition -> wall time a record of it was last read (one per partition)
+        self._steps_read: dict[int, float] = {}
         self.blind_periods = 0
         self.jobs: dict[str, JobState] = {}
         self._held: dict[str, list[Any]] = {}
@@ -327,8 +332,7 @@ class WorkerCore:
             blob = load(job_id)
             st = self._read(job_id, blob) if blob is not None else None
             if st is not None:
-                st.arrived_wall = self.clock()  # restart the hang clock on takeover
-                st.last_snapshot_wall = self.clock()
+                self._resume(st)
             else:
                 st = JobState(
                     job_id,
@@ -338,6 +342,31 @@ class WorkerCore:
                 )
             self.jobs[job_id] = st
         return st
+
+    def _resume(self, st: JobState) -> None:
+        """Take over a job from its snapshot (another worker's, or ours before a
+        restart or rebalance).
+
+        The clocks that measure absence must not count the gap the pipeline caused (the
+        old owner's death, the rebalance, reading the backlog), yet a hang that began
+        before it must still be raised promptly. So the hang clock is *resumed*, not
+        restarted: the snapshot's step arrival time is kept (the old owner's wall clock;
+        never later than ours), and while the job catches up (``blind_after_s``) a
+        replayed step counts as arrived when its event time says, after the one before
+        it. A job whose steps kept coming is judged on them once they are read (the
+        worker ticks no partition whose steps it has not read); a job that stopped
+        before the takeover is hung from its last step's event time on. Health reports
+        travel another way (re-keyed by whichever worker owns the node's partition, and
+        that may be the one that died): a node's silence counts only from the end of the
+        catch-up (:meth:`~pipeline.detection.JobDetection.resume`).
+        """
+        wall = self.clock()
+        st.arrived_wall = min(st.arrived_wall, wall)
+        st.resume_wall = wall + self.blind_after_s
+        st.last_snapshot_wall = wall
+        now = st.now_estimate(wall)
+        if now is not None:
+            st.detection.resume(now + self.blind_after_s)
 
     def _read(self, job_id: str, blob: bytes) -> JobState | None:
         """A snapshot from the table, or None when it is unreadable: logged, counted,
@@ -391,6 +420,7 @@ class WorkerCore:
     ) -> Handled:
         """One StepTelemetry record from the steps topic."""
         self._saw_record()
+        self._steps_read[partition] = self.clock()
         topic = self.topics.steps
         # the msgspec fast path takes common telemetry; pydantic decides the rest and
         # writes the dead letter's error
@@ -411,8 +441,13 @@ class WorkerCore:
         out = Handled(job_id=msg.job_id)
         st.active_wall = self.clock()
         if st.last_event_ts is None or ts >= st.last_event_ts:
+            wall = self.clock()
+            if st.last_event_ts is not None and wall < st.resume_wall:
+                # catching up after a takeover (:meth:`_resume`): a replayed step
+                # arrived as long after the one before it as its event time says
+                wall = min(wall, st.arrived_wall + (ts - st.last_event_ts))
             st.last_event_ts = ts
-            st.arrived_wall = self.clock()
+            st.arrived_wall = wall
         st.dirty = True
         try:
             detected = st.detection.on_step(msg)
@@ -564,6 +599,11 @@ class WorkerCore:
             return
         gap = wall - last
         self.blind_periods += 1
+        for st in self.jobs.values():
+            # the same grace for silent nodes: their reports were cut off too
+            now = st.now_estimate(wall)
+            if now is not None:
+                st.detection.resume(now + self.blind_after_s)
         log.warning(
             "no record for %.1fs (broker or network outage): the hang clocks of %d jobs "
             "restart in %.1fs",
@@ -835,7 +875,14 @@ class WorkerCore:
         st = self.jobs.get(job_id)
         if st is None or st.last_event_ts is None or st.partition < 0:
             return None
-        body = {"job_id": job_id, "wall_s": self.clock()}
+        wall = self.clock()
+        resumed = st.resume_wall - self.blind_after_s
+        if wall < st.resume_wall and self._steps_read.get(st.partition, -1.0) < resumed:
+            # just taken over and nothing of its steps partition read since: its clock
+            # runs from its last step (:meth:`_resume`), but the steps of the gap may be
+            # unread still (a fresh assignment's backlog is not known to be one yet)
+            return None
+        body = {"job_id": job_id, "wall_s": wall}
         return st.partition, json.dumps(body).encode()
 
     def adopt(self, job_id: str, blob: bytes, owned: set[int]) -> bool:
@@ -845,8 +892,7 @@ class WorkerCore:
         st = self._read(job_id, blob)
         if st is None or st.partition not in owned:
             return False
-        st.arrived_wall = self.clock()
-        st.last_snapshot_wall = self.clock()
+        self._resume(st)
         self.jobs[job_id] = st
         return True
 
