@@ -58,7 +58,15 @@ from pipeline.settings import ENV_PREFIX, Settings, load_settings
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from pipeline.supervisor import ServiceState
-from pipeline.up import MEMORY_ONLY, UpOptions, build_plan, start_group, status_table
+from pipeline.up import (
+    MEMORY_ONLY,
+    STATUS_FILE,
+    UpOptions,
+    build_plan,
+    start_group,
+    status_document,
+    status_table,
+)
 from schemas import (
     Alert,
     AlertKind,
@@ -125,6 +133,8 @@ class DemoSummary:
     actions_applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     speed: float = DEFAULT_SPEED
+    #: wall seconds the job took to play (``wall_seconds`` adds start-up and the end)
+    played_seconds: float = 0.0
     #: restarts of each service that needed one (a supervised crash, not a failure)
     service_restarts: dict[str, int] = field(default_factory=dict)
 
@@ -401,6 +411,7 @@ def run_demo(
     title = f"stepguard demo: {scenario.name} as job {job_id} on {plan.bootstrap}"
     last_line = 0.0
     scored: list[float] = [0, 0.0]  # steps the workers scored, when last scraped
+    status_at = [0.0]  # when up.json was last written
 
     def progress_line() -> str:
         found = 0
@@ -423,9 +434,21 @@ def run_demo(
             f"goodput {job.goodput().fraction:.2f}"
         )
 
+    started_at = datetime.now(UTC)
+
+    def write_status() -> None:
+        """``up.json`` in the demo's state dir, as ``up`` writes it: every child's pid."""
+        doc = status_document(plan, sup, time.monotonic(), started_at) | {"job_id": job_id}
+        tmp = scratch / (STATUS_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(scratch / STATUS_FILE)
+
     def refresh(force: bool = False) -> None:
         nonlocal last_line
         now = time.monotonic()
+        if force or now - status_at[0] >= 1.0:
+            status_at[0] = now
+            write_status()
         if live is not None:
             table = status_table(sup, board, now, title)
             live.update(Group(table, Text(progress_line())), refresh=True)
@@ -457,7 +480,9 @@ def run_demo(
             for s in sup.services.values()
         )
 
+    scratch.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
+        stack.callback(write_status)  # last: every child stopped
         stack.callback(board.close)
         stack.callback(group.stop, 10.0)
         if console.is_terminal:
@@ -565,7 +590,7 @@ def run_demo(
         isolated_nodes=isolated,
         actions_applied=[f"step {s}: {k} {d}".strip() for s, k, d in controller.applied],
         notes=[*notes, f"archive: {backend.name} database {db}"],
-        speed=speed, service_restarts=restarts,
+        speed=speed, played_seconds=round(stats.wall_s, 2), service_restarts=restarts,
     )  # fmt: skip
 
 
