@@ -24,11 +24,17 @@ from pipeline.calibrate import (
     plot_front,
 )
 from pipeline.calibrate_archive import LABEL_SOURCES, archived_jobs
-from pipeline.calibrate_settings import load_detector_config, write_detector_config
+from pipeline.calibrate_settings import (
+    config_from_overrides,
+    load_detector_config,
+    overrides_of,
+    write_detector_config,
+)
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 
-__all__ = ["default_processes", "label_command", "run_calibrate"]
+__all__ = ["default_processes", "label_command", "publish_calibration", "run_calibrate",
+           "running_detector"]  # fmt: skip
 
 
 def default_processes() -> int:
@@ -122,9 +128,42 @@ def running_actuator(settings: Settings, backend: ArchiveBackend) -> dict[str, A
     return values
 
 
+def running_detector(backend: ArchiveBackend, base: Any) -> Any:
+    """The detector settings new jobs get: the latest signed detector change archived
+    (``stepguard calibrate --apply``; the workers apply it over their settings file),
+    else ``base`` (the STEPGUARD_DETECTOR_CONFIG file's). A change the workers would
+    refuse as invalid changes nothing here either."""
+    _, rows = backend.query(
+        f"SELECT change FROM {backend.database}.control_changes FINAL WHERE signed != 0 "
+        "ORDER BY ts_ms DESC, change_id DESC"
+    )
+    for (change,) in rows:
+        try:
+            data = json.loads(change)
+            settings = data.get("detector_settings") if isinstance(data, dict) else None
+            if isinstance(settings, dict):
+                return config_from_overrides(settings)
+        except (ValueError, ConfigError):
+            continue
+    return base
+
+
 def publish_confirmation(settings: Settings, values: dict[str, Any], reason: str) -> str:
     """Publish the actuator's new confirmation settings as a signed control message
     (the operator's key, as ``stepguard control``); returns its change id."""
+    return publish_calibration(settings, reason, actuator=values)
+
+
+def publish_calibration(
+    settings: Settings,
+    reason: str,
+    *,
+    detector: dict[str, Any] | None = None,
+    actuator: dict[str, Any] | None = None,
+) -> str:
+    """Publish one control message signed by the operator key (as ``stepguard control``):
+    ``detector`` the detector settings every worker builds new jobs' detectors from,
+    ``actuator`` the actuator's changed confirmation settings; returns its change id."""
     import uuid
 
     from pipeline.actuator.signing import sign, signing_key
@@ -133,7 +172,8 @@ def publish_confirmation(settings: Settings, values: dict[str, Any], reason: str
 
     msg = ControlMessage(
         change_id=uuid.uuid4().hex, by="stepguard calibrate", reason=reason,
-        ts=datetime.now(UTC), **values,
+        ts=datetime.now(UTC), scope="actuator" if actuator else "detector",
+        detector_settings=detector, **(actuator or {}),
     )  # fmt: skip
     signed = sign(msg, signing_key(settings, "operator", "`stepguard calibrate --apply`"))
     create_topics(settings, ["control"])
@@ -154,7 +194,7 @@ def run_calibrate(
     grid_path: Path | None = None,
     apply: bool = False,
     dry_run: bool = False,
-    out: Path | None = None,
+    write_config: Path | None = None,
     plot: Path | None = None,
     json_path: Path | None = None,
     processes: int | None = None,
@@ -162,12 +202,21 @@ def run_calibrate(
     max_rank_steps: int = 10_000_000,
     top: int = 15,
 ) -> CalibrationResult:
-    """Load, replay, report; ``apply`` writes the recommended settings file."""
+    """Load, replay, report; ``apply`` publishes the recommended settings as a signed
+    control message (workers apply the detector settings to new jobs, the actuator its
+    confirmation), ``write_config`` writes the detector settings to that file."""
     from pipeline.archive import migrate, open_backend
     from pipeline.archive.retention import parse_age
 
     if apply and dry_run:
         raise ConfigError("give --apply or --dry-run, not both")
+    if apply:  # before the replay: it publishes a change signed by the operator key
+        from pipeline.actuator.signing import signing_key
+
+        if not settings.kafka_bootstrap:
+            raise ConfigError("--apply publishes on the control topic: "
+                              "STEPGUARD_KAFKA_BOOTSTRAP is not set")  # fmt: skip
+        signing_key(settings, "operator", "`stepguard calibrate --apply`")
     if bool(jobs) == bool(since):
         raise ConfigError("give --job J (one or more) or --since AGE (e.g. 30d), not both")
     try:
@@ -180,6 +229,7 @@ def run_calibrate(
     try:
         migrate(backend)
         actuator_now = running_actuator(settings, backend)
+        running = running_detector(backend, running)
         with console.status("reading the archive") as status:
             loaded = archived_jobs(
                 backend, list(jobs) or None, since_at, sources=sources,
@@ -238,18 +288,23 @@ def run_calibrate(
         for name, a, b in changes:
             table.add_row(name, _fmt(a), _fmt(b))
         console.print(table if changes else "--dry-run: the running settings are recommended")
-    if apply and act_changes:
-        change = publish_confirmation(
-            settings, act_changes, f"stepguard calibrate: recommended setting #{result.recommended}"
-        )
-        console.print(f"actuator confirmation {act_changes}: signed control change {change} sent")
     if apply:
-        target = out or settings.detector_config or settings.state_dir / "detector.json"
-        write_detector_config(target, proposed)
+        detector = overrides_of(proposed)
+        change = publish_calibration(
+            settings, f"stepguard calibrate: recommended setting #{result.recommended}",
+            detector=detector, actuator=act_changes,
+        )  # fmt: skip
         console.print(
-            f"wrote {target}: workers started with STEPGUARD_DETECTOR_CONFIG={target} build "
-            "new jobs' detectors from it (restart them to pick it up; running jobs keep "
-            "their detectors and state)"
+            f"signed control change {change} sent: workers build new jobs' detectors with "
+            f"{detector or 'the default settings'} (running jobs keep theirs)"
+            + (f"; actuator confirmation {act_changes}" if act_changes else "")
+        )
+    if write_config is not None:
+        write_detector_config(write_config, proposed)
+        console.print(
+            f"wrote {write_config}: workers started with "
+            f"STEPGUARD_DETECTOR_CONFIG={write_config} start from it (a signed change on "
+            "the control topic wins over it)"
         )
     return result
 

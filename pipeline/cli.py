@@ -208,16 +208,22 @@ def calibrate(
         bool,
         typer.Option(
             "--apply",
-            help="Write the recommended detector thresholds to the settings file and send "
-            "a changed confirmation as a signed control message.",
+            help="Publish the recommended settings as a control message signed with "
+            "STEPGUARD_OPERATOR_PRIVATE_KEY: every worker builds new jobs' detectors "
+            "with them, the actuator takes a changed confirmation.",
         ),
     ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the difference from the running settings.")
     ] = False,
-    out: Annotated[
+    write_config: Annotated[
         Path | None,
-        typer.Option(help="--apply: file to write (default STEPGUARD_DETECTOR_CONFIG)."),
+        typer.Option(
+            "--write-config",
+            "--out",
+            help="Also write the recommended detector settings to this file (what "
+            "STEPGUARD_DETECTOR_CONFIG names).",
+        ),
     ] = None,
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Pareto plot PNG (default STATE_DIR/...).")
@@ -263,7 +269,8 @@ def calibrate(
 
     run_calibrate(
         _settings(), console, jobs=job or (), since=since, grid_path=grid, apply=apply,
-        dry_run=dry_run, out=out, plot=plot_path, json_path=json_path, processes=processes,
+        dry_run=dry_run, write_config=write_config, plot=plot_path, json_path=json_path,
+        processes=processes,
         sources=[s.strip() for s in labels.split(",") if s.strip()],
         max_rank_steps=max_rank_steps,
     )  # fmt: skip

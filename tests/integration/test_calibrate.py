@@ -246,7 +246,7 @@ def test_label_and_calibrate_commands_end_to_end(kind, tmp_path):
     assert result["recommended_settings"] == {"degradation_warning": 0.05}
     assert (tmp_path / "state" / "calibration-front.png").stat().st_size > 5000
     target = tmp_path / "detector.json"
-    done = run(*stepguard, "calibrate", "--since", "10000d", "--grid", str(grid), "--apply",
-               "--out", str(target), "--processes", "1")  # fmt: skip
+    done = run(*stepguard, "calibrate", "--since", "10000d", "--grid", str(grid),
+               "--write-config", str(target), "--processes", "1")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(target.read_text()) == {"degradation_warning": 0.05}

@@ -123,3 +123,17 @@ def test_a_control_message_signed_before_detector_settings_existed_still_verifie
     assert b"detector_settings" not in canonical(msg)
     assert signature_problem(msg, OPERATOR_KEY.verifier()) is None
     assert b"detector_settings" in canonical(change("c1", {"hang_factor": 6.0}))
+
+
+def test_calibrate_apply_needs_a_broker_and_the_operator_key_before_it_replays():
+    from rich.console import Console
+
+    from pipeline.calibrate_cmd import run_calibrate
+    from pipeline.errors import ConfigError
+    from pipeline.settings import load_settings
+
+    with pytest.raises(ConfigError, match="STEPGUARD_KAFKA_BOOTSTRAP"):
+        run_calibrate(load_settings({}), Console(quiet=True), jobs=["a"], apply=True)
+    with pytest.raises(ConfigError, match="STEPGUARD_OPERATOR_PRIVATE_KEY"):
+        run_calibrate(load_settings({}, kafka_bootstrap="127.0.0.1:1"), Console(quiet=True),
+                      jobs=["a"], apply=True)  # fmt: skip
