@@ -333,7 +333,7 @@ acl_spec() {
   # the worker: telemetry, commands and results in; signed alerts and dead letters out;
   # its own internal topics (the jobs topic; the table changelog and Faust's leader
   # topic, both named after its app id) and its consumer group
-  allow worker READ steps health lifecycle commands results
+  allow worker READ steps health lifecycle commands results control
   allow worker WRITE decisions deadletter
   echo "User:worker TOPIC LITERAL ${t}steps.worker-jobs.$g READ,WRITE,CREATE"
   echo "User:worker TOPIC PREFIXED $g.worker- READ,WRITE,CREATE,DESCRIBE_CONFIGS,ALTER_CONFIGS"
