@@ -57,6 +57,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -262,16 +263,40 @@ def _run_script(name: str, args: list[str], env: dict[str, str], log: Path) -> s
     return out.stdout
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def pick_port() -> int:
+    """A free local port: from ``SOAK_PORTS`` (``LO-HI``: a range agreed with whoever
+    else runs services on the machine; ``--ports``) when set, else any the system gives.
+    A port is handed out once per run (services bind theirs later)."""
+    spec = os.environ.get("SOAK_PORTS")
+    if not spec:
+        return free_port()
+    lo, hi = (int(x) for x in spec.split("-", 1))
+    for port in random.sample(range(lo, hi + 1), hi - lo + 1):
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port left in SOAK_PORTS={spec}")
+
+
 class KafkaBroker:
     """``scripts/kafka.sh`` with its own state dir and ports; ``--keep-data`` always, so
     :meth:`restart` keeps topics, records and committed offsets."""
 
     def __init__(self, home: Path, logs: Path) -> None:
-        self.port = free_port()
+        self.port = pick_port()
         self.version = os.environ.get("KAFKA_VERSION", "4.4.0")
         self.env = {
             **os.environ, "KAFKA_HOME_DIR": str(home), "KAFKA_PORT": str(self.port),
-            "KAFKA_CONTROLLER_PORT": str(free_port()),
+            "KAFKA_CONTROLLER_PORT": str(pick_port()),
         }  # fmt: skip
         shared = Path("/tmp/stepguard-kafka") / f"libs-{self.version}"  # kafka.sh's default
         if "KAFKA_LIBS_DIR" not in os.environ and (shared / ".complete").exists():
@@ -295,7 +320,7 @@ class ClickHouseServer:
         self.logs = logs
         self.env = {
             **os.environ, "CLICKHOUSE_STATE_DIR": str(state),
-            "CLICKHOUSE_TCP_PORT": str(free_port()), "CLICKHOUSE_HTTP_PORT": str(free_port()),
+            "CLICKHOUSE_TCP_PORT": str(pick_port()), "CLICKHOUSE_HTTP_PORT": str(pick_port()),
         }  # fmt: skip
         self.log = logs / "clickhouse.sh.log"
 
@@ -359,7 +384,7 @@ class Service:
 
     def start(self) -> None:
         self.incarnation += 1
-        self.port = free_port() if self.kind == "worker" else 0
+        self.port = pick_port() if self.kind == "worker" else 0
         self.killed = False
         self.restart_at = None
         with self.log.open("ab") as out:
@@ -1424,6 +1449,9 @@ def main() -> int:
                     help="what runs: a git ref (default HEAD: committed code) or 'worktree' "
                     "(uncommitted changes included); copied at the start, so a restarted "
                     "service runs the same code while people edit the tree")  # fmt: skip
+    ap.add_argument("--ports", metavar="LO-HI",
+                    help="take every port (broker, ClickHouse, worker metrics) from this "
+                    "range (default: any free port)")  # fmt: skip
     ap.add_argument("--report", type=Path,
                     help="only print the summary of a saved --json result and write its "
                     "BENCHMARKS.md section (nothing runs)")  # fmt: skip
@@ -1436,6 +1464,11 @@ def main() -> int:
         return 0
     if args.minutes is None:
         args.minutes = 3.0 if args.quick else 10.0
+    if args.ports:
+        lo, _, hi = args.ports.partition("-")
+        if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi) < 65536):
+            ap.error(f"--ports must be LO-HI, got {args.ports!r}")
+        os.environ["SOAK_PORTS"] = args.ports  # kept across the re-exec below
     if "SOAK_CODE_DIR" not in os.environ:  # take the snapshot, then run on it
         tag = secrets.token_hex(3)
         root = snapshot_root(tag)
