@@ -10,6 +10,7 @@ takes. Labels, strongest first when several speak of one incident:
                *fully labelled*, so any other alert in it is a false positive
 ``label``      ``stepguard label INCIDENT --true|--false`` (the latest verdict)
 ``approval``   a human approved (true) or rejected (false) the action an incident led to
+               (an approval an operator signed, of an action record the actuator signed)
 ``outcome``    a command the incident led to (signed by the actuator) was carried out
                (succeeded) and nobody objected: weak evidence that it was real
 =============  ===========================================================================
@@ -370,11 +371,14 @@ def _human(
             say(lab.incident, lab.verdict, "label")
     if "approval" in sources:
         _, rows = backend.query(
+            # only what the actuator and the operators signed (migration 010): a forged
+            # rejection would otherwise teach calibration that a real fault was benign
             f"SELECT a.reason, p.decision FROM (SELECT action_id, any(reason) AS reason FROM "
-            f"{db}.actions FINAL WHERE job_id = {{job:String}} GROUP BY action_id) AS a ANY "
+            f"{db}.actions FINAL WHERE job_id = {{job:String}} AND signed != 0 "
+            f"GROUP BY action_id) AS a ANY "
             f"INNER JOIN (SELECT command_id AS action_id, argMax(decision, ts_ms) AS decision "
-            f"FROM {db}.approvals FINAL WHERE command_id IN (SELECT action_id FROM "
-            f"{db}.actions WHERE job_id = {{job:String}}) GROUP BY command_id) AS p "
+            f"FROM {db}.approvals FINAL WHERE signed != 0 AND command_id IN (SELECT action_id "
+            f"FROM {db}.actions WHERE job_id = {{job:String}}) GROUP BY command_id) AS p "
             "USING (action_id) ORDER BY a.action_id",
             p,
         )

@@ -32,7 +32,7 @@ from schemas import (
     CommandStatus,
 )
 from tests.conftest import TEST_CLICKHOUSE, _missing
-from tests.factories import ACTUATOR_KEY
+from tests.factories import ACTUATOR_KEY, OPERATOR_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -83,12 +83,21 @@ def test_approvals_rejections_and_outcomes_become_labels_and_a_label_outranks_th
     assert alerts, "the sensitive settings raised something to act on"
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     fp = alerts[0].fingerprint
-    # the action held for that incident was rejected ...
+    # a forged (unsigned) approval of a forged hold is nobody's word ...
     _insert(
         archive,
-        ActionRecord(action_id="act-ops-1", state=ActionState.HELD, job_id="ops",
+        ActionRecord(action_id="act-ops-0", state=ActionState.HELD, job_id="ops",
                      mode=ActuatorMode.APPROVE, reason=(fp,), ts=t0),
-        Approval(action_id="act-ops-1", decision=ApprovalDecision.REJECT, by="sre", ts=t0),
+        Approval(action_id="act-ops-0", decision=ApprovalDecision.APPROVE, by="x", ts=t0),
+    )  # fmt: skip
+    assert load_job(archive, "ops").labels == []
+    # ... the action held for that incident was rejected by an operator ...
+    _insert(
+        archive,
+        sign(ActionRecord(action_id="act-ops-1", state=ActionState.HELD, job_id="ops",
+                          mode=ActuatorMode.APPROVE, reason=(fp,), ts=t0), ACTUATOR_KEY),
+        sign(Approval(action_id="act-ops-1", decision=ApprovalDecision.REJECT, by="sre",
+                      ts=t0), OPERATOR_KEY),
     )  # fmt: skip
     (lab,) = load_job(archive, "ops").labels
     assert (lab.source, lab.truth) == ("approval", False)
@@ -156,7 +165,6 @@ def test_running_confirmation_is_the_settings_then_every_signed_control_change(a
     from pipeline.calibrate_cmd import running_actuator
     from pipeline.settings import Settings
     from schemas import ControlMessage
-    from tests.factories import OPERATOR_KEY
 
     s = Settings(warning_confirm_steps=20, warning_confirm_s=300.0)
     assert running_actuator(s, archive) == {"warning_confirm_steps": 20, "warning_confirm_s": 300.0}
