@@ -240,7 +240,8 @@ class _Watch:
         names = ("decisions", "commands", "truth")
         self.topics = {self.registry.name(n): n for n in names}
         self.consumer = make_consumer(settings, list(self.topics), None)
-        self.alerts: list[Alert] = []
+        self.alerts: list[Alert] = []  #: detection's (the workers')
+        self.guardrails: list[Alert] = []  #: the actuator's guardrail alerts
         self.commands: dict[str, Command] = {}
         self.truth: dict[str, FaultTruth] = {}
         self.undecodable = 0
@@ -264,6 +265,8 @@ class _Watch:
                     self.undecodable += 1  # the services dead-letter it; not ours to
                 elif msg.job_id != self.job_id:
                     continue
+                elif isinstance(msg, Alert) and msg.kind is AlertKind.GUARDRAIL:
+                    self.guardrails.append(msg)  # the actuator's, not detection's
                 elif isinstance(msg, Alert):
                     self.alerts.append(msg)
                 elif isinstance(msg, Command):
@@ -282,10 +285,17 @@ class _Watch:
         self.consumer.close()
 
 
-def _worker_gauges(ports: list[int]) -> tuple[int, int] | None:
-    """(job steps scored, jobs held) summed over the workers' Prometheus endpoints;
-    None while one does not answer."""
+@dataclass(frozen=True)
+class _WorkerGauges:
+    steps: int  #: job steps scored, all workers
+    jobs: int  #: jobs held, all workers
+    least_assigned: int  #: partitions owned by the worker that owns the fewest
+
+
+def _worker_gauges(ports: list[int]) -> _WorkerGauges | None:
+    """What the workers' Prometheus endpoints say; None while one does not answer."""
     steps = jobs = 0.0
+    assigned: list[float] = []
     for port in ports:
         try:
             url = f"http://127.0.0.1:{port}/metrics"
@@ -293,13 +303,17 @@ def _worker_gauges(ports: list[int]) -> tuple[int, int] | None:
                 text = r.read().decode(errors="replace")
         except OSError:
             return None
+        owned = 0.0
         for line in text.splitlines():
             name, _, value = line.partition(" ")
             if name == "stepguard_worker_steps_total":
                 steps += float(value)
             elif name == "stepguard_worker_jobs":
                 jobs += float(value)
-    return int(steps), int(jobs)
+            elif name == "stepguard_worker_assigned_partitions":
+                owned = float(value)
+        assigned.append(owned)
+    return _WorkerGauges(int(steps), int(jobs), int(min(assigned, default=0)))
 
 
 def _committed(settings: Settings, group: str, topic: str, partitions: list[int]) -> dict[int, int]:
@@ -409,7 +423,7 @@ def run_demo(
     outcome: dict[str, Any] = {}
     watch: _Watch | None = None
     title = f"stepguard demo: {scenario.name} as job {job_id} on {plan.bootstrap}"
-    last_line = 0.0
+    last_line = time.monotonic()  # the first progress line once the job plays
     scored: list[float] = [0, 0.0]  # steps the workers scored, when last scraped
     status_at = [0.0]  # when up.json was last written
 
@@ -425,7 +439,7 @@ def run_demo(
         now = time.monotonic()
         if now - scored[1] >= 2.0:
             gauges = _worker_gauges(worker_ports)
-            scored[:] = [gauges[0] if gauges else scored[0], now]
+            scored[:] = [gauges.steps if gauges else scored[0], now]
         behind = max(0, job.goodput().executed_steps - int(scored[0]))
         return (
             f"job step {max(job.step, 0)}/{scenario.steps} (detection {behind} steps "
@@ -475,10 +489,16 @@ def run_demo(
         return True
 
     def started() -> bool:
-        return all(
+        """Every service up, and every worker in its consumer group with partitions
+        (a job played to a worker still joining reaches it unevenly: one health
+        partition read seconds after the others looks like a silent node at 8x)."""
+        if not all(
             s.state is (ServiceState.DONE if s.spec.one_shot else ServiceState.RUNNING)
             for s in sup.services.values()
-        )
+        ):
+            return False
+        gauges = _worker_gauges(worker_ports)
+        return gauges is not None and gauges.least_assigned > 0
 
     scratch.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -518,6 +538,8 @@ def run_demo(
 
         player = threading.Thread(target=play_job, name="simulated-job", daemon=True)
         player.start()
+        event("job", f"{job_id} plays at {speed:g}x: {scenario.nodes} nodes, "
+                     f"{scenario.steps} steps, {len(scenario.faults)} faults/traps")  # fmt: skip
         played_s = scenario.steps * scenario.nominal_step_s * 2 / speed
         if not supervise(time.monotonic() + START_TIMEOUT_S + played_s, player_done):
             raise EmbeddedServiceError(f"demo: the job did not finish playing; see {logs}")
@@ -532,7 +554,7 @@ def run_demo(
             # the workers scored the job and dropped it (its end), every episode is
             # resolved, and the actuator committed every decision
             gauges = _worker_gauges(worker_ports)
-            if gauges is None or gauges[0] == 0 or gauges[1] != 0:
+            if gauges is None or gauges.steps == 0 or gauges.jobs != 0:
                 return False
             if watch is None or watch.open_episodes():
                 return False
@@ -589,7 +611,11 @@ def run_demo(
         commands=dict(Counter(c.kind.value for c in cmds)),
         isolated_nodes=isolated,
         actions_applied=[f"step {s}: {k} {d}".strip() for s, k, d in controller.applied],
-        notes=[*notes, f"archive: {backend.name} database {db}"],
+        notes=[
+            *notes,
+            *[f"actuator guardrail: {g.summary}" for g in watch.guardrails[:5]],
+            f"archive: {backend.name} database {db}",
+        ],
         speed=speed, played_seconds=round(stats.wall_s, 2), service_restarts=restarts,
     )  # fmt: skip
 
