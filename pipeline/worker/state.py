@@ -236,8 +236,9 @@ class WorkerCore:
         travel through the broker too, so a live pipeline never goes this quiet) was
         cut off from the broker. When records flow again every job's hang clock
         restarts, and runs only after this long again: exporters reconnect on their own
-        schedule, and an outage of the pipeline is not a hang of the job. Set it above
-        the tick interval.
+        schedule, and an outage of the pipeline is not a hang of the job; silent nodes
+        are judged from then on too. It is also the catch-up time of a job taken over
+        from its snapshot (:meth:`_resume`). Set it above the tick interval.
     command_keys
         The actuator's public keys (:func:`pipeline.actuator.signing.public_keys`): a
         relaunch command is obeyed only when one of them signed it and it has not
