@@ -299,8 +299,6 @@ class WorkerCore:
         self.max_state_bytes = 16 * max_snapshot_bytes
         self.clock = clock
         self._last_record_wall: float | None = None
-        #: steps partition -> wall time a record of it was last read (one per partition)
-        self._steps_read: dict[int, float] = {}
         self.blind_periods = 0
         self.jobs: dict[str, JobState] = {}
         self._held: dict[str, list[Any]] = {}
@@ -421,7 +419,6 @@ class WorkerCore:
     ) -> Handled:
         """One StepTelemetry record from the steps topic."""
         self._saw_record()
-        self._steps_read[partition] = self.clock()
         topic = self.topics.steps
         # the msgspec fast path takes common telemetry; pydantic decides the rest and
         # writes the dead letter's error
@@ -878,10 +875,11 @@ class WorkerCore:
             return None
         wall = self.clock()
         resumed = st.resume_wall - self.blind_after_s
-        if wall < st.resume_wall and self._steps_read.get(st.partition, -1.0) < resumed:
-            # just taken over and nothing of its steps partition read since: its clock
-            # runs from its last step (:meth:`_resume`), but the steps of the gap may be
-            # unread still (a fresh assignment's backlog is not known to be one yet)
+        if wall < st.resume_wall and (self._last_record_wall or 0.0) < resumed:
+            # just taken over and no record read since: its clock runs from its last
+            # step (:meth:`_resume`), and until a fetch came back the driver cannot
+            # know whether the steps of the gap are still unread (a partition's end
+            # offset is known only from a fetch)
             return None
         body = {"job_id": job_id, "wall_s": wall}
         return st.partition, json.dumps(body).encode()
