@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -64,3 +66,35 @@ def test_demo_plays_ci_smoke_against_the_services_and_scores_it(broker_settings,
     for name in ("worker-1", "actuator", "executor-dry-run", "archiver"):
         assert (state / "logs" / f"{name}.log").stat().st_size > 0
     assert "would isolate" in (state / "logs" / "executor-dry-run.log").read_text()
+
+
+def test_a_worker_killed_while_the_job_plays_is_restarted_and_the_demo_still_scores_it(
+    broker_settings, tmp_path
+):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+    env |= {
+        "STEPGUARD_KAFKA_BOOTSTRAP": broker_settings.kafka_bootstrap,
+        "STEPGUARD_BROKER_FLAVOR": broker_settings.broker_flavor,
+        "STEPGUARD_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
+    }
+    out, log = tmp_path / "demo.json", tmp_path / "demo.log"
+    argv = [STEPGUARD, "demo", "--scenario", "ci_smoke", "--json", str(out)]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=sink, stderr=sink)
+    try:
+        deadline = time.monotonic() + 180
+        while "plays at" not in log.read_text(errors="replace"):  # the job has started
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)  # polling the demo's own output, bounded
+        (status,) = (tmp_path / ".stepguard" / "demo").glob("*/up.json")
+        pid = json.loads(status.read_text())["services"]["worker-1"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = json.loads(out.read_text())
+    assert s["service_restarts"] == {"worker-1": 1}, s
+    assert "worker-1: exited with code -9" in log.read_text()
+    assert s["faults_detected"] == 1 and s["false_isolations"] == 0, s
+    assert s["isolated_nodes"] == ["node-0005"], s
