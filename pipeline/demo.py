@@ -424,7 +424,9 @@ def run_demo(
     watch: _Watch | None = None
     title = f"stepguard demo: {scenario.name} as job {job_id} on {plan.bootstrap}"
     last_line = time.monotonic()  # the first progress line once the job plays
-    scored: list[float] = [0, 0.0]  # steps the workers scored, when last scraped
+    # steps the workers scored (a restarted worker's counter starts again at 0: what
+    # the counters held before is kept in the base), the last reading, when scraped
+    scored: list[float] = [0, 0, 0.0]
     status_at = [0.0]  # when up.json was last written
 
     def progress_line() -> str:
@@ -437,10 +439,14 @@ def run_demo(
             a.grade.value for a in (watch.alerts if watch else []) if a.state is AlertState.FIRING
         )
         now = time.monotonic()
-        if now - scored[1] >= 2.0:
+        if now - scored[2] >= 2.0:
             gauges = _worker_gauges(worker_ports)
-            scored[:] = [gauges.steps if gauges else scored[0], now]
-        behind = max(0, job.goodput().executed_steps - int(scored[0]))
+            if gauges is not None:
+                if gauges.steps < scored[1]:
+                    scored[0] += scored[1]
+                scored[1] = gauges.steps
+            scored[2] = now
+        behind = max(0, job.goodput().executed_steps - int(scored[0] + scored[1]))
         return (
             f"job step {max(job.step, 0)}/{scenario.steps} (detection {behind} steps "
             f"behind), faults detected {found}/{faults}, "
