@@ -50,6 +50,7 @@ def test_an_unreachable_webhook_names_only_its_origin(archive, caplog, monkeypat
     runner = ExecutorRunner.__new__(ExecutorRunner)
     runner.executor, runner.done, runner._keys = executor, set(), []
     runner._clock = lambda: datetime.now(UTC)
+    runner.settings = load_settings({})
     monkeypatch.setattr(executors, "check_command", lambda *_a: None)
     now = datetime.now(UTC)
     cmd = Command(
