@@ -24,10 +24,12 @@ from pipeline.simulator.scenario import (
     load_suite,
     node_name,
 )
+from pipeline.simulator.timing import RUN_MARGIN, back_dating_s, start_from_now
 
 __all__ = [
     "DEMO_DIR",
     "JOB_STOPPING_KINDS",
+    "RUN_MARGIN",
     "SCENARIO_DIR",
     "TRAP_KINDS",
     "FaultSpec",
@@ -38,9 +40,11 @@ __all__ = [
     "SimEvent",
     "SimulatedJob",
     "SimulationError",
+    "back_dating_s",
     "find_scenario",
     "load_suite",
     "node_name",
     "resize_scenario",
     "simulate",
+    "start_from_now",
 ]

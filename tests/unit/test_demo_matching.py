@@ -50,14 +50,14 @@ def test_a_job_hang_during_a_slow_node_is_still_a_false_alert():
 
 
 def test_the_job_is_back_dated_by_what_the_speed_up_gains():
-    from pipeline.demo import _back_dating_s
-    from pipeline.simulator import find_scenario
+    # the helper stepguard simulate shares (tests/unit/test_simulator_closed_loop.py)
+    from pipeline.simulator import back_dating_s, find_scenario
 
     sc = find_scenario("ci_smoke")
     expected = sc.steps * sc.nominal_step_s * 1.25
-    assert _back_dating_s(sc, 1.0) == 0.0  # real time: dated now
-    assert _back_dating_s(sc, 0.5) == 0.0  # slower than real time: never ahead
-    assert abs(_back_dating_s(sc, 8.0) - expected * 7 / 8) < 1e-9
+    assert back_dating_s(sc, 1.0) == 0.0  # real time: dated now
+    assert back_dating_s(sc, 0.5) == 0.0  # slower than real time: never ahead
+    assert abs(back_dating_s(sc, 8.0) - expected * 7 / 8) < 1e-9
 
 
 def test_actuator_runs_auto_with_the_spares_and_guard_times_divided_by_the_speed():
