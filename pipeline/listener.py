@@ -2,7 +2,7 @@
 
 A background thread consumes the commands topic, keeps the commands for this job,
 refuses unsigned, wrongly signed, expired or observe-mode ones and those issued more
-than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond its clock (a REFUSED result; the actuator's
+than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond its wall clock (a REFUSED result; the actuator's
 public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify) and queues the rest; a
 record that does not decode (a malformed signature, say) is logged and skipped. The
 results it publishes are signed with the executor key
@@ -100,6 +100,13 @@ class CommandListener:
         Only commands for this job are considered.
     name
         Executor name on the results this listener publishes.
+    clock
+        Dates what the listener publishes (results, lifecycle events): a simulated
+        job passes its own event time, so its announcements agree with its steps.
+    wall_clock
+        Judges the commands it reads (expiry, issued beyond it +
+        ``STEPGUARD_MAX_CLOCK_SKEW_S``): the actuator dates them by its wall clock, so
+        this is the wall clock even when ``clock`` is a job's back-dated event time.
     """
 
     def __init__(
@@ -114,6 +121,7 @@ class CommandListener:
         on_stop: Callback | None = None,
         on_isolate: Callback | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: ExecutorMetrics | None = None,
     ) -> None:
         #: results by kind and status, as an executor counts them (executor label:
@@ -132,6 +140,7 @@ class CommandListener:
             CommandKind.ISOLATE: on_isolate,
         }
         self._clock = clock
+        self._wall_clock = wall_clock
         self._keys = public_keys(settings, "actuator", "the command listener")
         self._key = signing_key(settings, "executor", "the command listener (it signs results)")
         self._result_keys = public_keys(settings, "executor")
@@ -288,7 +297,7 @@ class CommandListener:
     def _offer(self, cmd: Command) -> None:
         if cmd.job_id != self.job_id or cmd.command_id in self._done:
             return
-        now = self._clock()
+        now = self._wall_clock()  # the actuator's commands are dated by its wall clock
         problem = check_command(cmd, self._keys, now) or future_dated(
             cmd.issued_at, self.settings.max_clock_skew_s, now=now, field="issued_at"
         )
