@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +51,11 @@ from pipeline.archive import migrate, open_backend
 from pipeline.archive.archiver import Archiver
 from pipeline.archive.backend import ArchiveBackend
 from pipeline.errors import EmbeddedServiceError
-from pipeline.exporters.player import PlayStats, play
+from pipeline.exporters.player import PlayStats
 from pipeline.kafka import consumer_config, make_consumer, registry_of
-from pipeline.listener import CommandListener
 from pipeline.settings import ENV_PREFIX, Settings, load_settings
-from pipeline.simulator import Scenario, SimulatedJob
+from pipeline.simulator import Scenario, SimulatedJob, start_from_now
+from pipeline.simulator.closed_loop import play_with_controller
 from pipeline.simulator.control import JobController
 from pipeline.supervisor import ServiceState
 from pipeline.up import (
@@ -192,14 +192,6 @@ def match_alerts(
 
 
 # -- the services ------------------------------------------------------------------------
-
-
-def _back_dating_s(scenario: Scenario, speed: float) -> float:
-    """How far before now the job starts: what the speed-up gains over the job's
-    expected length (restarts and stalls included, hence the margin), so that its last
-    event is dated about when it is played and none is ahead of the wall clock."""
-    expected_s = scenario.steps * scenario.nominal_step_s * 1.25
-    return expected_s * max(0.0, 1.0 - 1.0 / speed)
 
 
 def _base_env(settings: Settings, base: Mapping[str, str], run: str) -> dict[str, str]:
@@ -369,8 +361,7 @@ def run_demo(
     t0 = time.monotonic()
     run = secrets.token_hex(4)
     job_id = f"{scenario.job}-{run}"
-    back_s = _back_dating_s(scenario, speed)
-    start = datetime.now(UTC) - timedelta(seconds=back_s)
+    start = start_from_now(scenario, speed)
     scenario = scenario.model_copy(update={"job_id": job_id, "start_time": start})
     job = SimulatedJob(scenario)
     scratch = (settings.state_dir / "demo" / run).resolve()
@@ -394,13 +385,9 @@ def run_demo(
             nice = ("nice", "-n", "10") if shutil.which("nice") else ()
             specs.append(replace(spec, argv=(*nice, *spec.argv)))
     plan.specs = specs
-    # the job controller is an executor: it verifies commands and signs its results.
-    # Its clock is the job's event time, up to back_s behind the wall clock on which
-    # the actuator dates its commands: that much more skew is no future command
-    job_settings = load_settings(
-        next(s.env for s in plan.specs if s.name == "executor-dry-run"),
-        max_clock_skew_s=settings.max_clock_skew_s + back_s,
-    )
+    # the job controller is an executor: it verifies commands and signs its results
+    # (it judges them on the wall clock, as the actuator dates them)
+    job_settings = load_settings(next(s.env for s in plan.specs if s.name == "executor-dry-run"))
     registry = registry_of(job_settings)
     # the demo's topics are its own and thrown away: no word on keeping them
     notes = [n for n in plan.notes if not n.startswith(("no STEPGUARD_OPERATOR", MEMORY_ONLY))]
@@ -519,23 +506,12 @@ def run_demo(
             raise EmbeddedServiceError(f"demo: the services did not start; see {logs}")
         watch = _Watch(job_settings, job_id)
         stack.callback(watch.close)
-        listener = CommandListener(
-            job_settings, job_id, name="simulated-job", on_checkpoint=controller.checkpoint,
-            on_isolate=controller.isolate, clock=lambda: datetime.fromtimestamp(job.ts, UTC),
-        ).start()  # fmt: skip
-        controller.listener = listener
-        stack.callback(listener.close)
-
-        def at_boundary(j: SimulatedJob) -> None:
-            controller.queue(listener.poll_step_boundary(j.step))
-            controller.at_boundary()
 
         def play_job() -> None:
             try:
-                outcome["stats"] = play(
-                    job_settings, scenario, speed=speed, announce_phases=True, job=job,
-                    on_event=at_boundary,
-                )  # fmt: skip
+                outcome["stats"] = play_with_controller(
+                    job_settings, controller, speed=speed, announce_phases=True
+                )
             except BaseException as exc:  # surfaced by the supervising loop
                 outcome["error"] = exc
 

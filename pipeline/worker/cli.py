@@ -5,19 +5,16 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from pipeline.cliutil import err
-from pipeline.settings import Settings, load_settings
+from pipeline.settings import load_settings
 
 if TYPE_CHECKING:
-    from pipeline.simulator import Scenario, SimulatedJob
+    from schemas import Command
 
 __all__ = ["commands", "export_health", "export_node", "run_job_id", "simulate", "worker"]
 
@@ -81,29 +78,43 @@ def simulate(
     """Play a scenario to the broker (steps, health, truth, lifecycle) in real time x
     SPEED."""
     from pipeline.exporters.player import play
-    from pipeline.simulator import find_scenario
+    from pipeline.simulator import find_scenario, start_from_now
 
     settings = load_settings()
     sc = find_scenario(scenario)
+    pace = None if max_speed else speed
     update: dict[str, object] = {"job_id": job_id or run_job_id(sc.job)}
     if from_now:
-        update["start_time"] = _start_from_now(sc, None if max_speed else speed)
+        update["start_time"] = start_from_now(sc, pace)
     sc = sc.model_copy(update=update)
     err.print(f"simulate {sc.name} as job {sc.job}: {sc.nodes} nodes, {sc.steps} steps -> "
               f"{settings.kafka_bootstrap}")  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        job, on_event = None, None
-        if control:
-            job, on_event = _job_controller(settings, sc, stack)
+    if control:
+        from pipeline.simulator import SimulatedJob
+        from pipeline.simulator.closed_loop import play_with_controller
+        from pipeline.simulator.control import JobController
+
+        controller = JobController(SimulatedJob(sc))
+        stats = play_with_controller(
+            settings, controller, speed=pace, truth=truth, lifecycle=lifecycle,
+            announce_phases=announce_phases, on_command=_print_command,
+        )  # fmt: skip
+        for step, kind, detail in controller.applied:
+            err.print(f"job applied at step {step}: {kind} {detail}".rstrip())
+    else:
         stats = play(
-            settings, sc, speed=None if max_speed else speed, truth=truth, lifecycle=lifecycle,
-            announce_phases=announce_phases, job=job, on_event=on_event,
+            settings, sc, speed=pace, truth=truth, lifecycle=lifecycle,
+            announce_phases=announce_phases,
         )  # fmt: skip
     err.print(
         f"published {stats.steps} steps: {stats.step_messages} step messages, "
         f"{stats.health_messages} health reports, {stats.truth_messages} truth; "
         f"{stats.wall_s:.1f} s"
     )
+
+
+def _print_command(step: int, cmd: Command) -> None:
+    err.print(f"step {step}: {cmd.kind.value} {list(cmd.targets)} ({cmd.command_id})")
 
 
 def run_job_id(base: str) -> str:
@@ -116,45 +127,6 @@ def run_job_id(base: str) -> str:
     import secrets
 
     return f"{base[:240]}-{secrets.token_hex(3)}"
-
-
-def _start_from_now(sc: Scenario, speed: float | None) -> datetime:
-    """The start time that dates a played scenario by the wall clock: now at real time
-    or slower; faster, as far back as the speed-up gains, so that no event is dated
-    ahead of the clock (services refuse records from the future)."""
-    from datetime import timedelta
-
-    now = datetime.now(UTC)
-    if speed is not None and speed <= 1:
-        return now
-    duration = sc.steps * sc.nominal_step_s
-    gained = duration if speed is None else duration * (1 - 1 / speed)
-    return now - timedelta(seconds=gained)
-
-
-def _job_controller(
-    settings: Settings, sc: Scenario, stack: contextlib.ExitStack
-) -> tuple[SimulatedJob, Callable[[SimulatedJob], None]]:
-    """The simulated job with a CommandListener as its job controller (closed loop)."""
-    from pipeline.listener import CommandListener
-    from pipeline.simulator import SimulatedJob
-    from pipeline.simulator.control import JobController
-
-    job = SimulatedJob(sc)
-    controller = JobController(job)
-    listener = CommandListener(
-        settings, sc.job, name="simulated-job", on_checkpoint=controller.checkpoint,
-        on_isolate=controller.isolate, clock=lambda: datetime.fromtimestamp(job.ts, UTC),
-    ).start()  # fmt: skip
-    controller.listener = listener
-    stack.callback(listener.close)
-
-    def at_boundary(j: SimulatedJob) -> None:
-        for cmd in (pending := listener.poll_step_boundary(j.step)):
-            err.print(f"step {j.step}: {cmd.kind.value} {list(cmd.targets)} ({cmd.command_id})")
-        controller.queue(pending)
-
-    return job, at_boundary
 
 
 @commands.command("export-health")
