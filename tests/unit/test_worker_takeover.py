@@ -224,3 +224,34 @@ def test_a_job_taken_over_is_not_ticked_before_a_record_is_read() -> None:
     assert later.adopt("j", job.table["j"], owned={0})
     clock.now += 5.0
     assert later.tick_record("j") is not None  # nothing came: judged after all
+
+
+def test_health_held_up_by_a_broker_outage_is_not_a_silent_node() -> None:
+    """The outage grace covers silent nodes as it covers the hang clock: after 20 s
+    without any record, the steps of the outage and most nodes' health come back at
+    once, nodes 6 and 7's health seconds later (their producer reconnected later)."""
+    clock, wall0 = Clock(), 1000.0
+    job = Job()
+    core = WorkerCore(TOPICS, 8, clock=clock, blind_after_s=5.0)
+    alerts = play_live(job, core, clock, wall0, range(40))
+    steps_from, jobs_from = len(job.steps), len(job.jobs)
+    outage = [(n, t * HEALTH_S) for t in range(int(ends(39) // HEALTH_S) + 1,
+                                               int(ends(55) // HEALTH_S) + 1)
+              for n in range(NODES)]  # fmt: skip
+    for step in range(40, 56):
+        job.publish_step(step)
+    for n, at in outage:
+        if n < 6:
+            job.publish_health(n, at)
+    clock.now = wall0 + ends(55) + 0.5  # the broker is back
+    alerts += job.read(core, steps_from, jobs_from)
+    assert core.blind_periods == 1
+    alerts += play_live(job, core, clock, wall0, range(56, 59))
+    late = len(job.jobs)
+    for n, at in outage:
+        if n >= 6:
+            job.publish_health(n, at)
+    alerts += job.read(core, steps_from=len(job.steps), jobs_from=late)
+    alerts += play_live(job, core, clock, wall0, range(59, 75))
+    assert missing_health(alerts) == []
+    assert hangs(alerts) == []
