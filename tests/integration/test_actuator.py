@@ -84,6 +84,10 @@ def env_of(settings, **extra) -> dict[str, str]:
         "STEPGUARD_ACTUATOR_MODE": settings.actuator_mode,
         "STEPGUARD_SPARE_NODES": settings.spare_nodes,
         "STEPGUARD_GUARD_MAX_ISOLATION_PCT": str(settings.guard_max_isolation_pct),
+        # no fixed Prometheus port: another service on this host may hold the default
+        "STEPGUARD_ACTUATOR_METRICS_PORT": "0",
+        "STEPGUARD_EXECUTOR_METRICS_PORT": "0",
+        "STEPGUARD_LISTENER_METRICS_PORT": "0",
     }
     return env | key_env() | extra
 

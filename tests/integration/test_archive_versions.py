@@ -83,10 +83,9 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         # rows as the archiver wrote them before: no run, ver = the message's ts_ms
         old = rows_for([(m, 1_795_000_000_000) for m in sent.values()])
         for table, cols in old.items():
-            # run (steps) came with 005, alerts.signed with 008
-            before = {c: v for c, v in cols.items() if c != "run"}
-            if table == "alerts":
-                del before["signed"]
+            # run (steps) came with 005, alerts.signed with 008, actions' and
+            # approvals' with 010
+            before = {c: v for c, v in cols.items() if c not in ("run", "signed")}
             if table == "health":  # came with 006
                 before = {c: v for c, v in before.items() if c not in HEALTH_V2_COLUMNS}
             before["ver"] = list(cols["ts_ms"])
