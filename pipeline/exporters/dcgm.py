@@ -68,9 +68,7 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -81,11 +79,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.clockskew import FutureGate
 from pipeline.errors import StepguardError
-from pipeline.exporters.health import THROTTLE_REASONS
+from pipeline.exporters.health import THROTTLE_REASONS, publish_reports
 from pipeline.settings import Settings
-from schemas import GpuHealth, NodeHealth, encode
+from schemas import GpuHealth, NodeHealth
 
 __all__ = ["DCGM_FIELDS", "DcgmError", "DcgmScraper", "ScrapeStats", "run_dcgm_exporter"]
 
@@ -351,7 +348,6 @@ def run_dcgm_exporter(
     A failed scrape is logged and the next one is tried (the worker notices a node
     whose health goes silent); with ``once`` it exits 4 with the reason.
     """
-    from pipeline.exporters.sink import KafkaSink
 
     try:
         scraper = DcgmScraper(
@@ -360,43 +356,20 @@ def run_dcgm_exporter(
     except ValueError as exc:
         print(f"stepguard export-health --from-dcgm: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    sink = None if dry_run else KafkaSink(settings)
-    future = FutureGate(settings.max_clock_skew_s, "export-health --from-dcgm", clock=clock)
     code = 0
-    try:
-        while not stop.is_set():
-            try:
-                reports = scraper.read(interval_s)
-            except DcgmError as exc:
-                print(f"stepguard export-health --from-dcgm: {exc}", file=sys.stderr)
-                reports = []
-                if once:
-                    code = 4
-            for report in reports:
-                if not future.admit(report.ts):
-                    continue  # counted and logged
-                if sink is None:
-                    print(encode(report).decode(), flush=True)
-                else:
-                    sink.send("health", report)
+
+    def read() -> list[NodeHealth]:
+        nonlocal code
+        try:
+            return scraper.read(interval_s)
+        except DcgmError as exc:
+            print(f"stepguard export-health --from-dcgm: {exc}", file=sys.stderr)
             if once:
-                break
-            stop.wait(interval_s)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if future.dropped:
-            print(f"stepguard export-health: {future.dropped} reports dated in the future "
-                  "not published", file=sys.stderr)  # fmt: skip
-        if sink is not None:
-            sink.flush(10.0)
-            sink.close()
-            if sink.stats.dropped:
-                print(
-                    f"stepguard export-health: {sink.stats.dropped} reports dropped",
-                    file=sys.stderr,
-                )
+                code = 4
+            return []
+
+    publish_reports(
+        settings, read, name="export-health --from-dcgm", interval_s=interval_s,
+        once=once, dry_run=dry_run, clock=clock,
+    )  # fmt: skip
     return code

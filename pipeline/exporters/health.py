@@ -30,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
@@ -285,7 +285,6 @@ def run_health_exporter(
     """Publish a report every ``interval_s``; returns the exit code (3: no NVML).
 
     ``clock`` is the wall clock reports are checked against (tests move it)."""
-    from pipeline.exporters.sink import KafkaSink
 
     node = node or socket.gethostname()
     try:
@@ -293,36 +292,59 @@ def run_health_exporter(
     except NvmlUnavailable as exc:
         print(f"stepguard export-health: {exc}", file=sys.stderr)
         return 3
+    with reader:
+        publish_reports(
+            settings, lambda: [reader.read(node, job_id, interval_s)], name="export-health",
+            interval_s=interval_s, once=once, dry_run=dry_run, clock=clock,
+        )  # fmt: skip
+    return 0
+
+
+def publish_reports(
+    settings: Settings,
+    read: Callable[[], Iterable[NodeHealth]],
+    *,
+    name: str,
+    interval_s: float,
+    once: bool,
+    dry_run: bool,
+    clock: Callable[[], float],
+) -> None:
+    """Publish what ``read`` returns every ``interval_s`` until SIGTERM or Ctrl-C
+    (one round with ``once``); ``dry_run`` prints the JSON instead.
+
+    A report dated more than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond ``clock`` is not
+    published (counted, one warning per interval); what was not published is said on
+    stderr at the end. Both health exporters (NVML and DCGM) run through here.
+    """
+    from pipeline.exporters.sink import KafkaSink
+
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     sink = None if dry_run else KafkaSink(settings)
-    future = FutureGate(settings.max_clock_skew_s, "export-health", clock=clock)
+    future = FutureGate(settings.max_clock_skew_s, name, clock=clock)
     try:
-        with reader:
-            while not stop.is_set():
-                report = reader.read(node, job_id, interval_s)
+        while not stop.is_set():
+            for report in read():
                 if not future.admit(report.ts):
-                    pass  # counted and logged; the next report may be fine
-                elif sink is None:
+                    continue  # counted and logged; the next report may be fine
+                if sink is None:
                     print(encode(report).decode(), flush=True)
                 else:
                     sink.send("health", report)
-                if once:
-                    break
-                stop.wait(interval_s)
+            if once:
+                break
+            stop.wait(interval_s)
     except KeyboardInterrupt:
         pass
     finally:
         if future.dropped:
-            print(f"stepguard export-health: {future.dropped} reports dated in the future "
+            print(f"stepguard {name}: {future.dropped} reports dated in the future "
                   "not published", file=sys.stderr)  # fmt: skip
         if sink is not None:
             sink.flush(10.0)
             sink.close()
             if sink.stats.dropped:
-                print(
-                    f"stepguard export-health: {sink.stats.dropped} reports dropped",
-                    file=sys.stderr,
-                )
-    return 0
+                print(f"stepguard {name}: {sink.stats.dropped} reports dropped",
+                      file=sys.stderr)  # fmt: skip
