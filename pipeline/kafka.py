@@ -33,6 +33,7 @@ from kafka.errors import (
     TopicAuthorizationFailedError,
     for_code,
 )
+from kafka.net.compat import KafkaNetClient as KafkaClient
 
 from pipeline.errors import BrokerError
 from pipeline.settings import Settings
@@ -99,9 +100,20 @@ def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
         "enable_idempotence": not settings.is_tansu,
     }
     cfg.update(overrides)
+    # kafka-python builds its client before it bootstraps and drops it unclosed when
+    # the bootstrap fails (a wrong password, a broker not up yet): close it here, or its
+    # sockets live on until some later garbage collection
+    clients: list[KafkaClient] = []
+
+    def client(**kw: Any) -> KafkaClient:
+        clients.append(KafkaClient(**kw))
+        return clients[-1]
+
     try:
-        return KafkaProducer(**cfg)
+        return KafkaProducer(**cfg, kafka_client=client)
     except KafkaError as exc:
+        for made in clients:
+            made.close()
         raise BrokerError(f"cannot connect producer to {settings.kafka_bootstrap}: {exc}") from exc
 
 
