@@ -3,7 +3,11 @@
 - :class:`MissingRanks`: ranks that reported recently but are absent from the current
   step while the rest of the job progresses (a crashed node or a dead exporter).
 - :class:`HealthPresence`: a node whose health reports stop while other nodes keep
-  reporting.
+  reporting. Each node is judged against its own health path: it is silent only
+  while neither a report taken recently nor any report at all has reached the
+  detector; and a backlog of late reports arriving from several nodes (a path that
+  lagged, now catching up, one node-keyed partition after another) means the path,
+  not the nodes, was behind: silence counts from the newest such arrival.
 
 A job that stops completing steps altogether is :class:`~detectors.hang.HangDetector`'s.
 
@@ -111,10 +115,26 @@ class HealthPresence:
         self.quorum = quorum
         self._last: dict[str, tuple[float, float]] = {}
         self._resumed: float | None = None
+        self._arrived: dict[str, float] = {}
+        self._late: dict[str, float] = {}
+        self._caught_up: float | None = None
 
     #: event time from which silence counts after :meth:`resume` (class default: a
     #: state stored before the field existed reads it)
     _resumed: float | None = None
+    #: per known node, the event time its newest report reached the detector
+    _arrived: dict[str, float] = {}  # noqa: RUF012 (replaced per instance)
+    #: per known node, when its newest late report arrived
+    _late: dict[str, float] = {}  # noqa: RUF012
+    #: the newest arrival of a backlog of late reports from several nodes
+    _caught_up: float | None = None
+
+    #: a report that arrives later than this many of its intervals after it was
+    #: taken came through a path that lagged
+    LATE_INTERVALS = 1.0
+    #: late reports from this many distinct nodes (within the window a node may stay
+    #: silent) show a backlog draining, not one node's slow link
+    LATE_NODES = 2
 
     def learn(self, node: str, ts: float, interval_s: float) -> None:
         old = self._last.get(node)
@@ -123,6 +143,44 @@ class HealthPresence:
 
     def nodes(self) -> Iterable[str]:
         return self._last.keys()
+
+    def arrived(self, node: str, ts: float, at: float, interval_s: float) -> None:
+        """A report of ``node`` taken at ``ts`` reached the detector at event time
+        ``at`` (the driver's clock when it read the report, before any ordering).
+
+        A node whose reports keep arriving is not silent, however late they are;
+        late reports from :attr:`LATE_NODES` or more nodes are a backlog draining,
+        and every node's silence counts from its newest arrival. Only known nodes
+        are tracked (the maps stay within the fleet).
+
+        Examples
+        --------
+        >>> p = HealthPresence()
+        >>> for n in "abcd":
+        ...     p.learn(n, 0.0, interval_s=10.0)
+        >>> for n in "ab":  # a and b's backlog arrives at t=60, c and d's is still behind
+        ...     for t in (10.0, 20.0, 30.0, 40.0, 50.0):
+        ...         p.arrived(n, t, at=60.0, interval_s=10.0)
+        ...         p.learn(n, t, interval_s=10.0)
+        >>> p.score(61.0)  # not c and d: the path is catching up
+        {}
+        >>> for n in "ab":  # a and b report on time again
+        ...     for t in (70.0, 80.0, 90.0, 100.0):
+        ...         p.arrived(n, t, at=t - 1.0, interval_s=10.0)
+        ...         p.learn(n, t, interval_s=10.0)
+        >>> p.score(100.0)  # 40 s after the backlog, c and d still have not reported
+        {'c': 4.0, 'd': 4.0}
+        """
+        if node not in self._last:
+            return
+        self._arrived[node] = max(at, self._arrived.get(node, at))
+        if at - ts <= self.LATE_INTERVALS * interval_s:
+            return
+        self._late[node] = at
+        window = self.factor * interval_s
+        recent = sum(1 for t in self._late.values() if at - t <= window)
+        if recent >= min(self.LATE_NODES, len(self._last)):
+            self._caught_up = at if self._caught_up is None else max(self._caught_up, at)
 
     def resume(self, at: float) -> None:
         """The reports' path (not the nodes) was interrupted until event time ``at``: a
@@ -153,8 +211,16 @@ class HealthPresence:
         reported within its own interval (otherwise the whole feed stopped)."""
         if not self._last:
             return {}
-        floor = self._resumed if self._resumed is not None else -math.inf
-        last = {node: (max(ts, floor), iv) for node, (ts, iv) in self._last.items()}
+        floor = max(
+            self._resumed if self._resumed is not None else -math.inf,
+            self._caught_up if self._caught_up is not None else -math.inf,
+        )
+        arrived = self._arrived
+        last = {
+            # the newest of: its newest report, its newest arrival, the path's floor
+            node: (max(ts, arrived.get(node, ts), floor), iv)
+            for node, (ts, iv) in self._last.items()
+        }
         fresh = sum(1 for ts, iv in last.values() if now - ts <= 1.5 * iv)
         if fresh == 0 or fresh < self.quorum * len(self._last):
             # most of the fleet is quiet at once: the feed stalled or lags, which says
@@ -169,3 +235,5 @@ class HealthPresence:
 
     def forget(self, node: str) -> None:
         self._last.pop(node, None)
+        self._arrived.pop(node, None)
+        self._late.pop(node, None)

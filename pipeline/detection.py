@@ -21,7 +21,10 @@ messages). The core restores one order, on event time:
    ends at or after its event time, and is then processed just before that frame;
    or until a :meth:`~JobDetection.tick` reaches its event time (the job is stalled:
    the report is processed and the clock checked at the report's own time). A report
-   therefore cannot make a job look hung while its steps are still in flight.
+   therefore cannot make a job look hung while its steps are still in flight. When
+   it *arrived* (the core's event time then) is noted at once
+   (:meth:`~detectors.presence.HealthPresence.arrived`): a node is silent only while
+   its own reports stop, and a backlog arriving late is not silence.
 3. **A frame is scored, then the clock is checked at its end time.** A long step
    that just ended (a checkpoint save) is progress, not a hang.
 4. **Ticks check the clock** at an event time the driver estimates (the worker:
@@ -217,6 +220,9 @@ class JobDetection:
         (rule 2). Returns what an overflow of the hold released (usually nothing)."""
         if msg.job_id is not None:
             self._check_job(msg.job_id)
+        if self.now is not None and isinstance(self.monitor, JobMonitor):
+            # when it reached us, not when it is ordered in: a late backlog is not silence
+            self.monitor.presence.arrived(msg.node, msg.ts.timestamp(), self.now, msg.interval_s)
         self._seq += 1
         heapq.heappush(self._held, (msg.ts.timestamp(), self._seq, msg))
         alerts: list[Alert] = []

@@ -28,11 +28,16 @@ class FaultKind(StrEnum):
     ROW_REMAP = "row_remap"
     DRAIN_XID = "drain_xid"
     CLOCK_THROTTLE = "clock_throttle"
+    # Fault shapes of real clusters (issue 23)
+    INTERMITTENT = "intermittent"
+    STAGE_SLOWDOWN = "stage_slowdown"
     # Traps: normal behaviour that must not alert.
     STAGE_IMBALANCE = "stage_imbalance"
     CLUSTER_SLOWDOWN = "cluster_slowdown"
     DIURNAL_TEMPERATURE = "diurnal_temperature"
     SINGLE_STEP_BLIP = "single_step_blip"
+    HEALTH_DELAY = "health_delay"
+    NOISY_NODE = "noisy_node"
 
 
 class FaultTruth(Message):

@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from detectors.frame import PHASE_CODES, StepFrame
 from pipeline.errors import StepguardError
+from pipeline.simulator.health_path import HealthClock, HealthPath
 from pipeline.simulator.scenario import FaultSpec, Scenario, node_name
 from schemas.telemetry import GpuHealth, NodeHealth, Phase
 from schemas.truth import FaultKind
@@ -168,6 +169,13 @@ class SimulatedJob:
         self._nominal = s.nominal_step_s
         self._tick_s = s.tick_fraction * self._nominal
         self._health_every = s.health_interval_steps * self._nominal
+        self._clock: HealthClock | None = None  #: health on the nodes' own clocks
+        self._path: HealthPath | None = None
+        self._counted_to = s.start_ts  #: error counters advanced up to this time
+        if s.health_interval_s is not None:
+            self._health_every = s.health_interval_s
+            self._clock = HealthClock(s.nodes, s.health_interval_s, start=s.start_ts, seed=s.seed)
+            self._path = HealthPath(s)
         # Time and progress.
         self.step = 0  #: next step to run
         self.last_step = -1
@@ -338,7 +346,9 @@ class SimulatedJob:
         cached = self._mask_cache.get(key)
         if cached is not None:
             return cached
-        if f.node is None:
+        if f.kind == FaultKind.STAGE_SLOWDOWN:
+            idx = np.flatnonzero(self.pp_stage == (f.stage or 0))
+        elif f.node is None:
             idx = np.arange(self.scenario.n_ranks)
         else:
             slot = self._slot_of.get(node_name(f.node))
@@ -443,9 +453,18 @@ class SimulatedJob:
                 FaultKind.THERMAL,
                 FaultKind.SINGLE_STEP_BLIP,
                 FaultKind.CLOCK_THROTTLE,
+                FaultKind.INTERMITTENT,
+                FaultKind.STAGE_SLOWDOWN,
             ):
                 idx = self._mask(f)
-                compute[idx] *= 1.0 + f.slowdown_at(step)
+                slow = f.slowdown_at(step)
+                if kind == FaultKind.INTERMITTENT and f.every_steps is None:
+                    slow = f.magnitude if rng.random() < f.probability else 0.0
+                compute[idx] *= 1.0 + slow
+            elif kind == FaultKind.NOISY_NODE:
+                idx = self._mask(f)
+                extra_sd = s.compute_noise * max(0.0, f.magnitude - 1.0)
+                compute[idx] *= np.clip(1.0 + extra_sd * rng.standard_normal(idx.size), 0.5, 2.0)
             elif kind == FaultKind.DATA_STALL:
                 idx = self._mask(f)
                 data[idx] += f.magnitude * (1.0 + 0.1 * rng.standard_normal(idx.size)).clip(0.5)
@@ -538,6 +557,8 @@ class SimulatedJob:
         return loss, np.full(s.n_ranks, g)
 
     def _due_health(self) -> list[NodeHealth]:
+        if self._clock is not None and self._path is not None:
+            return self._own_clock_health(self._clock, self._path)
         due = self.ts >= self._next_health
         if not due and not self._forced_health:
             return []
@@ -550,7 +571,29 @@ class SimulatedJob:
         self._forced_health.clear()
         return self._health(slots)
 
-    def _health(self, slots: npt.NDArray[np.intp]) -> list[NodeHealth]:
+    def _own_clock_health(self, clock: HealthClock, path: HealthPath) -> list[NodeHealth]:
+        """Reports taken on each node's own clock up to now, restamped with the time
+        each was taken, then what the health path delivers now."""
+        forced = np.asarray(sorted(self._forced_health), dtype=np.intp)
+        self._forced_health.clear()
+        if forced.size:
+            path.send(self._health(forced, scale=0.0))
+        for slots, times in clock.due(self.ts, self._host_alive):
+            last = float(times.max())
+            scale = max(0.0, last - self._counted_to) / clock.interval_s
+            reports = self._health(slots, scale=scale)
+            self._counted_to = max(self._counted_to, last)
+            path.send(
+                [
+                    r.model_copy(update={"ts": datetime.fromtimestamp(float(t), UTC)})
+                    for r, t in zip(reports, times.tolist(), strict=True)
+                ]
+            )
+        return path.deliver(self.ts, step=self.step, stalled=self._stall is not None)
+
+    def _health(self, slots: npt.NDArray[np.intp], scale: float = 1.0) -> list[NodeHealth]:
+        """Reports of ``slots`` now; the fleet's error counters advance by ``scale``
+        report intervals' worth (reports on their own clocks come a few at a time)."""
         s, rng, hw = self.scenario, self._rng, self._hw
         n = s.n_ranks
         step = self.step
@@ -574,9 +617,9 @@ class SimulatedJob:
                 idx = self._mask(f)
                 x = (step - f.onset_step) / float(max(1, f.crash_step - f.onset_step))
                 ecc_rate[idx] += 2.0 + f.magnitude * (math.exp(4.0 * x) - 1.0) / (math.e**4 - 1)
-        hw.ecc_corrected += rng.poisson(ecc_rate)
-        hw.nic_retransmits += rng.poisson(3.0 + NIC_FLAP_RETRANSMITS * hw.flaps)
-        hw.nic_errors += rng.poisson(0.01 + NIC_FLAP_ERRORS * hw.flaps)
+        hw.ecc_corrected += rng.poisson(ecc_rate * scale)
+        hw.nic_retransmits += rng.poisson(3.0 * scale + NIC_FLAP_RETRANSMITS * hw.flaps)
+        hw.nic_errors += rng.poisson(0.01 * scale + NIC_FLAP_ERRORS * hw.flaps)
         hw.flaps[:] = 0
         power = np.clip(
             120.0

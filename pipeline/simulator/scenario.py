@@ -65,6 +65,8 @@ TRAP_KINDS: frozenset[FaultKind] = frozenset(
         FaultKind.CLUSTER_SLOWDOWN,
         FaultKind.DIURNAL_TEMPERATURE,
         FaultKind.SINGLE_STEP_BLIP,
+        FaultKind.HEALTH_DELAY,
+        FaultKind.NOISY_NODE,
     }
 )
 
@@ -81,6 +83,7 @@ _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.PCIE_DOWNTRAIN: (None, "width", "gen"),
     FaultKind.ROW_REMAP: (None, "pending", "failure"),
     FaultKind.CLOCK_THROTTLE: (None, "thermal", "hw_slowdown", "power_cap"),
+    FaultKind.HEALTH_DELAY: (None, "window", "stall"),
 }
 
 
@@ -135,6 +138,18 @@ class FaultSpec(BaseModel):
                          ``power_cap``: sw_power_cap on this GPU or node alone)
     diurnal_temperature  amplitude in degrees C over ``period_s``
     single_step_blip     fractional compute slowdown for exactly one step
+    intermittent         fractional compute slowdown on one step in ``every_steps`` (a
+                         periodic throttle, a neighbour's cron job), or on a random
+                         ``probability`` fraction of steps when ``every_steps`` is unset
+    stage_slowdown       fractional compute slowdown of every rank of pipeline stage
+                         ``stage`` from ``onset_step`` on (structural: rebalance, not a
+                         node fault); ``node`` unset
+    health_delay         trap: the health path is blocked (``window``: from onset for
+                         ``duration_steps``; ``stall``: while the job is stalled), then
+                         drains ``magnitude`` nodes per second (0: at once); needs
+                         ``health_interval_s`` (:mod:`pipeline.simulator.health_path`)
+    noisy_node           trap: the node's compute noise is ``magnitude`` x the job's,
+                         its mean unchanged (noisier, not slower)
     ==================== =====================================================================
 
     A flapping NIC slows the collectives of the whole job (everyone's comm wait rises
@@ -157,6 +172,10 @@ class FaultSpec(BaseModel):
     variant: str | None = None
     period_s: float = Field(default=600.0, gt=0)
     factors: tuple[float, ...] | None = None
+    every_steps: PositiveInt | None = Field(
+        default=None, description="intermittent: one slow step in this many."
+    )
+    stage: NonNegativeInt | None = Field(default=None, description="stage_slowdown: the stage.")
     hang_steps: PositiveInt = Field(
         default=60,
         description="crash/ecc_storm: how long (nominal steps) the job hangs before the "
@@ -205,10 +224,14 @@ class FaultSpec(BaseModel):
             return 1.0 / (1.0 - loss) - 1.0
         if self.kind == FaultKind.CLOCK_THROTTLE:
             return 1.0 / (1.0 - min(m, 0.9)) - 1.0
+        if self.kind == FaultKind.INTERMITTENT:
+            k = self.every_steps
+            return m if k is not None and (step - self.onset_step) % k == k - 1 else 0.0
         if self.kind not in (
             FaultKind.STRAGGLER,
             FaultKind.DEGRADATION,
             FaultKind.SINGLE_STEP_BLIP,
+            FaultKind.STAGE_SLOWDOWN,
         ):
             return 0.0
         if self.shape == Shape.STEP:
@@ -243,6 +266,15 @@ class Scenario(BaseModel):
     steps: PositiveInt = 300
     start_time: AwareDatetime = datetime(2026, 1, 1, tzinfo=UTC)
     health_interval_steps: PositiveInt = 10
+    health_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Health on the nodes' own clocks every this many seconds "
+        "(pipeline.simulator.health_path); None: every health_interval_steps steps.",
+    )
+    health_delay_s: NonNegativeFloat = Field(
+        default=0.0, description="Mean delivery delay of a health report (own clock only)."
+    )
     warmup_steps: NonNegativeInt = 10
     warmup_extra: NonNegativeFloat = 1.0
     eval_every: NonNegativeInt = 0
@@ -301,6 +333,8 @@ class Scenario(BaseModel):
                 FaultKind.ROW_REMAP,
                 FaultKind.DRAIN_XID,
                 FaultKind.CLOCK_THROTTLE,
+                FaultKind.INTERMITTENT,
+                FaultKind.NOISY_NODE,
             )
             if needs_node and f.node is None:
                 raise ValueError(f"fault {fid}: kind {f.kind.value} needs a node")
@@ -311,6 +345,10 @@ class Scenario(BaseModel):
             allowed = _VARIANTS.get(f.kind, (None,))
             if f.variant not in allowed:
                 raise ValueError(f"fault {fid}: variant {f.variant!r} not in {allowed}")
+            if f.kind == FaultKind.STAGE_SLOWDOWN and (f.stage is None or f.stage >= self.pp):
+                raise ValueError(f"fault {fid}: stage_slowdown needs a stage < pp={self.pp}")
+            if f.kind == FaultKind.HEALTH_DELAY and self.health_interval_s is None:
+                raise ValueError(f"fault {fid}: health_delay needs health_interval_s")
             if f.onset_step >= self.steps:
                 raise ValueError(f"fault {fid}: onset_step beyond steps={self.steps}")
         return self
