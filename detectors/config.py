@@ -57,6 +57,14 @@ class MonitorConfig:
     ``culprit_comm_max``            a culprit's comm-wait excess (fraction of step time)
                                     must not exceed this (culprits do not wait)
     ``node_fraction``               share of a node's ranks flagged -> one node finding
+    ``intermittent_z``              a step is *slow* for a rank at this z over its own
+                                    baseline, ``intermittent_excess`` above peers, not
+                                    waiting (:mod:`detectors.intermittent`)
+    ``intermittent_window``         train steps remembered per rank (<= 64)
+    ``intermittent_min_slow``       slow steps in the window before a rank scores
+    ``intermittent_max_fraction``   above this share of slow steps it is a straggler's
+    ``intermittent_warning``        average slowdown the slow steps cost (fraction x
+                                    excess) for WARNING; ``intermittent_exit`` resolves
     ``data_stall_z`` / ``_warning`` data-wait excess (fraction of step time) of one rank
     ``data_stall_critical``         ... for CRITICAL; ``data_stall_exit`` to resolve
     ``nic_z`` / ``nic_spike``       comm-wait excess of a node's ranks that is a spike
@@ -134,6 +142,13 @@ class MonitorConfig:
     straggler_critical_steps: int = 8
     culprit_comm_max: float = 0.02
     node_fraction: float = 0.5
+    intermittent_z: float = 5.0
+    intermittent_excess: float = 0.08
+    intermittent_window: int = 48
+    intermittent_min_slow: int = 5
+    intermittent_max_fraction: float = 0.75
+    intermittent_warning: float = 0.03
+    intermittent_exit: float = 0.01
     data_stall_z: float = 4.0
     data_stall_warning: float = 0.05
     data_stall_critical: float = 0.25

@@ -58,6 +58,7 @@ from detectors.frame import PHASE_CODES, StepFrame
 from detectors.grading import Grader
 from detectors.hang import HangDetector, HealthPresence, MissingRanks
 from detectors.hardware import HEALTH_SIGNALS, HardwareDetector
+from detectors.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.nic_flap import NicWindow, nic_flap_findings
 from detectors.peer import PeerDetector
 from detectors.ranks import RankIndex
@@ -95,6 +96,8 @@ class StepScores:
     scales: F64 | None = None
     temporal: TemporalScores | None = None
     spikes: B | None = None
+    slow: B | None = None  #: ranks clearly slow this step (intermittent stragglers)
+    slow_excess: F64 | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -150,6 +153,7 @@ class JobMonitor:
             fatal_xids=cfg.fatal_xids,
             fatal_latch_reports=cfg.fatal_latch_reports,
         )
+        self.intermittent = IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)
         self.grader = Grader(job_id, cfg.policies())
         self.ranks = RankIndex()
         self.nodes = NodeRegistry()
@@ -220,6 +224,22 @@ class JobMonitor:
             degradation_rows=self._firing_ranks("degradation", frame, rank_node),
             open_nodes={s: self._open_nodes(s) for s in NODE_LEVEL_SIGNALS},
         )
+        out.slow, out.slow_excess = slow_steps(
+            t.z[0], t.excess[0], peer.slowdown, peer.comm_excess, t.warmed, cfg
+        )
+        busy = self._firing_ranks("straggler", frame, rank_node)
+        busy |= self._firing_ranks("degradation", frame, rank_node)
+        out.train_findings += intermittent_findings(
+            self.intermittent,
+            slots,
+            frame,
+            rank_node,
+            names,
+            config=cfg,
+            floor=g.min_score("intermittent"),
+            busy_rows=busy,
+            open_nodes=self._open_nodes("intermittent"),
+        )
         nic_flaps, out.spikes = nic_flap_findings(
             frame,
             peer,
@@ -255,6 +275,7 @@ class JobMonitor:
         moved = self.nodes.record_ranks(s.slots, s.rank_node)
         if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
             self.baselines.forget(moved)
+            self.intermittent.forget(moved)
         self.missing.learn(s.slots)
         if s.temporal is not None and s.values is not None and s.scales is not None:
             mask = s.train & ~self._critical_ranks(frame, s.rank_node)
@@ -270,6 +291,8 @@ class JobMonitor:
             )
             if s.spikes is not None:
                 self._nic.learn(s.spikes)
+            if s.slow is not None and s.slow_excess is not None:
+                self.intermittent.learn(s.slots, s.slow, s.slow_excess, s.train)
             loss, grad = loss_values(frame, s.train)
             self.divergence.learn_one(loss, grad)
         self.steps_seen += 1

@@ -36,7 +36,9 @@ __all__ = ["CLOCK_SIGNALS", "STEP_SIGNALS", "TRAIN_SIGNALS", "grade_policies"]
 _A = RecommendedAction
 
 #: Signals graded on TRAIN steps only.
-TRAIN_SIGNALS = frozenset({"straggler", "degradation", "data_stall", "nic_flap", "loss"})
+TRAIN_SIGNALS = frozenset(
+    {"straggler", "intermittent", "degradation", "data_stall", "nic_flap", "loss"}
+)
 #: Signals graded on every step.
 STEP_SIGNALS = frozenset({"missing", "nonfinite"})
 #: Signals graded by ``tick``.
@@ -73,6 +75,15 @@ def grade_policies(config: MonitorConfig) -> dict[str, GradePolicy]:
             hold_obs=hold,
             cooloff_obs=cool,
             actions=(_A.INVESTIGATE, _A.REPLACE_AT_CHECKPOINT, _A.ISOLATE),
+        ),
+        "intermittent": GradePolicy(
+            AlertKind.STRAGGLER,
+            enter=(None, cfg.intermittent_warning, None),
+            exit=cfg.intermittent_exit,
+            min_obs=(1, 2, 1),
+            hold_obs=hold,
+            cooloff_obs=cool,
+            actions=(_A.INVESTIGATE, _A.REPLACE_AT_CHECKPOINT, _A.REPLACE_AT_CHECKPOINT),
         ),
         "degradation": GradePolicy(
             AlertKind.DEGRADATION,

@@ -149,6 +149,17 @@ class RankBaselines:
         self._trend = np.zeros(0)
         self._smooth = np.zeros(0)
         self._steps = np.zeros(0, dtype=np.int64)
+        self._fast = np.zeros(0)
+
+    #: per slot, the EW mean square of the first metric's *negative* excess, doubled
+    #: (a half-normal's variance): how noisy a rank is, measured on the side a slow
+    #: rank never reaches, so a straggler cannot raise it (class default: a state
+    #: stored before the field existed reads it)
+    _fast = np.zeros(0)
+    #: EW weight of :attr:`_fast`; it counts once it exceeds ``NOISY_RATIO`` x the
+    #: other scales (a noisier rank, not a slower one)
+    FAST_ALPHA = 0.02
+    NOISY_RATIO = 1.5
 
     @property
     def n_slots(self) -> int:
@@ -190,6 +201,11 @@ class RankBaselines:
         mean, var, count = self._gather(slots)
         warmed = count[0] >= self.warmup_steps
         denom = np.maximum(np.maximum(scales, np.sqrt(var)), self.scale_floor)
+        # a rank noisier than its peers on the fast side is noisy, not slow: judge its
+        # slow steps against its own spread (the learn gate keeps that spread out of
+        # its baseline's variance)
+        noisy_sd = np.sqrt(self._fast_of(slots))
+        denom[0] = np.where(noisy_sd > self.NOISY_RATIO * denom[0], noisy_sd, denom[0])
         excess = np.where(count >= self.warmup_steps, values - mean, 0.0)
         z = excess / denom
         inside = slots < self.n_slots
@@ -244,6 +260,16 @@ class RankBaselines:
         self._smooth[sel] = s.smooth[mask]
         self._last[sel] = s.excess[0, mask]
         self._steps[sel] += 1
+        if self._fast.shape[0] < self.n_slots:
+            self._fast = np.concatenate((self._fast, np.zeros(self.n_slots - self._fast.shape[0])))
+        neg = 2.0 * np.minimum(s.excess[0, mask], 0.0) ** 2
+        self._fast[sel] += self.FAST_ALPHA * (neg - self._fast[sel])
+
+    def _fast_of(self, slots: I64) -> F64:
+        out = np.zeros(slots.shape[0])
+        inside = slots < self._fast.shape[0]
+        out[inside] = self._fast[slots[inside]]
+        return out
 
     def state(self, slots: I64) -> tuple[F64, F64, I64, I64]:
         """Baseline mean, variance and learned count, each ``(n_metrics, len(slots))``,
@@ -272,6 +298,7 @@ class RankBaselines:
         self.reset(inside)
         self._last[inside] = 0.0
         self._steps[inside] = 0
+        self._fast[inside[inside < self._fast.shape[0]]] = 0.0
 
     def reset(self, slots: I64) -> None:
         """Forget the CUSUM of ``slots`` (e.g. after an episode was acted upon)."""

@@ -1,0 +1,84 @@
+"""Intermittent stragglers (one slow step in k) and noisier-not-slower ranks (issue 23)."""
+
+import numpy as np
+import pytest
+
+from detectors.engine import JobMonitor
+from detectors.frame import StepFrame
+from detectors.intermittent import IntermittentSlowdown
+from detectors.temporal import RankBaselines
+
+
+def _run(slow_of, steps=160, n=64, noise=0.01, seed=0, noisy_rank=None):
+    """A job of ``n`` ranks (8 per node); ``slow_of(step)`` is rank 13's slowdown."""
+    mon = JobMonitor("job")
+    rng = np.random.default_rng(seed)
+    alerts = []
+    for step in range(steps):
+        compute = 1.0 + noise * rng.standard_normal(n)
+        compute[13] *= 1.0 + slow_of(step)
+        if noisy_rank is not None and step >= 30:
+            compute[noisy_rank] = 1.0 + 4 * noise * rng.standard_normal()
+        comm = compute.max() + 0.05 - compute
+        frame = StepFrame.from_arrays("job", step, ts=1.2 * step, compute=compute, comm_wait=comm)
+        alerts += mon.process_step(frame)
+    return [a for a in alerts if a.state.value == "firing"]
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_one_slow_step_in_k_is_named_with_its_pattern(k):
+    firing = _run(lambda s: 0.6 if s >= 40 and s % k == 0 else 0.0)
+    assert {(a.node, a.rank) for a in firing} == {("node-1", 13)}
+    assert f"one step in {k}" in firing[0].evidence.detail
+
+
+def test_a_random_fraction_of_slow_steps_is_named_with_the_fraction():
+    rng = np.random.default_rng(3)
+    slow = rng.random(400) < 0.25
+    firing = _run(lambda s: 0.5 if s >= 40 and slow[s] else 0.0, steps=200)
+    assert {(a.node, a.rank) for a in firing} == {("node-1", 13)}
+    assert "% of steps" in firing[0].evidence.detail or "one step in" in firing[0].evidence.detail
+
+
+def test_a_healthy_job_and_a_noisier_rank_raise_nothing():
+    assert _run(lambda s: 0.0, seed=1) == []
+    assert _run(lambda s: 0.0, seed=2, noisy_rank=40) == []
+
+
+def test_a_steady_straggler_stays_one_straggler_episode():
+    firing = _run(lambda s: 0.3 if s >= 40 else 0.0)
+    assert {a.fingerprint for a in firing} == {firing[0].fingerprint}
+
+
+def test_counts_scores_and_forget():
+    det = IntermittentSlowdown(window=10, min_slow=2)
+    slots = np.arange(2)
+    for i in range(10):
+        det.learn(slots, np.array([False, i % 3 == 0]), np.full(2, 0.5), np.ones(2, bool))
+    assert det.counts(slots).tolist() == [0, 4]
+    assert det.score(slots)[1] == pytest.approx(0.4 * 0.5)
+    det.forget(np.array([1]))
+    assert det.counts(slots).tolist() == [0, 0]
+    assert det.score(np.array([5])).tolist() == [0.0]  # unknown slot: neutral
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"window": 65}, "window"), ({"min_slow": 0}, "min_slow"),
+                         ({"alpha": 0.0}, "alpha")],
+)  # fmt: skip
+def test_invalid_arguments_are_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        IntermittentSlowdown(**kwargs)
+
+
+def test_a_noisier_rank_is_judged_against_its_own_fast_side_spread():
+    b = RankBaselines(n_metrics=1, warmup_steps=5)
+    rng = np.random.default_rng(0)
+    slots = np.arange(2)
+    scale = np.full((1, 2), 0.01)
+    for _ in range(300):
+        v = np.array([[0.01 * rng.standard_normal(), 0.05 * rng.standard_normal()]])
+        b.learn(slots, v, scale, np.ones(2, bool))
+    s = b.score(slots, np.array([[0.08, 0.08]]), scale)
+    assert s.z[0, 0] > 5.0  # the quiet rank: 8 % is far out
+    assert s.z[0, 1] < 3.0  # the noisy one: within its own spread
