@@ -615,16 +615,39 @@ def evaluate(
     factory: MonitorFactory,
     *,
     progress: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """Run ``scenarios`` and score the monitor and both baselines."""
+    """Run ``scenarios`` and score the monitor and both baselines (``jobs`` > 1: the
+    scenarios play in that many processes, the default monitor only)."""
     runs: list[Run] = []
     scores: dict[str, list[ScenarioScore]] = {
         m: [] for m in ("monitor", "static_threshold", "relative_score")
     }
     t_all = time.perf_counter()
-    for i, s in enumerate(scenarios, 1):
-        t0 = time.perf_counter()
-        run = run_scenario(s, factory)
+    if jobs > 1:  # scenarios in worker processes, scored here in suite order
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(jobs) as pool:
+            played = pool.imap(_run_default, scenarios)
+            return _evaluated(scenarios, played, scores, runs, t_all, progress)
+    played = (run_scenario(s, factory) for s in scenarios)
+    return _evaluated(scenarios, played, scores, runs, t_all, progress)
+
+
+def _run_default(s: Scenario) -> Run:
+    return run_scenario(s, _default_factory())
+
+
+def _evaluated(
+    scenarios: Sequence[Scenario],
+    played: Iterable[Run],
+    scores: dict[str, list[ScenarioScore]],
+    runs: list[Run],
+    t_all: float,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    for i, (s, run) in enumerate(zip(scenarios, played, strict=True), 1):
         runs.append(run)
         for m, acc in scores.items():
             acc.append(score(run, m))
@@ -636,6 +659,7 @@ def evaluate(
                 f"detected {det}/{len(sc.faults)}, false-positive episodes {sc.fp_episodes}, "
                 f"monitor {run.monitor_s:.1f}s, total {time.perf_counter() - t0:.1f}s"
             )
+        t0 = time.perf_counter()
     result = aggregate(scores["monitor"])
     result["targets"] = check_targets(result, runs, scores["monitor"])
     result["baselines"] = {}
@@ -786,6 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="add this to every scenario seed (a held-out draw of the same suite)",
     )
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--jobs", type=int, default=1, help="play scenarios in this many processes")
     ap.add_argument("--md", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
     ap.add_argument("--no-md", action="store_true", help="do not touch the markdown file")
     args = ap.parse_args(argv)
@@ -803,7 +828,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(command.strip())
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     say(f"detection quality: {len(suite)} scenarios")
-    result = evaluate(suite, _default_factory(), progress=say)
+    result = evaluate(suite, _default_factory(), progress=say, jobs=args.jobs)
     result["environment"] = env
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))

@@ -229,6 +229,7 @@ class JobMonitor:
         )
         busy = self._firing_ranks("straggler", frame, rank_node)
         busy |= self._firing_ranks("degradation", frame, rank_node)
+        out.slow &= ~busy  # a steady straggler's slow steps say nothing of intermittence
         out.train_findings += intermittent_findings(
             self.intermittent,
             slots,

@@ -474,17 +474,19 @@ class SimulatedJob:
                     extra += f.magnitude * (0.5 + rng.random())
                     self._hw.flaps[self.slot[idx[0]]] += 1
             elif kind == FaultKind.CLUSTER_SLOWDOWN:
+                m = f.magnitude * f.ramp_at(step)
                 if (f.variant or "storage") == "storage":
-                    data += f.magnitude * (1.0 + 0.2 * np.abs(rng.standard_normal(n)))
+                    data += m * (1.0 + 0.2 * np.abs(rng.standard_normal(n)))
                 elif f.variant == "power_cap":
-                    compute *= 1.0 / (1.0 - min(f.magnitude, 0.9))
+                    compute *= 1.0 / (1.0 - min(m, 0.9))
                 else:
-                    compute *= 1.0 + f.magnitude
+                    compute *= 1.0 + m
             elif kind == FaultKind.STAGE_IMBALANCE and f.variant == "sequence_length":
                 seq = np.exp(f.magnitude * rng.standard_normal(s.dp))
                 compute *= seq[self.dp_group]
         if phase == Phase.CHECKPOINT:
-            compute += s.checkpoint_s * (1.0 + 0.05 * rng.standard_normal(n))
+            grown = 1.0 + s.checkpoint_growth * len(self.checkpoints)
+            compute += s.checkpoint_s * grown * (1.0 + 0.05 * rng.standard_normal(n))
 
         stall_s = self._hang_carry_s
         if stall_s:  # the hung step finally completes
@@ -689,7 +691,7 @@ class SimulatedJob:
         for f in s.faults:
             kind = f.kind
             if kind == FaultKind.CLUSTER_SLOWDOWN and f.variant == "power_cap" and f.active(step):
-                clock *= 1.0 - min(f.magnitude, 0.9)
+                clock *= 1.0 - min(f.magnitude * f.ramp_at(step), 0.9)
                 out.reasons.update(dict.fromkeys(range(s.n_ranks), ("sw_power_cap",)))
                 continue
             if kind not in _LINK_KINDS or not f.active(step):

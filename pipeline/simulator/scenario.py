@@ -122,7 +122,8 @@ class FaultSpec(BaseModel):
     divergence           loss spike factor; NaN ``duration_steps`` steps after onset
     stage_imbalance      extra compute of the heaviest stage (``variant: pipeline``) or
                          the sigma of per-step replica noise (``sequence_length``)
-    cluster_slowdown     seconds of data wait on every rank (``storage``), fractional
+    cluster_slowdown     (reached along ``shape`` over ``ramp_steps``: a ramp, not only
+                         a step) seconds of data wait on every rank (``storage``), fractional
                          compute slowdown of every rank (``compute``), or SM-clock loss
                          of every GPU under a facility power cap (``power_cap``: clock
                          reason ``sw_power_cap`` everywhere, compute 1/(1-m) - 1 slower)
@@ -209,6 +210,20 @@ class FaultSpec(BaseModel):
         end = self.end_step
         return step >= self.onset_step and (end is None or step <= end)
 
+    def ramp_at(self, step: int) -> float:
+        """Share of ``magnitude`` reached at ``step`` under ``shape`` (0 when inactive):
+        1 at once for ``step``, a linear or exponential ramp over ``ramp_steps``
+        (default: the duration, else 200) otherwise."""
+        if not self.active(step):
+            return 0.0
+        if self.shape == Shape.STEP:
+            return 1.0
+        ramp = self.ramp_steps or self.duration_steps or 200
+        x = min(1.0, (step - self.onset_step) / float(ramp))
+        if self.shape == Shape.LINEAR:
+            return x
+        return (math.exp(4.0 * x) - 1.0) / (math.exp(4.0) - 1.0)
+
     def slowdown_at(self, step: int) -> float:
         """Fractional compute slowdown this fault causes at ``step`` (0 when none).
 
@@ -281,6 +296,11 @@ class Scenario(BaseModel):
     eval_factor: float = Field(default=2.0, ge=1.0)
     checkpoint_every: NonNegativeInt = 0
     checkpoint_s: NonNegativeFloat = 6.0
+    checkpoint_growth: NonNegativeFloat = Field(
+        default=0.0,
+        description="Each checkpoint save takes this fraction of checkpoint_s longer "
+        "than the one before (a model and optimizer state that grow).",
+    )
     base_compute_s: float = Field(default=0.9, gt=0)
     compute_noise: NonNegativeFloat = 0.015
     rank_spread: NonNegativeFloat = 0.01
