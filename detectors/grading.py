@@ -92,6 +92,8 @@ class Grader:
     _subjects: dict[SubjectKey, _Tracked] = field(default_factory=dict, repr=False)
     #: (culprit node or "", alert kind) -> key of its open incident
     _groups: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
+    #: open incident -> its causes in the order they joined: (alert kind, first step)
+    _causes: dict[str, list[tuple[str, int]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.job_id:
@@ -155,28 +157,47 @@ class Grader:
         return alerts
 
     def _incident(self, key: SubjectKey, tracked: _Tracked, transition: Transition) -> str:
-        """The incident an update belongs to: a new episode joins its culprit's open
-        incident of the same cause (:data:`INCIDENT_CAUSE`, else its kind), or opens
-        one; the last episode to resolve closes it. An episode keeps its incident for
-        life."""
+        """The incident an update belongs to: a new episode joins its culprit node's
+        open incident whatever its cause (a thermal throttle that makes a straggler is
+        one sick node), a job-wide one the job's open incident of the same cause
+        (:data:`INCIDENT_CAUSE`, else its kind); otherwise it opens one. The last
+        episode to resolve closes it. An episode keeps its incident for life."""
         kind = self.policies[key[0]].kind
-        group = (key[1] or "", INCIDENT_CAUSE.get(kind, kind.value))
+        cause = INCIDENT_CAUSE.get(kind, kind.value)
+        group = (key[1], "node") if key[1] else ("", cause)
         if transition is Transition.NEW or not tracked.incident:
             open_key = self._groups.get(group)
             tracked.incident = open_key or incident_key(
                 self.job_id, key[1], group[1], round(tracked.state.started_ts * 1000)
             )
+            chain = self._causes_map().setdefault(tracked.incident, [])
+            if kind.value not in {k for k, _ in chain}:
+                chain.append((kind.value, tracked.state.first_step or 0))
         if transition is Transition.RESOLVE:
             still_open = any(
                 t.state.firing and t.incident == tracked.incident
                 for k, t in self._subjects.items()
                 if k != key
             )
+            if not still_open:
+                self._causes_map().pop(tracked.incident, None)
             if not still_open and self._groups.get(group) == tracked.incident:
                 del self._groups[group]
         else:
             self._groups.setdefault(group, tracked.incident)
         return tracked.incident
+
+    def _causes_map(self) -> dict[str, list[tuple[str, int]]]:
+        # a state stored before the field existed has none: start it empty
+        return self.__dict__.setdefault("_causes", {})  # type: ignore[no-any-return]
+
+    def chain(self, incident: str) -> str:
+        """The causes of an open incident in the order they appeared, e.g.
+        ``thermal (step 120) -> straggler (step 131)``; empty for one cause."""
+        causes = self._causes_map().get(incident, [])
+        if len(causes) < 2:
+            return ""
+        return " -> ".join(f"{k} (step {s})" for k, s in causes)
 
     def close(self, why: str, *, step: int, ts: float, node: str | None = None) -> list[Alert]:
         """Resolve every open episode (of ``node``, if given) at once, whatever its
@@ -235,6 +256,11 @@ class Grader:
         last = tracked.last
         assert last is not None
         evidence = last.evidence()
+        incident = self._incident(key, tracked, transition)
+        chain = self.chain(incident)
+        if chain:  # one incident per sick node: its causes, in order
+            detail = f"{evidence.detail}; incident chain: {chain}".strip("; ")
+            evidence = evidence.model_copy(update={"detail": detail[:2000]})
         action = RecommendedAction.NONE if resolved else policy.actions[max(grade_idx, 0)]
         subject = node if node is not None else "job"
         if rank is not None:
@@ -265,7 +291,7 @@ class Grader:
             evidence=evidence,
             recommended_action=action,
             summary=summary[:1000],
-            incident=self._incident(key, tracked, transition),
+            incident=incident,
         )
 
 

@@ -179,3 +179,25 @@ def test_a_creep_then_a_jump_on_one_node_is_one_slow_node_incident():
     n1 = {a.incident for a in out if a.node == "n1"}
     assert {a.kind for a in out if a.node == "n1"} == {AlertKind.STRAGGLER, AlertKind.DEGRADATION}
     assert len(n1) == 1 and n1 != {a.incident for a in out if a.node == "n2"}
+
+
+def test_one_incident_per_sick_node_across_causes_with_the_chain_in_evidence():
+    thermal = GradePolicy(AlertKind.THERMAL, enter=(None, 5.0, None), exit=2.0,
+                          min_obs=(1, 1, 1), hold_obs=3)  # fmt: skip
+    g = Grader("job", {"straggler": POLICY, "thermal": thermal})
+    out = []
+    for i in range(8):  # n1 throttles from step 0; its ranks turn slow from step 3
+        fs = [Finding("thermal", "n1", None, 20.0, "temperature_c", 92.0, 20.0)]
+        if i >= 3:
+            fs.append(Finding("straggler", "n1", 5, 0.3, "compute_s", 1.3, 9.0))
+        fs.append(Finding("thermal", "n2", None, 20.0, "temperature_c", 92.0, 20.0))
+        out += g.observe(fs, signals={"straggler", "thermal"}, step=i, ts=1000.0 + i)
+    n1 = [a for a in out if a.node == "n1"]
+    assert {a.kind for a in n1} == {AlertKind.THERMAL, AlertKind.STRAGGLER}
+    assert len({a.incident for a in n1}) == 1
+    assert {a.incident for a in n1} != {a.incident for a in out if a.node == "n2"}
+    strag = next(a for a in n1 if a.kind is AlertKind.STRAGGLER)
+    assert "incident chain: thermal (step 0) -> straggler (step" in strag.evidence.detail
+    for i in range(8, 30):  # both recover: the incident and its chain are gone
+        out += g.observe([], signals={"straggler", "thermal"}, step=i, ts=1000.0 + i)
+    assert g._causes == {}
