@@ -58,7 +58,7 @@ class HealthClock:
     >>> c = HealthClock(3, 10.0, start=0.0, seed=1)
     >>> rounds = list(c.due(25.0))
     >>> [len(slots) for slots, _ in rounds], all(t <= 25.0 for _, ts in rounds for t in ts)
-    ([3, 3], True)
+    ([3, 3, 2], True)
     """
 
     def __init__(self, nodes: int, interval_s: float, *, start: float, seed: int) -> None:

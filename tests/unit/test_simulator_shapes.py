@@ -1,0 +1,90 @@
+"""Fault shapes of real clusters in the simulator (issue 23)."""
+
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from pipeline.simulator import Scenario, simulate
+from schemas import FaultKind
+
+
+def sc(**kw):
+    base = {"name": "shape", "nodes": 4, "steps": 60, "warmup_steps": 0, "seed": 3}
+    return Scenario.model_validate({**base, **kw})
+
+
+def frames(s):
+    return [ev.frame for ev in simulate(s) if ev.frame is not None]
+
+
+def test_intermittent_slows_one_step_in_k_only():
+    s = sc(faults=[{"kind": "intermittent", "node": 1, "gpu": 2, "onset_step": 10,
+                    "every_steps": 5, "magnitude": 0.6}])  # fmt: skip
+    rank = 1 * 8 + 2
+    slow = [f.step for f in frames(s) if f.compute[rank] > 1.3 * np.median(f.compute)]
+    assert slow == list(range(14, 60, 5))
+    assert s.faults[0].kind is FaultKind.INTERMITTENT and not s.faults[0].is_trap
+
+
+def test_stage_slowdown_slows_its_stage_from_onset():
+    s = sc(nodes=4, tp=4, pp=2, faults=[{"kind": "stage_slowdown", "stage": 1,
+                                         "onset_step": 30, "magnitude": 0.2}])  # fmt: skip
+    fs = frames(s)
+
+    def gap(f):
+        return np.median(f.compute[f.pp_stage == 1]) / np.median(f.compute[f.pp_stage == 0])
+
+    assert all(abs(gap(f) - 1) < 0.03 for f in fs[:30])
+    assert all(abs(gap(f) - 1.2) < 0.03 for f in fs[30:])
+    with pytest.raises(ValueError, match="stage"):
+        sc(faults=[{"kind": "stage_slowdown", "onset_step": 3, "magnitude": 0.2}])
+
+
+def test_noisy_node_is_noisier_not_slower():
+    s = sc(steps=200, faults=[{"kind": "noisy_node", "node": 2, "magnitude": 5.0}])
+    c = np.stack([f.compute for f in frames(s)])
+    noisy, calm = c[:, 16:24].ravel(), c[:, :8].ravel()
+    assert noisy.std() > 3 * calm.std()
+    assert abs(np.median(noisy) - np.median(calm)) < 0.01
+
+
+def test_cluster_slowdown_follows_its_ramp():
+    s = sc(steps=100, faults=[{"kind": "cluster_slowdown", "variant": "compute",
+                               "onset_step": 20, "magnitude": 0.4, "shape": "linear",
+                               "ramp_steps": 40}])  # fmt: skip
+    med = [float(np.median(f.compute)) for f in frames(s)]
+    assert med[30] / med[10] == pytest.approx(1.1, abs=0.03)
+    assert med[80] / med[10] == pytest.approx(1.4, abs=0.03)
+
+
+def test_checkpoints_grow():
+    s = sc(steps=90, checkpoint_every=30, checkpoint_s=10.0, checkpoint_growth=0.5)
+    ck = [float(f.step_time[0]) for f in frames(s) if f.step in (29, 59, 89)]
+    assert ck[0] < ck[1] < ck[2]  # 10 s, 15 s, 20 s of save (+ noise across ranks)
+    assert ck[2] - ck[0] == pytest.approx(10.0, abs=2.5)
+
+
+def test_health_on_its_own_clock_keeps_reporting_through_a_long_step():
+    s = sc(steps=20, checkpoint_every=10, checkpoint_s=60.0, health_interval_s=10.0)
+    evs = list(simulate(s))
+    long_step = next(ev for ev in evs if ev.frame is not None and ev.frame.step == 9)
+    stamps = sorted({h.ts.timestamp() for h in long_step.health if h.node == "node-0000"})
+    assert len(stamps) >= 5  # one every 10 s during the 60 s save, each with its own time
+    assert all(b - a == pytest.approx(10.0, rel=0.15) for a, b in pairwise(stamps))
+    assert all(h.interval_s == 10.0 for h in long_step.health)
+
+
+def test_a_blocked_health_path_drains_node_by_node():
+    block = {"kind": "health_delay", "onset_step": 20, "duration_steps": 20, "magnitude": 1.0}
+    s = sc(steps=80, health_interval_s=5.0, faults=[block])
+    arrivals = [(ev.ts, h.node, h.ts.timestamp()) for ev in simulate(s) for h in ev.health]
+    late = [(at, node) for at, node, ts in arrivals if at - ts > 10.0]
+    assert {node for _, node in late} == {f"node-{i:04d}" for i in range(4)}
+    first = {}
+    for at, node in late:
+        first.setdefault(node, at)
+    spread = max(first.values()) - min(first.values())
+    assert spread >= 2.0  # one node a second, not all at once
+    with pytest.raises(ValueError, match="health_interval_s"):
+        sc(faults=[{"kind": "health_delay", "onset_step": 2}])
