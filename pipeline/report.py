@@ -1,10 +1,10 @@
 """``stepguard report``: an HTML post-mortem of one job from the archive.
 
-For each incident (every episode of one culprit and one kind while any was open:
-``Alert.incident``) it plots the culprit node's ranks' compute time relative to the
-step's peer median around the incident, and the job's step time; then the
-alert/command timeline and a summary table. Plots are PNG files next to the HTML; the
-terminal gets a plain-text summary.
+For each incident (every episode of one culprit node, whatever its cause, while any
+was open: ``Alert.incident``; its causes in order, e.g. ``thermal -> straggler``) it
+plots the culprit node's ranks' compute time relative to the step's peer median around
+the incident, and the job's step time; then the alert/command timeline and a summary
+table. Plots are PNG files next to the HTML; the terminal gets a plain-text summary.
 """
 
 from __future__ import annotations
@@ -151,6 +151,28 @@ def _table(cols: list[str], rows: list[tuple[Any, ...]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+_CHAIN = re.compile(r"incident chain: (.+?)(?:;|$)")
+_STEP = re.compile(r"^step (\d+):")
+
+
+def _chain(inc: Incident, timeline: list[tuple[Any, ...]]) -> str:
+    """The incident's causes in order (``thermal (step 120) -> straggler (step
+    131)``), from the newest alert update of its culprit within its steps whose
+    evidence names the chain; empty for a one-cause incident."""
+    found = ""
+    for row in timeline:
+        what, subject, detail = str(row[1]), str(row[2]), str(row[3])
+        if not what.startswith("alert ") or not subject.startswith(inc.node or "\x00"):
+            continue
+        step = _STEP.match(detail)
+        if step is None or not inc.first_step <= int(step.group(1)) <= inc.last_step:
+            continue
+        m = _CHAIN.search(detail)
+        if m is not None:
+            found = m.group(1).strip()
+    return found
+
+
 def render_report(
     backend: ArchiveBackend, job: str, out_html: Path, incident: str | None = None
 ) -> ReportResult:
@@ -159,13 +181,14 @@ def render_report(
     images = [_plot_incident(backend, job, inc, out_html.parent) for inc in found]
     tl_cols, timeline = run_query(backend, "incident_timeline", job=job)
     cmd_cols, commands = run_query(backend, "command_outcomes", job=job)
+    chains = {i.key: _chain(i, timeline) for i in found}
     summary_rows = [
         (i.key, i.kind, i.node or "(job)", _ranks(i.ranks), i.episodes, i.first_step,
-         i.last_step, i.worst_grade, "resolved" if i.resolved else "open")
+         i.last_step, i.worst_grade, "resolved" if i.resolved else "open", chains[i.key])
         for i in found
     ]  # fmt: skip
     summary_cols = ["incident", "kind", "culprit", "ranks", "episodes", "first step",
-                    "last step", "grade", "state"]  # fmt: skip
+                    "last step", "grade", "state", "causes"]  # fmt: skip
     parts = [
         "<!doctype html><meta charset='utf-8'>",
         f"<title>stepguard report: {html.escape(job)}</title>",
@@ -187,6 +210,7 @@ def render_report(
         f"  {i.kind:<12} {i.node or '(job)':<12} steps {i.first_step}-{i.last_step} "
         f"{i.worst_grade:<8} {'resolved' if i.resolved else 'open':<8} "
         f"{i.episodes} episode(s){', ranks ' + _ranks(i.ranks) if i.ranks else ''}"
+        f"{'; causes ' + chains[i.key] if chains[i.key] else ''}"
         for i in found
     ]
     lines.append(f"  {len(commands)} command(s); report: {out_html}")
