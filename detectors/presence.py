@@ -128,6 +128,8 @@ class HealthPresence:
     _late: dict[str, float] = {}  # noqa: RUF012
     #: the newest arrival of a backlog of late reports from several nodes
     _caught_up: float | None = None
+    #: the newest arrival of any report: how far the health path has delivered
+    _path_at: float | None = None
 
     #: a report that arrives later than this many of its intervals after it was
     #: taken came through a path that lagged
@@ -173,6 +175,7 @@ class HealthPresence:
         """
         if node not in self._last:
             return
+        self._path_at = at if self._path_at is None else max(self._path_at, at)
         self._arrived[node] = max(at, self._arrived.get(node, at))
         if at - ts <= self.LATE_INTERVALS * interval_s:
             return
@@ -208,9 +211,15 @@ class HealthPresence:
 
     def score(self, now: float) -> dict[str, float]:
         """Silence of each silent node in units of its interval, only while another node
-        reported within its own interval (otherwise the whole feed stopped)."""
+        reported within its own interval (otherwise the whole feed stopped). Where
+        arrivals are known (:meth:`arrived`), silence is measured up to the path's
+        newest delivery, not beyond: a path that stopped delivering to anyone holds
+        every node's report up alike."""
         if not self._last:
             return {}
+        if self._path_at is not None:  # silence grows only while the path delivers
+            newest = max(ts for ts, _ in self._last.values())
+            now = min(now, max(self._path_at, newest))
         floor = max(
             self._resumed if self._resumed is not None else -math.inf,
             self._caught_up if self._caught_up is not None else -math.inf,

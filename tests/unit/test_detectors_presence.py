@@ -104,3 +104,18 @@ def test_health_held_behind_a_hang_drains_without_missing_alerts():
         alerts += det.tick(ev.ts)
     firing = {(a.kind.value, a.node) for a in alerts if a.state.value == "firing"}
     assert firing == {("hang", None)}
+
+
+def test_a_path_that_stops_delivering_to_anyone_makes_no_node_silent():
+    p = HealthPresence(factor=2.5)
+    _fleet(p, "abc", 90.0)  # every node on time up to t=90 (arrived at 90.5) ...
+    _fleet(p, "d", 70.0)  # ... but d's report of t=80 is slow on its way
+    # and from t=91 the path delivers nothing to anyone: at t=96, d (26 s since its
+    # last report) is judged at the path's newest delivery, 20 s: not missing
+    assert p.score(96.0).get("d", 0.0) < 2.5
+    # the path delivers again (a, b, c on time) and d stays silent: now it is missing
+    for n in "abc":
+        for t in (100.0, 110.0):
+            p.arrived(n, t, at=t + 0.5, interval_s=IV)
+            p.learn(n, t, interval_s=IV)
+    assert p.score(111.0)["d"] >= 2.5
