@@ -125,9 +125,9 @@ _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     # the job's CommandListener: a job controller, it signs its results as an executor
     "simulate": ("executor", ("actuator", "executor")),
-    # archives alerts, commands, action records and approvals whose signature does not
-    # verify as unsigned
-    "archiver": (None, ("actuator", "worker", "operator")),
+    # verifies what it archives as signed (pipeline.archive.trust): alerts, commands,
+    # action records, approvals, control changes and command results
+    "archiver": (None, ("actuator", "worker", "operator", "executor")),
 }
 
 

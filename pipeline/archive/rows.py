@@ -45,8 +45,8 @@ from schemas import (
 )
 
 __all__ = ["ARCHIVED_VERSION", "TABLE_OF", "StepRows", "ingest_version", "pack_values",
-           "rows_for", "step_rows", "step_rows_file", "step_rows_of", "step_rows_packed",
-           "step_table"]  # fmt: skip
+           "result_at_ms", "rows_for", "step_rows", "step_rows_file", "step_rows_of",
+           "step_rows_packed", "step_table"]  # fmt: skip
 
 Row = dict[str, Any]
 
@@ -142,9 +142,11 @@ def _command(m: Command, _rec_ms: int) -> Iterable[Row]:
 
 def _result(m: CommandResult, _rec_ms: int) -> Iterable[Row]:
     ms = _ms(m.ts)
+    # at_ms (migration 011) is set by rows_for from the archiver's receive time
     yield {
         "command_id": m.command_id, "job_id": m.job_id, "executor": m.executor,
         "status": m.status.value, "detail": m.detail, "ts": _utc(m.ts), "ts_ms": ms,
+        "signed": int(m.signature is not None), "at_ms": ms,
     }  # fmt: skip
 
 
@@ -392,14 +394,31 @@ def _model_step_columns(messages: list[StepTelemetry], offsets: Sequence[int]) -
     return table
 
 
+def result_at_ms(ts_ms: int, received_ms: int) -> int:
+    """When a command result counts as given (``command_results.at_ms``, what "the
+    latest result" of a command is judged by): its own signed time, but never later
+    than the archiver's receipt, so dating a result ahead (ten years, or the few
+    seconds a clock may be off) gains it nothing over the results that follow it.
+
+    >>> result_at_ms(1_000, 2_000), result_at_ms(10**12, 2_000)
+    (1000, 2000)
+    """
+    return max(0, min(ts_ms, received_ms))
+
+
 def rows_for(
-    messages: Iterable[tuple[Message, int]], offsets: Sequence[int] | None = None
+    messages: Iterable[tuple[Message, int]],
+    offsets: Sequence[int] | None = None,
+    *,
+    received_ms: int | None = None,
 ) -> dict[str, Columns]:
     """Group (message, record time ms) pairs into columnar inserts per table.
 
     ``offsets``: each message's offset in its partition, which sets its rows' ``ver``
     (:func:`ingest_version`); all 0 when not given (one offset for everything: rows
-    with the same key then tie, and the last one inserted wins).
+    with the same key then tie, and the last one inserted wins). ``received_ms``: the
+    archiver's wall clock when it read them, which bounds a command result's ``at_ms``
+    (:func:`result_at_ms`); not given, ``at_ms`` is the result's own time.
     """
     tables: dict[str, Columns] = {}
     buffers: dict[str, list[Row]] = defaultdict(list)
@@ -417,7 +436,11 @@ def rows_for(
             continue
         table, mapper = TABLE_OF[type(msg)]
         ver = ingest_version(offset)
-        buffers[table].extend({**row, "ver": ver} for row in mapper(msg, rec_ms))
+        mapped = [{**row, "ver": ver} for row in mapper(msg, rec_ms)]
+        if received_ms is not None and type(msg) is CommandResult:
+            for row in mapped:
+                row["at_ms"] = result_at_ms(row["ts_ms"], received_ms)
+        buffers[table].extend(mapped)
     if steps:
         tables["steps"] = _model_step_columns(steps, step_offsets)
     for table, rows in buffers.items():
