@@ -11,6 +11,13 @@ versions, and collapses to the same rows; a later record that repeats a key (a f
 "correction", or a relaunched run that did not change its ``run``) cannot rewrite what
 is archived. Rows archived before migration 005 carry :data:`ARCHIVED_VERSION`, above
 every ingest version.
+
+Of the kinds that are signed (alerts, commands, action records, approvals, control
+changes, command results), a row whose signature did not verify
+(:mod:`pipeline.archive.trust`) takes its version from a lower band
+(:func:`unverified_version`): a verified row always replaces it, whatever came first,
+so a forgery stored first under a real message's key cannot make the real one vanish
+from ``FINAL`` reads.
 """
 
 from __future__ import annotations
@@ -45,8 +52,8 @@ from schemas import (
 )
 
 __all__ = ["ARCHIVED_VERSION", "TABLE_OF", "StepRows", "ingest_version", "pack_values",
-           "result_at_ms", "rows_for", "step_rows", "step_rows_file", "step_rows_of",
-           "step_rows_packed", "step_table"]  # fmt: skip
+           "SIGNED_KINDS", "result_at_ms", "rows_for", "step_rows", "step_rows_file", "step_rows_of",
+           "step_rows_packed", "step_table", "unverified_version"]  # fmt: skip
 
 Row = dict[str, Any]
 
@@ -70,6 +77,23 @@ def ingest_version(offset: Any) -> Any:
     if not 0 <= offset <= _VERSION_TOP:
         raise ValueError(f"offset {offset} is outside 0 .. 2**63 - 1")
     return _VERSION_TOP - offset
+
+
+#: The signed kinds: an unverified row of these is versioned below every verified one.
+SIGNED_KINDS: frozenset[type[Message]] = frozenset(
+    {Alert, Command, CommandResult, Approval, ControlMessage, ActionRecord}
+)
+_UNVERIFIED_BAND = 2**62
+
+
+def unverified_version(offset: int) -> int:
+    """The replacing version of an unverified signed-kind row at ``offset``: first one
+    wins among them too, but every verified row (:func:`ingest_version`) is above it.
+
+    >>> ingest_version(10**9) > unverified_version(0) > unverified_version(1) >= 0
+    True
+    """
+    return max(0, ingest_version(offset) - _UNVERIFIED_BAND)
 
 
 def _ms(ts: datetime) -> int:
@@ -435,7 +459,8 @@ def rows_for(
             step_offsets.append(offset)
             continue
         table, mapper = TABLE_OF[type(msg)]
-        ver = ingest_version(offset)
+        unverified = type(msg) in SIGNED_KINDS and getattr(msg, "signature", None) is None
+        ver = unverified_version(offset) if unverified else ingest_version(offset)
         mapped = [{**row, "ver": ver} for row in mapper(msg, rec_ms)]
         if received_ms is not None and type(msg) is CommandResult:
             for row in mapped:

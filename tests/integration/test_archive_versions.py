@@ -84,8 +84,8 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         old = rows_for([(m, 1_795_000_000_000) for m in sent.values()])
         for table, cols in old.items():
             # run (steps) came with 005, alerts.signed with 008, actions' and
-            # approvals' with 010
-            before = {c: v for c, v in cols.items() if c not in ("run", "signed")}
+            # approvals' with 010, command results' signed and at_ms with 011
+            before = {c: v for c, v in cols.items() if c not in ("run", "signed", "at_ms")}
             if table == "health":  # came with 006
                 before = {c: v for c, v in before.items() if c not in HEALTH_V2_COLUMNS}
             before["ver"] = list(cols["ts_ms"])
@@ -109,6 +109,9 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         # alerts archived before 008 are not known to be unsigned: the queries keep them
         _, rows = archive.query(f"SELECT signed FROM {db}.alerts")
         assert rows == [(-1,)]
+        # results archived before 011: not known to be unsigned, counted at their own time
+        _, rows = archive.query(f"SELECT signed, at_ms = ts_ms FROM {db}.command_results")
+        assert rows == [(-1, 1)]
         assert run_query(archive, "incidents", job="job-1")[1]
         for name in QUERIES.keys() - {"top_nodes"}:
             run_query(archive, name, job="job-1", limit=5)
