@@ -51,9 +51,9 @@ from schemas import (
     StepTelemetry,
 )
 
-__all__ = ["ARCHIVED_VERSION", "TABLE_OF", "StepRows", "ingest_version", "pack_values",
-           "SIGNED_KINDS", "result_at_ms", "rows_for", "step_rows", "step_rows_file", "step_rows_of",
-           "step_rows_packed", "step_table", "unverified_version"]  # fmt: skip
+__all__ = ["ARCHIVED_VERSION", "SIGNED_KINDS", "TABLE_OF", "StepRows", "ingest_version",
+           "pack_values", "result_at_ms", "rows_for", "step_rows", "step_rows_file",
+           "step_rows_of", "step_rows_packed", "step_table", "unverified_version"]  # fmt: skip
 
 Row = dict[str, Any]
 

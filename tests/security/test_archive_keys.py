@@ -91,8 +91,10 @@ def test_an_archiver_without_public_keys_archives_nothing_as_signed(settings, ar
     archiver cannot tell them apart, so none counts (both used to read signed = 1)."""
     job = f"nokeys-{uuid.uuid4().hex[:8]}"
     s = _now_samples(job)
-    keys = {"decisions": WORKER_KEY, "commands": ACTUATOR_KEY, "actions": ACTUATOR_KEY,
-            "approvals": OPERATOR_KEY, "control": OPERATOR_KEY, "results": EXECUTOR_KEY}  # fmt: skip
+    keys = {
+        "decisions": WORKER_KEY, "commands": ACTUATOR_KEY, "actions": ACTUATOR_KEY,
+        "approvals": OPERATOR_KEY, "control": OPERATOR_KEY, "results": EXECUTOR_KEY,
+    }  # fmt: skip
     messages = []
     for topic, key in keys.items():
         messages.append((topic, sign(s[topic], key)))
