@@ -52,6 +52,7 @@ from kafka import KafkaProducer
 
 from pipeline import statecodec
 from pipeline.archive.backend import ArchiveBackend, Columns
+from pipeline.archive.limits import QueryLimits
 from pipeline.archive.rows import (
     StepRows,
     ingest_version,
@@ -114,6 +115,7 @@ class Archiver:
         decode_processes: int = 0,
         metrics: ArchiverMetrics | None = None,
         query_socket: Path | None = None,
+        query_limits: QueryLimits | None = None,
     ) -> None:
         self._metrics_init(metrics)
         if max_batch < 1:
@@ -168,7 +170,8 @@ class Archiver:
         self._queries: QueryServer | None = None
         if query_socket is not None:
             try:
-                self._queries = QueryServer(backend, query_socket).start()
+                chdb: Any = backend  # the query socket serves chDB (stepguard archiver)
+                self._queries = QueryServer(chdb, query_socket, query_limits).start()
             except BaseException:
                 self.close()
                 raise

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from pipeline.archive.limits import QueryLimits, with_limits
 from pipeline.errors import ArchiveError, ArchiveRowError
 from pipeline.redact import redact
 from pipeline.settings import Settings
@@ -384,6 +385,28 @@ def chdb_holder(path: Path) -> int | None:
         os.close(fd)
 
 
+class WaitingWriters:
+    """How many statements wait for (or hold) a session; readers wait for none."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    def arrive(self) -> None:
+        with self._changed:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._changed:
+            self._count -= 1
+            self._changed.notify_all()
+
+    def wait_none(self, timeout_s: float) -> bool:
+        """Wait until none waits, at most ``timeout_s``; whether none does."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._count == 0, timeout=timeout_s)
+
+
 class ChdbBackend:
     """ClickHouse in-process (chDB). One process owns a data directory at a time."""
 
@@ -405,6 +428,10 @@ class ChdbBackend:
             raise ArchiveError(f"cannot open chDB at {self.path}: {exc}") from exc
         self._types: dict[tuple[str, str], dict[str, str]] = {}
         self._lock = threading.RLock()  # one query at a time, from any thread
+        # statements (the archiver's inserts) waiting for the lock: a limited query
+        # (the query socket's) lets them go first, so each waits for one query at most;
+        # shared, like the lock, by the clones of with_database
+        self._writers = WaitingWriters()
         # NaN loss is a signal: keep it distinct from NULL in query results.
         self.execute("SET output_format_json_quote_denormals = 1")
 
@@ -426,30 +453,56 @@ class ChdbBackend:
 
     def execute(self, sql: str) -> None:
         self._types.clear()  # a statement may change a table's columns (a migration)
+        self._writers.arrive()
         try:
             with self._lock:
-                self._session.query(sql)
+                self._run(sql)
         except Exception as exc:
             found = _CODE.search(str(exc))
             kind = ArchiveRowError if found and int(found[1]) in _ROW_ERROR_CODES else ArchiveError
             raise kind(f"chDB: {exc}") from exc
+        finally:
+            self._writers.leave()
+
+    def _run(self, sql: str, fmt: str = "CSV", params: dict[str, str] | None = None) -> Any:
+        """One statement on the session (the lock held). chDB hands what a failed query
+        had already written out to the *next* query's result: a query cut short by a
+        limit would put its rows before another's, so after a failure one throwaway
+        query takes them."""
+        try:
+            return self._session.query(sql, fmt, params=params)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._session.query("SELECT 1", "CSV")
+            raise
 
     def query(
-        self, sql: str, params: Mapping[str, Any] | None = None, *, readonly: bool = False
+        self,
+        sql: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        readonly: bool = False,
+        limits: QueryLimits | None = None,
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Rows typed like clickhouse-driver's: aware UTC datetimes, enum names, NaN.
 
         ``params`` are bound by chDB itself (``{name:Type}``, query parameters);
         ``readonly`` refuses anything but one SELECT/SHOW/DESCRIBE/EXPLAIN/WITH
         statement (:func:`read_only_problem`): chDB's session has no read-only mode.
+        ``limits`` (read-only too) run it under ClickHouse's time, memory and result
+        limits, after the inserts waiting for the session (:mod:`.limits`).
         """
-        if readonly and (problem := read_only_problem(sql)):
+        if (readonly or limits) and (problem := read_only_problem(sql)):
             raise ArchiveError(f"chDB: refused: {problem}")
         values = bind_params(sql, params)
+        text = sql.rstrip().rstrip(";")
+        if limits is not None:
+            text = with_limits(text, limits)
+            self._writers.wait_none(limits.wait_s)  # the waiting inserts first, for a while
         try:
             with self._lock:
-                res = self._session.query(
-                    sql.rstrip().rstrip(";"),
+                res = self._run(
+                    text,
                     "JSONCompactEachRowWithNamesAndTypes",
                     params={k: _chdb_param(v) for k, v in values.items()} or None,
                 )
