@@ -11,6 +11,7 @@ Without --kafka it starts the embedded Tansu broker.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -24,22 +25,31 @@ from pathlib import Path
 from typing import Any
 
 from _common import command_line, cores_busy, environment, write_section
+from aiokafka import AIOKafkaConsumer
 
 from pipeline.archive import ChdbBackend, ServerBackend, migrate, rows_for
 from pipeline.archive.archiver import Archiver, default_decode_processes
 from pipeline.archive.backend import ArchiveBackend
+from pipeline.archive.rows import step_rows
 from pipeline.embedded import TansuBroker
-from pipeline.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.kafka import (
+    aiokafka_consumer_config,
+    create_topics,
+    make_producer,
+    publish,
+    registry_of,
+)
 from pipeline.settings import load_settings
-from schemas import RankSample, StepTelemetry
+from schemas import RankSample, StepTelemetry, encode
 
 RANKS_PER_NODE = 8
 REPEATS = 3
 
 
 def messages(n: int, nodes: int = 64) -> list[StepTelemetry]:
-    """``n`` per-node step messages of a ``nodes``-node job, realistic sizes."""
-    t0 = datetime(2026, 11, 29, tzinfo=UTC)
+    """``n`` per-node step messages of a ``nodes``-node job, realistic sizes, one step a
+    second up to now (dated from the clock, as every record a service reads)."""
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=n // nodes + 1)
     out = []
     for i in range(n):
         node, step = i % nodes, i // nodes
@@ -67,6 +77,40 @@ def raw_insert_rate(backend: ArchiveBackend, msgs: list[StepTelemetry], batch: i
     for cols in chunks:
         backend.insert("steps", cols)
     return rows / (time.perf_counter() - t0)
+
+
+def decode_rate(values: list[bytes], batch: int) -> float:
+    """Rows/s of the archiver's steps decode alone on one core (``step_rows``: bulk
+    JSON decode with pydantic's checks, then the steps table's numpy columns)."""
+    t0 = time.perf_counter()
+    rows = sum(len(step_rows(values[i : i + batch]).row_value)
+               for i in range(0, len(values), batch))  # fmt: skip
+    return rows / (time.perf_counter() - t0)
+
+
+def consume_rate(settings: Any, n_msgs: int, batch: int, group: str) -> float:
+    """Rows/s of the archiver's consumer alone (aiokafka with the archiver's fetch
+    settings, records fetched and dropped), steady state as :func:`archived_rate`."""
+    config = aiokafka_consumer_config(settings, group)
+
+    async def run() -> float:
+        consumer = AIOKafkaConsumer(registry_of(settings).name("steps"), **config)
+        await consumer.start()
+        try:
+            got = 0
+            while got == 0:
+                got = sum(map(len, (await consumer.getmany(timeout_ms=500)).values()))
+            t1 = time.perf_counter()
+            first, idle = got, 0
+            while got < n_msgs and idle < 20:
+                more = await consumer.getmany(timeout_ms=500, max_records=batch)
+                n = sum(map(len, more.values()))
+                got, idle = got + n, (idle + 1 if n == 0 else 0)
+            return (got - first) * RANKS_PER_NODE / (time.perf_counter() - t1)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
 
 
 def publish_all(settings: Any, msgs: list[StepTelemetry]) -> None:
@@ -127,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = args.decode_processes
     batch = 5_000  # messages per insert: 40k rows
     msgs = messages(n)
+    values = [encode(m) for m in msgs]
     result: dict[str, Any] = {"messages": n, "rows": n * RANKS_PER_NODE}
     with ExitStack() as stack:
         if args.kafka:
@@ -148,12 +193,15 @@ def main(argv: list[str] | None = None) -> int:
             backends.insert(0, ("server", server))
         for name, backend in backends:
             migrate(backend)
-            raws, e2es, inprocs, firsts = [], [], [], []
+            raws, e2es, inprocs, firsts, decodes, consumes = [], [], [], [], [], []
             busies: list[Any] = []  # cores busy per archived run; None off Linux
             for rep in range(REPEATS):  # alternate raw and archived: same conditions
                 print(f"[{name}] raw insert of {n * RANKS_PER_NODE} rows ...", file=sys.stderr)
                 raws.append(raw_insert_rate(backend, msgs, batch))
                 backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
+                # the archiver's two other stages alone, in the same conditions
+                decodes.append(decode_rate(values, batch))
+                consumes.append(consume_rate(settings, n, batch, f"bench{tag}.{name}{rep}.c"))
                 for decoders, out in ((procs, e2es), (0, inprocs)) if procs else ((0, e2es),):
                     print(f"[{name}] broker -> archiver ({decoders} decoders) -> {name} ...",
                           file=sys.stderr)  # fmt: skip
@@ -169,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = {
                 "archived_rows_per_s": round(e2e),
                 "raw_insert_rows_per_s": round(raw),
+                "decode_only_rows_per_s": round(statistics.median(decodes)),
+                "consume_only_rows_per_s": round(statistics.median(consumes)),
                 "ratio": round(e2e / raw, 3),
                 "decode_processes": procs,
                 "archived_in_process_rows_per_s": round(statistics.median(inprocs or e2es)),
@@ -226,6 +276,32 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['raw_insert_rows_per_s']:,} | {r['ratio']:.0%} | "
                 f"{r['archived_in_process_rows_per_s']:,} | {r['cores_busy']} | "
                 f"{r['cpu_us_per_row']} | {r['first_batch_s']} | {target} |"
+            )
+    lines += [
+        "",
+        "Where the time goes: each stage of the archiver alone, in the same run (median "
+        "rows/s, and us per row). Consume = aiokafka with the archiver's fetch settings, "
+        "records dropped; decode = `step_rows` on one core (msgspec decode with pydantic's "
+        "checks, then the table's numpy columns); insert = the raw insert above. The "
+        "archiver's main thread consumes and inserts while its decode process(es) decode, "
+        "so with cores to spare it archives at most 1 / max(consume + insert, decode / "
+        "processes) per row (the bound column); half of raw needs consume + insert and "
+        "decode / processes both under 2 / raw.",
+        "",
+        "| backend | consume rows/s (us/row) | decode rows/s (us/row) | insert rows/s "
+        "(us/row) | bound rows/s | bound / raw |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("server", "chdb"):
+        if name in result:
+            r = result[name]
+            c, d, i = (r[k] for k in ("consume_only_rows_per_s", "decode_only_rows_per_s",
+                                      "raw_insert_rows_per_s"))  # fmt: skip
+            bound = 1 / max(1 / c + 1 / i, 1 / (d * max(procs, 1)))
+            r["bound_rows_per_s"] = round(bound)
+            lines.append(
+                f"| {name} | {c:,} ({1e6 / c:.2f}) | {d:,} ({1e6 / d:.2f}) | {i:,} "
+                f"({1e6 / i:.2f}) | {round(bound):,} | {bound / i:.0%} |"
             )
     body = "\n".join(lines)
     print(body)

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from pipeline.archive.limits import QueryLimits, with_limits
+from pipeline.archive.arrow import arrow_array
+from pipeline.archive.limits import QueryLimits, WaitingWriters, with_limits
 from pipeline.errors import ArchiveError, ArchiveRowError
 from pipeline.redact import redact
 from pipeline.settings import Settings
@@ -385,28 +386,6 @@ def chdb_holder(path: Path) -> int | None:
         os.close(fd)
 
 
-class WaitingWriters:
-    """How many statements wait for (or hold) a session; readers wait for none."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._changed = threading.Condition()
-
-    def arrive(self) -> None:
-        with self._changed:
-            self._count += 1
-
-    def leave(self) -> None:
-        with self._changed:
-            self._count -= 1
-            self._changed.notify_all()
-
-    def wait_none(self, timeout_s: float) -> bool:
-        """Wait until none waits, at most ``timeout_s``; whether none does."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._count == 0, timeout=timeout_s)
-
-
 class ChdbBackend:
     """ClickHouse in-process (chDB). One process owns a data directory at a time."""
 
@@ -533,7 +512,7 @@ class ChdbBackend:
         types = self._column_types(_check_ident(table))
         try:
             arrow_rows = pa.table(  # noqa: F841 - read by chDB through Python(arrow_rows)
-                {c: _arrow_array(columns[c], types[c]) for c in names}
+                {c: arrow_array(columns[c], types[c]) for c in names}
             )
         except KeyError as exc:
             raise ArchiveError(f"chDB: {table} has no column {exc}") from exc
@@ -572,41 +551,6 @@ def _chdb_param(value: str | int | float) -> str:
     ):
         value = value.replace(raw, escaped)
     return value
-
-
-def _arrow_array(values: Any, ch_type: str) -> Any:
-    """An Arrow array for one column: lists typed from the ClickHouse type; numpy
-    arrays as they are (ClickHouse casts Int8 codes to the Enum, UInt32 to DateTime),
-    object arrays as strings, masked arrays with their mask as NULL."""
-    import pyarrow as pa
-
-    if isinstance(values, np.ma.MaskedArray):
-        return pa.array(np.asarray(values.data), mask=np.ma.getmaskarray(values))
-    if isinstance(values, np.ndarray):
-        return pa.array(values, type=pa.string() if values.dtype == object else None)
-    return pa.array(values, type=_arrow_type(ch_type))
-
-
-def _arrow_type(ch_type: str) -> Any:
-    """The Arrow type to feed a ClickHouse column of ``ch_type`` (subset we use)."""
-    import pyarrow as pa
-
-    if ch_type.startswith("Nullable("):
-        return _arrow_type(ch_type[len("Nullable(") : -1])
-    if ch_type.startswith("Array("):
-        return pa.list_(_arrow_type(ch_type[len("Array(") : -1]))
-    if ch_type.startswith("DateTime"):
-        return pa.timestamp("us", tz="UTC")
-    if ch_type.startswith(("Enum", "String", "LowCardinality")):
-        return pa.string()
-    simple = {
-        "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(),
-        "UInt64": pa.uint64(), "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(),
-        "Int64": pa.int64(), "Float32": pa.float32(), "Float64": pa.float64(),
-    }  # fmt: skip
-    if ch_type not in simple:
-        raise ArchiveError(f"no Arrow mapping for ClickHouse type {ch_type}")
-    return simple[ch_type]
 
 
 def _converter(ch_type: str) -> Callable[[Any], Any]:

@@ -28,11 +28,12 @@ pipeline.errors.ArchiveError: chDB: refused: SETTINGS is not allowed ... (its li
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 
 from pipeline.errors import ArchiveError
 
-__all__ = ["QueryLimits", "with_limits"]
+__all__ = ["QueryLimits", "WaitingWriters", "with_limits"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,3 +88,25 @@ def _blank_literals(sql: str) -> str:
     named "settings" is fine); :func:`~pipeline.archive.backend.read_only_problem`
     has already refused comments and unterminated literals."""
     return re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`(?:[^`\\]|\\.)*`", "''", sql)
+
+
+class WaitingWriters:
+    """How many statements wait for (or hold) a session; readers wait for none."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    def arrive(self) -> None:
+        with self._changed:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._changed:
+            self._count -= 1
+            self._changed.notify_all()
+
+    def wait_none(self, timeout_s: float) -> bool:
+        """Wait until none waits, at most ``timeout_s``; whether none does."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._count == 0, timeout=timeout_s)
