@@ -78,7 +78,7 @@ import binascii
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -86,7 +86,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.io.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "ROLES", "Role", "Settings", "load_settings", "parse_keys"]
+__all__ = [
+    "ENV_PREFIX",
+    "ROLES",
+    "ClientSettings",
+    "KafkaSettings",
+    "KeySettings",
+    "Role",
+    "Settings",
+    "load_client_settings",
+    "load_settings",
+    "parse_keys",
+]
 
 ENV_PREFIX = "STEPGUARD_"
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
@@ -126,8 +137,8 @@ def parse_keys(text: str) -> list[tuple[str, bytes]]:
     return pairs
 
 
-class Settings(BaseSettings):
-    """Every knob of stepguard. Frozen: derive a changed copy with ``model_copy``."""
+class KafkaSettings(BaseSettings):
+    """How to reach the broker: bootstrap, security, topic prefix (every floor needs it)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
@@ -143,100 +154,6 @@ class Settings(BaseSettings):
     kafka_ssl_keyfile: Path | None = None
     broker_flavor: Literal["kafka", "tansu"] = "kafka"
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._\-]*$", max_length=100)
-    consumer_group: str = Field(default="stepguard", min_length=1)
-
-    # -- worker -------------------------------------------------------------------------
-    worker_metrics_port: int = Field(default=9108, ge=0, le=65535)
-    #: Prometheus ports of the other services (0: off; pipeline/io/metrics.py)
-    actuator_metrics_port: int = Field(default=9109, ge=0, le=65535)
-    executor_metrics_port: int = Field(default=9110, ge=0, le=65535)
-    archiver_metrics_port: int = Field(default=9111, ge=0, le=65535)
-    #: the CommandListener's, inside training code (0: off; one per process on a host)
-    listener_metrics_port: int = Field(default=0, ge=0, le=65535)
-    worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
-    worker_data_dir: Path = Path(".stepguard/worker")
-    #: snapshot a job's detector state to the table after this many completed steps ...
-    worker_snapshot_steps: int = Field(default=10, ge=1)
-    #: ... or when this much wall time passed since the last snapshot of a changed job
-    worker_snapshot_interval_s: float = Field(default=2.0, gt=0)
-    #: how often the hang timer ticks every owned job (wall seconds)
-    worker_tick_interval_s: float = Field(default=1.0, gt=0)
-    #: larger input messages go to the dead-letter topic
-    worker_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    #: largest compressed detector snapshot of one job (~140 B per rank before zlib):
-    #: the changelog topic's max.message.bytes and the worker's request and fetch sizes
-    worker_max_snapshot_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
-    #: consumer-group session timeout of the worker (Tansu: 3-6 s, see docs/backends.md)
-    worker_session_timeout_s: float = Field(default=10.0, ge=1.0, le=300.0)
-    #: a worker whose table recovery has not completed for this long exits (code 75)
-    #: for its supervisor to restart it (Faust's recovery can stall after a rebalance)
-    worker_recovery_timeout_s: float = Field(default=120.0, gt=0)
-    #: jobs one worker holds at most; records of more jobs are dead-lettered
-    worker_max_jobs: int = Field(default=10_000, ge=1)
-    #: a job with no step, command or lifecycle record for this long (wall seconds) is
-    #: abandoned: its state is dropped with one INFO alert
-    job_idle_ttl_s: float = Field(default=3600.0, gt=0)
-    #: distinct ranks one job may have; records of further ranks are dead-lettered
-    max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
-    #: a record dated more than this beyond the wall clock is dead-lettered
-    max_clock_skew_s: float = Field(default=300.0, gt=0)
-    #: detector thresholds of new jobs (pipeline/io/detector_config.py); None: defaults
-    detector_config: Path | None = None
-
-    # -- actuator -----------------------------------------------------------------------
-    actuator_mode: Literal["observe", "approve", "auto"] = "observe"
-    #: per action kind, a mode overriding actuator_mode: ``kind=mode,...`` (e.g.
-    #: ``replace_at_checkpoint=auto,restart=approve``); control --mode-for changes it
-    actuator_action_modes: str = ""
-    #: Ed25519 keys, ``key_id:base64`` (``stepguard keys generate``): a role's private
-    #: key signs what it publishes, its public keys verify (all listed: rotation)
-    actuator_private_key: SecretStr | None = None
-    actuator_public_keys: str = ""
-    worker_private_key: SecretStr | None = None
-    worker_public_keys: str = ""
-    operator_private_key: SecretStr | None = None
-    operator_public_keys: str = ""
-    executor_private_key: SecretStr | None = None
-    executor_public_keys: str = ""
-    command_ttl_s: float = Field(default=300.0, gt=0)
-    #: a WARNING episode must persist this many steps before it confirms
-    warning_confirm_steps: int = Field(default=20, ge=1)
-    #: alerts older than this (event time vs newest seen) are ignored
-    stale_alert_s: float = Field(default=600.0, gt=0)
-    #: circuit breaker: at most this many nodes isolated per window ...
-    guard_max_isolations: int = Field(default=3, ge=0)
-    #: ... and at most this percentage of a job's nodes
-    guard_max_isolation_pct: float = Field(default=5.0, ge=0, le=100)
-    #: ... and at most this many across all jobs (invented job ids cannot bypass it)
-    guard_max_isolations_global: int = Field(default=10, ge=0)
-    guard_window_s: float = Field(default=3600.0, gt=0)
-    guard_node_cooldown_s: float = Field(default=1800.0, ge=0)
-    #: at most one RESTART/ROLLBACK per job per this many seconds (no restart loops)
-    guard_relaunch_cooldown_s: float = Field(default=300.0, ge=0)
-    spare_nodes: str = ""
-    #: without a spare: checkpoint and keep running degraded, or alert only
-    no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
-    #: comma-separated receiver URLs; secret (they often carry a token), so a repr or
-    #: a dump of the settings never shows them: read them through :attr:`webhooks`
-    webhook_urls: SecretStr = SecretStr("")
-    #: ... or this many seconds of event time (whichever comes first)
-    warning_confirm_s: float = Field(default=300.0, gt=0)
-    #: node count of a job for the percentage guardrail until a control message says
-    #: otherwise (0: unknown, only guard_max_isolations applies)
-    guard_job_nodes: int = Field(default=0, ge=0)
-    webhook_timeout_s: float = Field(default=5.0, gt=0)
-    webhook_retries: int = Field(default=3, ge=0)
-    #: the ``scontrol`` executable used by the Slurm executor
-    slurm_scontrol: str = "scontrol"
-    #: a held action nobody approved or rejected for this long expires (archived)
-    hold_ttl_s: float = Field(default=1800.0, gt=0)
-    #: hard cap of each of the actuator's memory maps (oldest dropped first); the
-    #: normal bound is time (the guard window, cooldowns, stale and hold horizons)
-    actuator_max_tracked: int = Field(default=10_000, ge=100)
-
-    clickhouse_dsn: SecretStr | None = None
-    chdb_path: Path = Path(".stepguard/archive")
-    state_dir: Path = Path(".stepguard")
 
     @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
     @classmethod
@@ -254,18 +171,8 @@ class Settings(BaseSettings):
             raise ValueError("expected host:port[,host:port...]")
         return value
 
-    @field_validator("clickhouse_dsn")
-    @classmethod
-    def _check_dsn(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None or not value.get_secret_value():
-            return None
-        parts = urlsplit(value.get_secret_value())
-        if parts.scheme not in ("clickhouse", "clickhouses") or not parts.hostname:
-            raise ValueError("expected clickhouse://[user[:password]@]host[:port][/database]")
-        return value
-
     @model_validator(mode="after")
-    def _check_security(self) -> Settings:
+    def _check_security(self) -> KafkaSettings:
         if self.kafka_security_protocol.startswith("SASL"):
             if self.kafka_sasl_mechanism is None:
                 raise ValueError(
@@ -275,6 +182,29 @@ class Settings(BaseSettings):
             if not self.kafka_sasl_username or self.kafka_sasl_password is None:
                 raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
         return self
+
+    @property
+    def is_tansu(self) -> bool:
+        return self.broker_flavor == "tansu"
+
+
+class KeySettings(BaseSettings):
+    """Signing keys per role: a role's private key signs, the others' public keys verify."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
+    #: Ed25519 keys, ``key_id:base64`` (``stepguard keys generate``): a role's private
+    #: key signs what it publishes, its public keys verify (all listed: rotation)
+    actuator_private_key: SecretStr | None = None
+    actuator_public_keys: str = ""
+    worker_private_key: SecretStr | None = None
+    worker_public_keys: str = ""
+    operator_private_key: SecretStr | None = None
+    operator_public_keys: str = ""
+    executor_private_key: SecretStr | None = None
+    executor_public_keys: str = ""
 
     @field_validator(
         "actuator_private_key", "worker_private_key", "operator_private_key",
@@ -315,6 +245,117 @@ class Settings(BaseSettings):
         text: str = getattr(self, f"{role}_public_keys")
         return parse_keys(text) if text else []
 
+
+class ClientSettings(KafkaSettings, KeySettings):
+    """What training code needs (:mod:`pipeline.client`): the broker, the keys, the clock
+    skew allowed and the listener's metrics port. Build it with :func:`load_client_settings`;
+    a full :class:`Settings` is one too, so services can hand theirs down."""
+
+    #: a record dated more than this beyond the wall clock is dead-lettered
+    max_clock_skew_s: float = Field(default=300.0, gt=0)
+    #: the CommandListener's, inside training code (0: off; one per process on a host)
+    listener_metrics_port: int = Field(default=0, ge=0, le=65535)
+
+
+class Settings(ClientSettings):
+    """Every knob of stepguard: the client's, then one section per role (worker, actuator,
+    executors, archive). Frozen: derive a changed copy with ``model_copy``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
+    consumer_group: str = Field(default="stepguard", min_length=1)
+
+    # -- worker -------------------------------------------------------------------------
+    worker_metrics_port: int = Field(default=9108, ge=0, le=65535)
+    #: Prometheus ports of the other services (0: off; pipeline/io/metrics.py)
+    actuator_metrics_port: int = Field(default=9109, ge=0, le=65535)
+    executor_metrics_port: int = Field(default=9110, ge=0, le=65535)
+    archiver_metrics_port: int = Field(default=9111, ge=0, le=65535)
+    worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
+    worker_data_dir: Path = Path(".stepguard/worker")
+    #: snapshot a job's detector state to the table after this many completed steps ...
+    worker_snapshot_steps: int = Field(default=10, ge=1)
+    #: ... or when this much wall time passed since the last snapshot of a changed job
+    worker_snapshot_interval_s: float = Field(default=2.0, gt=0)
+    #: how often the hang timer ticks every owned job (wall seconds)
+    worker_tick_interval_s: float = Field(default=1.0, gt=0)
+    #: larger input messages go to the dead-letter topic
+    worker_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    #: largest compressed detector snapshot of one job (~140 B per rank before zlib):
+    #: the changelog topic's max.message.bytes and the worker's request and fetch sizes
+    worker_max_snapshot_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    #: consumer-group session timeout of the worker (Tansu: 3-6 s, see docs/backends.md)
+    worker_session_timeout_s: float = Field(default=10.0, ge=1.0, le=300.0)
+    #: a worker whose table recovery has not completed for this long exits (code 75)
+    #: for its supervisor to restart it (Faust's recovery can stall after a rebalance)
+    worker_recovery_timeout_s: float = Field(default=120.0, gt=0)
+    #: jobs one worker holds at most; records of more jobs are dead-lettered
+    worker_max_jobs: int = Field(default=10_000, ge=1)
+    #: a job with no step, command or lifecycle record for this long (wall seconds) is
+    #: abandoned: its state is dropped with one INFO alert
+    job_idle_ttl_s: float = Field(default=3600.0, gt=0)
+    #: distinct ranks one job may have; records of further ranks are dead-lettered
+    max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
+    #: detector thresholds of new jobs (pipeline/io/detector_config.py); None: defaults
+    detector_config: Path | None = None
+
+    # -- actuator -----------------------------------------------------------------------
+    actuator_mode: Literal["observe", "approve", "auto"] = "observe"
+    #: per action kind, a mode overriding actuator_mode: ``kind=mode,...`` (e.g.
+    #: ``replace_at_checkpoint=auto,restart=approve``); control --mode-for changes it
+    actuator_action_modes: str = ""
+    command_ttl_s: float = Field(default=300.0, gt=0)
+    #: a WARNING episode must persist this many steps before it confirms
+    warning_confirm_steps: int = Field(default=20, ge=1)
+    #: alerts older than this (event time vs newest seen) are ignored
+    stale_alert_s: float = Field(default=600.0, gt=0)
+    #: circuit breaker: at most this many nodes isolated per window ...
+    guard_max_isolations: int = Field(default=3, ge=0)
+    #: ... and at most this percentage of a job's nodes
+    guard_max_isolation_pct: float = Field(default=5.0, ge=0, le=100)
+    #: ... and at most this many across all jobs (invented job ids cannot bypass it)
+    guard_max_isolations_global: int = Field(default=10, ge=0)
+    guard_window_s: float = Field(default=3600.0, gt=0)
+    guard_node_cooldown_s: float = Field(default=1800.0, ge=0)
+    #: at most one RESTART/ROLLBACK per job per this many seconds (no restart loops)
+    guard_relaunch_cooldown_s: float = Field(default=300.0, ge=0)
+    spare_nodes: str = ""
+    #: without a spare: checkpoint and keep running degraded, or alert only
+    no_spare_policy: Literal["checkpoint", "alert"] = "checkpoint"
+    #: comma-separated receiver URLs; secret (they often carry a token), so a repr or
+    #: a dump of the settings never shows them: read them through :attr:`webhooks`
+    webhook_urls: SecretStr = SecretStr("")
+    #: ... or this many seconds of event time (whichever comes first)
+    warning_confirm_s: float = Field(default=300.0, gt=0)
+    #: node count of a job for the percentage guardrail until a control message says
+    #: otherwise (0: unknown, only guard_max_isolations applies)
+    guard_job_nodes: int = Field(default=0, ge=0)
+    webhook_timeout_s: float = Field(default=5.0, gt=0)
+    webhook_retries: int = Field(default=3, ge=0)
+    #: the ``scontrol`` executable used by the Slurm executor
+    slurm_scontrol: str = "scontrol"
+    #: a held action nobody approved or rejected for this long expires (archived)
+    hold_ttl_s: float = Field(default=1800.0, gt=0)
+    #: hard cap of each of the actuator's memory maps (oldest dropped first); the
+    #: normal bound is time (the guard window, cooldowns, stale and hold horizons)
+    actuator_max_tracked: int = Field(default=10_000, ge=100)
+
+    clickhouse_dsn: SecretStr | None = None
+    chdb_path: Path = Path(".stepguard/archive")
+    state_dir: Path = Path(".stepguard")
+
+    @field_validator("clickhouse_dsn")
+    @classmethod
+    def _check_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("clickhouse", "clickhouses") or not parts.hostname:
+            raise ValueError("expected clickhouse://[user[:password]@]host[:port][/database]")
+        return value
+
     @field_validator("actuator_action_modes")
     @classmethod
     def _check_action_modes(cls, value: str) -> str:
@@ -340,24 +381,40 @@ class Settings(BaseSettings):
     def archive_backend(self) -> Literal["server", "chdb"]:
         return "server" if self.clickhouse_dsn is not None else "chdb"
 
-    @property
-    def is_tansu(self) -> bool:
-        return self.broker_flavor == "tansu"
-
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Read settings from ``env`` (default: the process environment) plus overrides.
 
     Raises :class:`ConfigError` naming the ``STEPGUARD_*`` variable that is wrong.
     """
+    return _load(Settings, env, overrides)
+
+
+def load_client_settings(
+    env: Mapping[str, str] | None = None, **overrides: object
+) -> ClientSettings:
+    """:func:`load_settings` for training code: only the client's variables are read.
+
+    >>> load_client_settings({"STEPGUARD_KAFKA_BOOTSTRAP": "k1:9092"}).kafka_bootstrap
+    'k1:9092'
+    >>> "worker_max_jobs" in ClientSettings.model_fields
+    False
+    """
+    return _load(ClientSettings, env, overrides)
+
+
+_S = TypeVar("_S", bound=BaseSettings)
+
+
+def _load(cls: type[_S], env: Mapping[str, str] | None, overrides: dict[str, object]) -> _S:
     try:
         if env is None:
-            return Settings(**overrides)  # type: ignore[arg-type]
-        values = {
+            return cls(**overrides)  # type: ignore[arg-type]
+        values: dict[str, object] = {
             k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)
         }
         values.update(overrides)
-        return Settings.model_validate(values)
+        return cls.model_validate(values)
     except ValidationError as exc:
         problems = []
         for err in exc.errors(include_url=False):
