@@ -278,14 +278,14 @@ def calibrate(
 
 
 def _since_arg(since: str | None) -> datetime | None:
-    from pipeline.services.archive.retention import parse_age
+    from pipeline.io.duration import parse_duration
 
     if since is None:
         return None
     try:
-        return datetime.now(UTC) - parse_age(since)
+        return datetime.now(UTC) - parse_duration(since)
     except ValueError as exc:
-        raise typer.BadParameter(f"--since: expected e.g. 30d or 12h, got {since!r}") from exc
+        raise typer.BadParameter(str(exc), param_hint="--since") from exc
 
 
 @app.command()
@@ -499,11 +499,12 @@ def archive_prune(
     dry_run: Annotated[bool, typer.Option(help="Only list what would be dropped.")] = False,
 ) -> None:
     """Drop whole daily partitions older than the given age from every archive table."""
+    from pipeline.io.duration import parse_duration
     from pipeline.services.archive import open_backend
-    from pipeline.services.archive.retention import parse_age, prune
+    from pipeline.services.archive.retention import prune
 
     try:
-        age = parse_age(older_than)
+        age = parse_duration(older_than)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
     backend = open_backend(_settings())
