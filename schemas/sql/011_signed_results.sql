@@ -9,7 +9,7 @@
 --
 -- command_results.at_ms: when the result counts as given, which is what "the latest
 -- result of a command" is judged by: its own ts_ms, but never later than the
--- archiver's receive time (pipeline.archive.rows.result_at_ms), so one result dated
+-- archiver's receive time (pipeline.services.archive.rows.result_at_ms), so one result dated
 -- ten years ahead does not win for ever. Rows archived before this migration read
 -- their ts_ms. Additive: runs unchanged on 18.16 and chDB, no rewrite.
 ALTER TABLE {db}.command_results ADD COLUMN signed Int8 DEFAULT -1;

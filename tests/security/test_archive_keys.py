@@ -14,12 +14,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.signing import sign
-from pipeline.archive.archiver import Archiver
-from pipeline.archive.queries import run_query
-from pipeline.calibrate_archive import load_job
-from pipeline.graduation import GraduationRules, graduation_report
-from pipeline.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.io.trust import sign
+from pipeline.services.archive.archiver import Archiver
+from pipeline.services.archive.queries import run_query
+from pipeline.tools.calibrate.archive import load_job
+from pipeline.tools.calibrate.graduation import GraduationRules, graduation_report
 from schemas import CommandStatus, Grade
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, OPERATOR_KEY, WORKER_KEY, samples
 from tests.security._helpers import impostor

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.archive import rows_for
-from pipeline.archive.rows import result_at_ms
-from pipeline.archive.trust import SignatureCheck
-from pipeline.settings import load_settings
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import SigningKey, sign
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.rows import result_at_ms
+from pipeline.services.archive.trust import SignatureCheck
 from tests.factories import samples
 
 
