@@ -17,7 +17,7 @@ from pipeline.services.archive.migrations import (
     split_statements,
 )
 from pipeline.services.archive.queries import QUERIES, run_query
-from pipeline.services.archive.rows import ARCHIVED_VERSION, ingest_version
+from pipeline.services.archive.rows import ARCHIVED_VERSION, unverified_version
 from tests.conftest import TEST_CLICKHOUSE, _fresh_chdb, _fresh_server, _missing
 from tests.factories import samples, step_telemetry
 from tests.integration.test_archive_health import HEALTH_V2_COLUMNS
@@ -38,7 +38,8 @@ def test_a_later_record_under_the_same_key_does_not_rewrite_history(archive):
     _store(archive, [forged], [9])  # same key, newer timestamp, later in the log
     _store(archive, [first], [5])  # a replay of the first record
     _, rows = archive.query(f"SELECT summary, ver FROM {archive.database}.alerts FINAL")
-    assert rows == [(first.summary, ingest_version(5))]
+    # unsigned: versioned in the band below every verified row, first one still wins
+    assert rows == [(first.summary, unverified_version(5))]
 
 
 def test_a_relaunched_run_keeps_the_abandoned_runs_steps(archive):
