@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import command_line, cores_busy, environment, write_section
 from aiokafka import AIOKafkaConsumer
 
@@ -85,6 +86,46 @@ def decode_rate(values: list[bytes], batch: int) -> float:
     t0 = time.perf_counter()
     rows = sum(len(step_rows(values[i : i + batch]).row_value)
                for i in range(0, len(values), batch))  # fmt: skip
+    return rows / (time.perf_counter() - t0)
+
+
+#: The steps message as JSONExtract reads it (a probe of "ClickHouse parses the JSON").
+_STEP_TUPLE = (
+    "Tuple(job_id String, node String, step UInt64, run String, ts_end String, samples "
+    "Array(Tuple(rank UInt32, local_rank UInt16, dp_group UInt32, pp_stage UInt32, tp_group "
+    "UInt32, phase String, step_time_s Float64, compute_s Float64, comm_wait_s Float64, "
+    "data_wait_s Float64, loss Nullable(Float64), grad_norm Nullable(Float64))))"
+)
+
+
+def chdb_parses_rate(chdb: ChdbBackend, values: list[bytes], batch: int) -> float:
+    """Rows/s when chDB parses the raw JSON itself (JSONExtract + ARRAY JOIN from an
+    Arrow column of the values): no Python decode, and no validation either, so this
+    is the ceiling of that design on chDB, not an archive path (18.16 has no
+    JSONExtract)."""
+    import pyarrow as pa
+
+    db = chdb.database
+    sql = (
+        f"INSERT INTO {db}.steps (job_id, step, node, run, rank, local_rank, dp_group, "
+        "pp_stage, tp_group, phase, step_time_s, compute_s, comm_wait_s, data_wait_s, loss, "
+        "grad_norm, ts, ts_ms, ver) SELECT m.1, m.2, m.3, m.4, s.1, s.2, s.3, s.4, s.5, s.6, "
+        "s.7, s.8, s.9, s.10, s.11, s.12, toDateTime(t64, 'UTC'), "
+        "toUInt64(toUnixTimestamp64Milli(t64)), ver FROM (SELECT JSONExtract(raw, "
+        f"'{_STEP_TUPLE}') AS t, tuple(t.job_id, t.step, t.node, t.run) AS m, t.samples AS "
+        "samples, parseDateTime64BestEffort(t.ts_end, 3) AS t64, ver "
+        "FROM Python(staging)) ARRAY JOIN samples AS s"
+    )
+    t0 = time.perf_counter()
+    rows = 0
+    for i in range(0, len(values), batch):
+        chunk = values[i : i + batch]
+        staging = pa.table(  # noqa: F841 - read by chDB through Python(staging)
+            {"raw": pa.array(chunk, type=pa.binary()),
+             "ver": pa.array(np.arange(len(chunk), dtype=np.uint64))}
+        )  # fmt: skip
+        chdb.execute(sql)
+        rows += RANKS_PER_NODE * len(chunk)
     return rows / (time.perf_counter() - t0)
 
 
@@ -194,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, backend in backends:
             migrate(backend)
             raws, e2es, inprocs, firsts, decodes, consumes = [], [], [], [], [], []
+            parses: list[float] = []
             busies: list[Any] = []  # cores busy per archived run; None off Linux
             for rep in range(REPEATS):  # alternate raw and archived: same conditions
                 print(f"[{name}] raw insert of {n * RANKS_PER_NODE} rows ...", file=sys.stderr)
@@ -202,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                 # the archiver's two other stages alone, in the same conditions
                 decodes.append(decode_rate(values, batch))
                 consumes.append(consume_rate(settings, n, batch, f"bench{tag}.{name}{rep}.c"))
+                if isinstance(backend, ChdbBackend):
+                    parses.append(chdb_parses_rate(backend, values, batch))
+                    backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
                 for decoders, out in ((procs, e2es), (0, inprocs)) if procs else ((0, e2es),):
                     print(f"[{name}] broker -> archiver ({decoders} decoders) -> {name} ...",
                           file=sys.stderr)  # fmt: skip
@@ -219,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 "raw_insert_rows_per_s": round(raw),
                 "decode_only_rows_per_s": round(statistics.median(decodes)),
                 "consume_only_rows_per_s": round(statistics.median(consumes)),
+                "chdb_parses_rows_per_s": round(statistics.median(parses)) if parses else None,
                 "ratio": round(e2e / raw, 3),
                 "decode_processes": procs,
                 "archived_in_process_rows_per_s": round(statistics.median(inprocs or e2es)),
@@ -303,6 +349,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {name} | {c:,} ({1e6 / c:.2f}) | {d:,} ({1e6 / d:.2f}) | {i:,} "
                 f"({1e6 / i:.2f}) | {round(bound):,} | {bound / i:.0%} |"
             )
+    if result.get("chdb", {}).get("chdb_parses_rows_per_s"):
+        r = result["chdb"]
+        p = r["chdb_parses_rows_per_s"]
+        lines += [
+            "",
+            f"Probe of the other design, chDB parsing the JSON itself (`JSONExtract` into the "
+            f"steps table's types + `ARRAY JOIN`, from an Arrow column of the raw values; no "
+            f"Python decode and no validation, so a ceiling, not an archive path): {p:,} "
+            f"rows/s, {p / r['raw_insert_rows_per_s']:.0%} of raw insert.",
+        ]
     body = "\n".join(lines)
     print(body)
     if not args.no_write:
