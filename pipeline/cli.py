@@ -24,6 +24,7 @@ from rich.table import Table
 from pipeline.actuator import cli as actuator_cli
 from pipeline.cliutil import console, err, stop_event
 from pipeline.errors import StepguardError
+from pipeline.services.alertmanager import cli as alertmanager_cli
 from pipeline.settings import Settings, load_settings
 from pipeline.worker import cli as worker_cli
 
@@ -676,7 +677,7 @@ def scenarios() -> None:
 
 
 # The services own their subcommands; they sit at the top level beside these.
-for _service in (worker_cli.commands, actuator_cli.commands):
+for _service in (worker_cli.commands, actuator_cli.commands, alertmanager_cli.commands):
     app.registered_commands.extend(_service.registered_commands)
 
 

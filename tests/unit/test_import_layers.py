@@ -16,7 +16,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "detectors", "schemas")
-SERVICE_CLIS = ("pipeline.actuator.cli", "pipeline.worker.cli")
+SERVICE_CLIS = (
+    "pipeline.actuator.cli",
+    "pipeline.worker.cli",
+    "pipeline.services.alertmanager.cli",
+)
 #: ``python -m`` entry points: nothing imports them, so they close no loop.
 ENTRY_POINTS = {"pipeline.__main__", "pipeline.worker.__main__"}
 
