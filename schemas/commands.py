@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from schemas._base import KeyId, Message, Signature
+from schemas.alerts import Grade
 
 __all__ = [
     "ActuatorMode",
@@ -108,6 +109,11 @@ class Command(Message):
         description="Nodes of the job the actuator knows (named in worker-signed alerts of "
         "the job); signed with the command. When set, executors refuse any target "
         "outside it.",
+    )
+    grade: Grade | None = Field(
+        default=None,
+        description="Grade of the alert that led here (a notification's severity); "
+        "signed with the command when set.",
     )
     key_id: KeyId | None = None
     signature: Signature | None = None

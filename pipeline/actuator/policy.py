@@ -680,7 +680,7 @@ class Policy:
                 job_id=alert.job_id, targets=targets, replacements=replacements,
                 checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
                 expires_at=expires, summary=(summary or alert.summary)[:500],
-                job_nodes=hint if targets and kind in _SCOPED else None,
+                job_nodes=hint if targets and kind in _SCOPED else None, grade=alert.grade,
             )  # fmt: skip
 
         nodes = (node,) if node else ()
@@ -959,6 +959,7 @@ class Policy:
             kind=CommandKind.NOTIFY, job_id=held.job_id, targets=targets,
             reason=held.reason, mode=ActuatorMode.APPROVE, issued_at=now,
             expires_at=now + timedelta(seconds=self.params.hold_ttl_s), summary=text[:500],
+            grade=a.grade if a is not None else None,
         )  # fmt: skip
 
     def _issue(self, cid: str, now: datetime) -> None:
