@@ -9,7 +9,7 @@
 # and stop deletes the state folder's data; with --keep-data silences survive a restart.
 #
 # Environment (defaults):
-#   ALERTMANAGER_PORT=19093                 web/API listener 127.0.0.1:$ALERTMANAGER_PORT
+#   ALERTMANAGER_PORT=19094                 web/API listener 127.0.0.1:$ALERTMANAGER_PORT
 #   ALERTMANAGER_STATE_DIR=/tmp/stepguard-alertmanager   config, data, log, pid file
 #   ALERTMANAGER_WEBHOOK_URL=               the receiver every alert is routed to (a
 #                                           webhook_config); empty: a receiver that
@@ -29,7 +29,7 @@
 # and writable by nobody else; a missing one is created with mode 700.
 set -euo pipefail
 
-AM_PORT="${ALERTMANAGER_PORT:-19093}"
+AM_PORT="${ALERTMANAGER_PORT:-19094}"
 STATE="${ALERTMANAGER_STATE_DIR:-/tmp/stepguard-alertmanager}"
 while [[ "$STATE" == */ && "$STATE" != / ]]; do STATE="${STATE%/}"; done
 WEBHOOK_URL="${ALERTMANAGER_WEBHOOK_URL:-}"

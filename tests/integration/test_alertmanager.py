@@ -283,3 +283,16 @@ def test_episodes_page_through_alertmanager_its_silences_apply_and_resolved_ends
     finally:
         bridge.close()
         producer.close()
+
+
+def test_the_shipped_alertmanager_config_is_valid():
+    """deploy/alertmanager.yml (docker-compose's) passes Alertmanager's own check."""
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        if IN_CI:
+            pytest.fail("CI=true but amtool (prometheus-alertmanager) is missing", pytrace=False)
+        pytest.skip("amtool is not installed (apt-get install prometheus-alertmanager)")
+    done = subprocess.run([amtool, "check-config", str(ROOT / "deploy" / "alertmanager.yml")],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
