@@ -50,6 +50,7 @@ def test_port_zero_serves_nothing_and_a_free_port_serves_the_registry():
         (["actuator"], "STEPGUARD_ACTUATOR_METRICS_PORT"),
         (["executor", "dry-run"], "STEPGUARD_EXECUTOR_METRICS_PORT"),
         (["archiver"], "STEPGUARD_ARCHIVER_METRICS_PORT"),
+        (["alertmanager"], "STEPGUARD_ALERTMANAGER_METRICS_PORT"),
     ],
 )
 def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_path):
