@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from pipeline.actuator.policy import Policy, PolicyParams
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.embedded import free_port
-from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.embedded import free_port
+from pipeline.io.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.trust import SigningKey, sign
+from pipeline.policy import Policy, PolicyParams
 from pipeline.services.alertmanager.service import AlertmanagerBridge
 from schemas import (
     ActuatorMode,

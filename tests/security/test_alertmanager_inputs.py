@@ -13,8 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kafka import KafkaProducer
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.kafka import (
+from pipeline.io.kafka import (
     client_config,
     control_producer,
     create_topics,
@@ -22,6 +21,7 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.io.trust import SigningKey, sign
 from pipeline.services.alertmanager.client import PostOutcome
 from pipeline.services.alertmanager.episodes import PostableAlert
 from pipeline.services.alertmanager.service import AlertmanagerBridge

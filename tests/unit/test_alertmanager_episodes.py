@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pipeline.errors import ConfigError
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
 from pipeline.services.alertmanager.client import AlertmanagerClient, AlertmanagerUnavailable
 from pipeline.services.alertmanager.episodes import (
     BridgeParams,
@@ -20,7 +21,6 @@ from pipeline.services.alertmanager.episodes import (
     labels_of,
     postable,
 )
-from pipeline.settings import load_settings
 from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -26,8 +26,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pipeline.errors import StepguardError
-from pipeline.redact import redact, url_origin, url_secrets
+from pipeline.io.errors import StepguardError
+from pipeline.io.redact import redact, url_origin, url_secrets
 from pipeline.services.alertmanager.episodes import PostableAlert
 
 __all__ = ["AlertmanagerClient", "AlertmanagerUnavailable", "PostOutcome"]

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from pipeline.settings import Settings
+from pipeline.io.settings import Settings
 from schemas import Alert, AlertKind, AlertState, Grade
 
 __all__ = [
@@ -86,7 +86,7 @@ __all__ = [
 SEVERITY: dict[Grade, str] = {
     Grade.INFO: "info", Grade.WARNING: "warning", Grade.CRITICAL: "critical",
 }  # fmt: skip
-#: fingerprints of the actuator's hold notices (pipeline.actuator.policy._hold_notice)
+#: fingerprints of the actuator's hold notices (pipeline.policy._hold_notice)
 HELD_PREFIX = "held-"
 #: label sets of one episode still to be ended (escalations between two sends)
 _MAX_ENDED = 8

@@ -27,10 +27,9 @@ from typing import Any
 from kafka import KafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from pipeline.actuator.signing import public_keys, signature_problem
-from pipeline.clockskew import future_dated
-from pipeline.errors import ConfigError
-from pipeline.kafka import (
+from pipeline.io.clockskew import future_dated
+from pipeline.io.errors import ConfigError
+from pipeline.io.kafka import (
     Decoded,
     assigned_consumer,
     consume_decoded,
@@ -40,9 +39,10 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.io.settings import Settings
+from pipeline.io.trust import public_keys, signature_problem
 from pipeline.services.alertmanager.client import AlertmanagerClient
 from pipeline.services.alertmanager.episodes import BridgeParams, EpisodeTable, PostableAlert
-from pipeline.settings import Settings
 from schemas import Alert, AlertKind, AlertState, DeadLetter, encode
 
 __all__ = ["AlertmanagerBridge", "BridgeMetrics", "BridgeStats"]
