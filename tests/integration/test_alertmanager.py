@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -296,3 +297,27 @@ def test_the_shipped_alertmanager_config_is_valid():
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_a_batch_alertmanager_refuses_is_logged_with_its_reason_and_not_retried(
+    alertmanager, caplog
+):
+    """Alertmanager's own 400 (an alert that ends before it starts): the reason it
+    gives is kept, nothing is retried, the next batch goes through."""
+    from pipeline.services.alertmanager.client import AlertmanagerClient
+    from pipeline.services.alertmanager.episodes import BridgeParams, postable
+
+    sleeps: list[float] = []
+    client = AlertmanagerClient(alertmanager.url, retries=3, sleep=sleeps.append)
+    cluster = f"c-{uuid.uuid4().hex[:8]}"
+    params = BridgeParams(cluster=cluster)
+    now = datetime.now(UTC)
+    good = postable(alert("fp-good-000001"), params, now=now)
+    backwards = replace(good, starts_at=now, ends_at=now - timedelta(hours=1))
+    with caplog.at_level("ERROR"):
+        refused = client.post([backwards])
+    assert (refused.sent, refused.rejected, sleeps) == (0, 1, [])
+    assert refused.error == 'HTTP 400: "start time must be before end time"'
+    assert "start time must be before end time" in caplog.text
+    assert client.post([good]).sent == 1
+    assert by_episode(alertmanager.alerts(cluster), "fp-good-000001") is not None
