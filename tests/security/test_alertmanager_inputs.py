@@ -8,6 +8,7 @@ what it would post is recorded instead of sent (the real Alertmanager:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -47,7 +48,7 @@ class Recorder:
     def __init__(self) -> None:
         self.posted: list[PostableAlert] = []
 
-    def post(self, alerts: list[PostableAlert]) -> PostOutcome:
+    def post(self, alerts: Sequence[PostableAlert]) -> PostOutcome:
         self.posted.extend(alerts)
         return PostOutcome(sent=len(alerts))
 
@@ -98,7 +99,7 @@ def test_only_alerts_a_worker_signed_and_the_actuators_guardrails_reach_alertman
         raw.close()
 
     recorder = Recorder()
-    bridge = AlertmanagerBridge(s, client=recorder)  # type: ignore[arg-type]
+    bridge = AlertmanagerBridge(s, client=recorder)
     try:
 
         def letters() -> list:

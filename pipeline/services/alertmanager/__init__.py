@@ -6,8 +6,9 @@ Alertmanager (API v2), so that its routing, grouping, inhibition and silences ap
 - :mod:`~pipeline.services.alertmanager.client` — the HTTP client (retries, backoff,
   the body of a refusal logged);
 - :mod:`~pipeline.services.alertmanager.service` — the Kafka loop: decode, verify,
-  call the table, post, commit;
-- :mod:`~pipeline.services.alertmanager.cli` — the ``stepguard alertmanager`` command.
+  call the table, post, commit.
+
+The ``stepguard alertmanager`` command is :mod:`pipeline.cli.alertmanager`.
 """
 
 from pipeline.services.alertmanager.episodes import (

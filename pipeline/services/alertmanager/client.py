@@ -25,12 +25,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pipeline.io.errors import StepguardError
 from pipeline.io.redact import redact, url_origin, url_secrets
 from pipeline.services.alertmanager.episodes import PostableAlert
 
-__all__ = ["AlertmanagerClient", "AlertmanagerUnavailable", "PostOutcome"]
+__all__ = ["AlertSink", "AlertmanagerClient", "AlertmanagerUnavailable", "PostOutcome"]
 
 log = logging.getLogger(__name__)
 _BODY_LOGGED = 2000
@@ -48,6 +49,12 @@ class PostOutcome:
     rejected: int = 0
     #: the last refusal: ``HTTP 400: <body>``
     error: str = ""
+
+
+class AlertSink(Protocol):
+    """Where the bridge posts (:class:`AlertmanagerClient`; tests record instead)."""
+
+    def post(self, alerts: Sequence[PostableAlert]) -> PostOutcome: ...
 
 
 class AlertmanagerClient:

@@ -41,7 +41,7 @@ from pipeline.io.kafka import (
 )
 from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, signature_problem
-from pipeline.services.alertmanager.client import AlertmanagerClient
+from pipeline.services.alertmanager.client import AlertmanagerClient, AlertSink
 from pipeline.services.alertmanager.episodes import BridgeParams, EpisodeTable, PostableAlert
 from schemas import Alert, AlertKind, AlertState, DeadLetter, encode
 
@@ -111,7 +111,7 @@ class AlertmanagerBridge:
         self,
         settings: Settings,
         *,
-        client: AlertmanagerClient | None = None,
+        client: AlertSink | None = None,
         group_id: str | None = None,
         clock: Callable[[], datetime] = _utcnow,
         metrics: BridgeMetrics | None = None,
@@ -123,7 +123,7 @@ class AlertmanagerBridge:
                 settings.alertmanager, timeout_s=settings.alertmanager_timeout_s,
                 retries=settings.alertmanager_retries,
             )  # fmt: skip
-        self.client = client
+        self.client: AlertSink = client
         self.settings = settings
         self.metrics = metrics or BridgeMetrics()
         self.registry = registry_of(settings)
