@@ -440,7 +440,7 @@ def archiver(
 
     settings = _settings()
     metrics = ArchiverMetrics()
-    serve_metrics(metrics.registry, settings.archiver_metrics_port, "archiver_metrics_port")
+    serve_metrics(metrics.registry, settings, "archiver_metrics_port")
     backend = open_backend(settings)
     migrate(backend)
     stop = stop_event()

@@ -25,6 +25,9 @@ STEPGUARD_ACTUATOR_METRICS_PORT / EXECUTOR_ / ARCHIVER_  the same for the actuat
                               (9109), an executor (9110) and the archiver (9111); two
                               of a kind on one host need distinct ports
 STEPGUARD_LISTENER_METRICS_PORT  the CommandListener's, in training code (default 0: off)
+STEPGUARD_METRICS_BIND_ADDRESS  address every metrics endpoint listens on (default
+                              127.0.0.1, loopback; ``0.0.0.0`` in a container, as the
+                              image and docker-compose set it, or for a remote scraper)
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
 STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
                               state is written to the table (steps / wall seconds)
@@ -75,6 +78,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -153,6 +157,9 @@ class Settings(BaseSettings):
     archiver_metrics_port: int = Field(default=9111, ge=0, le=65535)
     #: the CommandListener's, inside training code (0: off; one per process on a host)
     listener_metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: the address each of those endpoints binds: loopback unless asked (an exposition
+    #: names jobs and nodes; the image and docker-compose set ``0.0.0.0``)
+    metrics_bind_address: str = "127.0.0.1"
     worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
     worker_data_dir: Path = Path(".stepguard/worker")
     #: snapshot a job's detector state to the table after this many completed steps ...
@@ -244,6 +251,18 @@ class Settings(BaseSettings):
         # a typo'd CA path would otherwise surface as a TLS error at the first connect
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
+        return value
+
+    @field_validator("metrics_bind_address")
+    @classmethod
+    def _check_bind_address(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                "expected an IP address to listen on (127.0.0.1, 0.0.0.0, ::1, ::)"
+            ) from None
         return value
 
     @field_validator("kafka_bootstrap")

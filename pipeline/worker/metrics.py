@@ -23,6 +23,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pipeline.metrics import serve_metrics
+from pipeline.settings import Settings
 
 __all__ = ["WorkerMetrics"]
 
@@ -71,7 +72,8 @@ class WorkerMetrics:
             p + "assigned_partitions", "Steps + job-topic partitions owned.", registry=reg
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scrape target
-        """Expose ``/metrics`` on ``port`` (0: do nothing); a port in use is a
+    def serve(self, settings: Settings) -> None:
+        """Expose ``/metrics`` on ``worker_metrics_port`` (0: do nothing) and
+        ``metrics_bind_address``; a port in use is a
         :class:`~pipeline.errors.ConfigError` naming STEPGUARD_WORKER_METRICS_PORT."""
-        serve_metrics(self.registry, port, "worker_metrics_port", addr)
+        serve_metrics(self.registry, settings, "worker_metrics_port")
