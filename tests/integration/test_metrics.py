@@ -123,7 +123,10 @@ def test_the_actuator_counts_alerts_by_result_and_commands_by_kind(act_settings)
     counted = {k: value(reg, "stepguard_actuator_commands_total", kind=k) for k in kinds}
     assert sum(counted.values()) == act.stats.commands >= 1, counted
     assert counted["isolate"] == 1
+    # auto mode publishes no action record, and the action is still counted (issue 24)
+    assert value(reg, "stepguard_actuator_actions_total", mode="auto", state="issued") == 1
     assert value(reg, "stepguard_actuator_held_actions") == 0
+    assert value(reg, "stepguard_actuator_oldest_held_seconds") == 0
 
 
 @pytest.mark.parametrize("decode_processes", [0])
