@@ -513,13 +513,21 @@ def _short(values: list[Any], most: int = 3) -> str:
     return shown + (f", +{len(values) - most}" if len(values) > most else "")
 
 
+def _plain(*cells: str | Text) -> list[Text]:
+    """Cells as plain text: a job id, node, kind or path read from a topic or a file is
+    never parsed as rich markup (``[/x]`` would raise, ``[link=...]`` would inject a
+    link into the terminal)."""
+    return [c if isinstance(c, Text) else Text(c) for c in cells]
+
+
 def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
-    """Four tables that fit 80 columns (long cells wrap)."""
+    """Four tables that fit 80 columns (long cells wrap). Every string shown comes
+    from a topic, up.json or the broker: all of it is plain text, never markup."""
     parts: list[RenderableType] = []
     head = Text(f"stepguard status: {snap.bootstrap}, {snap.at:%H:%M:%S} UTC", style="bold")
     parts.append(head)
 
-    svc = Table(title=f"services ({snap.services_from})", title_justify="left")
+    svc = Table(title=Text(f"services ({snap.services_from})"), title_justify="left")
     for col in ("service", "state", "pid", "rst", "up"):
         svc.add_column(col, no_wrap=col != "state", overflow="fold")
     for col in ("rec", "alerts", "cmd"):
@@ -530,9 +538,9 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
         def num(key: str, c: dict[str, float] = c) -> str:
             return f"{c[key]:,.0f}" if key in c else ""
 
-        svc.add_row(s.name, s.state, str(s.pid or ""), str(s.restarts) if s.pid else "",
-                    _age(s.uptime_s) if s.uptime_s else "", num("records"), num("alerts"),
-                    num("commands"))  # fmt: skip
+        svc.add_row(*_plain(s.name, s.state, str(s.pid or ""), str(s.restarts) if s.pid else "",
+                            _age(s.uptime_s) if s.uptime_s else "", num("records"),
+                            num("alerts"), num("commands")))  # fmt: skip
     parts.append(svc)
 
     jobs = Table(title=f"jobs (last {window} step records per partition)", title_justify="left")
@@ -541,7 +549,7 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
         jobs.add_column(col, justify="right" if right else "left", overflow="fold")
     for j in snap.jobs:
         age = Text(_age(j.age_s), style="red" if j.age_s > 300 and not j.ended else "")
-        jobs.add_row(j.job_id, str(j.last_step), age, str(j.nodes), j.ended or "")
+        jobs.add_row(*_plain(j.job_id, str(j.last_step), age, str(j.nodes), j.ended or ""))
     parts.append(jobs if snap.jobs else Text("jobs: none in the steps topic's tail"))
 
     inc = Table(title="firing incidents", title_justify="left")
@@ -550,15 +558,16 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
     for i in snap.incidents:
         grade = Grade(i.grade)
         where = _short(i.nodes) or (f"ranks {_short(i.ranks)}" if i.ranks else "job")
-        inc.add_row(Text(_GRADE_SHORT[grade], style=_GRADE_STYLE[grade]), i.job_id, i.kind,
-                    where, f"{i.since:%H:%M:%S}", i.action, i.incident[:12])  # fmt: skip
+        inc.add_row(*_plain(Text(_GRADE_SHORT[grade], style=_GRADE_STYLE[grade]), i.job_id,
+                            i.kind, where, f"{i.since:%H:%M:%S}", i.action,
+                            i.incident[:12]))  # fmt: skip
     parts.append(inc if snap.incidents else Text("firing incidents: none", style="green"))
 
     held = Table(title="held actions (stepguard approve/reject ID)", title_justify="left")
     for col in ("job", "commands", "expires", "action id"):
         held.add_column(col, no_wrap=col == "action id", overflow="fold")
     for h in snap.held:
-        held.add_row(h.job_id, h.commands, f"in {_age(h.expires_in_s)}", h.action_id)
+        held.add_row(*_plain(h.job_id, h.commands, f"in {_age(h.expires_in_s)}", h.action_id))
     parts.append(held if snap.held else Text("held actions: none"))
     for note in snap.notes:
         parts.append(Text(f"note: {note}", style="dim"))
