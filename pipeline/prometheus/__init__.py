@@ -117,7 +117,7 @@ def scrape_config(
             "scrape_interval": every,
             "scrape_timeout": timeout,
             "evaluation_interval": every,
-        },  # fmt: skip
+        },
         "rule_files": [str(p) for p in rules],
         "scrape_configs": [
             {
