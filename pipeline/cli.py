@@ -353,6 +353,15 @@ def up(
             min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
         ),
     ] = None,
+    prometheus: Annotated[
+        bool | None,
+        typer.Option(
+            "--prometheus/--no-prometheus",
+            help="Run Prometheus (Debian's `prometheus` on PATH) with stepguard's alerting "
+            "rules, scraping every service (default: with --durable when installed).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start and supervise the production services as child processes (docker-compose
     without Docker): broker, topics, workers, actuator, executor, archiver.
@@ -366,7 +375,12 @@ def up(
     from pipeline.up import UpOptions, run_up
 
     options = UpOptions(
-        scenario=scenario, workers=workers, speed=speed, durable=durable, base_port=base_port
+        scenario=scenario,
+        workers=workers,
+        speed=speed,
+        durable=durable,
+        base_port=base_port,
+        prometheus=prometheus,
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 

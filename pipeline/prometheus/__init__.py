@@ -32,9 +32,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
+
+from pipeline.errors import ConfigError
+from pipeline.supervisor import ServiceSpec
 
 __all__ = [
     "JOBS",
@@ -42,6 +46,8 @@ __all__ = [
     "file_sd",
     "find_prometheus",
     "job_of",
+    "prometheus_for_up",
+    "prometheus_service",
     "rules_path",
     "scrape_config",
 ]
@@ -137,3 +143,77 @@ def scrape_config(
 def find_prometheus() -> str | None:
     """The ``prometheus`` executable on PATH (Debian: /usr/bin/prometheus), or None."""
     return shutil.which("prometheus")
+
+
+def _ready(port: int) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    return probe
+
+
+def prometheus_service(
+    binary: str,
+    folder: Path,
+    port: int,
+    ports: Mapping[str, int],
+    *,
+    interval_s: float = 2.0,
+    retention: str = "7d",
+) -> ServiceSpec:
+    """The ``prometheus`` service of ``stepguard up``: writes its config and the
+    targets (``ports``: service name to metrics port) under ``folder``, and returns the
+    spec that runs ``binary`` on 127.0.0.1:``port`` with its data in ``folder/data``
+    (kept across runs), the shipped rules loaded. Stops first (tier 0): nothing
+    reports the stack down while it stops."""
+    folder.mkdir(parents=True, exist_ok=True)
+    targets = folder / "targets.json"
+    targets.write_text(json.dumps(file_sd(ports), indent=2) + "\n")
+    config = folder / "prometheus.yml"
+    config.write_text(scrape_config(targets, [rules_path()], interval_s=interval_s))
+    argv = (
+        binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.retention.time={retention}",
+        "--log.level=warn",
+    )  # fmt: skip
+    return ServiceSpec("prometheus", argv, stop_tier=0, ready=_ready(port))
+
+
+def prometheus_for_up(
+    asked: bool | None,
+    *,
+    durable: bool,
+    folder: Path,
+    take_port: Callable[[str], int],
+    ports: Mapping[str, int],
+    notes: list[str],
+) -> tuple[ServiceSpec, str] | None:
+    """``stepguard up``'s Prometheus service and its URL, or None.
+
+    ``asked``: ``--prometheus`` (True: a missing binary is an error), ``--no-prometheus``
+    (False), or neither (None: with ``durable`` when a binary is on PATH, else a note).
+    ``ports``: service name to metrics port, the targets.
+    """
+    if not (durable if asked is None else asked):
+        return None
+    binary = find_prometheus()
+    if binary is None:
+        if asked:
+            raise ConfigError(
+                "--prometheus needs a `prometheus` executable on PATH (Debian: apt-get "
+                "install prometheus, or scripts/prometheus.sh install)"
+            )
+        notes.append(
+            "no `prometheus` on PATH: nothing scrapes the services (apt-get install "
+            "prometheus; --no-prometheus leaves it out)"
+        )
+        return None
+    port = take_port("prometheus")
+    spec = prometheus_service(binary, folder, port, ports)
+    url = f"http://127.0.0.1:{port}"
+    notes.append(f"prometheus: {url}, stepguard's alerting rules every 2 s (data in {folder})")
+    return spec, url

@@ -127,3 +127,42 @@ def test_the_scrape_configs_load(promtool, tmp_path):
     run([promtool, "check", "config", str(local)])
     jobs = {c["job_name"] for c in yaml.safe_load(compose)["scrape_configs"]}
     assert jobs == set(JOBS.values()) - {"stepguard-job-controller"}
+
+
+def test_up_runs_prometheus_on_every_metrics_port_when_asked(promtool, tmp_path, monkeypatch):
+    """``--prometheus``: one more supervised service whose targets are every metrics
+    port of the plan, under the rules' job names; ``--durable`` implies it when the
+    binary is there (a note when it is not); ``--no-prometheus`` leaves it out."""
+    import pipeline.prometheus as prom
+    from pipeline.errors import ConfigError
+    from pipeline.settings import load_settings
+    from pipeline.up import UpOptions, build_plan
+
+    settings = load_settings({}, state_dir=tmp_path)
+
+    def plan(**kw):
+        options = UpOptions(workers=2, scenario="ci_smoke", **kw)
+        return build_plan(settings, options, {"PATH": "/bin"}, python="py", run_id="r1",
+                          bootstrap="127.0.0.1:9" if kw.get("durable") else None)  # fmt: skip
+
+    p = plan(prometheus=True)
+    spec = next(s for s in p.specs if s.name == "prometheus")
+    port = int(next(a for a in spec.argv if a.startswith("--web.listen-address=")).split(":")[-1])
+    assert p.shell_env["PROMETHEUS_URL"] == f"http://127.0.0.1:{port}"
+    targets = json.loads((tmp_path / "prometheus" / "targets.json").read_text())
+    want = {s.name: s.metrics_port for s in p.specs if s.metrics_port}
+    got = {g["labels"]["service"]: int(g["targets"][0].rsplit(":", 1)[1]) for g in targets}
+    assert got == want and len(want) == 6  # 2 workers, actuator, executor, archiver, simulate
+    assert {g["labels"]["job"] for g in targets} == set(JOBS.values())
+    run([promtool, "check", "config", str(tmp_path / "prometheus" / "prometheus.yml")])
+    assert spec.stop_tier == 0 and spec.ready is not None
+
+    assert "prometheus" not in {s.name for s in plan(prometheus=False, durable=True).specs}
+    assert "prometheus" not in {s.name for s in plan().specs}  # embedded: only when asked
+    assert "prometheus" in {s.name for s in plan(durable=True).specs}
+    monkeypatch.setattr(prom, "find_prometheus", lambda: None)
+    quiet = plan(durable=True)
+    assert "prometheus" not in {s.name for s in quiet.specs}
+    assert any("no `prometheus` on PATH" in n for n in quiet.notes)
+    with pytest.raises(ConfigError, match="--prometheus needs"):
+        plan(prometheus=True)
