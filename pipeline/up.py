@@ -196,7 +196,10 @@ def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on ``port``. SO_REUSEADDR as the servers themselves bind: a port
+    whose last connections linger in TIME_WAIT (a scraper's, after a stop) is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
