@@ -170,8 +170,10 @@ def test_prometheus_scrapes_up_and_service_down_fires_when_a_service_is_killed(u
     poll(lambda: not service_down(url), 30, "no service reported down", up.tail)
     # the documented families are really there, under the rules' job names
     names = set(api(url, "label/__name__/values"))
-    assert {"stepguard_worker_steps_total", "stepguard_actuator_oldest_held_seconds",
-            "stepguard_executor_consumed_total", "stepguard_archiver_messages_total"} <= names  # fmt: skip
+    assert {
+        "stepguard_worker_steps_total", "stepguard_actuator_oldest_held_seconds",
+        "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
+    } <= names  # fmt: skip
 
     executor = up.status()["services"]["executor-dry-run"]["pid"]
     os.kill(up.proc.pid, signal.SIGSTOP)  # its supervisor cannot bring it back
