@@ -166,3 +166,19 @@ def test_up_runs_prometheus_on_every_metrics_port_when_asked(promtool, tmp_path,
     assert any("no `prometheus` on PATH" in n for n in quiet.notes)
     with pytest.raises(ConfigError, match="--prometheus needs"):
         plan(prometheus=True)
+
+
+def test_compose_runs_prometheus_with_the_shipped_files_and_opens_the_endpoints():
+    """docker-compose's Prometheus mounts the shipped scrape config and rules (paths
+    that exist in the repository), and the stepguard services listen on 0.0.0.0 there:
+    loopback inside a container would be unreachable."""
+    root = Path(__file__).resolve().parents[2]
+    compose = yaml.safe_load((root / "docker-compose.yml").read_text())
+    prom = compose["services"]["prometheus"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in prom["volumes"] if m.startswith("./")}
+    assert (root / mounts["/etc/prometheus/prometheus.yml"]).resolve() == rules_path("compose.yml")
+    assert (root / mounts["/etc/prometheus/stepguard.rules.yml"]).resolve() == rules_path()
+    assert all(p.startswith("127.0.0.1:") for p in prom["ports"])
+    for name in ("worker", "actuator", "archiver"):
+        env = compose["services"][name]["environment"]
+        assert env["STEPGUARD_METRICS_BIND_ADDRESS"] == "0.0.0.0", name
