@@ -16,7 +16,7 @@
 #                                    e.g. "stepguard-worker=127.0.0.1:9108"
 #   PROMETHEUS_FILE_SD=              a file_sd JSON/YAML file of targets instead (or as
 #                                    well); Prometheus re-reads it when it changes
-#   PROMETHEUS_RULES=<repo>/pipeline/prometheus/stepguard.rules.yml
+#   PROMETHEUS_RULES=<repo>/pipeline/tools/prometheus/stepguard.rules.yml
 #   PROMETHEUS_ALERTMANAGER=         host:port of an Alertmanager to send alerts to
 #   PROMETHEUS_START_TIMEOUT=60      seconds to wait for /-/ready
 #   PROMETHEUS_STOP_TIMEOUT=10       seconds between SIGTERM and SIGKILL
@@ -35,7 +35,7 @@ while [[ "$STATE_DIR" == */ && "$STATE_DIR" != / ]]; do STATE_DIR="${STATE_DIR%/
 INTERVAL="${PROMETHEUS_SCRAPE_INTERVAL:-2s}"
 TARGETS="${PROMETHEUS_TARGETS:-}"
 FILE_SD="${PROMETHEUS_FILE_SD:-}"
-RULES="${PROMETHEUS_RULES:-$ROOT/pipeline/prometheus/stepguard.rules.yml}"
+RULES="${PROMETHEUS_RULES:-$ROOT/pipeline/tools/prometheus/stepguard.rules.yml}"
 ALERTMANAGER="${PROMETHEUS_ALERTMANAGER:-}"
 START_TIMEOUT="${PROMETHEUS_START_TIMEOUT:-60}"
 STOP_TIMEOUT="${PROMETHEUS_STOP_TIMEOUT:-10}"

@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.embedded import free_port
-from pipeline.metrics import serve_metrics
-from pipeline.settings import load_settings
-from pipeline.worker.metrics import WorkerMetrics
+from pipeline.io.embedded import free_port
+from pipeline.io.metrics import serve_metrics
+from pipeline.io.settings import load_settings
+from pipeline.services.worker.metrics import WorkerMetrics
 from tests.conftest import _missing
 
 pytestmark = pytest.mark.integration

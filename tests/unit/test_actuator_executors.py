@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pipeline.actuator.executors import (
+from pipeline.io.trust import check_command, sign
+from pipeline.services.actuator.executors import (
     DryRunExecutor,
     ExecutionError,
     InvalidNodeName,
@@ -19,7 +20,6 @@ from pipeline.actuator.executors import (
     WebhookExecutor,
     validate_node_name,
 )
-from pipeline.actuator.signing import check_command, sign
 from schemas import (
     ActuatorMode,
     Command,
@@ -167,7 +167,7 @@ def test_webhook_unreachable_fails_and_urls_are_checked():
 
 
 def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
-    from pipeline.actuator.policy import Policy, PolicyParams
+    from pipeline.policy import Policy, PolicyParams
     from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
 
     fired = Alert(

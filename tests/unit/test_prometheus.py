@@ -1,4 +1,4 @@
-"""The shipped Prometheus rules (pipeline/prometheus/): promtool accepts them, their unit
+"""The shipped Prometheus rules (pipeline/tools/prometheus/): promtool accepts them, their unit
 tests pass (``promtool test rules``: input series, expected alerts), every metric they
 name is one a service really exports, and the scrape configs load.
 
@@ -20,16 +20,16 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
-from pipeline.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
-from pipeline.prometheus import (
+from pipeline.io.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
+from pipeline.services.worker.metrics import WorkerMetrics
+from pipeline.services.worker.state import WorkerCore
+from pipeline.tools.prometheus import (
     JOBS,
     RULES_TEST_FILE,
     file_sd,
     rules_path,
     scrape_config,
 )
-from pipeline.worker.metrics import WorkerMetrics
-from pipeline.worker.state import WorkerCore
 from tests.conftest import _missing
 
 
@@ -133,10 +133,10 @@ def test_up_runs_prometheus_on_every_metrics_port_when_asked(promtool, tmp_path,
     """``--prometheus``: one more supervised service whose targets are every metrics
     port of the plan, under the rules' job names; ``--durable`` implies it when the
     binary is there (a note when it is not); ``--no-prometheus`` leaves it out."""
-    import pipeline.prometheus as prom
-    from pipeline.errors import ConfigError
-    from pipeline.settings import load_settings
-    from pipeline.up import UpOptions, build_plan
+    import pipeline.tools.prometheus as prom
+    from pipeline.io.errors import ConfigError
+    from pipeline.io.settings import load_settings
+    from pipeline.tools.up import UpOptions, build_plan
 
     settings = load_settings({}, state_dir=tmp_path)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.errors import ConfigError
-from pipeline.settings import load_settings
-from pipeline.supervisor import Supervisor
-from pipeline.up import MetricsBoard, UpOptions, build_plan, status_table
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
+from pipeline.tools.supervisor import Supervisor
+from pipeline.tools.up import MetricsBoard, UpOptions, build_plan, status_table
 
 
 def plan(tmp_path: Path, **kw: object):
@@ -85,7 +85,7 @@ def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
     up's check (`up --base-port` again right after a stop with Prometheus)."""
     import socket
 
-    from pipeline.up import _port_free
+    from pipeline.tools.up import _port_free
 
     with socket.socket() as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
