@@ -164,6 +164,7 @@ def prometheus_service(
     *,
     interval_s: float = 2.0,
     retention: str = "7d",
+    alertmanagers: Sequence[str] = (),
 ) -> ServiceSpec:
     """The ``prometheus`` service of ``stepguard up``: writes its config and the
     targets (``ports``: service name to metrics port) under ``folder``, and returns the
@@ -174,7 +175,9 @@ def prometheus_service(
     targets = folder / "targets.json"
     targets.write_text(json.dumps(file_sd(ports), indent=2) + "\n")
     config = folder / "prometheus.yml"
-    config.write_text(scrape_config(targets, [rules_path()], interval_s=interval_s))
+    config.write_text(
+        scrape_config(targets, [rules_path()], interval_s=interval_s, alertmanagers=alertmanagers)
+    )
     argv = (
         binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.retention.time={retention}",
@@ -191,12 +194,14 @@ def prometheus_for_up(
     take_port: Callable[[str], int],
     ports: Mapping[str, int],
     notes: list[str],
+    alertmanagers: Sequence[str] = (),
 ) -> tuple[ServiceSpec, str] | None:
     """``stepguard up``'s Prometheus service and its URL, or None.
 
     ``asked``: ``--prometheus`` (True: a missing binary is an error), ``--no-prometheus``
     (False), or neither (None: with ``durable`` when a binary is on PATH, else a note).
-    ``ports``: service name to metrics port, the targets.
+    ``ports``: service name to metrics port, the targets; ``alertmanagers``
+    (``host:port``) receive the alerts when given.
     """
     if not (durable if asked is None else asked):
         return None
@@ -213,7 +218,7 @@ def prometheus_for_up(
         )
         return None
     port = take_port("prometheus")
-    spec = prometheus_service(binary, folder, port, ports)
+    spec = prometheus_service(binary, folder, port, ports, alertmanagers=alertmanagers)
     url = f"http://127.0.0.1:{port}"
     notes.append(f"prometheus: {url}, stepguard's alerting rules every 2 s (data in {folder})")
     return spec, url
