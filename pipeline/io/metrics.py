@@ -20,9 +20,11 @@ job controller      STEPGUARD_LISTENER_METRICS_PORT   :class:`ExecutorMetrics`, 
 
 Every endpoint listens on ``STEPGUARD_METRICS_BIND_ADDRESS``: 127.0.0.1 unless set
 (the Docker image and docker-compose set ``0.0.0.0``, for a scraper in another
-container). Two services of one kind on one host need a port each (``stepguard up`` assigns free
-ones); a port already taken is one :class:`~pipeline.io.errors.ConfigError` naming the
-setting and the port, so the service exits with one line instead of a traceback.
+container). Two services of one kind on one host need a port each (``stepguard up``
+assigns free ones); a port already taken is one :class:`~pipeline.io.errors.ConfigError`
+naming the setting and the port, so the service exits with one line instead of a
+traceback. Each registry also holds the process's own ``process_*`` metrics
+(:func:`service_registry`): its start time shows restarts.
 
 Actuator (``stepguard_actuator_``):
 
@@ -68,7 +70,14 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 from pipeline.io.errors import ConfigError
 from pipeline.io.settings import ENV_PREFIX, ClientSettings
@@ -76,7 +85,24 @@ from pipeline.io.settings import ENV_PREFIX, ClientSettings
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-__all__ = ["ActuatorMetrics", "ArchiverMetrics", "ExecutorMetrics", "serve_metrics"]
+__all__ = [
+    "ActuatorMetrics",
+    "ArchiverMetrics",
+    "ExecutorMetrics",
+    "serve_metrics",
+    "service_registry",
+]
+
+
+def service_registry(registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """``registry``, or a new one holding the process's own metrics
+    (``process_start_time_seconds``, CPU, memory, open files): a restart shows as a new
+    start time, which the shipped StepguardServiceRestarting alert counts."""
+    if registry is not None:
+        return registry
+    reg = CollectorRegistry()
+    ProcessCollector(registry=reg)
+    return reg
 
 
 def serve_metrics(
@@ -113,7 +139,7 @@ class ActuatorMetrics:
     """The actuator's metrics (see the module table)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_actuator_"
         self.inputs = Counter(p + "inputs", "Records read.", ["topic"], registry=reg)
         self.alerts = Counter(
@@ -144,7 +170,7 @@ class ExecutorMetrics:
     """An executor's metrics (see the module table)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_executor_"
         self.commands = Counter(
             p + "commands", "Commands answered.", ["executor", "kind", "result"], registry=reg
@@ -159,7 +185,7 @@ class ArchiverMetrics:
     """The archiver's metrics (see the module table)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_archiver_"
         self.messages = Counter(p + "messages", "Messages stored and committed.", registry=reg)
         self.rows = Counter(p + "rows", "Rows inserted.", ["table"], registry=reg)

@@ -173,6 +173,7 @@ def test_prometheus_scrapes_up_and_service_down_fires_when_a_service_is_killed(u
     assert {
         "stepguard_worker_steps_total", "stepguard_actuator_oldest_held_seconds",
         "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
+        "process_start_time_seconds",
     } <= names  # fmt: skip
 
     executor = up.status()["services"]["executor-dry-run"]["pid"]

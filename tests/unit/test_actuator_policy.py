@@ -765,7 +765,7 @@ def test_the_hard_cap_bounds_an_alert_storm_within_the_horizon():
 def test_control_mode_for_options_become_action_modes():
     import typer
 
-    from pipeline.cli.app.actuator import _action_modes
+    from pipeline.cli.actuator import _action_modes
 
     assert _action_modes(None) is None
     assert _action_modes(["replace_at_checkpoint=auto", "restart = default"]) == {
@@ -777,7 +777,7 @@ def test_control_mode_for_options_become_action_modes():
 
 
 def test_pending_header_folds_only_signed_fresh_control_changes():
-    from pipeline.cli.app.actuator import fold_control, modes_line
+    from pipeline.cli.actuator import fold_control, modes_line
     from pipeline.io.trust import SigningKey, sign
 
     op, other = SigningKey.generate("op-1"), SigningKey.generate("intruder")

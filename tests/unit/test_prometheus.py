@@ -73,6 +73,7 @@ def test_every_alert_the_issue_asks_for_is_there_and_tested():
     assert {
         "StepguardServiceDown", "StepguardConsumerLagGrowing", "StepguardDeadLettersArriving",
         "StepguardCircuitBreakerOpen", "StepguardActionHeldTooLong", "StepguardStepsUnscored",
+        "StepguardServiceRestarting",
     } <= alerts  # fmt: skip
     tests = yaml.safe_load(rules_path(RULES_TEST_FILE).read_text())["tests"]
     tested = {t["alertname"] for group in tests for t in group.get("alert_rule_test", [])}
@@ -107,6 +108,8 @@ def test_every_metric_the_rules_name_is_exported_by_a_service():
         name for r in rules() for name in re.findall(r"\bstepguard_[a-z_]+\b", r["expr"])
     }  # fmt: skip
     assert named and named <= exported, named - exported
+    for reg in registries:  # the restart alert counts new process start times
+        assert reg.get_sample_value("process_start_time_seconds") is not None
     assert '"refused_for_limit"' in inspect.getsource(WorkerCore.counts)
     jobs = {j for r in rules() for j in re.findall(r"stepguard-[a-z-]+", r["expr"])}
     assert jobs <= set(JOBS.values()) | {"stepguard-"}, jobs

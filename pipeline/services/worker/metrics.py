@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pipeline.io.metrics import serve_metrics
+from pipeline.io.metrics import serve_metrics, service_registry
 from pipeline.io.settings import Settings
 
 __all__ = ["WorkerMetrics"]
@@ -37,7 +37,7 @@ class WorkerMetrics:
     """The worker's metrics in their own registry (tests build several)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_worker_"
         self.records = Counter(p + "records", "Records consumed.", ["topic"], registry=reg)
         self.rank_steps = Counter(p + "rank_steps", "Rank-steps scored.", registry=reg)
