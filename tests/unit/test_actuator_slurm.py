@@ -20,6 +20,7 @@ from pipeline.actuator.executors import (
     validate_node_name,
 )
 from pipeline.actuator.policy import Policy, PolicyParams
+from pipeline.actuator.signing import sign, signature_problem
 from pipeline.actuator.slurm import (
     REASON_MAX_BYTES,
     IsolateOutcome,
@@ -42,7 +43,10 @@ from schemas import (
     Evidence,
     Grade,
     RecommendedAction,
+    decode,
+    encode,
 )
+from tests.factories import ACTUATOR_KEY
 
 # A fake Slurm: the nodes and jobs live in a JSON file; every call is logged.
 FAKE = r"""#!{python} -SI
@@ -376,3 +380,17 @@ def test_the_actuator_puts_the_alerts_cause_and_incident_on_its_commands():
     assert isolate.cause == "hardware: GPU 2: fatal XID 79"
     assert isolate.incident == "1a2b3c4d5e6f7a8b9c0d1e2f"
     assert "replace node-3" in isolate.summary  # the remedy stays the summary
+
+
+def test_cause_and_incident_are_signed_and_a_command_without_them_still_verifies():
+    keys = ACTUATOR_KEY.verifier()
+    signed = sign(command(), ACTUATOR_KEY)
+    assert signature_problem(signed, keys) is None
+    assert signature_problem(signed.model_copy(update={"cause": "nothing to see"}), keys)
+    assert signature_problem(signed.model_copy(update={"incident": None}), keys)
+    older = sign(command(cause=None, incident=None), ACTUATOR_KEY)  # an older actuator's
+    wire = json.loads(encode(older))
+    for name in ("cause", "incident"):
+        wire.pop(name, None)
+    back = decode(Command, json.dumps(wire).encode())
+    assert signature_problem(back, keys) is None
