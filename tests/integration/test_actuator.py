@@ -16,12 +16,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import SigningKey, check_command, sign, signature_problem
-from pipeline.actuator.slurm import SlurmExecutor
-from pipeline.cli import app
-from pipeline.kafka import (
+from pipeline.cli.app import app
+from pipeline.client.listener import CommandListener
+from pipeline.io.kafka import (
     assigned_consumer,
     client_config,
     control_producer,
@@ -30,7 +27,10 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
-from pipeline.listener import CommandListener
+from pipeline.io.trust import SigningKey, check_command, sign, signature_problem
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.service import Actuator
+from pipeline.services.actuator.slurm import SlurmExecutor
 from schemas import (
     TOPICS,
     ActionRecord,
@@ -194,7 +194,7 @@ def test_duplicate_decisions_produce_one_command_each_signed(act_settings):
 
 def test_killed_between_publish_and_commit_neither_duplicates_nor_loses(act_settings):
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from pipeline.cli import main; main()", "actuator",
+        [sys.executable, "-c", "from pipeline.cli.app import main; main()", "actuator",
          "--crash-after-publish"],
         env=env_of(act_settings), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -394,8 +394,8 @@ def test_listener_refuses_forged_unsigned_and_expired_commands(act_settings):
 TRAINER = """
 import json, os, sys, time
 import numpy as np
-from pipeline.listener import CommandListener
-from pipeline.settings import load_settings
+from pipeline.client.listener import CommandListener
+from pipeline.io.settings import load_settings
 
 ckpt, job, max_steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = np.random.default_rng(0)
@@ -512,7 +512,7 @@ def test_rebuild_reads_to_the_end_past_the_old_poll_cap_and_logs_progress(act_se
             fut.get(timeout=60)
     finally:
         producer.close()
-    with caplog.at_level(logging.INFO, logger="pipeline.kafka"):
+    with caplog.at_level(logging.INFO, logger="pipeline.io.kafka"):
         act = Actuator(s, rebuild_batch=1)  # one record per poll: > 10,000 polls
         act.close()
     assert act.rebuilt["commands"] == n and len(act.policy.issued) == n

@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from pipeline.archive import rows_for
-from pipeline.archive.queries import QUERIES, run_query
-from pipeline.archive.retention import parse_age, prune
-from pipeline.demo import run_demo
-from pipeline.report import render_report
-from pipeline.simulator import find_scenario
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.queries import QUERIES, run_query
+from pipeline.services.archive.retention import parse_age, prune
+from pipeline.tools.demo import run_demo
+from pipeline.tools.report import render_report
+from pipeline.tools.simulator import find_scenario
 from tests.conftest import fresh_archive, fresh_settings
 from tests.factories import samples
 
@@ -150,7 +150,7 @@ def _timeline_archive(archive):
     one that expired, a signed command two executors answered, and forgeries (an
     unsigned command with a result, an unsigned alert on another node, an unsigned
     action record and an unsigned rejection of the held action)."""
-    from pipeline.actuator.signing import SigningKey, sign
+    from pipeline.io.trust import SigningKey, sign
     from schemas import ActionState, ApprovalDecision, CommandStatus
 
     s = samples()

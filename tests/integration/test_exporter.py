@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from pipeline.exporters import NodeAggregator, StepExporter
-from pipeline.kafka import create_topics, make_consumer, registry_of
+from pipeline.agents.node import NodeAggregator
+from pipeline.client import StepExporter
+from pipeline.io.kafka import create_topics, make_consumer, registry_of
 from schemas import StepTelemetry, decode
 
 pytestmark = pytest.mark.integration

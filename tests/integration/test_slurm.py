@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.actuator.slurm import IsolateOutcome, SlurmExecutor, SlurmJobs
-from pipeline.cli import app
+from pipeline.cli.app import app
+from pipeline.services.actuator.slurm import IsolateOutcome, SlurmExecutor, SlurmJobs
 from schemas import ActuatorMode, Command, CommandKind
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ actuator applied a control change dated a day ahead (and then every real change 
 controller carried out a command issued tomorrow, and exporters published whatever
 time the training code passed (milliseconds as seconds included).
 
-Control: every entry point applies one rule (``pipeline/clockskew.py``): dated beyond
+Control: every entry point applies one rule (``pipeline/io/clockskew.py``): dated beyond
 its wall clock + ``STEPGUARD_MAX_CLOCK_SKEW_S`` is a dead letter (actuator, worker), a
 REFUSED result (executors, listener) or not published (exporters). Run on a real broker.
 """
@@ -17,12 +17,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.exporters import StepExporter
-from pipeline.exporters.health import run_health_exporter
-from pipeline.kafka import (
+from pipeline.agents.health import run_health_exporter
+from pipeline.client import StepExporter
+from pipeline.client.listener import CommandListener
+from pipeline.io.kafka import (
     client_config,
     control_producer,
     create_topics,
@@ -30,7 +28,9 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
-from pipeline.listener import CommandListener
+from pipeline.io.trust import sign
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.service import Actuator
 from schemas import (
     ActionState,
     ActuatorMode,

@@ -9,12 +9,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pipeline.actuator.executors import (
+from pipeline.io.trust import check_command, sign
+from pipeline.services.actuator.executors import (
     DryRunExecutor,
     ExecutionError,
     WebhookExecutor,
 )
-from pipeline.actuator.signing import check_command, sign
 from schemas import (
     ActuatorMode,
     Command,
@@ -108,7 +108,7 @@ def test_webhook_unreachable_fails_and_urls_are_checked():
 
 
 def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
-    from pipeline.actuator.policy import Policy, PolicyParams
+    from pipeline.policy import Policy, PolicyParams
     from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
 
     fired = Alert(

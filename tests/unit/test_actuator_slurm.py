@@ -12,16 +12,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import pipeline.actuator.slurm as slurm_module
-from pipeline.actuator.executors import (
+import pipeline.services.actuator.slurm as slurm_module
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import sign, signature_problem
+from pipeline.policy import Policy, PolicyParams
+from pipeline.services.actuator.executors import (
     ExecutionError,
     InvalidNodeName,
     make_executor,
     validate_node_name,
 )
-from pipeline.actuator.policy import Policy, PolicyParams
-from pipeline.actuator.signing import sign, signature_problem
-from pipeline.actuator.slurm import (
+from pipeline.services.actuator.slurm import (
     REASON_MAX_BYTES,
     IsolateOutcome,
     NodeNotInJob,
@@ -31,8 +33,6 @@ from pipeline.actuator.slurm import (
     SlurmJobs,
     drain_reason,
 )
-from pipeline.errors import ConfigError
-from pipeline.settings import load_settings
 from schemas import (
     ActuatorMode,
     Alert,
@@ -275,7 +275,7 @@ def test_resume_refuses_someone_elses_drain_and_force_overrides_it_logged(fake, 
     with pytest.raises(ResumeRefused, match=r"someone else.*admin: bad fan.*--force"):
         fake.executor().resume("node-3")
     assert fake.writes() == []
-    with caplog.at_level(logging.WARNING, logger="pipeline.actuator.slurm"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.services.actuator.slurm"):
         done = fake.executor().resume("node-3", force=True)
     assert done.outcome is ResumeOutcome.FORCED
     assert fake.node("node-3")["state"] == "IDLE"

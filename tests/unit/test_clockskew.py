@@ -1,4 +1,4 @@
-"""The clock-skew rule (pipeline/clockskew.py) and the exporters that apply it, without a
+"""The clock-skew rule (pipeline/io/clockskew.py) and the exporters that apply it, without a
 broker: a step or health report dated beyond the wall clock + STEPGUARD_MAX_CLOCK_SKEW_S
 is not published, it is counted and one warning per interval says why, and the
 training loop goes on."""
@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.clockskew import FutureGate, future_dated, seconds_ahead
-from pipeline.exporters import StepExporter
-from pipeline.exporters.dcgm import run_dcgm_exporter
-from pipeline.exporters.health import run_health_exporter
-from pipeline.exporters.node import NodeAggregator
-from pipeline.settings import load_settings
+from pipeline.agents.dcgm import run_dcgm_exporter
+from pipeline.agents.health import run_health_exporter
+from pipeline.agents.node import NodeAggregator
+from pipeline.client import StepExporter
+from pipeline.io.clockskew import FutureGate, future_dated, seconds_ahead
+from pipeline.io.settings import load_settings
 from schemas import JobEvent, JobEventKind, NodeHealth
 from tests.unit.test_dcgm import exposition
 from tests.unit.test_exporter import FakeNvml
@@ -47,7 +47,7 @@ def test_the_gate_counts_every_drop_and_warns_once_per_interval(caplog):
     mono = [0.0]
     gate = FutureGate(60.0, "exporter j/n", interval_s=30.0, clock=lambda: 1000.0,
                       monotonic=lambda: mono[0])  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="pipeline.clockskew"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.io.clockskew"):
         assert gate.admit(1050.0)
         assert [gate.admit(5000.0, "ts_end") for _ in range(3)] == [False] * 3
         mono[0] = 31.0

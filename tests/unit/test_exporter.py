@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.embedded import free_port
-from pipeline.exporters import RankRecord, StepBatcher, StepExporter
-from pipeline.exporters.health import NvmlReader, NvmlUnavailable, run_health_exporter
-from pipeline.settings import load_settings
+from pipeline.agents.health import NvmlReader, NvmlUnavailable, run_health_exporter
+from pipeline.client import RankRecord, StepBatcher, StepExporter
+from pipeline.io.embedded import free_port
+from pipeline.io.settings import load_settings
 from schemas import EndReason, JobEvent, NodeHealth, Phase, StepTelemetry
 
 

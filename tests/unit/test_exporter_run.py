@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import socket
 
-from pipeline.exporters import StepBatcher, StepExporter
-from pipeline.exporters.batcher import WIRE_FIELDS
-from pipeline.exporters.node import NodeAggregator
-from pipeline.settings import load_settings
+from pipeline.agents.node import NodeAggregator
+from pipeline.client import StepBatcher, StepExporter
+from pipeline.client.batcher import WIRE_FIELDS
+from pipeline.io.settings import load_settings
 from tests.unit.test_exporter import rec
 
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from pipeline.actuator.signing import sign
-from pipeline.status import (
+from pipeline.io.trust import sign
+from pipeline.tools.status import (
     AlertFilter,
     HeldRow,
     ServiceRow,
