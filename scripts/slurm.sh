@@ -193,6 +193,10 @@ cmd_start() {
     log "slurmctld exists but does not answer: restarting"
     cmd_stop
   fi
+  if [[ -f "$MARKER" && ! -L "$STATE" ]]; then  # daemons an earlier start left behind
+    stop_pid "$(slurmd_pid)" slurmd
+    stop_pid "$(munged_pid)" munged
+  fi
   for p in "$SLURMCTLD_PORT" "$SLURMD_PORT"; do
     port_open "$p" && die "port 127.0.0.1:$p is already in use (set SLURMCTLD_PORT / SLURMD_PORT)"
   done
