@@ -67,7 +67,8 @@ def demo(
 
     Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
     """
-    from pipeline.tools.demo import print_summary, run_demo, write_json
+    from pipeline.tools.demo import run_demo
+    from pipeline.tools.demo_summary import print_summary, write_json
     from pipeline.tools.simulator import find_scenario, resize_scenario
 
     settings = _settings()
@@ -174,7 +175,7 @@ def plan(
     """Monte-Carlo of a job's faults under passive, active and hybrid policies: lost
     GPU-hours and goodput with 95% CIs, the best checkpoint interval beside Young/Daly,
     the spare pool; --sweep-gpus says which policy wins at which scale."""
-    from pipeline.tools.plan import run_plan
+    from pipeline.tools.plan_run import run_plan
 
     def numbers(text: str | None, kind: type) -> list:
         try:

@@ -23,7 +23,8 @@ Example (direct)::
                                    ranks_per_node=8)
     for step in ...:
         ...
-        exporter.record_step(step, rank, step_time, compute, comm_wait, data_wait,
+        exporter.record_step(step, rank, step_time_s=step_time, compute_s=compute,
+                             comm_wait_s=comm_wait, data_wait_s=data_wait,
                              local_rank=local_rank, loss=loss)
         if step % 500 == 499:
             with exporter.phase("checkpoint"):   # a long step: not a hang
@@ -56,17 +57,17 @@ from typing import Any, Protocol
 from pipeline.client.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
 from pipeline.io.clockskew import FutureGate
-from pipeline.io.settings import Settings
+from pipeline.io.settings import ClientSettings
 from schemas import EndReason, JobEvent, JobEventKind, Phase
 
-__all__ = ["ExporterStats", "StepExporter"]
+__all__ = ["AggregatorTransport", "DirectTransport", "ExporterStats", "StepExporter", "Transport"]
 
 log = logging.getLogger(__name__)
 
 #: Largest datagram sent to the node aggregator.
 MAX_DATAGRAM = 60_000
 #: The allowed clock skew when no settings are given (``to_aggregator``).
-DEFAULT_MAX_CLOCK_SKEW_S: float = Settings.model_fields["max_clock_skew_s"].default
+DEFAULT_MAX_CLOCK_SKEW_S: float = ClientSettings.model_fields["max_clock_skew_s"].default
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,26 @@ class ExporterStats:
         return self.dropped_queue_full + self.dropped_send
 
 
-class _Transport(Protocol):
+class Transport(Protocol):
+    """Where a :class:`StepExporter` sends what it records; the sender thread calls it.
+
+    ==================  ============================================================
+    method              called
+    ==================  ============================================================
+    ``push(records)``   with the records taken off the queue (never empty)
+    ``event(event)``    with each lifecycle event (start, phase, end)
+    ``poll(now)``       on every sender pass (``time.monotonic()``): flush what is due
+    ``drain(timeout)``  on :meth:`StepExporter.flush` and at close: send everything
+    ``close(timeout)``  once, last
+    ``counts()``        ``(sent, dropped, invalid)`` so far, for :class:`ExporterStats`
+    ==================  ============================================================
+
+    :class:`DirectTransport` (batch and publish to Kafka from this process) and
+    :class:`AggregatorTransport` (datagrams to ``stepguard export-node``) are the two
+    shipped; a test or another bus implements these six methods. None of them may block
+    the training loop: they run on the sender thread only.
+    """
+
     def push(self, records: list[RankRecord]) -> None: ...
     def event(self, event: JobEvent) -> None: ...
     def poll(self, now: float) -> None: ...
@@ -97,7 +117,9 @@ class _Transport(Protocol):
     def counts(self) -> tuple[int, int, int]: ...  # sent, dropped, invalid
 
 
-class _Direct:
+class DirectTransport:
+    """Batch records into one message per node per step and publish them to Kafka."""
+
     def __init__(self, sink: KafkaSink, batcher: StepBatcher) -> None:
         self.sink, self.batcher = sink, batcher
 
@@ -125,7 +147,7 @@ class _Direct:
         return self.sink.stats.sent, self.sink.stats.dropped, self.batcher.invalid
 
 
-class _Socket:
+class AggregatorTransport:
     """Datagrams of JSON record lists to the node aggregator's Unix socket."""
 
     def __init__(self, path: Path) -> None:
@@ -181,7 +203,8 @@ class StepExporter:
     Parameters
     ----------
     transport
-        Where records go (use :meth:`direct` or :meth:`to_aggregator`).
+        Where records go: a :class:`Transport` (:meth:`direct` and
+        :meth:`to_aggregator` build the shipped ones).
     job_id, node
         Written into every record.
     run
@@ -202,7 +225,7 @@ class StepExporter:
 
     def __init__(
         self,
-        transport: _Transport,
+        transport: Transport,
         *,
         job_id: str,
         node: str,
@@ -242,7 +265,7 @@ class StepExporter:
     @classmethod
     def direct(
         cls,
-        settings: Settings,
+        settings: ClientSettings,
         *,
         job_id: str,
         node: str,
@@ -251,7 +274,9 @@ class StepExporter:
         **kwargs: object,
     ) -> StepExporter:
         """Batch in this process and publish straight to Kafka."""
-        transport = _Direct(KafkaSink(settings), StepBatcher(ranks_per_node, max_wait_s=max_wait_s))
+        transport = DirectTransport(
+            KafkaSink(settings), StepBatcher(ranks_per_node, max_wait_s=max_wait_s)
+        )
         kwargs.setdefault("max_clock_skew_s", settings.max_clock_skew_s)
         return cls(transport, job_id=job_id, node=node, **kwargs)  # type: ignore[arg-type]
 
@@ -260,17 +285,17 @@ class StepExporter:
         cls, socket_path: Path | str, *, job_id: str, node: str, **kwargs: object
     ) -> StepExporter:
         """Send records to the node aggregator (``stepguard export-node``)."""
-        return cls(_Socket(Path(socket_path)), job_id=job_id, node=node, **kwargs)  # type: ignore[arg-type]
+        return cls(AggregatorTransport(Path(socket_path)), job_id=job_id, node=node, **kwargs)  # type: ignore[arg-type]
 
     def record_step(
         self,
         step: int,
         rank: int,
+        *,
         step_time_s: float,
         compute_s: float,
         comm_wait_s: float,
-        data_wait_s: float,
-        *,
+        data_wait_s: float = 0.0,
         local_rank: int = 0,
         ts_start: float | None = None,
         ts_end: float | None = None,
@@ -284,6 +309,10 @@ class StepExporter:
     ) -> bool:
         """Record one rank's step; returns False when the record was dropped.
 
+        The four durations are keyword-only (they share a unit, so a swapped pair would
+        pass silently): ``step_time_s`` the rank's wall step time, ``compute_s`` its
+        own work, ``comm_wait_s`` the time it sat blocked in collectives (exposed
+        communication), ``data_wait_s`` the time it waited for the data loader.
         Times are seconds; ``ts_end`` (epoch seconds) defaults to now and ``ts_start``
         to ``ts_end - step_time_s``. ``node`` overrides the exporter's node (one
         process reporting for several nodes: small jobs, replays). Validation happens

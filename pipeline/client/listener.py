@@ -54,7 +54,7 @@ from pipeline.io.kafka import (
     registry_of,
 )
 from pipeline.io.metrics import ExecutorMetrics, serve_metrics
-from pipeline.io.settings import Settings
+from pipeline.io.settings import ClientSettings
 from pipeline.io.trust import (
     check_command,
     public_keys,
@@ -111,7 +111,7 @@ class CommandListener:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: ClientSettings,
         job_id: str,
         *,
         name: str = "job-controller",

@@ -18,7 +18,7 @@ from kafka.errors import KafkaError
 from pipeline.io.embedded import probe_kafka
 from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import make_producer, publish, registry_of
-from pipeline.io.settings import Settings
+from pipeline.io.settings import KafkaSettings
 from schemas import Message
 
 __all__ = ["KafkaSink", "SinkStats"]
@@ -45,7 +45,7 @@ class KafkaSink:
         Longest a send may block waiting for metadata or buffer space.
     """
 
-    def __init__(self, settings: Settings, *, retry_s: float = 2.0, max_block_ms: int = 1000):
+    def __init__(self, settings: KafkaSettings, *, retry_s: float = 2.0, max_block_ms: int = 1000):
         if retry_s <= 0:
             raise ValueError("retry_s must be positive")
         self.settings = settings

@@ -1,4 +1,4 @@
-"""kafka-python clients built from Settings, topic creation, and dead-letter routing.
+"""kafka-python clients built from KafkaSettings, topic creation, and dead-letter routing.
 
 Every client is configured here, so security settings and the Tansu workarounds are
 applied in one place rather than sprinkled around the services.
@@ -36,7 +36,7 @@ from kafka.errors import (
 from kafka.net.compat import KafkaNetClient as KafkaClient
 
 from pipeline.io.errors import BrokerError
-from pipeline.io.settings import Settings
+from pipeline.io.settings import KafkaSettings
 from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, key_of
 
 __all__ = [
@@ -59,11 +59,11 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 
-def registry_of(settings: Settings) -> TopicRegistry:
+def registry_of(settings: KafkaSettings) -> TopicRegistry:
     return TopicRegistry(prefix=settings.topic_prefix)
 
 
-def client_config(settings: Settings) -> dict[str, Any]:
+def client_config(settings: KafkaSettings) -> dict[str, Any]:
     """Connection and security options shared by every kafka-python client."""
     if not settings.kafka_bootstrap:
         raise BrokerError("STEPGUARD_KAFKA_BOOTSTRAP is not set")
@@ -90,7 +90,7 @@ def client_config(settings: Settings) -> dict[str, Any]:
     return cfg
 
 
-def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
+def make_producer(settings: KafkaSettings, **overrides: Any) -> KafkaProducer:
     """A producer that waits for the leader's ack; idempotence off on Tansu (docs/backends.md)."""
     cfg = client_config(settings) | {
         "acks": 1 if settings.is_tansu else "all",
@@ -117,12 +117,14 @@ def make_producer(settings: Settings, **overrides: Any) -> KafkaProducer:
         raise BrokerError(f"cannot connect producer to {settings.kafka_bootstrap}: {exc}") from exc
 
 
-def control_producer(settings: Settings) -> KafkaProducer:
+def control_producer(settings: KafkaSettings) -> KafkaProducer:
     """A producer for low-volume topics that are read back to their end."""
     return make_producer(settings, batch_size=1, linger_ms=0)
 
 
-def consumer_config(settings: Settings, group_id: str | None, **overrides: Any) -> dict[str, Any]:
+def consumer_config(
+    settings: KafkaSettings, group_id: str | None, **overrides: Any
+) -> dict[str, Any]:
     """Options of every stepguard consumer: manual commits, from the earliest offset,
     large fetches, and short group timeouts on Tansu (its JoinGroup waits half the
     session timeout)."""
@@ -137,7 +139,7 @@ def consumer_config(settings: Settings, group_id: str | None, **overrides: Any) 
     return cfg | overrides
 
 
-def aiokafka_consumer_config(settings: Settings, group_id: str | None) -> dict[str, Any]:
+def aiokafka_consumer_config(settings: KafkaSettings, group_id: str | None) -> dict[str, Any]:
     """:func:`consumer_config` spelled for aiokafka (the archiver's bulk consumer)."""
     cfg = consumer_config(settings, group_id)
     out: dict[str, Any] = {
@@ -169,7 +171,7 @@ def aiokafka_consumer_config(settings: Settings, group_id: str | None) -> dict[s
 
 
 def make_consumer(
-    settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
+    settings: KafkaSettings, topics: Iterable[str], group_id: str | None, **overrides: Any
 ) -> KafkaConsumer:
     """A consumer with manual commits (commit after the work is done)."""
     cfg = consumer_config(settings, group_id, **overrides)
@@ -182,7 +184,7 @@ def make_consumer(
 
 
 def create_topics(
-    settings: Settings, logical: Iterable[str] | None = None, partitions: int | None = None
+    settings: KafkaSettings, logical: Iterable[str] | None = None, partitions: int | None = None
 ) -> dict[str, str]:
     """Create the registry's topics with explicit partition counts (idempotent)."""
     registry = registry_of(settings)
@@ -301,7 +303,7 @@ def _partitions(consumer: KafkaConsumer, topics: Iterable[str]) -> list[TopicPar
 
 
 def assigned_consumer(
-    settings: Settings, topics: Iterable[str], group_id: str | None, **overrides: Any
+    settings: KafkaSettings, topics: Iterable[str], group_id: str | None, **overrides: Any
 ) -> KafkaConsumer:
     """A consumer assigned every partition of ``topics`` (manual commits)."""
     cfg = consumer_config(settings, group_id, **overrides)
@@ -314,7 +316,7 @@ def assigned_consumer(
 
 
 def read_back(
-    settings: Settings,
+    settings: KafkaSettings,
     logical: str,
     *,
     max_poll_records: int = 500,

@@ -83,7 +83,7 @@ import binascii
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -91,7 +91,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.io.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "ROLES", "Role", "Settings", "load_settings", "parse_keys"]
+__all__ = [
+    "ENV_PREFIX",
+    "ROLES",
+    "ClientSettings",
+    "KafkaSettings",
+    "KeySettings",
+    "Role",
+    "Settings",
+    "load_client_settings",
+    "load_settings",
+    "parse_keys",
+]
 
 ENV_PREFIX = "STEPGUARD_"
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
@@ -131,8 +142,8 @@ def parse_keys(text: str) -> list[tuple[str, bytes]]:
     return pairs
 
 
-class Settings(BaseSettings):
-    """Every knob of stepguard. Frozen: derive a changed copy with ``model_copy``."""
+class KafkaSettings(BaseSettings):
+    """How to reach the broker: bootstrap, security, topic prefix (every floor needs it)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
@@ -148,6 +159,117 @@ class Settings(BaseSettings):
     kafka_ssl_keyfile: Path | None = None
     broker_flavor: Literal["kafka", "tansu"] = "kafka"
     topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._\-]*$", max_length=100)
+
+    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
+    @classmethod
+    def _check_tls_file(cls, value: Path | None) -> Path | None:
+        # a typo'd CA path would otherwise surface as a TLS error at the first connect
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        value = value.strip()
+        if value and not all(_HOSTPORT.match(part.strip()) for part in value.split(",")):
+            raise ValueError("expected host:port[,host:port...]")
+        return value
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaSettings:
+        if self.kafka_security_protocol.startswith("SASL"):
+            if self.kafka_sasl_mechanism is None:
+                raise ValueError(
+                    "KAFKA_SASL_MECHANISM is required with "
+                    f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}"
+                )
+            if not self.kafka_sasl_username or self.kafka_sasl_password is None:
+                raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
+        return self
+
+    @property
+    def is_tansu(self) -> bool:
+        return self.broker_flavor == "tansu"
+
+
+class KeySettings(BaseSettings):
+    """Signing keys per role: a role's private key signs, the others' public keys verify."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
+    #: Ed25519 keys, ``key_id:base64`` (``stepguard keys generate``): a role's private
+    #: key signs what it publishes, its public keys verify (all listed: rotation)
+    actuator_private_key: SecretStr | None = None
+    actuator_public_keys: str = ""
+    worker_private_key: SecretStr | None = None
+    worker_public_keys: str = ""
+    operator_private_key: SecretStr | None = None
+    operator_public_keys: str = ""
+    executor_private_key: SecretStr | None = None
+    executor_public_keys: str = ""
+
+    @field_validator(
+        "actuator_private_key", "worker_private_key", "operator_private_key",
+        "executor_private_key",
+    )  # fmt: skip
+    @classmethod
+    def _check_private_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        try:
+            pairs = parse_keys(value.get_secret_value())
+        except ValueError:  # the message could quote the secret
+            raise ValueError(
+                "expected key_id:base64 (32 bytes; see `stepguard keys generate`)"
+            ) from None
+        if len(pairs) != 1:
+            raise ValueError("expected exactly one key_id:base64 (the key that signs)")
+        return value
+
+    @field_validator(
+        "actuator_public_keys", "worker_public_keys", "operator_public_keys",
+        "executor_public_keys",
+    )  # fmt: skip
+    @classmethod
+    def _check_public_keys(cls, value: str) -> str:
+        value = value.strip()
+        if value:
+            parse_keys(value)
+        return value
+
+    def private_key(self, role: Role) -> tuple[str, bytes] | None:
+        """(key_id, raw Ed25519 private key) of ``role``, or ``None`` when not set."""
+        secret: SecretStr | None = getattr(self, f"{role}_private_key")
+        return None if secret is None else parse_keys(secret.get_secret_value())[0]
+
+    def public_keys(self, role: Role) -> list[tuple[str, bytes]]:
+        """(key_id, raw Ed25519 public key) pairs that verify what ``role`` signed."""
+        text: str = getattr(self, f"{role}_public_keys")
+        return parse_keys(text) if text else []
+
+
+class ClientSettings(KafkaSettings, KeySettings):
+    """What training code needs (:mod:`pipeline.client`): the broker, the keys, the clock
+    skew allowed and the listener's metrics port. Build it with :func:`load_client_settings`;
+    a full :class:`Settings` is one too, so services can hand theirs down."""
+
+    #: a record dated more than this beyond the wall clock is dead-lettered
+    max_clock_skew_s: float = Field(default=300.0, gt=0)
+    #: the CommandListener's, inside training code (0: off; one per process on a host)
+    listener_metrics_port: int = Field(default=0, ge=0, le=65535)
+
+
+class Settings(ClientSettings):
+    """Every knob of stepguard: the client's, then one section per role (worker, actuator,
+    executors, archive). Frozen: derive a changed copy with ``model_copy``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
     consumer_group: str = Field(default="stepguard", min_length=1)
 
     # -- worker -------------------------------------------------------------------------
@@ -156,8 +278,6 @@ class Settings(BaseSettings):
     actuator_metrics_port: int = Field(default=9109, ge=0, le=65535)
     executor_metrics_port: int = Field(default=9110, ge=0, le=65535)
     archiver_metrics_port: int = Field(default=9111, ge=0, le=65535)
-    #: the CommandListener's, inside training code (0: off; one per process on a host)
-    listener_metrics_port: int = Field(default=0, ge=0, le=65535)
     worker_store: str = Field(default="memory://", pattern=r"^(memory|rocksdb)://.*$")
     worker_data_dir: Path = Path(".stepguard/worker")
     #: snapshot a job's detector state to the table after this many completed steps ...
@@ -183,8 +303,6 @@ class Settings(BaseSettings):
     job_idle_ttl_s: float = Field(default=3600.0, gt=0)
     #: distinct ranks one job may have; records of further ranks are dead-lettered
     max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
-    #: a record dated more than this beyond the wall clock is dead-lettered
-    max_clock_skew_s: float = Field(default=300.0, gt=0)
     #: detector thresholds of new jobs (pipeline/io/detector_config.py); None: defaults
     detector_config: Path | None = None
 
@@ -193,16 +311,6 @@ class Settings(BaseSettings):
     #: per action kind, a mode overriding actuator_mode: ``kind=mode,...`` (e.g.
     #: ``replace_at_checkpoint=auto,restart=approve``); control --mode-for changes it
     actuator_action_modes: str = ""
-    #: Ed25519 keys, ``key_id:base64`` (``stepguard keys generate``): a role's private
-    #: key signs what it publishes, its public keys verify (all listed: rotation)
-    actuator_private_key: SecretStr | None = None
-    actuator_public_keys: str = ""
-    worker_private_key: SecretStr | None = None
-    worker_public_keys: str = ""
-    operator_private_key: SecretStr | None = None
-    operator_public_keys: str = ""
-    executor_private_key: SecretStr | None = None
-    executor_public_keys: str = ""
     command_ttl_s: float = Field(default=300.0, gt=0)
     #: a WARNING episode must persist this many steps before it confirms
     warning_confirm_steps: int = Field(default=20, ge=1)
@@ -248,22 +356,6 @@ class Settings(BaseSettings):
     chdb_path: Path = Path(".stepguard/archive")
     state_dir: Path = Path(".stepguard")
 
-    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
-    @classmethod
-    def _check_tls_file(cls, value: Path | None) -> Path | None:
-        # a typo'd CA path would otherwise surface as a TLS error at the first connect
-        if value is not None and not value.is_file():
-            raise ValueError(f"no such file: {value}")
-        return value
-
-    @field_validator("kafka_bootstrap")
-    @classmethod
-    def _check_bootstrap(cls, value: str) -> str:
-        value = value.strip()
-        if value and not all(_HOSTPORT.match(part.strip()) for part in value.split(",")):
-            raise ValueError("expected host:port[,host:port...]")
-        return value
-
     @field_validator("clickhouse_dsn")
     @classmethod
     def _check_dsn(cls, value: SecretStr | None) -> SecretStr | None:
@@ -273,57 +365,6 @@ class Settings(BaseSettings):
         if parts.scheme not in ("clickhouse", "clickhouses") or not parts.hostname:
             raise ValueError("expected clickhouse://[user[:password]@]host[:port][/database]")
         return value
-
-    @model_validator(mode="after")
-    def _check_security(self) -> Settings:
-        if self.kafka_security_protocol.startswith("SASL"):
-            if self.kafka_sasl_mechanism is None:
-                raise ValueError(
-                    "KAFKA_SASL_MECHANISM is required with "
-                    f"KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}"
-                )
-            if not self.kafka_sasl_username or self.kafka_sasl_password is None:
-                raise ValueError("KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required")
-        return self
-
-    @field_validator(
-        "actuator_private_key", "worker_private_key", "operator_private_key",
-        "executor_private_key",
-    )  # fmt: skip
-    @classmethod
-    def _check_private_key(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None or not value.get_secret_value().strip():
-            return None
-        try:
-            pairs = parse_keys(value.get_secret_value())
-        except ValueError:  # the message could quote the secret
-            raise ValueError(
-                "expected key_id:base64 (32 bytes; see `stepguard keys generate`)"
-            ) from None
-        if len(pairs) != 1:
-            raise ValueError("expected exactly one key_id:base64 (the key that signs)")
-        return value
-
-    @field_validator(
-        "actuator_public_keys", "worker_public_keys", "operator_public_keys",
-        "executor_public_keys",
-    )  # fmt: skip
-    @classmethod
-    def _check_public_keys(cls, value: str) -> str:
-        value = value.strip()
-        if value:
-            parse_keys(value)
-        return value
-
-    def private_key(self, role: Role) -> tuple[str, bytes] | None:
-        """(key_id, raw Ed25519 private key) of ``role``, or ``None`` when not set."""
-        secret: SecretStr | None = getattr(self, f"{role}_private_key")
-        return None if secret is None else parse_keys(secret.get_secret_value())[0]
-
-    def public_keys(self, role: Role) -> list[tuple[str, bytes]]:
-        """(key_id, raw Ed25519 public key) pairs that verify what ``role`` signed."""
-        text: str = getattr(self, f"{role}_public_keys")
-        return parse_keys(text) if text else []
 
     @field_validator("actuator_action_modes")
     @classmethod
@@ -350,24 +391,40 @@ class Settings(BaseSettings):
     def archive_backend(self) -> Literal["server", "chdb"]:
         return "server" if self.clickhouse_dsn is not None else "chdb"
 
-    @property
-    def is_tansu(self) -> bool:
-        return self.broker_flavor == "tansu"
-
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
     """Read settings from ``env`` (default: the process environment) plus overrides.
 
     Raises :class:`ConfigError` naming the ``STEPGUARD_*`` variable that is wrong.
     """
+    return _load(Settings, env, overrides)
+
+
+def load_client_settings(
+    env: Mapping[str, str] | None = None, **overrides: object
+) -> ClientSettings:
+    """:func:`load_settings` for training code: only the client's variables are read.
+
+    >>> load_client_settings({"STEPGUARD_KAFKA_BOOTSTRAP": "k1:9092"}).kafka_bootstrap
+    'k1:9092'
+    >>> "worker_max_jobs" in ClientSettings.model_fields
+    False
+    """
+    return _load(ClientSettings, env, overrides)
+
+
+_S = TypeVar("_S", bound=BaseSettings)
+
+
+def _load(cls: type[_S], env: Mapping[str, str] | None, overrides: dict[str, object]) -> _S:
     try:
         if env is None:
-            return Settings(**overrides)  # type: ignore[arg-type]
-        values = {
+            return cls(**overrides)  # type: ignore[arg-type]
+        values: dict[str, object] = {
             k[len(ENV_PREFIX) :].lower(): v for k, v in env.items() if k.startswith(ENV_PREFIX)
         }
         values.update(overrides)
-        return Settings.model_validate(values)
+        return cls.model_validate(values)
     except ValidationError as exc:
         problems = []
         for err in exc.errors(include_url=False):

@@ -61,7 +61,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from pipeline.io.errors import ConfigError
-from pipeline.io.settings import Role, Settings
+from pipeline.io.settings import KeySettings, Role
 from schemas import (
     ActionRecord,
     ActuatorMode,
@@ -135,7 +135,7 @@ def _variable(role: Role, kind: str) -> str:
     return f"STEPGUARD_{role.upper()}_{kind}"
 
 
-def signing_key(settings: Settings, role: Role, needed_by: str) -> SigningKey:
+def signing_key(settings: KeySettings, role: Role, needed_by: str) -> SigningKey:
     """The key ``role`` signs with; :class:`ConfigError` naming the variable if unset."""
     pair = settings.private_key(role)
     if pair is None:
@@ -147,7 +147,7 @@ def signing_key(settings: Settings, role: Role, needed_by: str) -> SigningKey:
 
 
 def public_keys(
-    settings: Settings, role: Role, needed_by: str | None = None
+    settings: KeySettings, role: Role, needed_by: str | None = None
 ) -> dict[str, Ed25519PublicKey]:
     """The keys that verify what ``role`` signed. With ``needed_by``, none configured is
     a :class:`ConfigError` naming the variable; a role's own private key always counts."""
@@ -167,7 +167,7 @@ def public_keys(
     return keys
 
 
-def ephemeral_keys(settings: Settings, key_id: str, roles: Sequence[Role]) -> dict[str, Any]:
+def ephemeral_keys(settings: KeySettings, key_id: str, roles: Sequence[Role]) -> dict[str, Any]:
     """Settings updates that give each of ``roles`` without a private key a fresh key
     pair (the demo: nothing to configure, nothing that outlives the run)."""
     from pydantic import SecretStr

@@ -175,8 +175,12 @@ def test_exporters_never_publish_a_step_or_health_report_dated_in_the_future(s):
     exporter = StepExporter.direct(s, job_id="job-1", node="n0", ranks_per_node=1,
                                    register_atexit=False)  # fmt: skip
     tomorrow = time.time() + DAY.total_seconds()
-    assert not exporter.record_step(1, 0, 1.0, 0.8, 0.1, 0.1, ts_end=tomorrow)
-    assert exporter.record_step(2, 0, 1.0, 0.8, 0.1, 0.1)  # training goes on
+    assert not exporter.record_step(
+        1, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1, ts_end=tomorrow
+    )
+    assert exporter.record_step(
+        2, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1
+    )  # training goes on
     stats = exporter.close(timeout=10)
     assert stats.future_dated == 1
     assert [r.message.step for r in read_back(s, "steps")] == [2]

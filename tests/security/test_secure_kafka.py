@@ -110,7 +110,15 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
     )
     for step in range(5):
         for rank in range(2):
-            exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
+            exporter.record_step(
+                step,
+                rank,
+                step_time_s=1.0,
+                compute_s=0.8,
+                comm_wait_s=0.15,
+                data_wait_s=0.05,
+                local_rank=rank,
+            )
     stats = exporter.close()
     assert (stats.sent, stats.dropped) == (5 + 2, 0)
 
@@ -352,7 +360,15 @@ def test_a_live_worker_consumes_steps_with_its_principal(secure_kafka, topics, t
     )  # fmt: skip
     for step in range(20):
         for rank in range(2):
-            exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
+            exporter.record_step(
+                step,
+                rank,
+                step_time_s=1.0,
+                compute_s=0.8,
+                comm_wait_s=0.15,
+                data_wait_s=0.05,
+                local_rank=rank,
+            )
     assert exporter.close().dropped == 0
     steps = TopicRegistry(k.prefix).name("steps")
     worker = subprocess.Popen(

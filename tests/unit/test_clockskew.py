@@ -95,10 +95,30 @@ def test_the_step_exporter_drops_a_future_dated_record_and_the_loop_goes_on(capl
                             announce_start=False, max_clock_skew_s=300.0)  # fmt: skip
     now = time.time()
     with caplog.at_level(logging.WARNING):
-        assert not exporter.record_step(1, 0, 1.0, 0.8, 0.1, 0.1, ts_end=now * 1000)  # ms
-        assert not exporter.record_step(1, 1, 1.0, 0.8, 0.1, 0.1, ts_start=now + 3600)
-        assert exporter.record_step(1, 2, 1.0, 0.8, 0.1, 0.1, ts_end=now + 5)  # within skew
-        assert exporter.record_step(2, 0, 1.0, 0.8, 0.1, 0.1)  # the default: now
+        assert not exporter.record_step(
+            1,
+            0,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.1,
+            data_wait_s=0.1,
+            ts_end=now * 1000,
+        )  # ms
+        assert not exporter.record_step(
+            1,
+            1,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.1,
+            data_wait_s=0.1,
+            ts_start=now + 3600,
+        )
+        assert exporter.record_step(
+            1, 2, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1, ts_end=now + 5
+        )  # within skew
+        assert exporter.record_step(
+            2, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1
+        )  # the default: now
     stats = exporter.close()
     assert [(r.step, r.rank) for r in sent.records] == [(1, 2), (2, 0)]
     assert (stats.future_dated, stats.recorded, stats.dropped) == (2, 2, 0)
@@ -112,7 +132,15 @@ def test_direct_exporters_take_the_skew_from_settings():
     exporter = StepExporter.direct(s, job_id="j", node="n0", register_atexit=False,
                                    announce_start=False)  # fmt: skip
     try:
-        assert not exporter.record_step(0, 0, 1.0, 0.8, 0.1, 0.1, ts_end=time.time() + 60)
+        assert not exporter.record_step(
+            0,
+            0,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.1,
+            data_wait_s=0.1,
+            ts_end=time.time() + 60,
+        )
     finally:
         stats = exporter.close(timeout=1, reason=None)
     assert stats.future_dated == 1
