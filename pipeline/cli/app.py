@@ -67,7 +67,8 @@ def demo(
 
     Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
     """
-    from pipeline.tools.demo import print_summary, run_demo, write_json
+    from pipeline.tools.demo import run_demo
+    from pipeline.tools.demo_summary import print_summary, write_json
     from pipeline.tools.simulator import find_scenario, resize_scenario
 
     settings = _settings()
@@ -174,7 +175,7 @@ def plan(
     """Monte-Carlo of a job's faults under passive, active and hybrid policies: lost
     GPU-hours and goodput with 95% CIs, the best checkpoint interval beside Young/Daly,
     the spare pool; --sweep-gpus says which policy wins at which scale."""
-    from pipeline.tools.plan import run_plan
+    from pipeline.tools.plan_run import run_plan
 
     def numbers(text: str | None, kind: type) -> list:
         try:
@@ -277,14 +278,14 @@ def calibrate(
 
 
 def _since_arg(since: str | None) -> datetime | None:
-    from pipeline.services.archive.retention import parse_age
+    from pipeline.io.duration import parse_duration
 
     if since is None:
         return None
     try:
-        return datetime.now(UTC) - parse_age(since)
+        return datetime.now(UTC) - parse_duration(since)
     except ValueError as exc:
-        raise typer.BadParameter(f"--since: expected e.g. 30d or 12h, got {since!r}") from exc
+        raise typer.BadParameter(str(exc), param_hint="--since") from exc
 
 
 @app.command()
@@ -512,11 +513,12 @@ def archive_prune(
     dry_run: Annotated[bool, typer.Option(help="Only list what would be dropped.")] = False,
 ) -> None:
     """Drop whole daily partitions older than the given age from every archive table."""
+    from pipeline.io.duration import parse_duration
     from pipeline.services.archive import open_backend
-    from pipeline.services.archive.retention import parse_age, prune
+    from pipeline.services.archive.retention import prune
 
     try:
-        age = parse_age(older_than)
+        age = parse_duration(older_than)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
     backend = open_backend(_settings())

@@ -67,7 +67,12 @@ STEPGUARD_WARNING_CONFIRM_S   seconds a WARNING must persist (or WARNING_CONFIRM
 STEPGUARD_GUARD_JOB_NODES     job size for the percentage guardrail (0: unknown)
 STEPGUARD_GUARD_MAX_ISOLATIONS_GLOBAL  isolations per guard window across all jobs
                               (beside the per-job breaker; default 10)
-STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor
+STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor (``squeue``
+                              is taken from the same folder)
+STEPGUARD_SLURM_JOBS          stepguard jobs that are Slurm jobs: ``job=slurm_id[,...]``
+                              (the Slurm executor requeues them on RESTART)
+STEPGUARD_SLURM_JOB_PREFIX    ... and every job id ``<prefix><slurm_id>``, e.g.
+                              ``slurm-`` for ``slurm-1234`` (empty: none)
 STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
 STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
                               commands, actions, cooldowns, repair marks, job sizes)
@@ -356,6 +361,11 @@ class Settings(ClientSettings):
     webhook_retries: int = Field(default=3, ge=0)
     #: the ``scontrol`` executable used by the Slurm executor
     slurm_scontrol: str = "scontrol"
+    #: stepguard job ids that are Slurm jobs, ``job=slurm_job_id[,...]``: RESTART of them
+    #: is a requeue (:class:`pipeline.services.actuator.slurm.SlurmJobs`)
+    slurm_jobs: str = ""
+    #: ... and job ids made of this prefix and a Slurm job id (empty: none)
+    slurm_job_prefix: str = Field(default="", max_length=64)
     #: a held action nobody approved or rejected for this long expires (archived)
     hold_ttl_s: float = Field(default=1800.0, gt=0)
     #: hard cap of each of the actuator's memory maps (oldest dropped first); the

@@ -681,6 +681,9 @@ class Policy:
         expires = now + timedelta(seconds=self.params.command_ttl_s)
         known = self._nodes.get(alert.job_id)
         hint = None if known is None else tuple(known.names)
+        # what was seen, not what to do: the Slurm drain reason names it
+        detail = alert.evidence.detail
+        cause = (f"{alert.kind.value}: {detail}" if detail else alert.summary)[:500] or None
 
         def cmd(
             kind: CommandKind,
@@ -695,6 +698,7 @@ class Policy:
                 checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
                 expires_at=expires, summary=(summary or alert.summary)[:500],
                 job_nodes=hint if targets and kind in _SCOPED else None,
+                cause=cause, incident=alert.incident or None,
             )  # fmt: skip
 
         nodes = (node,) if node else ()

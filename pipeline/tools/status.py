@@ -37,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from kafka import TopicPartition
@@ -46,6 +46,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from pipeline.io.duration import parse_duration
 from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import Decoded, assigned_consumer, client_config, registry_of
 from pipeline.io.settings import Settings
@@ -74,7 +75,6 @@ __all__ = [
     "follow_alerts",
     "incidents_from",
     "jobs_from",
-    "parse_since",
     "render_status",
 ]
 
@@ -577,29 +577,6 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
 # -- alerts ----------------------------------------------------------------------------------
 
 
-def parse_since(text: str) -> timedelta:
-    """``30s``, ``10m``, ``2h``, ``1d`` to a timedelta.
-
-    >>> parse_since("10m")
-    datetime.timedelta(seconds=600)
-    >>> parse_since("ten")
-    Traceback (most recent call last):
-    ...
-    ValueError: expected a number and a unit (s, m, h, d), e.g. 10m; got 'ten'
-    """
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    t = text.strip().lower()
-    try:
-        n = float(t[:-1])
-        if t[-1] not in units or n < 0:
-            raise ValueError
-    except (ValueError, IndexError):
-        raise ValueError(
-            f"expected a number and a unit (s, m, h, d), e.g. 10m; got {text!r}"
-        ) from None
-    return timedelta(seconds=n * units[t[-1]])
-
-
 @dataclass(frozen=True)
 class AlertFilter:
     """Which alerts ``stepguard alerts`` shows: a job, a least grade, not older than."""
@@ -722,7 +699,7 @@ def alerts_filter(
     start = None
     if since is not None:
         try:
-            start = (now or datetime.now(UTC)) - parse_since(since)
+            start = (now or datetime.now(UTC)) - parse_duration(since)
         except ValueError as exc:
             raise ValueError(f"--since: {exc}") from None
     return AlertFilter(job=job or None, grade=least, since=start)
