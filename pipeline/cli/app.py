@@ -421,7 +421,7 @@ def alerts(
 ) -> None:
     """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
     evidence, recommended action, incident. Alerts no worker key signed are marked."""
-    from pipeline.tools.status import alerts_filter, follow_alerts
+    from pipeline.tools.alerts import alerts_filter, follow_alerts
 
     try:
         keep = alerts_filter(job=job, grade=grade, since=since)

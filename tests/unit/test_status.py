@@ -11,19 +11,16 @@ from rich.console import Console
 
 from pipeline.io.duration import parse_duration
 from pipeline.io.trust import sign
+from pipeline.tools.alerts import AlertFilter, alert_line, alerts_filter, signature_mark
 from pipeline.tools.status import (
-    AlertFilter,
     HeldRow,
     ServiceRow,
     StatusSnapshot,
-    alert_line,
-    alerts_filter,
     held_from,
     incidents_from,
     jobs_from,
     render_status,
     services_from_up,
-    signature_mark,
 )
 from schemas import (
     ActionRecord,
