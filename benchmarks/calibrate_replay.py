@@ -9,7 +9,7 @@ database through the archiver's row mapping (``pipeline.tools.calibrate.seed``),
   else (the detector_throughput approach, on the same records: the same-run baseline);
 - **detector + health**: the same plus ``process_health`` of the job's health reports
   before the step they precede (what the detectors themselves cost on these records);
-- **replay**: ``pipeline.tools.calibrate.grid.replay`` (the detection core with health, commands,
+- **replay**: ``pipeline.tools.calibrate.replay.replay`` (the detection core with health, commands,
   lifecycle, clock ticks across gaps) and judging against the labels, one process;
 - **grid**: ``calibrate`` over a grid of settings with 1 and with N spawned processes,
   wall time including the processes' start: what a user waits for.
@@ -36,7 +36,8 @@ from detectors.engine import JobMonitor
 from pipeline.services.archive.backend import ChdbBackend
 from pipeline.services.archive.migrations import migrate
 from pipeline.tools.calibrate.archive import archived_jobs
-from pipeline.tools.calibrate.grid import calibrate, replay, score_job
+from pipeline.tools.calibrate.grid import calibrate
+from pipeline.tools.calibrate.replay import replay, score_job
 from pipeline.tools.calibrate.seed import seed_job
 from pipeline.tools.simulator import Scenario
 

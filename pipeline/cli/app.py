@@ -68,7 +68,8 @@ def demo(
 
     Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
     """
-    from pipeline.tools.demo import print_summary, run_demo, write_json
+    from pipeline.tools.demo import run_demo
+    from pipeline.tools.demo_summary import print_summary, write_json
     from pipeline.tools.simulator import find_scenario, resize_scenario
 
     settings = _settings()
@@ -175,7 +176,7 @@ def plan(
     """Monte-Carlo of a job's faults under passive, active and hybrid policies: lost
     GPU-hours and goodput with 95% CIs, the best checkpoint interval beside Young/Daly,
     the spare pool; --sweep-gpus says which policy wins at which scale."""
-    from pipeline.tools.plan import run_plan
+    from pipeline.tools.plan_run import run_plan
 
     def numbers(text: str | None, kind: type) -> list:
         try:
@@ -278,14 +279,14 @@ def calibrate(
 
 
 def _since_arg(since: str | None) -> datetime | None:
-    from pipeline.services.archive.retention import parse_age
+    from pipeline.io.duration import parse_duration
 
     if since is None:
         return None
     try:
-        return datetime.now(UTC) - parse_age(since)
+        return datetime.now(UTC) - parse_duration(since)
     except ValueError as exc:
-        raise typer.BadParameter(f"--since: expected e.g. 30d or 12h, got {since!r}") from exc
+        raise typer.BadParameter(str(exc), param_hint="--since") from exc
 
 
 @app.command()
@@ -354,6 +355,15 @@ def up(
             min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
         ),
     ] = None,
+    prometheus: Annotated[
+        bool | None,
+        typer.Option(
+            "--prometheus/--no-prometheus",
+            help="Run Prometheus (Debian's `prometheus` on PATH) with stepguard's alerting "
+            "rules, scraping every service (default: with --durable when installed).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start and supervise the production services as child processes (docker-compose
     without Docker): broker, topics, workers, actuator, executor, archiver.
@@ -367,7 +377,12 @@ def up(
     from pipeline.tools.up import UpOptions, run_up
 
     options = UpOptions(
-        scenario=scenario, workers=workers, speed=speed, durable=durable, base_port=base_port
+        scenario=scenario,
+        workers=workers,
+        speed=speed,
+        durable=durable,
+        base_port=base_port,
+        prometheus=prometheus,
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 
@@ -407,7 +422,7 @@ def alerts(
 ) -> None:
     """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
     evidence, recommended action, incident. Alerts no worker key signed are marked."""
-    from pipeline.tools.status import alerts_filter, follow_alerts
+    from pipeline.tools.alerts import alerts_filter, follow_alerts
 
     try:
         keep = alerts_filter(job=job, grade=grade, since=since)
@@ -441,7 +456,7 @@ def archiver(
 
     settings = _settings()
     metrics = ArchiverMetrics()
-    serve_metrics(metrics.registry, settings.archiver_metrics_port, "archiver_metrics_port")
+    serve_metrics(metrics.registry, settings, "archiver_metrics_port")
     backend = open_backend(settings)
     migrate(backend)
     stop = stop_event()
@@ -499,11 +514,12 @@ def archive_prune(
     dry_run: Annotated[bool, typer.Option(help="Only list what would be dropped.")] = False,
 ) -> None:
     """Drop whole daily partitions older than the given age from every archive table."""
+    from pipeline.io.duration import parse_duration
     from pipeline.services.archive import open_backend
-    from pipeline.services.archive.retention import parse_age, prune
+    from pipeline.services.archive.retention import prune
 
     try:
-        age = parse_age(older_than)
+        age = parse_duration(older_than)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
     backend = open_backend(_settings())

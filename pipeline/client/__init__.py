@@ -9,14 +9,26 @@ matplotlib (``tests/unit/test_import_layers.py`` checks it in a subprocess).
 """
 
 from pipeline.client.batcher import RankRecord, StepBatcher
-from pipeline.client.exporter import ExporterStats, StepExporter
+from pipeline.client.exporter import (
+    AggregatorTransport,
+    DirectTransport,
+    ExporterStats,
+    StepExporter,
+    Transport,
+)
 from pipeline.client.sink import KafkaSink, SinkStats
+from pipeline.io.settings import ClientSettings, load_client_settings
 
 __all__ = [
+    "AggregatorTransport",
+    "ClientSettings",
+    "DirectTransport",
     "ExporterStats",
     "KafkaSink",
     "RankRecord",
     "SinkStats",
     "StepBatcher",
     "StepExporter",
+    "Transport",
+    "load_client_settings",
 ]

@@ -25,6 +25,9 @@ STEPGUARD_ACTUATOR_METRICS_PORT / EXECUTOR_ / ARCHIVER_  the same for the actuat
                               (9109), an executor (9110) and the archiver (9111); two
                               of a kind on one host need distinct ports
 STEPGUARD_LISTENER_METRICS_PORT  the CommandListener's, in training code (default 0: off)
+STEPGUARD_METRICS_BIND_ADDRESS  address every metrics endpoint listens on (default
+                              127.0.0.1, loopback; ``0.0.0.0`` in a container, as the
+                              image and docker-compose set it, or for a remote scraper)
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
 STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
                               state is written to the table (steps / wall seconds)
@@ -64,7 +67,12 @@ STEPGUARD_WARNING_CONFIRM_S   seconds a WARNING must persist (or WARNING_CONFIRM
 STEPGUARD_GUARD_JOB_NODES     job size for the percentage guardrail (0: unknown)
 STEPGUARD_GUARD_MAX_ISOLATIONS_GLOBAL  isolations per guard window across all jobs
                               (beside the per-job breaker; default 10)
-STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor
+STEPGUARD_SLURM_SCONTROL      path of ``scontrol`` for the Slurm executor (``squeue``
+                              is taken from the same folder)
+STEPGUARD_SLURM_JOBS          stepguard jobs that are Slurm jobs: ``job=slurm_id[,...]``
+                              (the Slurm executor requeues them on RESTART)
+STEPGUARD_SLURM_JOB_PREFIX    ... and every job id ``<prefix><slurm_id>``, e.g.
+                              ``slurm-`` for ``slurm-1234`` (empty: none)
 STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
 STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
                               commands, actions, cooldowns, repair marks, job sizes)
@@ -81,6 +89,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -261,6 +270,22 @@ class ClientSettings(KafkaSettings, KeySettings):
     max_clock_skew_s: float = Field(default=300.0, gt=0)
     #: the CommandListener's, inside training code (0: off; one per process on a host)
     listener_metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: the address every metrics endpoint binds (the listener's and each service's):
+    #: loopback unless asked (an exposition names jobs and nodes; the image and
+    #: docker-compose set ``0.0.0.0``)
+    metrics_bind_address: str = "127.0.0.1"
+
+    @field_validator("metrics_bind_address")
+    @classmethod
+    def _check_bind_address(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                "expected an IP address to listen on (127.0.0.1, 0.0.0.0, ::1, ::)"
+            ) from None
+        return value
 
 
 class Settings(ClientSettings):
@@ -342,6 +367,11 @@ class Settings(ClientSettings):
     webhook_retries: int = Field(default=3, ge=0)
     #: the ``scontrol`` executable used by the Slurm executor
     slurm_scontrol: str = "scontrol"
+    #: stepguard job ids that are Slurm jobs, ``job=slurm_job_id[,...]``: RESTART of them
+    #: is a requeue (:class:`pipeline.services.actuator.slurm.SlurmJobs`)
+    slurm_jobs: str = ""
+    #: ... and job ids made of this prefix and a Slurm job id (empty: none)
+    slurm_job_prefix: str = Field(default="", max_length=64)
     #: a held action nobody approved or rejected for this long expires (archived)
     hold_ttl_s: float = Field(default=1800.0, gt=0)
     #: hard cap of each of the actuator's memory maps (oldest dropped first); the

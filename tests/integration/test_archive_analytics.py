@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
+from pipeline.io.duration import parse_duration
 from pipeline.services.archive import rows_for
 from pipeline.services.archive.queries import QUERIES, run_query
-from pipeline.services.archive.retention import parse_age, prune
+from pipeline.services.archive.retention import prune
 from pipeline.tools.demo import run_demo
 from pipeline.tools.report import render_report
 from pipeline.tools.simulator import find_scenario
@@ -122,14 +123,14 @@ def test_prune_drops_only_whole_old_days(archive):
     new = base.model_copy(update={"fingerprint": "f" * 24, "ts": now})
     for table, cols in rows_for([(old, 0), (new, 0)]).items():
         archive.insert(table, cols)
-    assert parse_age("30d") == timedelta(days=30)
-    would = prune(archive, parse_age("30d"), dry_run=True)
+    assert parse_duration("30d") == timedelta(days=30)
+    would = prune(archive, parse_duration("30d"), dry_run=True)
     assert [t for t, _ in would] == ["alerts"]
-    prune(archive, parse_age("30d"))
+    prune(archive, parse_duration("30d"))
     _, rows = archive.query(f"SELECT fingerprint FROM {archive.database}.alerts FINAL")
     assert rows == [("f" * 24,)]
-    with pytest.raises(ValueError, match="older-than"):
-        parse_age("soon")
+    with pytest.raises(ValueError, match="expected a number and a unit"):
+        parse_duration("soon")
 
 
 def test_the_straggler_is_one_incident_and_the_run_ended_completed(smoke_run):

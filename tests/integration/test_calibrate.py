@@ -181,11 +181,11 @@ def test_running_confirmation_is_the_settings_then_every_signed_control_change(a
 def test_apply_publishes_the_confirmation_signed_by_the_operator(settings):
     from pipeline.io.kafka import read_back
     from pipeline.io.trust import public_keys, signature_problem
-    from pipeline.tools.calibrate.command import publish_confirmation
+    from pipeline.tools.calibrate.command import publish_calibration
     from tests.factories import key_settings
 
     s = settings.model_copy(update=key_settings())
-    change = publish_confirmation(s, {"warning_confirm_steps": 5}, "calibrated")
+    change = publish_calibration(s, "calibrated", actuator={"warning_confirm_steps": 5})
     (msg,) = [d.message for d in read_back(s, "control", stall_s=30)
               if getattr(d.message, "change_id", None) == change]  # fmt: skip
     assert msg.warning_confirm_steps == 5 and msg.by == "stepguard calibrate"

@@ -19,16 +19,14 @@ from pipeline.tools.calibrate.archive import ArchivedJob, Label
 from pipeline.tools.calibrate.grid import (
     DEFAULT_GRID,
     PointResult,
-    Update,
     calibrate,
     diff_settings,
     expand_grid,
     load_grid,
     pareto_front,
     recommend,
-    replay,
-    score_job,
 )
+from pipeline.tools.calibrate.replay import Update, replay, score_job
 from pipeline.tools.simulator import Scenario, simulate
 
 

@@ -3,7 +3,7 @@ it tells the services it starts (pure helpers of ``pipeline.tools.demo``)."""
 
 from __future__ import annotations
 
-from pipeline.tools.demo import match_alerts
+from pipeline.tools.demo_summary import match_alerts
 from schemas import AlertKind, AlertState, FaultKind, FaultTruth
 from tests.factories import samples
 

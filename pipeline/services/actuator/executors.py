@@ -4,10 +4,15 @@
 Executor            Effect
 ==================  ======================================================================
 ``DryRunExecutor``  logs what it would do; every command kind
-``SlurmExecutor``   ISOLATE: ``scontrol update NodeName=X State=DRAIN Reason=...``;
-                    :meth:`SlurmExecutor.resume` puts a node back (``State=RESUME``).
-                    Argument lists only (no shell); node names must match
-                    :data:`NODE_NAME` or nothing runs.
+``SlurmExecutor``   ISOLATE: reads the node, drains it (``scontrol update ... State=DRAIN``)
+                    with the reason ``stepguard: <cause> (incident <key>)`` unless it is
+                    already drained/down/failed (that node and its reason are left alone,
+                    the result says who isolated it); RESTART of jobs configured as Slurm
+                    jobs: requeue excluding the targets; ``resume-node`` only of its own
+                    drains (``--force`` overrides). Argument lists only (no shell); node
+                    names must match :data:`NODE_NAME` or nothing runs. It lives in
+                    :mod:`pipeline.services.actuator.slurm`, the base class and
+                    errors every executor shares in :mod:`~pipeline.services.actuator.base`
 ``WebhookExecutor`` POSTs an Alertmanager webhook payload (version 4) per command to every
                     URL, with a timeout and retries; every command kind: ``firing`` when
                     it runs, ``resolved`` once the command has expired (for receivers
@@ -30,19 +35,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.io.clockskew import future_dated
-from pipeline.io.errors import StepguardError
 from pipeline.io.kafka import (
     assigned_consumer,
     consume_decoded,
@@ -63,6 +64,14 @@ from pipeline.io.trust import (
     signature_problem,
     signing_key,
 )
+from pipeline.services.actuator.base import (
+    NODE_NAME,
+    ExecutionError,
+    Executor,
+    InvalidNodeName,
+    validate_node_name,
+)
+from pipeline.services.actuator.slurm import SlurmExecutor, SlurmJobs
 from schemas import Command, CommandKind, CommandResult, CommandStatus
 
 __all__ = [
@@ -81,49 +90,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: What a node name may look like before it goes anywhere near ``scontrol``.
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:/,=+-]")
 _FINAL = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
-
-
-class ExecutionError(StepguardError):
-    """An executor could not carry out a command."""
-
-
-class InvalidNodeName(ExecutionError, ValueError):
-    """A node name failed validation; nothing was run."""
-
-
-def validate_node_name(name: str) -> str:
-    """Return ``name`` if it is a plain host name, else raise :class:`InvalidNodeName`.
-
-    >>> validate_node_name("gpu-node-017")
-    'gpu-node-017'
-    >>> validate_node_name("node1; rm -rf /")
-    Traceback (most recent call last):
-    ...
-    pipeline.services.actuator.executors.InvalidNodeName: invalid node name 'node1; rm -rf /'
-    """
-    if not NODE_NAME.fullmatch(name):
-        raise InvalidNodeName(f"invalid node name {name!r}")
-    return name
-
-
-class Executor(ABC):
-    """Carries out the command kinds it handles; ``execute`` returns a detail string."""
-
-    name: str = "executor"
-
-    @abstractmethod
-    def handles(self, cmd: Command) -> bool: ...
-
-    @abstractmethod
-    def execute(self, cmd: Command) -> str:
-        """Do it; raise :class:`ExecutionError` on failure."""
-
-    def tick(self, now: datetime) -> None:  # noqa: B027 - most executors need no time
-        """Time passes (the runner calls it after every poll)."""
 
 
 class DryRunExecutor(Executor):
@@ -139,49 +106,6 @@ class DryRunExecutor(Executor):
         )
         log.debug("%s (%s)", detail, cmd.command_id)  # the runner logs the result
         return detail
-
-
-class SlurmExecutor(Executor):
-    """Drain isolated nodes with ``scontrol`` (an argument list; never a shell)."""
-
-    name = "slurm"
-
-    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        self.scontrol = scontrol
-        self.timeout_s = timeout_s
-
-    def handles(self, cmd: Command) -> bool:
-        return cmd.kind is CommandKind.ISOLATE
-
-    def execute(self, cmd: Command) -> str:
-        nodes = [validate_node_name(n) for n in cmd.targets]  # all or nothing
-        if not nodes:
-            raise ExecutionError("ISOLATE without targets")
-        reason = _REASON_UNSAFE.sub("_", f"stepguard {cmd.command_id}: {cmd.summary}")[:200]
-        for node in nodes:
-            self._scontrol(node, "DRAIN", reason)
-        return f"drained {','.join(nodes)}"
-
-    def resume(self, node: str) -> str:
-        self._scontrol(validate_node_name(node), "RESUME", None)
-        return f"resumed {node}"
-
-    def _scontrol(self, node: str, state: str, reason: str | None) -> None:
-        argv = [self.scontrol, "update", f"NodeName={node}", f"State={state}"]
-        if reason is not None:
-            argv.append(f"Reason={reason}")
-        try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.timeout_s, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutionError(f"{argv[0]} failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise ExecutionError(
-                f"scontrol {state} {node} exited {proc.returncode}: {proc.stderr.strip()[:300]}"
-            )
 
 
 _NO_END = "0001-01-01T00:00:00Z"  # Alertmanager's "no end yet" time
@@ -326,7 +250,8 @@ def make_executor(kind: str, settings: Settings) -> Executor:
     if kind == "dry-run":
         return DryRunExecutor()
     if kind == "slurm":
-        return SlurmExecutor(settings.slurm_scontrol)
+        jobs = SlurmJobs.parse(settings.slurm_jobs, settings.slurm_job_prefix)
+        return SlurmExecutor(settings.slurm_scontrol, jobs=jobs)
     if kind == "webhook":
         return WebhookExecutor(
             settings.webhooks, timeout_s=settings.webhook_timeout_s,

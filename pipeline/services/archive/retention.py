@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 
 from pipeline.services.archive.backend import ArchiveBackend
 
-__all__ = ["ARCHIVE_TABLES", "parse_age", "prune"]
+__all__ = ["ARCHIVE_TABLES", "prune"]
 
 ARCHIVE_TABLES = (
     "steps", "health", "alerts", "commands", "command_results", "approvals",
     "dead_letters", "fault_truth", "control_changes", "actions",
 )  # fmt: skip
-_AGE = re.compile(r"^(\d+)([dh])$")
-
-
-def parse_age(text: str) -> timedelta:
-    """``30d`` or ``12h``."""
-    m = _AGE.match(text.strip())
-    if not m:
-        raise ValueError(f"--older-than: expected e.g. 30d or 12h, got {text!r}")
-    n = int(m.group(1))
-    return timedelta(days=n) if m.group(2) == "d" else timedelta(hours=n)
 
 
 def prune(

@@ -266,7 +266,8 @@ def build_app(
     table = app.Table(
         TABLE_NAME, default=None, partitions=n_partitions, key_type=bytes, value_type=bytes,
     )  # fmt: skip
-    # pickled JobState under the job id, both raw bytes (Faust would pick JSON here)
+    # the job's state under its id (statecodec bytes, never pickle), both raw
+    # (Faust would pick JSON here)
     table.key_serializer = table.value_serializer = "raw"
 
     last_read: dict[tuple[str, int], int] = {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -456,12 +456,3 @@ def archived_jobs(
         if job.frames:
             out.append(job)
     return out
-
-
-def count_labels(jobs: Sequence[ArchivedJob]) -> Mapping[str, int]:
-    """Labels per source over ``jobs``."""
-    total: dict[str, int] = defaultdict(int)
-    for j in jobs:
-        for k, v in j.label_counts.items():
-            total[k] += v
-    return dict(total)

@@ -148,12 +148,6 @@ def running_detector(backend: ArchiveBackend, base: Any) -> Any:
     return base
 
 
-def publish_confirmation(settings: Settings, values: dict[str, Any], reason: str) -> str:
-    """Publish the actuator's new confirmation settings as a signed control message
-    (the operator's key, as ``stepguard control``); returns its change id."""
-    return publish_calibration(settings, reason, actuator=values)
-
-
 def publish_calibration(
     settings: Settings,
     reason: str,
@@ -205,8 +199,8 @@ def run_calibrate(
     """Load, replay, report; ``apply`` publishes the recommended settings as a signed
     control message (workers apply the detector settings to new jobs, the actuator its
     confirmation), ``write_config`` writes the detector settings to that file."""
+    from pipeline.io.duration import parse_duration
     from pipeline.services.archive import migrate, open_backend
-    from pipeline.services.archive.retention import parse_age
 
     if apply and dry_run:
         raise ConfigError("give --apply or --dry-run, not both")
@@ -220,9 +214,9 @@ def run_calibrate(
     if bool(jobs) == bool(since):
         raise ConfigError("give --job J (one or more) or --since AGE (e.g. 30d), not both")
     try:
-        since_at = datetime.now(UTC) - parse_age(since) if since else None
+        since_at = datetime.now(UTC) - parse_duration(since) if since else None
     except ValueError as exc:
-        raise ConfigError(f"--since: expected e.g. 30d or 12h, got {since!r}") from exc
+        raise ConfigError(f"--since: {exc}") from exc
     grid = load_grid(grid_path)
     running = load_detector_config(settings.detector_config)
     backend = open_backend(settings)
