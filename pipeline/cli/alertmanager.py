@@ -30,8 +30,7 @@ def alertmanager(
         logging.getLogger("pipeline.services.alertmanager").setLevel(logging.INFO)
     settings = load_settings()
     metrics = BridgeMetrics()
-    serve_metrics(metrics.registry, settings.alertmanager_metrics_port,
-                  "alertmanager_metrics_port")  # fmt: skip
+    serve_metrics(metrics.registry, settings, "alertmanager_metrics_port")
     bridge = AlertmanagerBridge(settings, metrics=metrics)
     err.print(
         f"alertmanager bridge: {url_origin(settings.alertmanager)}, cluster "

@@ -39,6 +39,7 @@ from pipeline.io.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.io.metrics import service_registry
 from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, signature_problem
 from pipeline.services.alertmanager.client import AlertmanagerClient, AlertSink
@@ -74,7 +75,7 @@ class BridgeMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_alertmanager_"
         self.inputs = Counter(p + "inputs", "Decisions read, by result.", ["result"], registry=reg)
         self.sent = Counter(p + "alerts_sent", "Alerts posted.", ["state"], registry=reg)
