@@ -17,13 +17,8 @@ from rich.text import Text
 from pipeline.io.duration import parse_duration
 from pipeline.io.kafka import Decoded
 from pipeline.io.settings import Settings
-from pipeline.tools.status import (
-    DEFAULT_WINDOW,
-    GRADE_SHORT,
-    GRADE_STYLE,
-    TopicTail,
-    quiet_client_logs,
-)
+from pipeline.tools.status import GRADE_SHORT, GRADE_STYLE
+from pipeline.tools.tail import DEFAULT_WINDOW, TopicTail, quiet_client_logs
 from schemas import (
     Alert,
     AlertKind,
