@@ -143,7 +143,7 @@ def actuator(
         logging.getLogger("pipeline.services.actuator").setLevel(logging.INFO)
     settings = load_settings()
     metrics = ActuatorMetrics()
-    serve_metrics(metrics.registry, settings.actuator_metrics_port, "actuator_metrics_port")
+    serve_metrics(metrics.registry, settings, "actuator_metrics_port")
     act = Actuator(settings, crash_after_publish=crash_after_publish, metrics=metrics)
     err.print(
         f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
@@ -343,7 +343,7 @@ def executor(
     # one INFO line per command it answers (id, kind, job, targets, result)
     logging.getLogger("pipeline.services.actuator.executors").setLevel(logging.INFO)
     metrics = ExecutorMetrics()
-    serve_metrics(metrics.registry, settings.executor_metrics_port, "executor_metrics_port")
+    serve_metrics(metrics.registry, settings, "executor_metrics_port")
     runner = ExecutorRunner(settings, make_executor(kind, settings), metrics=metrics)
     err.print(f"executor {kind}: {len(runner.done)} commands already done")
     stop = stop_event()
@@ -354,8 +354,24 @@ def executor(
 
 
 @commands.command("resume-node")
-def resume_node(node: Annotated[str, typer.Argument(help="Slurm node to put back.")]) -> None:
-    """Put a drained node back into service (`scontrol update ... State=RESUME`)."""
-    from pipeline.services.actuator.executors import SlurmExecutor
+def resume_node(
+    node: Annotated[str, typer.Argument(help="Slurm node to put back.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Resume it even if someone else drained it (logged).")
+    ] = False,
+) -> None:
+    """Put a node stepguard drained back into service (`scontrol update ... State=RESUME`).
 
-    console.print(SlurmExecutor(load_settings().slurm_scontrol).resume(node))
+    A node drained, downed or failed by someone else (its reason does not begin with
+    ``stepguard:``) is left alone unless ``--force`` is given.
+    """
+    from pipeline.services.actuator.executors import ExecutionError
+    from pipeline.services.actuator.slurm import SlurmExecutor
+
+    logging.getLogger("pipeline.services.actuator.slurm").setLevel(logging.INFO)
+    try:
+        done = SlurmExecutor(load_settings().slurm_scontrol).resume(node, force=force)
+    except ExecutionError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(done.describe())

@@ -28,8 +28,9 @@ from pipeline.io.kafka import (
     registry_of,
 )
 from pipeline.io.trust import SigningKey, check_command, sign, signature_problem
-from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner, SlurmExecutor
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
 from pipeline.services.actuator.service import Actuator
+from pipeline.services.actuator.slurm import SlurmExecutor
 from schemas import (
     TOPICS,
     ActionRecord,
@@ -327,7 +328,14 @@ def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_pa
     log = tmp_path / "argv.jsonl"
     exe = tmp_path / "scontrol"
     record = f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-    exe.write_text("#!/usr/bin/env python3\nimport json, sys\n" + record)
+    # `show node X`: idle until it was drained, then drained by stepguard
+    show = (
+        "if sys.argv[1] == 'show':\n"
+        f"    drained = 'State=DRAIN' in open({str(log)!r}).read()\n"
+        "    state = 'IDLE+DRAIN\\n   Reason=stepguard: x' if drained else 'IDLE'\n"
+        "    print(f'NodeName={sys.argv[3]}\\n   State={state}')\n"
+    )
+    exe.write_text("#!/usr/bin/env python3\nimport json, sys\n" + record + show)
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     evil = signed_command(
         act_settings, CommandKind.ISOLATE, "cmd-evil", targets=("node1; rm -rf /",)
@@ -352,7 +360,8 @@ def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_pa
     )  # fmt: skip
     assert results["cmd-good"].status is CommandStatus.SUCCEEDED
     argv = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [a[:3] for a in argv] == [["update", "NodeName=node-3", "State=DRAIN"]]
+    writes = [a[:3] for a in argv if a[0] != "show"]  # it reads the node before and after
+    assert writes == [["update", "NodeName=node-3", "State=DRAIN"]]
 
 
 # -- the job controller (CommandListener) ----------------------------------------------------

@@ -4,12 +4,19 @@
 Executor            Effect
 ==================  ======================================================================
 ``DryRunExecutor``  logs what it would do; every command kind
-``SlurmExecutor``   ISOLATE: ``scontrol update NodeName=X State=DRAIN Reason=...``;
-                    :meth:`SlurmExecutor.resume` puts a node back (``State=RESUME``).
-                    Argument lists only (no shell); node names must match
-                    :data:`NODE_NAME` or nothing runs.
+``SlurmExecutor``   ISOLATE: reads the node, drains it (``scontrol update ... State=DRAIN``)
+                    with the reason ``stepguard: <cause> (incident <key>)`` unless it is
+                    already drained/down/failed (that node and its reason are left alone,
+                    the result says who isolated it); RESTART of jobs configured as Slurm
+                    jobs: requeue excluding the targets; ``resume-node`` only of its own
+                    drains (``--force`` overrides). Argument lists only (no shell); node
+                    names must match :data:`NODE_NAME` or nothing runs. It lives in
+                    :mod:`pipeline.services.actuator.slurm`, the base class and
+                    errors every executor shares in :mod:`~pipeline.services.actuator.base`
 ``WebhookExecutor`` POSTs an Alertmanager webhook payload (version 4) per command to every
-                    URL, with a timeout and retries; every command kind
+                    URL, with a timeout and retries; every command kind: ``firing`` when
+                    it runs, ``resolved`` once the command has expired (for receivers
+                    without Alertmanager; ``stepguard alertmanager`` sends episodes)
 job controller      the training job itself, via :class:`pipeline.client.listener.CommandListener`
 ==================  ======================================================================
 
@@ -28,18 +35,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.io.clockskew import future_dated
-from pipeline.io.errors import StepguardError
 from pipeline.io.kafka import (
     assigned_consumer,
     consume_decoded,
@@ -60,6 +64,14 @@ from pipeline.io.trust import (
     signature_problem,
     signing_key,
 )
+from pipeline.services.actuator.base import (
+    NODE_NAME,
+    ExecutionError,
+    Executor,
+    InvalidNodeName,
+    validate_node_name,
+)
+from pipeline.services.actuator.slurm import SlurmExecutor, SlurmJobs
 from schemas import Command, CommandKind, CommandResult, CommandStatus
 
 __all__ = [
@@ -78,46 +90,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: What a node name may look like before it goes anywhere near ``scontrol``.
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:/,=+-]")
 _FINAL = (CommandStatus.SUCCEEDED, CommandStatus.FAILED)
-
-
-class ExecutionError(StepguardError):
-    """An executor could not carry out a command."""
-
-
-class InvalidNodeName(ExecutionError, ValueError):
-    """A node name failed validation; nothing was run."""
-
-
-def validate_node_name(name: str) -> str:
-    """Return ``name`` if it is a plain host name, else raise :class:`InvalidNodeName`.
-
-    >>> validate_node_name("gpu-node-017")
-    'gpu-node-017'
-    >>> validate_node_name("node1; rm -rf /")
-    Traceback (most recent call last):
-    ...
-    pipeline.services.actuator.executors.InvalidNodeName: invalid node name 'node1; rm -rf /'
-    """
-    if not NODE_NAME.fullmatch(name):
-        raise InvalidNodeName(f"invalid node name {name!r}")
-    return name
-
-
-class Executor(ABC):
-    """Carries out the command kinds it handles; ``execute`` returns a detail string."""
-
-    name: str = "executor"
-
-    @abstractmethod
-    def handles(self, cmd: Command) -> bool: ...
-
-    @abstractmethod
-    def execute(self, cmd: Command) -> str:
-        """Do it; raise :class:`ExecutionError` on failure."""
 
 
 class DryRunExecutor(Executor):
@@ -135,84 +108,53 @@ class DryRunExecutor(Executor):
         return detail
 
 
-class SlurmExecutor(Executor):
-    """Drain isolated nodes with ``scontrol`` (an argument list; never a shell)."""
-
-    name = "slurm"
-
-    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        self.scontrol = scontrol
-        self.timeout_s = timeout_s
-
-    def handles(self, cmd: Command) -> bool:
-        return cmd.kind is CommandKind.ISOLATE
-
-    def execute(self, cmd: Command) -> str:
-        nodes = [validate_node_name(n) for n in cmd.targets]  # all or nothing
-        if not nodes:
-            raise ExecutionError("ISOLATE without targets")
-        reason = _REASON_UNSAFE.sub("_", f"stepguard {cmd.command_id}: {cmd.summary}")[:200]
-        for node in nodes:
-            self._scontrol(node, "DRAIN", reason)
-        return f"drained {','.join(nodes)}"
-
-    def resume(self, node: str) -> str:
-        self._scontrol(validate_node_name(node), "RESUME", None)
-        return f"resumed {node}"
-
-    def _scontrol(self, node: str, state: str, reason: str | None) -> None:
-        argv = [self.scontrol, "update", f"NodeName={node}", f"State={state}"]
-        if reason is not None:
-            argv.append(f"Reason={reason}")
-        try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.timeout_s, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutionError(f"{argv[0]} failed: {exc}") from exc
-        if proc.returncode != 0:
-            raise ExecutionError(
-                f"scontrol {state} {node} exited {proc.returncode}: {proc.stderr.strip()[:300]}"
-            )
+_NO_END = "0001-01-01T00:00:00Z"  # Alertmanager's "no end yet" time
 
 
-def alertmanager_payload(cmd: Command, receiver: str = "stepguard") -> dict[str, Any]:
-    """An Alertmanager webhook body (version 4) describing one command."""
-    labels = {
-        "alertname": f"stepguard_{cmd.kind.value}",
-        "job_id": cmd.job_id,
-        "command_id": cmd.command_id,
-        "mode": cmd.mode.value,
-        "severity": "info" if cmd.kind is CommandKind.NOTIFY else "critical",
+def alertmanager_payload(
+    cmd: Command, receiver: str = "stepguard", *, resolved_at: datetime | None = None
+) -> dict[str, Any]:
+    """An Alertmanager webhook body (version 4) for one command: one alert per target
+    node (labels ``job`` and ``node``), ``severity`` from the alert's grade; ``firing``
+    with no end, or ``resolved`` at ``resolved_at``. A command without a grade (from an
+    older actuator): ``info`` for a NOTIFY, ``critical`` for anything else."""
+    if cmd.grade is not None:
+        severity = cmd.grade.value
+    else:
+        severity = "info" if cmd.kind is CommandKind.NOTIFY else "critical"
+    status = "firing" if resolved_at is None else "resolved"
+    common = {
+        "alertname": f"stepguard_{cmd.kind.value}", "job": cmd.job_id,
+        "command_id": cmd.command_id, "mode": cmd.mode.value, "severity": severity,
+    }  # fmt: skip
+    annotations = {
+        "summary": cmd.summary or f"stepguard {cmd.kind.value} for {cmd.job_id}",
+        "replacements": ",".join(cmd.replacements),
+        "fingerprints": ",".join(cmd.reason),
     }
-    if cmd.targets:
-        labels["nodes"] = ",".join(cmd.targets)
-    alert = {
-        "status": "firing",
-        "labels": labels,
-        "annotations": {
-            "summary": cmd.summary or f"stepguard {cmd.kind.value} for {cmd.job_id}",
-            "replacements": ",".join(cmd.replacements),
-            "fingerprints": ",".join(cmd.reason),
-        },
-        "startsAt": cmd.issued_at.isoformat(),
-        "endsAt": cmd.expires_at.isoformat() if cmd.expires_at else "0001-01-01T00:00:00Z",
-        "generatorURL": "",
-        "fingerprint": cmd.command_id,
-    }
+    alerts = [
+        {
+            "status": status,
+            "labels": common | ({"node": node} if node else {}),
+            "annotations": annotations,
+            "startsAt": cmd.issued_at.isoformat(),
+            "endsAt": _NO_END if resolved_at is None else resolved_at.isoformat(),
+            "generatorURL": "",
+            "fingerprint": f"{cmd.command_id}/{node}" if node else cmd.command_id,
+        }
+        for node in (cmd.targets or ("",))
+    ]
     return {
         "version": "4",
         "groupKey": f"stepguard/{cmd.job_id}",
         "truncatedAlerts": 0,
-        "status": "firing",
+        "status": status,
         "receiver": receiver,
-        "groupLabels": {"job_id": cmd.job_id},
-        "commonLabels": labels,
-        "commonAnnotations": alert["annotations"],
+        "groupLabels": {"job": cmd.job_id},
+        "commonLabels": alerts[0]["labels"] if len(alerts) == 1 else common,
+        "commonAnnotations": annotations,
         "externalURL": "",
-        "alerts": [alert],
+        "alerts": alerts,
     }
 
 
@@ -242,17 +184,39 @@ class WebhookExecutor(Executor):
         self.retries = retries
         self.backoff_s = backoff_s
         self._sleep = sleep
+        #: commands posted firing, until their resolved message (oldest first; bounded)
+        self.open: OrderedDict[str, Command] = OrderedDict()
+        self.max_open = 10_000
 
     def handles(self, cmd: Command) -> bool:
         return True
 
     def execute(self, cmd: Command) -> str:
-        body = json.dumps(alertmanager_payload(cmd)).encode()
-        # a webhook URL often carries a token: results and logs name only its origin
-        failed = [f"{url_origin(u)}: {err}" for u in self.urls if (err := self._post(u, body))]
+        failed = self._send(alertmanager_payload(cmd))
+        if cmd.expires_at is not None and not failed:  # resolved once it expires (tick)
+            self.open[cmd.command_id] = cmd
+            while len(self.open) > self.max_open:
+                self.open.popitem(last=False)
         if failed:
-            raise ExecutionError("; ".join(failed))
+            raise ExecutionError(failed)
         return f"posted to {len(self.urls)} webhook(s)"
+
+    def tick(self, now: datetime) -> None:
+        """Send the resolved message of every posted command that has expired."""
+        for cid, cmd in list(self.open.items()):
+            assert cmd.expires_at is not None
+            if cmd.expires_at <= now:
+                del self.open[cid]
+                failed = self._send(alertmanager_payload(cmd, resolved_at=cmd.expires_at))
+                if failed:
+                    log.warning("webhook: resolved message of %s not delivered: %s", cid, failed)
+
+    def _send(self, payload: dict[str, Any]) -> str:
+        body = json.dumps(payload).encode()
+        # a webhook URL often carries a token: results and logs name only its origin
+        return "; ".join(
+            f"{url_origin(u)}: {err}" for u in self.urls if (err := self._post(u, body))
+        )
 
     def _post(self, url: str, body: bytes) -> str | None:
         error = ""
@@ -268,7 +232,12 @@ class WebhookExecutor(Executor):
                         return None
                     error = f"HTTP {resp.status}"
             except urllib.error.HTTPError as exc:
-                error = f"HTTP {exc.code}"
+                try:  # the receiver's reason (Alertmanager: a Go unmarshal error)
+                    text = exc.read(500).decode("utf-8", errors="replace").strip()
+                except OSError:
+                    text = ""
+                text = redact(text, url_secrets(url))
+                error = f"HTTP {exc.code}: {text}" if text else f"HTTP {exc.code}"
                 if 400 <= exc.code < 500 and exc.code not in (408, 429):
                     return error  # the receiver will not change its mind
             except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: InvalidURL
@@ -281,7 +250,8 @@ def make_executor(kind: str, settings: Settings) -> Executor:
     if kind == "dry-run":
         return DryRunExecutor()
     if kind == "slurm":
-        return SlurmExecutor(settings.slurm_scontrol)
+        jobs = SlurmJobs.parse(settings.slurm_jobs, settings.slurm_job_prefix)
+        return SlurmExecutor(settings.slurm_scontrol, jobs=jobs)
     if kind == "webhook":
         return WebhookExecutor(
             settings.webhooks, timeout_s=settings.webhook_timeout_s,
@@ -381,6 +351,7 @@ class ExecutorRunner:
         for fut in futures:
             fut.get(timeout=30)
         self._consumer.commit()
+        self.executor.tick(self._clock())
         self.metrics.consumed.labels(self.executor.name).inc(n)
         return n
 
