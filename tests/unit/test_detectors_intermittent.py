@@ -5,8 +5,8 @@ import pytest
 
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
-from detectors.intermittent import IntermittentSlowdown
-from detectors.temporal import RankBaselines
+from detectors.steps.intermittent import IntermittentSlowdown
+from detectors.steps.temporal import RankBaselines
 
 
 def _run(slow_of, steps=160, n=64, noise=0.01, seed=0, noisy_rank=None):

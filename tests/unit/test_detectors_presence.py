@@ -1,8 +1,8 @@
 """Presence judged per node against its own health path (issue 23)."""
 
-from detectors.hang import HealthPresence
-from pipeline.detection import JobDetection
-from pipeline.simulator import Scenario, simulate
+from detectors.hang.detector import HealthPresence
+from detectors.job import JobDetection
+from pipeline.tools.simulator import Scenario, simulate
 
 IV = 10.0
 

@@ -1,6 +1,6 @@
 """``stepguard report`` shows one incident per sick node with its causes in order."""
 
-from pipeline.report import Incident, _chain
+from pipeline.tools.report import Incident, _chain
 
 
 def test_the_chain_of_causes_comes_from_the_culprits_newest_update():

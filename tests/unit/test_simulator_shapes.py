@@ -5,7 +5,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from pipeline.simulator import Scenario, simulate
+from pipeline.tools.simulator import Scenario, simulate
 from schemas import FaultKind
 
 

@@ -1,0 +1,221 @@
+"""Intermittent stragglers: a rank slow on some steps only (one step in k, a fraction).
+
+A GPU that is 60 % slower on every 5th step (periodic throttling, a noisy neighbour's
+cron job, a flapping link) hides from a robust centre: its median compute is normal
+and each slow step is a lone outlier that hysteresis (several steps in a row) does
+not let through. What gives it away is *how often* it is clearly slow: a healthy
+rank is slow beyond ``z`` robust units on about one step in a thousand, an
+intermittent straggler on one step in k.
+
+:class:`IntermittentSlowdown` keeps, per rank, the last ``window`` train steps as one
+bit each (slow or not: the caller decides, from the rank's excess over its own
+baseline and its peers) in a ``uint64``, and the mean excess of its slow steps. A
+rank is intermittent once at least ``min_slow`` of its last ``window`` steps were
+slow; its score is the average slowdown those steps cost (fraction x excess), the
+pattern (one step in k when the slow steps are evenly spaced, the fraction
+otherwise) goes to the evidence.
+
+Examples
+--------
+>>> import numpy as np
+>>> det = IntermittentSlowdown(window=20, min_slow=3)
+>>> slots = np.arange(3)
+>>> for step in range(20):
+...     slow = np.array([False, step % 5 == 4, False])  # slot 1: every 5th step
+...     excess = np.where(slow, 0.6, 0.0)
+...     det.learn(slots, slow, excess, np.ones(3, bool))
+>>> det.counts(slots).tolist()
+[0, 4, 0]
+>>> [round(float(x), 3) for x in det.score(slots)]
+[0.0, 0.12, 0.0]
+>>> det.pattern(1)
+'slow on 4 of the last 20 steps (one step in 5), +60.0% on those steps'
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Sequence
+from itertools import pairwise
+
+import numpy as np
+import numpy.typing as npt
+
+from detectors.base import Finding
+from detectors.config import MonitorConfig
+from detectors.frame import StepFrame
+from detectors.steps.slowdown import rank_or_node_findings
+
+__all__ = ["IntermittentSlowdown", "intermittent_findings", "slow_steps"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+B = npt.NDArray[np.bool_]
+U64 = npt.NDArray[np.uint64]
+
+
+class IntermittentSlowdown:
+    """How often each rank was slow over its last ``window`` train steps.
+
+    Parameters
+    ----------
+    window
+        Train steps remembered per rank (at most 64: one bit each in a ``uint64``).
+    min_slow
+        Slow steps within the window before a rank scores at all.
+    alpha
+        Weight of a new slow step in the mean excess of the rank's slow steps.
+    """
+
+    def __init__(self, window: int = 48, min_slow: int = 5, alpha: float = 0.2) -> None:
+        if not 2 <= window <= 64:
+            raise ValueError(f"window must be within [2, 64], got {window!r}")
+        if not 1 <= min_slow <= window:
+            raise ValueError(f"min_slow must be within [1, window], got {min_slow!r}")
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be within (0, 1], got {alpha!r}")
+        self.window = window
+        self.min_slow = min_slow
+        self.alpha = alpha
+        self._bits: U64 = np.zeros(0, dtype=np.uint64)
+        self._seen: I64 = np.zeros(0, dtype=np.int64)  #: steps learned, capped at window
+        self._excess: F64 = np.zeros(0, dtype=np.float64)
+
+    @property
+    def _mask(self) -> np.uint64:
+        return np.uint64((1 << self.window) - 1)
+
+    def _ensure(self, slots: I64) -> None:
+        need = int(slots.max()) + 1 if slots.shape[0] else 0
+        have = self._bits.shape[0]
+        if need <= have:
+            return
+        size = max(need, 2 * have)
+        self._bits = np.concatenate((self._bits, np.zeros(size - have, np.uint64)))
+        self._seen = np.concatenate((self._seen, np.zeros(size - have, np.int64)))
+        self._excess = np.concatenate((self._excess, np.zeros(size - have, np.float64)))
+
+    def counts(self, slots: I64) -> I64:
+        """Slow steps of each of ``slots`` within its window (reads state only)."""
+        out = np.zeros(slots.shape[0], dtype=np.int64)
+        inside = slots < self._bits.shape[0]
+        out[inside] = np.bitwise_count(self._bits[slots[inside]]).astype(np.int64)
+        return out
+
+    def score(self, slots: I64) -> F64:
+        """Average slowdown the slow steps cost each rank over its window (0 below
+        ``min_slow`` slow steps, or before a full window): reads state only."""
+        out = np.zeros(slots.shape[0], dtype=np.float64)
+        inside = slots < self._bits.shape[0]
+        s = slots[inside]
+        n = np.bitwise_count(self._bits[s]).astype(np.int64)
+        full = self._seen[s] >= self.window
+        val = np.where(full & (n >= self.min_slow), n / self.window * self._excess[s], 0.0)
+        out[inside] = val
+        return out
+
+    def learn(self, slots: I64, slow: B, excess: F64, mask: B) -> None:
+        """Ranks ``slots`` completed a train step (rows where ``mask``): ``slow`` says
+        which were clearly slow, ``excess`` by how much (used where slow)."""
+        slots = slots[mask]
+        if slots.shape[0] == 0:
+            return
+        self._ensure(slots)
+        slow, excess = slow[mask], excess[mask]
+        bits = (self._bits[slots] << np.uint64(1)) & self._mask
+        self._bits[slots] = bits | slow.astype(np.uint64)
+        self._seen[slots] = np.minimum(self._seen[slots] + 1, self.window)
+        hit = slots[slow]
+        old = self._excess[hit]
+        first = old == 0.0
+        self._excess[hit] = np.where(
+            first, excess[slow], (1 - self.alpha) * old + self.alpha * excess[slow]
+        )
+        quiet = self._bits[slots] == 0  # nothing slow left in the window: start afresh
+        self._excess[slots[quiet]] = 0.0
+
+    def forget(self, slots: I64) -> None:
+        """New hardware runs ``slots``: their history starts again."""
+        inside = slots[slots < self._bits.shape[0]]
+        self._bits[inside] = 0
+        self._seen[inside] = 0
+        self._excess[inside] = 0.0
+
+    def pattern(self, slot: int) -> str:
+        """The slot's slow steps in words: one step in k when evenly spaced."""
+        if slot >= self._bits.shape[0]:
+            return "no slow step"
+        bits = int(self._bits[slot])
+        ages = [i for i in range(self.window) if bits >> i & 1]  # 0: the newest step
+        n = len(ages)
+        head = f"slow on {n} of the last {self.window} steps"
+        gaps = Counter(b - a for a, b in pairwise(ages))
+        k, seen = gaps.most_common(1)[0] if gaps else (0, 0)
+        if n >= 3 and seen >= 0.75 * (n - 1):
+            head += f" (one step in {k})"
+        else:
+            head += f" ({n / self.window:.0%} of steps)"
+        return f"{head}, {self._excess[slot]:+.1%} on those steps"
+
+
+def slow_steps(
+    z: F64, excess: F64, slowdown: F64, comm_excess: F64, warmed: B, config: MonitorConfig
+) -> tuple[B, F64]:
+    """Which ranks were clearly slow this step, and by how much: ``z`` robust units
+    over their own baseline, ``intermittent_excess`` above their peers, and not
+    waiting in the collectives (a culprit does not wait; its peers do)."""
+    ex = np.minimum(excess, slowdown)
+    slow = warmed & (z >= config.intermittent_z) & (ex >= config.intermittent_excess)
+    slow &= comm_excess <= config.culprit_comm_max
+    return slow, np.maximum(ex, 0.0)
+
+
+def intermittent_findings(
+    det: IntermittentSlowdown,
+    slots: I64,
+    frame: StepFrame,
+    rank_node: I64,
+    node_names: Sequence[str],
+    *,
+    config: MonitorConfig,
+    floor: float,
+    busy_rows: B,
+    open_nodes: Collection[int],
+) -> list[Finding]:
+    """Intermittent-straggler findings of one train step (reads state only).
+
+    ``busy_rows``: rows already covered by a straggler or degradation episode (one
+    incident per culprit); ranks slow on more than ``intermittent_max_fraction`` of
+    their steps are steady stragglers, not intermittent ones.
+    """
+    score = det.score(slots)
+    steady = det.counts(slots) > config.intermittent_max_fraction * det.window
+    score = np.where(busy_rows | steady, 0.0, score)
+    present = np.bincount(rank_node, minlength=len(node_names))
+
+    def describe(
+        idx: I64, s: float, signal: str
+    ) -> tuple[str, float, float, float | None, float | None, float | None, str]:
+        worst = int(idx[int(np.argmax(score[idx]))])
+        return (
+            "slow_step_fraction",
+            float(det.counts(slots[idx]).max()) / det.window,
+            s,
+            None,
+            None,
+            None,
+            f"intermittent: {det.pattern(int(slots[worst]))}; costs {s:+.1%} on average",
+        )
+
+    return rank_or_node_findings(
+        "intermittent",
+        score,
+        floor,
+        frame,
+        rank_node,
+        present,
+        config.node_fraction,
+        describe,
+        node_names,
+        open_nodes,
+    )
