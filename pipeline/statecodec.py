@@ -72,6 +72,7 @@ ALLOWED_MODULES = (
     "schemas",
     "pipeline.assembly",
     "pipeline.detection",
+    "pipeline.lifecycle_guard",
     "pipeline.fastdecode",
     "pipeline.archive.rows",
     "pipeline.worker.state",
