@@ -11,13 +11,18 @@ import json
 import time
 
 import pytest
+from kafka import KafkaConsumer
 
 from pipeline.exporters import play
-from pipeline.kafka import make_consumer, make_producer, registry_of
+from pipeline.kafka import client_config, make_consumer, make_producer, registry_of
 from pipeline.worker.app import jobs_topic_name
 from pipeline.worker.state import KIND_HEADER, partition_for
 from schemas import AlertKind, AlertState, DeadLetter, decode
+from tests.integration import test_worker
 from tests.integration.test_worker import Topic, firing, scenario
+
+# the fixtures of the worker's integration tests: a worker subprocess, its decisions
+workers, decisions = test_worker.workers, test_worker.decisions
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +51,7 @@ def test_a_forged_tick_on_the_jobs_topic_is_refused_and_the_hung_job_stays_watch
         decisions.wait(firing(AlertKind.HANG), 60, "the hang", w)
         _until("the job held", lambda: w.metric("stepguard_worker_jobs") == 1, 30, w)
         jobs = jobs_topic_name(settings)
-        probe = make_consumer(settings, [], None)
+        probe = KafkaConsumer(**client_config(settings))
         try:  # the jobs topic has the steps topic's partitions
             n = len(probe.partitions_for_topic(registry_of(settings).name("steps")) or ())
         finally:
