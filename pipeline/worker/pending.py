@@ -61,6 +61,9 @@ class PendingJobs(Generic[S]):
         self.expire()
         return len(self._jobs)
 
+    def __contains__(self, job_id: object) -> bool:
+        return isinstance(job_id, str) and self.get(job_id) is not None
+
     def __iter__(self) -> Iterator[str]:
         self.expire()
         return iter(list(self._jobs))

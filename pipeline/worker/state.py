@@ -369,6 +369,9 @@ class WorkerCore:
             held = self.pending.get(job_id)
             if held is not None:
                 return held
+        blob = None if job_id in self.pending else load(job_id)
+        if blob is None and not confirm:  # named, not proven: pending, never counted
+            return self.pending.get_or_add(job_id, self._new_state_pending)
         if len(self.jobs) >= self.max_jobs:
             raise CapacityError(
                 f"worker holds {len(self.jobs)} jobs, STEPGUARD_WORKER_MAX_JOBS="
@@ -380,12 +383,9 @@ class WorkerCore:
             st.active_wall = st.last_snapshot_wall = self.clock()
             self.jobs[job_id] = st
             return st
-        blob = load(job_id)
         st = self._read(job_id, blob) if blob is not None else None
         if st is not None:
             self._resume(st)
-        elif not confirm:
-            return self.pending.get_or_add(job_id, self._new_state_pending)
         else:
             st = self._new_state(job_id)
         self.jobs[job_id] = st
