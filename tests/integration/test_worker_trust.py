@@ -13,10 +13,10 @@ import time
 import pytest
 from kafka import KafkaConsumer
 
-from pipeline.exporters import play
-from pipeline.kafka import client_config, make_consumer, make_producer, registry_of
-from pipeline.worker.app import jobs_topic_name
-from pipeline.worker.state import KIND_HEADER, partition_for
+from pipeline.io.kafka import client_config, make_consumer, make_producer, registry_of
+from pipeline.services.worker.app import jobs_topic_name
+from pipeline.services.worker.state import KIND_HEADER, partition_for
+from pipeline.tools.simulator.player import play
 from schemas import AlertKind, AlertState, DeadLetter, decode
 from tests.integration import test_worker
 from tests.integration.test_worker import Topic, firing, scenario

@@ -1,6 +1,6 @@
 """Threats against the worker from whoever can write one of the topics it reads.
 
-Each test drives the real :class:`~pipeline.worker.state.WorkerCore` (the logic of
+Each test drives the real :class:`~pipeline.services.worker.state.WorkerCore` (the logic of
 ``stepguard worker`` without Faust) with what an attacker would publish.
 """
 
@@ -14,9 +14,9 @@ import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pipeline.lifecycle_guard import LifecycleLimits
-from pipeline.worker.seal import Seal
-from pipeline.worker.state import partition_for
+from detectors.job_guard import LifecycleLimits
+from pipeline.services.worker.seal import Seal
+from pipeline.services.worker.state import partition_for
 from schemas import (
     AlertKind,
     AlertState,

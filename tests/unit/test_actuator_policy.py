@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.policy import Policy, PolicyParams, action_id
-from pipeline.errors import ConfigError
-from pipeline.settings import load_settings
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
+from pipeline.policy import Policy, PolicyParams, action_id
 from schemas import (
     ActionState,
     ActuatorMode,
@@ -543,12 +543,14 @@ def test_params_from_settings_and_validation():
         PolicyParams(window_s=0)
 
 
-@pytest.mark.parametrize("module", ["policy", "signing", "executors"])
+@pytest.mark.parametrize(
+    "module", ["pipeline.policy", "pipeline.io.trust", "pipeline.services.actuator.executors"]
+)
 def test_docstring_examples_run(module):
     import doctest
     import importlib
 
-    mod = importlib.import_module(f"pipeline.actuator.{module}")
+    mod = importlib.import_module(module)
     failed, _ = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert failed == 0
 
@@ -763,7 +765,7 @@ def test_the_hard_cap_bounds_an_alert_storm_within_the_horizon():
 def test_control_mode_for_options_become_action_modes():
     import typer
 
-    from pipeline.actuator.cli import _action_modes
+    from pipeline.cli.actuator import _action_modes
 
     assert _action_modes(None) is None
     assert _action_modes(["replace_at_checkpoint=auto", "restart = default"]) == {
@@ -775,8 +777,8 @@ def test_control_mode_for_options_become_action_modes():
 
 
 def test_pending_header_folds_only_signed_fresh_control_changes():
-    from pipeline.actuator.cli import fold_control, modes_line
-    from pipeline.actuator.signing import SigningKey, sign
+    from pipeline.cli.actuator import fold_control, modes_line
+    from pipeline.io.trust import SigningKey, sign
 
     op, other = SigningKey.generate("op-1"), SigningKey.generate("intruder")
     base = PolicyParams(mode=ActuatorMode.APPROVE)
@@ -815,3 +817,23 @@ def test_per_kind_modes_come_from_the_settings_and_bad_ones_are_named():
     for bad in ("restart=sometimes", "reboot=auto", "restart", "restart=auto,restart=approve"):
         with pytest.raises(ConfigError, match="STEPGUARD_ACTUATOR_ACTION_MODES"):
             load_settings({"STEPGUARD_ACTUATOR_ACTION_MODES": bad})
+
+
+# -- what the metrics count (issue 24: actions_total stayed empty in auto mode) -----------
+def test_an_action_carried_out_at_once_is_reported_as_issued_with_its_mode():
+    """Auto mode publishes commands and no action record: the outcome still names the
+    action (``actions_total{state="issued"}``), once; approve mode's APPROVED record is
+    the count there, so an approved action is not also ``issued``."""
+    p = auto()
+    out = p.on_alert(alert(), T0)
+    aid = action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
+    assert out.records == [] and len(out.commands) == 3
+    assert [(i.action_id, i.mode) for i in out.issued] == [(aid, ActuatorMode.AUTO)]
+    assert p.on_alert(alert(seq=1, step=101), T0).issued == []  # nothing twice
+    gated = auto(mode=ActuatorMode.APPROVE)
+    held = gated.on_alert(alert(), T0)
+    assert held.issued == [] and [r.state for r in held.records] == [ActionState.HELD]
+    approval = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="op", ts=T0)
+    approved = gated.on_approval(approval, T0)
+    assert approved.commands and approved.issued == []
+    assert ActionState.APPROVED in [r.state for r in approved.records]

@@ -1,5 +1,5 @@
 """Issue 22, the detection core: what a job's unsigned lifecycle events and health
-reports may change, and no more (:mod:`pipeline.lifecycle_guard`)."""
+reports may change, and no more (:mod:`detectors.job_guard`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipeline.detection import JobDetection
-from pipeline.errors import CapacityError
-from pipeline.lifecycle_guard import MAX_OUTSIDERS, LifecycleLimits
+from detectors.job import JobDetection
+from detectors.job_guard import MAX_OUTSIDERS, LifecycleLimits
+from pipeline.io.errors import CapacityError
 from schemas import (
     AlertKind,
     AlertState,
