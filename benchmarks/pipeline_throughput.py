@@ -75,9 +75,9 @@ class NodeMessages:
     the compute-time pattern, rendered with the step and its times.
     """
 
-    _T = 1_800_000_007.0
-
     def __init__(self, job: str, nodes: int) -> None:
+        # any whole second works as the template's time: every render replaces it
+        self._T = float(int(time.time()) - 7)
         end = datetime.fromtimestamp(self._T, UTC).strftime("%Y-%m-%dT%H:%M:%SZ").encode()
         start = datetime.fromtimestamp(self._T - 1, UTC).strftime("%Y-%m-%dT%H:%M:%SZ").encode()
         self.templates = [
@@ -116,7 +116,8 @@ def bench_exporter(settings: Settings, calls: int) -> float:
     record = exporter.record_step
     t0 = time.perf_counter()
     for i in range(calls):
-        record(i >> 3, i & 7, 1.0, 0.85, 0.1, 0.01, local_rank=i & 7, loss=2.5)
+        record(i >> 3, i & 7, step_time_s=1.0, compute_s=0.85, comm_wait_s=0.1,
+               data_wait_s=0.01, local_rank=i & 7, loss=2.5)  # fmt: skip
     elapsed = time.perf_counter() - t0
     exporter.close(timeout=30)
     return elapsed / calls * 1e6
@@ -128,7 +129,9 @@ def prefill(settings: Settings, job: str, nodes: int, steps: int) -> int:
     producer = make_producer(settings)
     topic = registry_of(settings).name("steps")
     messages = NodeMessages(job, nodes)
-    t0 = 1_800_000_000.0
+    # dated from now: the last step ends now, so no record is ahead of the worker's
+    # clock (the clock-skew rule dead-letters those) however long the prefill takes
+    t0 = time.time() - steps
     n = 0
     for step in range(steps):
         for value in messages.render(step, t0 + step):
@@ -238,6 +241,31 @@ class WorkerProc:
         m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
+    def refusals(self, text: str | None = None) -> dict[str, float]:
+        """Dead letters per stage and refused records so far (all should stay 0)."""
+        text = self.scrape() if text is None else text
+        out = {
+            f"dead_letters[{stage}]": float(v)
+            for stage, v in re.findall(
+                r'^stepguard_worker_dead_letters_total\{stage="([^"]+)"\} (\S+)$', text, re.M
+            )
+        }
+        for name in ("future_dated", "refused_for_limit", "after_end"):
+            m = re.search(rf'^stepguard_worker_state_events\{{event="{name}"\}} (\S+)$', text, re.M)
+            if m:
+                out[name] = float(m.group(1))
+        return {k: v for k, v in out.items() if v > 0}
+
+    def check(self, text: str | None = None) -> None:
+        """Fail loudly when the worker dead-lettered or refused any benchmark record:
+        a rate over records it threw away is not a rate."""
+        bad = self.refusals(text)
+        if bad:
+            raise RuntimeError(
+                f"worker refused benchmark records {bad} (see {self.log.name}): "
+                "the figures would be meaningless"
+            )
+
     def peak_rss_mb(self) -> float:
         try:
             status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -264,14 +292,17 @@ def bench_worker_throughput(settings: Settings, nodes: int, steps: int, tmp: Pat
         v = 0.0
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            v = w.value("stepguard_worker_rank_steps_total")
+            text = w.scrape()
+            w.check(text)
+            v = w.value("stepguard_worker_rank_steps_total", text)
             if v > 0 and t_first is None:
                 t_first, v_first = time.perf_counter(), v
             if v >= total:
                 break
             time.sleep(0.05)
         if t_first is None or v < total:
-            raise RuntimeError(f"worker scored {v} of {total} rank-steps")
+            w.check()
+            raise RuntimeError(f"worker scored {v} of {total} rank-steps in 300 s")
         rate = (v - v_first) / (time.perf_counter() - t_first)
         return rate, w.peak_rss_mb()
     finally:
@@ -328,8 +359,11 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path):
         # let the last steps complete (two later steps release them)
         time.sleep(2.5)
         end = w.scrape()
+        w.check(end)
         name = "stepguard_worker_step_latency_seconds"
         text = _diff_hist(base, end, name)
+        if histogram_quantile(text, name, 0.5) != histogram_quantile(text, name, 0.5):
+            raise RuntimeError(f"worker scored no step of the latency run (see {w.log.name})")
         return (
             histogram_quantile(text, name, 0.5),
             histogram_quantile(text, name, 0.99),
