@@ -354,6 +354,15 @@ def up(
             min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
         ),
     ] = None,
+    prometheus: Annotated[
+        bool | None,
+        typer.Option(
+            "--prometheus/--no-prometheus",
+            help="Run Prometheus (Debian's `prometheus` on PATH) with stepguard's alerting "
+            "rules, scraping every service (default: with --durable when installed).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start and supervise the production services as child processes (docker-compose
     without Docker): broker, topics, workers, actuator, executor, archiver.
@@ -367,7 +376,12 @@ def up(
     from pipeline.tools.up import UpOptions, run_up
 
     options = UpOptions(
-        scenario=scenario, workers=workers, speed=speed, durable=durable, base_port=base_port
+        scenario=scenario,
+        workers=workers,
+        speed=speed,
+        durable=durable,
+        base_port=base_port,
+        prometheus=prometheus,
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 
@@ -407,7 +421,7 @@ def alerts(
 ) -> None:
     """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
     evidence, recommended action, incident. Alerts no worker key signed are marked."""
-    from pipeline.tools.status import alerts_filter, follow_alerts
+    from pipeline.tools.alerts import alerts_filter, follow_alerts
 
     try:
         keep = alerts_filter(job=job, grade=grade, since=since)
@@ -441,7 +455,7 @@ def archiver(
 
     settings = _settings()
     metrics = ArchiverMetrics()
-    serve_metrics(metrics.registry, settings.archiver_metrics_port, "archiver_metrics_port")
+    serve_metrics(metrics.registry, settings, "archiver_metrics_port")
     backend = open_backend(settings)
     migrate(backend)
     stop = stop_event()

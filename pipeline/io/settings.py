@@ -25,6 +25,9 @@ STEPGUARD_ACTUATOR_METRICS_PORT / EXECUTOR_ / ARCHIVER_  the same for the actuat
                               (9109), an executor (9110) and the archiver (9111); two
                               of a kind on one host need distinct ports
 STEPGUARD_LISTENER_METRICS_PORT  the CommandListener's, in training code (default 0: off)
+STEPGUARD_METRICS_BIND_ADDRESS  address every metrics endpoint listens on (default
+                              127.0.0.1, loopback; ``0.0.0.0`` in a container, as the
+                              image and docker-compose set it, or for a remote scraper)
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
 STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
                               state is written to the table (steps / wall seconds)
@@ -80,6 +83,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -260,6 +264,22 @@ class ClientSettings(KafkaSettings, KeySettings):
     max_clock_skew_s: float = Field(default=300.0, gt=0)
     #: the CommandListener's, inside training code (0: off; one per process on a host)
     listener_metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: the address every metrics endpoint binds (the listener's and each service's):
+    #: loopback unless asked (an exposition names jobs and nodes; the image and
+    #: docker-compose set ``0.0.0.0``)
+    metrics_bind_address: str = "127.0.0.1"
+
+    @field_validator("metrics_bind_address")
+    @classmethod
+    def _check_bind_address(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                "expected an IP address to listen on (127.0.0.1, 0.0.0.0, ::1, ::)"
+            ) from None
+        return value
 
 
 class Settings(ClientSettings):

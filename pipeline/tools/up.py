@@ -53,6 +53,7 @@ from rich.text import Text
 from pipeline.io.embedded import free_port, probe_kafka
 from pipeline.io.errors import ConfigError, EmbeddedServiceError
 from pipeline.io.settings import ENV_PREFIX, Settings
+from pipeline.tools.prometheus import prometheus_for_up
 from pipeline.tools.supervisor import ProcessGroup, ServiceSpec, ServiceState, Supervisor
 
 if TYPE_CHECKING:
@@ -89,6 +90,9 @@ class UpOptions:
     durable: bool = False
     base_port: int | None = None
     grace_s: float = 10.0
+    #: run Prometheus with the shipped rules (pipeline/tools/prometheus); None: with
+    #: ``durable`` when a ``prometheus`` binary is on PATH
+    prometheus: bool | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -192,7 +196,10 @@ def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on ``port``. SO_REUSEADDR as the servers themselves bind: a port
+    whose last connections linger in TIME_WAIT (a scraper's, after a stop) is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -319,6 +326,13 @@ def build_plan(
         simulate = ServiceSpec("simulate", argv, one_shot=True, restart="never", after=after)
         specs.append(replace(simulate, metrics_port=port))
 
+    prometheus = prometheus_for_up(
+        options.prometheus, durable=options.durable, folder=state / "prometheus",
+        take_port=ports.take, ports={s.name: s.metrics_port for s in specs if s.metrics_port},
+        notes=notes,
+    )  # fmt: skip
+    if prometheus is not None:
+        specs.append(prometheus[0])
     final = [
         replace(
             spec,
@@ -339,6 +353,8 @@ def build_plan(
     # public keys are not secrets: `stepguard alerts` in another shell verifies with them
     for env in keys.values():
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
+    if prometheus is not None:
+        shell["PROMETHEUS_URL"] = prometheus[1]
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell)
 
 

@@ -77,3 +77,25 @@ def test_the_status_table_renders_in_80_columns(tmp_path):
     )
     text = out.getvalue()
     assert "executor-dry-run" in text and "waiting" in text
+
+
+def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
+    """A scraped endpoint closes its connections first, so after a stop its port holds
+    TIME_WAIT sockets for a minute; the services bind with SO_REUSEADDR, and so must
+    up's check (`up --base-port` again right after a stop with Prometheus)."""
+    import socket
+
+    from pipeline.tools.up import _port_free
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        conn, _ = server.accept()
+        conn.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.recv(1)
+        client.close()
+        assert not _port_free(port)  # still listening
+    assert _port_free(port)
