@@ -278,6 +278,10 @@ class WorkerProc:
                 r'^stepguard_worker_dead_letters_total\{stage="([^"]+)"\} (\S+)$', text, re.M
             )
         }
+        self.log.flush()
+        failed = Path(self.log.name).read_bytes().count(b"] worker failed on ")
+        if failed:
+            out["records the worker failed on (logged)"] = float(failed)
         for name in ("future_dated", "refused_for_limit", "after_end"):
             m = re.search(rf'^stepguard_worker_state_events\{{event="{name}"\}} (\S+)$', text, re.M)
             if m:

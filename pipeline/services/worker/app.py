@@ -317,10 +317,13 @@ def build_app(
             headers=[(KIND_HEADER, kind)],
         )  # fmt: skip
 
-    async def handle(event: Any) -> None:
+    async def handle(stream: Any, event: Any) -> None:
         """One record of the steps or jobs topic; never raises (Faust would ack it)."""
         msg = event.message
         started = time.perf_counter()
+        # a batch has no "current event", which Faust's table takes the changelog
+        # partition from: make it this record (the job's partition)
+        stream._set_current_event(event)
         try:
             if msg.topic == names.steps:
                 out = core.handle_step(msg.partition, msg.offset, msg.key, msg.value, event, load)
@@ -356,7 +359,7 @@ def build_app(
             settings.worker_batch_max, within=settings.worker_batch_within_s
         ):
             for event in events:
-                await handle(event)
+                await handle(stream, event)
             metrics.jobs.set(len(core.jobs))
             for name, value in core.counts().items():
                 metrics.state_events.labels(name).set(value)
