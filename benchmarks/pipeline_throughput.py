@@ -186,6 +186,28 @@ def bench_bare_consumer(settings: Settings, expected: int) -> float:
     return asyncio.run(run())
 
 
+# -- the worker's core without Faust ---------------------------------------------------
+def bench_core(nodes: int, steps: int, rack: int = 1) -> float:
+    """Rank-steps/s of :class:`WorkerCore` alone (decode, assembly, detection, snapshots)
+    on pre-encoded records, in this process: what the worker would do without Faust."""
+    from pipeline.services.worker.state import CoreTopics, WorkerCore
+
+    messages = NodeMessages("core-job", nodes, rack)
+    t0 = time.time() - steps
+    values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
+    core = WorkerCore(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
+    scored, letters = 0, 0
+    start = time.perf_counter()
+    for offset, value in enumerate(values):
+        out = core.handle_step(0, offset, b"core-job", value, token=None)
+        scored += out.rank_steps
+        letters += len(out.dead_letters)
+    elapsed = time.perf_counter() - start
+    if letters or not scored:
+        raise RuntimeError(f"the core dead-lettered {letters} records, scored {scored}")
+    return scored / elapsed
+
+
 # -- faust baseline --------------------------------------------------------------------
 FAUST_BASELINE = r"""
 import os, sys, time, faust
@@ -457,6 +479,9 @@ def write_markdown(results: dict, path: Path) -> None:
          f"{r['bare_consumer_msgs_per_s']:,.0f} ({bare_ranks:,.0f} rank-steps/s)", "", ""),
         ("baseline: detector, full rank-steps/s on one core (1,024 ranks)",
          f"{r['detector_full_rank_steps_per_s']:,.0f}", "", ""),
+        ("baseline: the worker's core without Faust, one core (node / rack messages)",
+         f"{r['core_rank_steps_per_s']:,.0f} / {r['core_rank_steps_per_s_rack']:,.0f}",
+         "", ""),
         ("baseline: Faust agent, count only (events/s)",
          f"{r['faust_per_event_baseline_per_s']:,.0f}", "", ""),
     ]  # fmt: skip
@@ -532,6 +557,8 @@ def main() -> None:
         results["load_average_start"] = os.getloadavg()[0]
         print("detector baseline (one core) ...", flush=True)
         results["detector_full_rank_steps_per_s"] = bench_size(1024, 2.0)["full"]
+        results["core_rank_steps_per_s"] = bench_core(128, 60)
+        results["core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=args.rack)
         print("exporter hook ...", flush=True)
         results["exporter_call_us"] = bench_exporter(fresh(base), calls)
         print("worker throughput ...", flush=True)
