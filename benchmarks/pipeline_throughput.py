@@ -517,6 +517,18 @@ def write_markdown(results: dict, path: Path) -> None:
     write_section("pipeline_throughput", "\n".join(body), path)
 
 
+class Results(dict):
+    """The figures so far, written to ``--json`` after every phase (a long run that is
+    stopped keeps what it measured)."""
+
+    path: Path | None = None
+
+    def __setitem__(self, key: str, value: object) -> None:
+        super().__setitem__(key, value)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes: under 3 minutes")
@@ -548,7 +560,8 @@ def main() -> None:
         base = load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="tansu")
         where = "embedded Tansu"
     try:
-        results: dict = {"broker": where, "mode": "quick" if args.quick else "full"}
+        results = Results(broker=where, mode="quick" if args.quick else "full")
+        results.path = args.json
         results["command"] = "python benchmarks/pipeline_throughput.py " + " ".join(sys.argv[1:])
         results["run_at"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         results["environment"] = environment(
@@ -576,17 +589,18 @@ def main() -> None:
             results["worker_rank_steps_per_s_128k"] = rate_big
         print(f"worker throughput at 128k ranks, {args.rack} nodes a message ...", flush=True)
         rate_rack, rss_rack = bench_worker_throughput(
-            fresh(base), 16_384, 3 * big_steps, tmp, rack=args.rack
+            fresh(base), 16_384, 10 if args.quick else 3 * big_steps, tmp, rack=args.rack
         )  # fmt: skip
         results["worker_rank_steps_per_s_128k_rack"] = rate_rack
         results["rack"] = args.rack
         results["worker_batch_max"] = args.batch_max or "default"
         print("latency at 16k ranks x 1 step/s ...", flush=True)
         p50, p99, rss2 = bench_latency(fresh(base), 2048, seconds, tmp)
-        results |= {"latency_p50_s": p50, "latency_p99_s": p99}
+        results["latency_p50_s"], results["latency_p99_s"] = p50, p99
         print(f"latency at 128k ranks x 1 step/s, {args.rack} nodes a message ...", flush=True)
         p50r, p99r, rss3 = bench_latency(fresh(base), 16_384, seconds, tmp, rack=args.rack)
-        results |= {"latency_128k_rack_p50_s": p50r, "latency_128k_rack_p99_s": p99r}
+        results["latency_128k_rack_p50_s"] = p50r
+        results["latency_128k_rack_p99_s"] = p99r
         results["worker_peak_rss_mb"] = max(rss1, rss2, rss_big)
         results["worker_peak_rss_mb_128k"] = max(rss_big, rss_rack, rss3)
         results["load_average_end"] = os.getloadavg()[0]
