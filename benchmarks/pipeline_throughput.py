@@ -541,6 +541,10 @@ def main() -> None:
         help="skip the 128k-rank job in node-level messages (16,384 records a step)",
     )  # fmt: skip
     ap.add_argument(
+        "--node-throughput-only", action="store_true",
+        help="stop after the baselines and the 128 nodes x 8 ranks worker run",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch-max", type=int, default=0,
         help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one record per call, the "
         "per-record path; 0: the default)",
@@ -581,6 +585,9 @@ def main() -> None:
         print("bare consumer and Faust baseline ...", flush=True)
         results["bare_consumer_msgs_per_s"] = bench_bare_consumer(s, 128 * steps)
         results["faust_per_event_baseline_per_s"] = bench_faust(s, 128 * steps, tmp)
+        results["worker_batch_max"] = args.batch_max or "default"
+        if args.node_throughput_only:
+            return
         big_steps = 8 if args.quick else 30
         rss_big = 0.0
         if not args.no_node_128k:
@@ -593,7 +600,6 @@ def main() -> None:
         )  # fmt: skip
         results["worker_rank_steps_per_s_128k_rack"] = rate_rack
         results["rack"] = args.rack
-        results["worker_batch_max"] = args.batch_max or "default"
         print("latency at 16k ranks x 1 step/s ...", flush=True)
         p50, p99, rss2 = bench_latency(fresh(base), 2048, seconds, tmp)
         results["latency_p50_s"], results["latency_p99_s"] = p50, p99
