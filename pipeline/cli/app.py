@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 
 from pipeline.cli import actuator as actuator_cli
+from pipeline.cli import alertmanager as alertmanager_cli
 from pipeline.cli import worker as worker_cli
 from pipeline.cli.util import console, err, missing_extra, stop_event
 from pipeline.io.errors import StepguardError
@@ -692,7 +693,7 @@ def scenarios() -> None:
 
 
 # The services own their subcommands; they sit at the top level beside these.
-for _service in (worker_cli.commands, actuator_cli.commands):
+for _service in (worker_cli.commands, actuator_cli.commands, alertmanager_cli.commands):
     app.registered_commands.extend(_service.registered_commands)
 
 

@@ -698,7 +698,7 @@ class Policy:
                 checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
                 expires_at=expires, summary=(summary or alert.summary)[:500],
                 job_nodes=hint if targets and kind in _SCOPED else None,
-                cause=cause, incident=alert.incident or None,
+                cause=cause, incident=alert.incident or None, grade=alert.grade,
             )  # fmt: skip
 
         nodes = (node,) if node else ()
@@ -977,6 +977,7 @@ class Policy:
             kind=CommandKind.NOTIFY, job_id=held.job_id, targets=targets,
             reason=held.reason, mode=ActuatorMode.APPROVE, issued_at=now,
             expires_at=now + timedelta(seconds=self.params.hold_ttl_s), summary=text[:500],
+            grade=a.grade if a is not None else None,
         )  # fmt: skip
 
     def _issue(self, cid: str, now: datetime) -> None:

@@ -12,13 +12,18 @@ worker-1..N         ``stepguard worker``: own metrics port and data directory   
 actuator            ``stepguard actuator``                                      3
 executor-dry-run    ``stepguard executor dry-run``                              3
 archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
+alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
+                    or with ``--durable``)
 simulate            ``stepguard simulate S --control`` (with ``--scenario``)     first
 ==================  ==========================================================  ==========
 
 With ``STEPGUARD_KAFKA_BOOTSTRAP`` set, no broker is started; with ``--durable``
 Apache Kafka runs through ``scripts/kafka.sh start --keep-data`` (data kept across
-runs). Each service logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json``
-holds each service's state, pid and restarts (rewritten every second), and
+runs), and, unless ``STEPGUARD_ALERTMANAGER_URL`` names one, Alertmanager through
+``scripts/alertmanager.sh start --keep-data`` (silences kept; its state under
+``<state dir>/alertmanager``, its receiver ``ALERTMANAGER_WEBHOOK_URL``). Each service
+logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json`` holds each
+service's state, pid and restarts (rewritten every second), and
 ``<state dir>/up.env`` the variables another shell needs to reach this stack.
 
 The decisions live in :mod:`pipeline.tools.supervisor`; this module builds the plan, spawns
@@ -129,9 +134,11 @@ _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     # the job's CommandListener: a job controller, it signs its results as an executor
     "simulate": ("executor", ("actuator", "executor")),
-    # archives alerts, commands, action records and approvals whose signature does not
-    # verify as unsigned
-    "archiver": (None, ("actuator", "worker", "operator")),
+    # verifies what it archives as signed (pipeline.services.archive.trust): alerts, commands,
+    # action records, approvals, control changes and command results
+    "archiver": (None, ("actuator", "worker", "operator", "executor")),
+    # the Alertmanager bridge: worker-signed alerts, the actuator's guardrails and holds
+    "alertmanager": (None, ("actuator", "worker")),
 }
 
 
@@ -248,8 +255,10 @@ def build_plan(
     bootstrap: str | None = None,
     python: str = sys.executable,
     run_id: str | None = None,
+    alertmanager_url: str | None = None,
 ) -> Plan:
-    """The services to run; ``bootstrap`` is an already running broker (``--durable``)."""
+    """The services to run; ``bootstrap`` is an already running broker and
+    ``alertmanager_url`` an already running Alertmanager (``--durable``)."""
     run_id = run_id or secrets.token_hex(4)
     state = settings.state_dir
     logs = state / "logs"
@@ -317,6 +326,19 @@ def build_plan(
         port = ports.take(f"{name} metrics")
         extra[name] = extra[name] | {f"{ENV_PREFIX}{var}_METRICS_PORT": str(port)}
         specs.append(ServiceSpec(name, argv, after=after_topics, stop_tier=tier, metrics_port=port))
+    am_url = alertmanager_url or settings.alertmanager
+    if am_url:
+        from pipeline.io.redact import url_origin
+
+        port = ports.take("alertmanager metrics")
+        extra["alertmanager"] = keys["alertmanager"] | {
+            f"{ENV_PREFIX}ALERTMANAGER_URL": am_url,
+            f"{ENV_PREFIX}ALERTMANAGER_METRICS_PORT": str(port),
+        }
+        bridge = ServiceSpec("alertmanager", (*cmd, "alertmanager"), after=after_topics,
+                             stop_tier=3, metrics_port=port)  # fmt: skip
+        specs.append(bridge)
+        notes.append(f"alert episodes go to Alertmanager at {url_origin(am_url)}")
     if options.scenario is not None:
         argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
                 "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
@@ -329,7 +351,7 @@ def build_plan(
     prometheus = prometheus_for_up(
         options.prometheus, durable=options.durable, folder=state / "prometheus",
         take_port=ports.take, ports={s.name: s.metrics_port for s in specs if s.metrics_port},
-        notes=notes,
+        notes=notes, alertmanagers=_alertmanager_target(am_url),
     )  # fmt: skip
     if prometheus is not None:
         specs.append(prometheus[0])
@@ -356,6 +378,22 @@ def build_plan(
     if prometheus is not None:
         shell["PROMETHEUS_URL"] = prometheus[1]
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell)
+
+
+def _alertmanager_target(url: str | None) -> tuple[str, ...]:
+    """``host:port`` of an Alertmanager URL, for Prometheus's ``alertmanagers`` (its own
+    health alerts go where the episodes go).
+
+    >>> _alertmanager_target("http://127.0.0.1:19094"), _alertmanager_target(None)
+    (('127.0.0.1:19094',), ())
+    """
+    if not url:
+        return ()
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (f"{parts.hostname}:{port}",)
 
 
 def _scenario_env(
@@ -436,6 +474,7 @@ _SUMS = {
     "records": (
         "stepguard_worker_records_total", "stepguard_actuator_inputs_total",
         "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
+        "stepguard_alertmanager_inputs_total",
     ),
     "lag": ("stepguard_worker_consumer_lag", "stepguard_archiver_consumer_lag"),
     "alerts": ("stepguard_worker_alerts_total", "stepguard_actuator_alerts_total"),
@@ -617,6 +656,35 @@ def _stop_durable_kafka(log: Path) -> None:
         )  # fmt: skip
 
 
+def _start_durable_alertmanager(state: Path, log: Path, console: Console) -> str:
+    """``scripts/alertmanager.sh start --keep-data``, its state under ``state``; the URL."""
+    script = _kafka_script().with_name("alertmanager.sh")
+    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
+    console.print(f"starting Alertmanager (durable): {script} start --keep-data ...")
+    with log.open("ab") as out:
+        done = subprocess.run(
+            ["bash", str(script), "start", "--keep-data"], stdout=subprocess.PIPE,
+            stderr=out, env=env, check=False, timeout=120,
+        )  # fmt: skip
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    if done.returncode != 0 or not last.startswith("ALERTMANAGER_URL="):
+        raise EmbeddedServiceError(
+            f"scripts/alertmanager.sh start failed (exit {done.returncode}); see {log}"
+        )
+    return last.partition("=")[2].strip()
+
+
+def _stop_durable_alertmanager(state: Path, log: Path) -> None:
+    script = _kafka_script().with_name("alertmanager.sh")
+    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
+    with log.open("ab") as out:
+        subprocess.run(
+            ["bash", str(script), "stop", "--keep-data"], stdout=out, stderr=out, env=env,
+            check=False, timeout=60,
+        )  # fmt: skip
+
+
 def run_up(
     settings: Settings,
     options: UpOptions,
@@ -636,7 +704,13 @@ def run_up(
         if options.durable and not settings.kafka_bootstrap:
             durable_bootstrap = _start_durable_kafka(logs / "kafka.log", console)
             stack.callback(_stop_durable_kafka, logs / "kafka.log")
-        plan = build_plan(settings, options, base_env, bootstrap=durable_bootstrap)
+        durable_am = None
+        if options.durable and not settings.alertmanager:
+            am_log, am_state = logs / "alertmanager-server.log", state / "alertmanager"
+            durable_am = _start_durable_alertmanager(am_state, am_log, console)
+            stack.callback(_stop_durable_alertmanager, am_state, am_log)
+        plan = build_plan(settings, options, base_env, bootstrap=durable_bootstrap,
+                          alertmanager_url=durable_am)  # fmt: skip
         for note in plan.notes:
             console.print(f"[bold]up[/]: {note}")
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))

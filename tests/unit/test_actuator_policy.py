@@ -78,6 +78,14 @@ def test_critical_with_a_spare_replaces_the_node_at_the_next_checkpoint():
     assert cmd.expires_at == T0 + timedelta(seconds=300) and cmd.signature is None
 
 
+def test_commands_and_hold_notices_carry_the_grade_of_their_alert():
+    out = auto().on_alert(alert(grade=Grade.CRITICAL), T0)
+    assert out.commands and {c.grade for c in out.commands} == {Grade.CRITICAL}
+    held = auto(mode=ActuatorMode.APPROVE).on_alert(alert(grade=Grade.CRITICAL), T0)
+    [notice] = held.commands
+    assert notice.kind is CommandKind.NOTIFY and notice.grade is Grade.CRITICAL
+
+
 def test_replayed_and_repeated_updates_issue_nothing_twice():
     p = auto()
     assert len(p.on_alert(alert(), T0).commands) == 3

@@ -92,6 +92,7 @@ def test_metrics_bind_loopback_by_default_and_the_setting_changes_it():
         (["actuator"], "STEPGUARD_ACTUATOR_METRICS_PORT"),
         (["executor", "dry-run"], "STEPGUARD_EXECUTOR_METRICS_PORT"),
         (["archiver"], "STEPGUARD_ARCHIVER_METRICS_PORT"),
+        (["alertmanager"], "STEPGUARD_ALERTMANAGER_METRICS_PORT"),
     ],
 )
 def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_path):

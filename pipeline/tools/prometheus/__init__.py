@@ -17,7 +17,8 @@ compose.yml                   the scrape config of docker-compose's ``prometheus
 
 The rules select targets by scrape job name, one per service kind (:data:`JOBS`):
 ``stepguard-worker``, ``stepguard-actuator``, ``stepguard-executor``,
-``stepguard-archiver``, and ``stepguard-job-controller`` (a CommandListener inside
+``stepguard-archiver``, ``stepguard-alertmanager`` (the Alertmanager bridge), and
+``stepguard-job-controller`` (a CommandListener inside
 training code; it ends with its job, so it never counts as down). Scrape
 stepguard's endpoints under these names, from any service discovery.
 
@@ -61,6 +62,7 @@ JOBS: dict[str, str] = {
     "actuator": "stepguard-actuator",
     "executor": "stepguard-executor",
     "archiver": "stepguard-archiver",
+    "alertmanager": "stepguard-alertmanager",
     "simulate": "stepguard-job-controller",
     "job-controller": "stepguard-job-controller",
 }
