@@ -85,6 +85,8 @@ class RankRow(Protocol):
     def loss(self) -> float | None: ...
     @property
     def grad_norm(self) -> float | None: ...
+    @property
+    def node(self) -> str | None: ...
 
 
 class NodeStep(Protocol):
@@ -163,15 +165,26 @@ class StepFrame:
         ts_start = float("inf")
         nan = math.nan
         codes = PHASE_CODES
+
+        def pos(node: str) -> int:
+            p = node_pos.get(node)
+            if p is None:
+                p = node_pos[node] = len(nodes)
+                nodes.append(node)
+            return p
+
         for m in messages:
             if m.job_id != job_id or m.step != step:
                 raise ValueError("messages mix jobs or steps")
-            p = node_pos.get(m.node)
-            if p is None:
-                p = node_pos[m.node] = len(nodes)
-                nodes.append(m.node)
             ts = max(ts, m.ts_end.timestamp())
             ts_start = min(ts_start, m.ts_start.timestamp())
+            # a rack's message (StepTelemetry version 2): every sample names its node
+            own = [s.node for s in m.samples]
+            if own[0] is None:
+                p = pos(m.node)
+                where = [p] * len(own)
+            else:
+                where = [pos(n or m.node) for n in own]
             rows.extend(
                 (
                     s.rank, p, s.local_rank, s.dp_group, s.pp_stage, s.tp_group,
@@ -180,10 +193,15 @@ class StepFrame:
                     nan if s.loss is None else s.loss, s.loss is not None,
                     nan if s.grad_norm is None else s.grad_norm, s.grad_norm is not None,
                 )
-                for s in m.samples
+                for s, p in zip(m.samples, where, strict=True)
             )  # fmt: skip
         table = np.array(rows, dtype=_ROW)
         table = table[np.argsort(table["rank"], kind="stable")]
+        repeated = table["rank"][1:] == table["rank"][:-1]
+        if repeated.any():
+            # a rank sent twice in one step (its node's own message and its rack's, while
+            # a job moves between the two): the first message's sample counts
+            table = table[np.concatenate([[True], ~repeated])]
         return cls(
             job_id=job_id,
             step=step,

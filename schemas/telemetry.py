@@ -2,6 +2,10 @@
 
 One StepTelemetry message carries every rank of one node for one step: a Faust worker
 handles ~13k messages/s, so batching ranks per node is what makes cluster scale work.
+Version 2 lets one message carry several nodes (a rack aggregator's): each sample then
+names its own ``node``, and the message's ``node`` names the sender (the rack), whose
+silence is what a lost aggregator looks like (its nodes' ranks go missing). Node-level
+(version 1) and rack-level (version 2) senders mix freely in one job.
 
 Examples
 --------
@@ -103,6 +107,14 @@ class RankSample(Message):
         allow_inf_nan=True,
         description='Global gradient norm; NaN/Inf travel as "NaN"/"Infinity".',
     )
+    node: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        exclude_if=lambda v: v is None,  # a version-1 sample's JSON stays as it was
+        description="The node this rank ran on, in a rack-level message "
+        "(StepTelemetry version 2); None: the message's node.",
+    )
 
     @property
     def loss_is_finite(self) -> bool:
@@ -110,12 +122,32 @@ class RankSample(Message):
 
 
 class StepTelemetry(Message):
-    """Every rank of one node for one step of one job (topic key: job id)."""
+    """Every rank of one node, or of one rack's nodes, for one step of one job (topic
+    key: job id).
+
+    Version 1: ``node`` is the node of every sample. Version 2 (a rack aggregator):
+    ``node`` is the sender and every sample names its node; a sample's ``node`` in a
+    version-1 message is an error (an older worker would file its rank under the
+    sender).
+
+    >>> from datetime import UTC, datetime
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> s = [RankSample(rank=r, local_rank=0, node=f"n{r}", step_time_s=1, compute_s=1,
+    ...                 comm_wait_s=0, data_wait_s=0) for r in range(2)]
+    >>> m = StepTelemetry(schema_version=2, job_id="j", node="rack-0", step=1,
+    ...                   ts_start=t, ts_end=t, samples=tuple(s))
+    >>> [x.node for x in m.samples]
+    ['n0', 'n1']
+    """
 
     kind_name = "step_telemetry"
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 1
     job_id: str = Field(min_length=1, max_length=256)
-    node: str = Field(min_length=1, max_length=256)
+    node: str = Field(
+        min_length=1, max_length=256,
+        description="The node of every sample (version 1), or the sender: the rack "
+        "aggregator (version 2).",
+    )  # fmt: skip
     step: NonNegativeInt = Field(le=MAX_STEP)
     ts_start: AwareDatetime = Field(description="Event time the step started (rank clock).")
     ts_end: AwareDatetime = Field(description="Event time the step ended (rank clock).")
@@ -134,6 +166,11 @@ class StepTelemetry(Message):
         ranks = [s.rank for s in self.samples]
         if len(set(ranks)) != len(ranks):
             raise ValueError("duplicate rank in samples")
+        named = sum(s.node is not None for s in self.samples)
+        if self.schema_version == 1 and named:
+            raise ValueError("a sample names its node: that is StepTelemetry version 2")
+        if self.schema_version == 2 and named != len(self.samples):
+            raise ValueError("StepTelemetry version 2: every sample names its node")
         return self
 
 

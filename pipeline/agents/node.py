@@ -19,12 +19,16 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.client.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
 from pipeline.io.clockskew import FutureGate
 from pipeline.io.settings import Settings
 from schemas import JobEvent
+
+if TYPE_CHECKING:
+    from pipeline.agents.rack import RackLink
 
 __all__ = ["NodeAggregator", "run_node_aggregator"]
 
@@ -41,7 +45,7 @@ class NodeAggregator:
         *,
         ranks_per_node: int,
         max_wait_s: float = 2.0,
-        sink: KafkaSink | None = None,
+        sink: KafkaSink | RackLink | None = None,
     ) -> None:
         self.socket_path = Path(socket_path)
         self.sink = sink or KafkaSink(settings)
@@ -121,10 +125,19 @@ class NodeAggregator:
 
 
 def run_node_aggregator(
-    settings: Settings, socket_path: Path, *, ranks_per_node: int, node: str | None = None
+    settings: Settings,
+    socket_path: Path,
+    *,
+    ranks_per_node: int,
+    node: str | None = None,
+    rack: tuple[str, int] | None = None,
 ) -> None:
-    """``stepguard export-node``: serve until SIGTERM/SIGINT."""
-    agg = NodeAggregator(settings, socket_path, ranks_per_node=ranks_per_node)
+    """``stepguard export-node``: serve until SIGTERM/SIGINT. With ``rack`` (the rack
+    aggregator's UDP address) the steps go to the rack, lifecycle events to Kafka."""
+    from pipeline.agents.rack import RackLink
+
+    sink = RackLink(rack, KafkaSink(settings)) if rack is not None else None
+    agg = NodeAggregator(settings, socket_path, ranks_per_node=ranks_per_node, sink=sink)
     signal.signal(signal.SIGTERM, lambda *_: agg.stop())
     del node  # records carry their node; the option documents the deployment
     try:

@@ -16,7 +16,9 @@ from pipeline.io.settings import load_settings
 if TYPE_CHECKING:
     from schemas import Command
 
-__all__ = ["commands", "export_health", "export_node", "run_job_id", "simulate", "worker"]
+__all__ = [
+    "commands", "export_health", "export_node", "export_rack", "run_job_id", "simulate", "worker",
+]  # fmt: skip
 
 commands = typer.Typer()
 
@@ -172,8 +174,39 @@ def export_node(
     socket_path: Annotated[Path, typer.Option("--socket", help="Unix socket to listen on.")],
     ranks_per_node: Annotated[int, typer.Option(min=1, help="Local ranks per step.")] = 8,
     node: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
+    rack: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT of this rack's aggregator (stepguard export-rack): "
+            "steps go there instead of to Kafka."
+        ),
+    ] = None,
 ) -> None:
     """Node aggregator: local ranks send over a Unix socket, one message per step."""
     from pipeline.agents.node import run_node_aggregator
 
-    run_node_aggregator(load_settings(), socket_path, ranks_per_node=ranks_per_node, node=node)
+    run_node_aggregator(
+        load_settings(), socket_path, ranks_per_node=ranks_per_node, node=node,
+        rack=_address(rack) if rack else None,
+    )  # fmt: skip
+
+
+@commands.command("export-rack")
+def export_rack(
+    name: Annotated[str, typer.Option(help="This rack's sender name (not a node's name).")],
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes reporting to this rack.")] = 8,
+    listen: Annotated[
+        str, typer.Option(help="UDP HOST:PORT to receive node messages on.")
+    ] = "127.0.0.1:9095",
+) -> None:
+    """Rack aggregator: node aggregators send here, one message per rack per step."""
+    from pipeline.agents.rack import run_rack_aggregator
+
+    run_rack_aggregator(load_settings(), _address(listen), name=name, nodes_per_rack=nodes)
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise typer.BadParameter(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)

@@ -96,6 +96,7 @@ class _Sample(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     phase: Literal["warmup", "train", "eval", "checkpoint"] = "train"
     loss: _Signal = None
     grad_norm: _Signal = None
+    node: _Name | None = None  #: version 2 (a rack's message): the rank's own node
 
 
 class _Step(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -105,7 +106,7 @@ class _Step(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     ts_start: msgspec.Raw  # checked, then decoded by _times
     ts_end: msgspec.Raw
     samples: Annotated[list[_Sample], msgspec.Meta(min_length=1)]
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = 1
     run: Annotated[str, msgspec.Meta(max_length=256)] = ""
 
 
@@ -123,6 +124,8 @@ class StepColumns:
     order): ``sample_message`` (index into the per-message columns), the integer fields,
     ``phase`` as :data:`PHASE_CODES`, the four timings, and ``loss``/``grad_norm`` as
     floats (NaN/inf kept) with ``loss_null``/``grad_norm_null`` marking JSON nulls.
+    ``sample_node`` is each sample's node: its own in a version-2 (rack) message, else
+    the message's ``node`` (which, in a rack's message, names the sender).
     ``slow`` lists the input indices the caller must decode with ``schemas.decode``.
     """
 
@@ -150,6 +153,7 @@ class StepColumns:
     grad_norm: npt.NDArray[np.float64]
     grad_norm_null: npt.NDArray[np.bool_]
     slow: list[int]
+    sample_node: list[str]
 
 
 def decode_steps(values: Sequence[bytes | None]) -> StepColumns:
@@ -178,7 +182,7 @@ def decode_steps(values: Sequence[bytes | None]) -> StepColumns:
     times = _times([t for m in parsed for t in (m.ts_start, m.ts_end)])
     for j, m in enumerate(parsed):
         start, end = times[2 * j], times[2 * j + 1]
-        if start is None or end is None or end < start:
+        if start is None or end is None or end < start or not _versions_agree(m):
             slow.append(parsed_index[j])
             continue
         decoded.append(m)
@@ -229,6 +233,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
                 node=m.node,
                 run=m.run,
                 step=m.step,
+                schema_version=m.schema_version,
                 ts_start=msgspec.Raw(b""),
                 ts_end=msgspec.Raw(b""),
                 samples=[
@@ -245,6 +250,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
                         phase=s.phase.value,
                         loss=s.loss,
                         grad_norm=s.grad_norm,
+                        node=s.node,
                     )
                     for s in m.samples
                 ],
@@ -333,6 +339,12 @@ def _phases(samples: list[_Sample]) -> npt.NDArray[np.int8]:
     return np.fromiter(map(PHASE_CODES.__getitem__, raw), dtype=np.int8, count=len(raw))
 
 
+def _versions_agree(m: _Step) -> bool:
+    """Version 1: no sample names a node; version 2: every sample does (the schema)."""
+    named = sum(s.node is not None for s in m.samples)
+    return named == 0 if m.schema_version == 1 else named == len(m.samples)
+
+
 def _columns(
     decoded: list[_Step],
     ts_start: list[datetime],
@@ -369,6 +381,7 @@ def _columns(
         grad_norm=grad_norm,
         grad_norm_null=grad_norm_null,
         slow=slow,
+        sample_node=[s.node or m.node for m in decoded for s in m.samples],
     )
 
 
@@ -443,7 +456,7 @@ def decode_step(raw: bytes | None) -> StepView | None:
         start, end = _TIME.decode(m.ts_start), _TIME.decode(m.ts_end)
     except msgspec.DecodeError:
         return None
-    if end < start:
+    if end < start or not _versions_agree(m):
         return None
     ranks = set()
     finite = math.isfinite

@@ -312,6 +312,10 @@ class Settings(ClientSettings):
     worker_snapshot_interval_s: float = Field(default=2.0, gt=0)
     #: how often the hang timer ticks every owned job (wall seconds)
     worker_tick_interval_s: float = Field(default=1.0, gt=0)
+    #: the job agent reads up to this many records per call (Faust's noack_take) ...
+    worker_batch_max: int = Field(default=1000, ge=1, le=100_000)
+    #: ... waiting at most this long for a batch to fill (adds to a step's latency)
+    worker_batch_within_s: float = Field(default=0.005, gt=0, le=1.0)
     #: larger input messages go to the dead-letter topic
     worker_max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     #: largest compressed detector snapshot of one job (~140 B per rank before zlib):

@@ -33,7 +33,9 @@ def ascii_steps(draw: st.DrawFn) -> StepTelemetry:
     )
     start = draw(st.datetimes(datetime(1960, 1, 1), datetime(2200, 1, 1), timezones=st.just(UTC)))
     signal = st.none() | st.floats(allow_nan=True, allow_infinity=True)
+    version = draw(st.sampled_from([1, 2]))  # 2: a rack's message, every sample's node
     return StepTelemetry(
+        schema_version=version,
         job_id=draw(_ascii),
         node=draw(_ascii),
         run=draw(st.just("") | _ascii),
@@ -54,6 +56,7 @@ def ascii_steps(draw: st.DrawFn) -> StepTelemetry:
                 data_wait_s=draw(_float),
                 loss=draw(signal),
                 grad_norm=draw(signal),
+                node=draw(_ascii) if version == 2 else None,
             )
             for r in ranks
         ),
@@ -142,6 +145,7 @@ def _assert_same(cols: StepColumns, k: int, model: StepTelemetry) -> None:
         assert int(cols.phase[row]) == PHASE_CODES[s.phase.value]
         for f in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
             assert _same_float(float(getattr(cols, f)[row]), getattr(s, f)), f
+        assert cols.sample_node[row] == (s.node or model.node)
         for f in ("loss", "grad_norm"):
             null = bool(getattr(cols, f + "_null")[row])
             assert _same_float(None if null else float(getattr(cols, f)[row]), getattr(s, f)), f

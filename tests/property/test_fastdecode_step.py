@@ -35,7 +35,7 @@ def _assert_same(view: StepView, model: StepTelemetry) -> None:
     for got, want in zip(view.samples, model.samples, strict=True):
         for f in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group"):
             assert getattr(got, f) == getattr(want, f), f
-        assert got.phase == want.phase.value
+        assert got.phase == want.phase.value and got.node == want.node
         for f in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm"):
             assert _same(getattr(got, f), getattr(want, f)), f
 

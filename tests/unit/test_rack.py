@@ -1,0 +1,102 @@
+"""Rack-level steps messages: the rack batcher, and the detection core fed a job whose
+nodes report partly through racks (StepTelemetry version 2), partly on their own."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from detectors.frame import StepFrame
+from detectors.job import JobDetection
+from pipeline.agents.rack import RackBatcher, merge_nodes
+from pipeline.io.fastdecode import decode_step
+from pipeline.tools.simulator import Scenario, simulate
+from schemas import AlertKind, AlertState, RankSample, StepTelemetry, encode
+
+T = datetime(2026, 1, 1, tzinfo=UTC)  # a clock the test controls: nothing here reads the wall
+
+
+def node_msg(node: int, step: int = 1, ranks: int = 2) -> StepTelemetry:
+    samples = tuple(
+        RankSample(rank=node * ranks + g, local_rank=g, step_time_s=1, compute_s=0.9,
+                   comm_wait_s=0.1, data_wait_s=0)
+        for g in range(ranks)
+    )  # fmt: skip
+    return StepTelemetry(job_id="j", node=f"n{node}", step=step, ts_start=T, ts_end=T,
+                         samples=samples)  # fmt: skip
+
+
+def test_a_rack_message_attributes_every_rank_to_its_own_node():
+    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0")
+    assert rack.schema_version == 2 and rack.node == "rack-0"
+    frame = StepFrame.from_messages([rack, node_msg(2)])  # a rack and a node, one step
+    assert frame.nodes == ("n0", "n1", "n2")
+    assert [frame.node_of_rank(r) for r in (0, 3, 5)] == ["n0", "n1", "n2"]
+    view = decode_step(encode(rack))  # the worker's fast path reads it the same way
+    assert view is not None
+    assert StepFrame.from_messages([view, node_msg(2)]).nodes == frame.nodes
+
+
+def test_a_sample_naming_its_node_needs_version_2_and_version_2_needs_every_node():
+    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0")
+    doc = rack.model_dump()
+    with pytest.raises(ValueError, match="version 2"):
+        StepTelemetry.model_validate(doc | {"schema_version": 1})
+    doc["samples"][0]["node"] = None
+    with pytest.raises(ValueError, match="every sample names its node"):
+        StepTelemetry.model_validate(doc)
+
+
+def test_a_rank_sent_by_its_node_and_by_its_rack_counts_once():
+    frame = StepFrame.from_messages([merge_nodes([node_msg(0)], "rack-0"), node_msg(0)])
+    assert frame.rank.tolist() == [0, 1]
+
+
+def test_batcher_publishes_complete_racks_at_once_and_partial_ones_after_the_wait():
+    b = RackBatcher("rack-0", nodes_per_rack=3, max_wait_s=2.0)
+    assert b.add(node_msg(0), 0.0) == [] and b.add(node_msg(1), 0.5) == []
+    assert b.expire(1.9) == []
+    (out,) = b.expire(2.0)
+    assert [s.node for s in out.samples] == ["n0", "n0", "n1", "n1"]
+    assert b.add(node_msg(2), 2.1) == [] and b.late == 1  # its step is out: dropped
+    assert b.add(node_msg(0, step=2), 3.0) == []
+    assert b.add(node_msg(0, step=2), 3.0) == [] and b.duplicates == 1
+    assert b.flush()[0].step == 2 and b.flush() == []
+
+
+def test_batcher_holds_a_bounded_number_of_steps():
+    b = RackBatcher("rack-0", nodes_per_rack=8, max_pending=4, max_done=4)
+    out = [m for step in range(10) for m in b.add(node_msg(0, step=step), 0.0)]
+    assert [m.step for m in out] == list(range(6))  # the oldest go out early
+    assert len(b._pending) == 4 and len(b._done) <= 4
+
+
+def test_losing_a_rack_is_its_nodes_going_missing_not_a_job_hang():
+    sc = Scenario.model_validate({"name": "racks", "nodes": 16, "steps": 120, "seed": 3})
+    det = JobDetection(sc.job)
+    alerts, frames_after = [], 0
+    lost_at = 60
+    for ev in simulate(sc):
+        if ev.frame is not None:
+            msgs = {m.node: m for m in ev.frame.to_messages()}
+            names = sorted(msgs)
+            racks = [merge_nodes([msgs[n] for n in names[8 * i : 8 * i + 4]], f"rack-{i}")
+                     for i in range(2)]  # fmt: skip
+            # 2 racks of 4 nodes each, the other 8 nodes on their own (version 1)
+            direct = [msgs[n] for i in range(2) for n in names[8 * i + 4 : 8 * i + 8]]
+            if ev.frame.step >= lost_at:
+                racks = racks[1:]  # rack-0's aggregator is gone
+            for m in [*racks, *direct]:
+                detected = det.on_step(m)
+                alerts += detected.alerts
+                if ev.frame.step > lost_at:
+                    frames_after += len(detected.frames)
+        alerts += det.tick(ev.ts)
+    alerts += det.flush()
+    firing = [a for a in alerts if a.state is AlertState.FIRING]
+    lost = set(sorted({m.node for m in ev.frame.to_messages()})[0:4])
+    assert not [a for a in firing if a.kind is AlertKind.HANG]
+    assert frames_after >= 120 - lost_at - 3  # the job's steps kept being scored
+    missing = {a.node for a in firing if a.kind is AlertKind.MISSING}
+    assert missing == lost
