@@ -353,6 +353,19 @@ def up(
             min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
         ),
     ] = None,
+    job: Annotated[
+        str | None, typer.Option(help="Watch this real job (its id: STEPGUARD_JOB_ID in up.env).")
+    ] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(help="The job's nodes: a count, or names a,b,c (node-index order)."),
+    ] = None,
+    spares: Annotated[
+        str | None, typer.Option(help="Spare nodes: a count (spare-0, ...), or names.")
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="Actuator mode for the job: auto, approve or observe.")
+    ] = None,
 ) -> None:
     """Start and supervise the production services as child processes (docker-compose
     without Docker): broker, topics, workers, actuator, executor, archiver.
@@ -365,8 +378,18 @@ def up(
 
     from pipeline.up import UpOptions, run_up
 
+    if mode not in (None, "auto", "approve", "observe"):
+        raise typer.BadParameter("auto, approve or observe", param_hint="--mode")
     options = UpOptions(
-        scenario=scenario, workers=workers, speed=speed, durable=durable, base_port=base_port
+        scenario=scenario,
+        workers=workers,
+        speed=speed,
+        durable=durable,
+        base_port=base_port,
+        job=job,
+        nodes=nodes,
+        spares=spares,
+        mode=mode,  # type: ignore[arg-type]
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 
