@@ -372,7 +372,9 @@ def up(
 
     A table shows each service; logs go to .stepguard/logs/<service>.log and
     .stepguard/up.json; Ctrl-C stops everything (the broker last). A crashed service
-    is restarted with backoff (1 s doubling to 30 s).
+    is restarted with backoff (1 s doubling to 30 s). With --job, the stack watches that
+    real job (README "Watching a PyTorch job"): the actuator knows its nodes, spares and
+    mode, up.env names them, job-controller.env (0600) holds the job's signing key.
     """
     import os
 

@@ -181,7 +181,7 @@ class TorchGuard:
             raise RuntimeError(f"stepguard: the command listener did not start: {problem}")
         self.exporter = StepExporter.to_aggregator(
             sock, job_id=topology.job_id, node=topology.node, run=topology.run,
-            announce_start=topology.is_job_leader, register_atexit=False,
+            announce_start=topology.is_job_leader, register_atexit=False, poll_s=0.05,
             max_clock_skew_s=settings.max_clock_skew_s,
         )  # fmt: skip
         if model is not None and hasattr(model, "register_comm_hook"):
