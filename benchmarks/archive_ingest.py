@@ -25,12 +25,12 @@ from typing import Any
 
 from _common import command_line, cores_busy, environment, write_section
 
-from pipeline.archive import ChdbBackend, ServerBackend, migrate, rows_for
-from pipeline.archive.archiver import Archiver, default_decode_processes
-from pipeline.archive.backend import ArchiveBackend
-from pipeline.embedded import TansuBroker
-from pipeline.kafka import create_topics, make_producer, publish, registry_of
-from pipeline.settings import load_settings
+from pipeline.io.embedded import TansuBroker
+from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.io.settings import load_settings
+from pipeline.services.archive import ChdbBackend, ServerBackend, migrate, rows_for
+from pipeline.services.archive.archiver import Archiver, default_decode_processes
+from pipeline.services.archive.backend import ArchiveBackend
 from schemas import RankSample, StepTelemetry
 
 RANKS_PER_NODE = 8
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{n} StepTelemetry messages of {RANKS_PER_NODE} ranks ({n * RANKS_PER_NODE} rows), "
         f"inserts of {batch * RANKS_PER_NODE} rows; median of {REPEATS} runs, raw and archived "
         "alternating. Raw = `backend.insert` of prepared numpy columns (the archiver's insert "
-        "path); archived = consume (aiokafka) + decode (`pipeline.fastdecode`) + columns + "
+        "path); archived = consume (aiokafka) + decode (`pipeline.io.fastdecode`) + columns + "
         "insert + commit, steady state (from the end of the first batch: the consumer-group "
         "join is reported apart). The archiver runs as `stepguard archiver` does here, with "
         f"{procs} decode process(es) (one per core but one); the in-process column is the "

@@ -109,6 +109,18 @@ class Command(Message):
         "the job); signed with the command. When set, executors refuse any target "
         "outside it.",
     )
+    cause: str | None = Field(
+        default=None,
+        max_length=500,
+        description="What the alert behind it saw (its kind and evidence, e.g. 'hardware: "
+        "GPU 2: fatal XID 79'), not the remedy: the Slurm executor's drain reason names "
+        "it. Signed when set.",
+    )
+    incident: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The incident key of the alert behind it (Alert.incident). Signed when set.",
+    )
     key_id: KeyId | None = None
     signature: Signature | None = None
 

@@ -1,6 +1,36 @@
-"""The client floor: what training code imports (issue 21 layout).
+"""The client floor: everything training code imports.
 
-Light on purpose: schemas, kafka-python, pydantic, cryptography. Framework hooks sit
-in sub-packages, each behind its own extra: :mod:`pipeline.client.pytorch`
-(``pip install 'stepguard[torch]'``).
+Owns the step exporter (:class:`StepExporter`, its :class:`StepBatcher` and the Kafka
+sink), the node aggregator's core (:mod:`pipeline.client.aggregator`) and the command
+listener (:mod:`pipeline.client.listener`); framework hooks sit in sub-packages, each
+behind its own extra (:mod:`pipeline.client.pytorch`: ``pip install
+'stepguard[torch]'``). Imports only :mod:`schemas`, :mod:`pipeline.io` modules that are
+as light (settings, kafka, clock skew, trust), kafka-python, pydantic and
+cryptography: never numpy, yaml, faust, aiokafka, chdb, clickhouse-driver or
+matplotlib (``tests/unit/test_import_layers.py`` checks it in a subprocess).
 """
+
+from pipeline.client.batcher import RankRecord, StepBatcher
+from pipeline.client.exporter import (
+    AggregatorTransport,
+    DirectTransport,
+    ExporterStats,
+    StepExporter,
+    Transport,
+)
+from pipeline.client.sink import KafkaSink, SinkStats
+from pipeline.io.settings import ClientSettings, load_client_settings
+
+__all__ = [
+    "AggregatorTransport",
+    "ClientSettings",
+    "DirectTransport",
+    "ExporterStats",
+    "KafkaSink",
+    "RankRecord",
+    "SinkStats",
+    "StepBatcher",
+    "StepExporter",
+    "Transport",
+    "load_client_settings",
+]

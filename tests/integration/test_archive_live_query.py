@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from pipeline.archive.backend import chdb_holder
-from pipeline.archive.client import ClientBackend
-from pipeline.archive.serve import QueryServer, query_socket_path, socket_address
-from pipeline.errors import ArchiveError
-from pipeline.kafka import client_config, create_topics, make_producer, publish, registry_of
+from pipeline.io.errors import ArchiveError
+from pipeline.io.kafka import client_config, create_topics, make_producer, publish, registry_of
+from pipeline.services.archive.backend import chdb_holder
+from pipeline.services.archive.client import ClientBackend
+from pipeline.services.archive.serve import QueryServer, query_socket_path, socket_address
 from tests.conftest import fresh_archive
 from tests.factories import step_telemetry
 

@@ -9,15 +9,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.archive import migrate, rows_for
-from pipeline.archive.backend import ArchiveBackend
-from pipeline.archive.migrations import (
+from pipeline.services.archive import migrate, rows_for
+from pipeline.services.archive.backend import ArchiveBackend
+from pipeline.services.archive.migrations import (
     applied_migrations,
     available_migrations,
     split_statements,
 )
-from pipeline.archive.queries import QUERIES, run_query
-from pipeline.archive.rows import ARCHIVED_VERSION, ingest_version
+from pipeline.services.archive.queries import QUERIES, run_query
+from pipeline.services.archive.rows import ARCHIVED_VERSION, ingest_version
 from tests.conftest import TEST_CLICKHOUSE, _fresh_chdb, _fresh_server, _missing
 from tests.factories import samples, step_telemetry
 from tests.integration.test_archive_health import HEALTH_V2_COLUMNS

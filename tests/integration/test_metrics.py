@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.archive.archiver import Archiver
-from pipeline.kafka import control_producer, create_topics, publish, registry_of
-from pipeline.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
+from pipeline.io.kafka import control_producer, create_topics, publish, registry_of
+from pipeline.io.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
+from pipeline.io.trust import sign
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.service import Actuator
+from pipeline.services.archive.archiver import Archiver
 from schemas import (
     ActuatorMode,
     Alert,
@@ -73,7 +73,7 @@ def test_an_executor_logs_and_counts_each_command_it_answers(act_settings, caplo
     metrics = ExecutorMetrics()
     runner = ExecutorRunner(act_settings, DryRunExecutor(), metrics=metrics)
     reg = metrics.registry
-    caplog.set_level(logging.INFO, logger="pipeline.actuator.executors")
+    caplog.set_level(logging.INFO, logger="pipeline.services.actuator.executors")
     try:
         for _ in range(100):  # bounded: until both are answered
             runner.poll_once(timeout_ms=200)
@@ -158,12 +158,12 @@ def test_the_archiver_counts_rows_per_table_and_its_lag_reaches_zero(
 def test_the_job_controller_serves_counts_and_logs_what_it_carries_out(act_settings, caplog):
     import urllib.request
 
-    from pipeline.embedded import free_port
-    from pipeline.listener import CommandListener
+    from pipeline.client.listener import CommandListener
+    from pipeline.io.embedded import free_port
 
     port = free_port()
     s = act_settings.model_copy(update={"listener_metrics_port": port})
-    caplog.set_level(logging.INFO, logger="pipeline.listener")
+    caplog.set_level(logging.INFO, logger="pipeline.client.listener")
     saved: list[int] = []
     listener = CommandListener(s, "job-m", on_checkpoint=lambda c, step: saved.append(step) or "ok")
     with listener:

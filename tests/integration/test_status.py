@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.actuator.signing import sign
-from pipeline.kafka import control_producer, create_topics, make_producer, publish, registry_of
-from pipeline.status import AlertFilter, TopicTail, collect_status, follow_alerts
+from pipeline.io.kafka import control_producer, create_topics, make_producer, publish, registry_of
+from pipeline.io.trust import sign
+from pipeline.tools.status import AlertFilter, TopicTail, collect_status, follow_alerts
 from schemas import (
     ActionRecord,
     ActionState,

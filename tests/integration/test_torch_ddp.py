@@ -37,8 +37,8 @@ except ImportError:
         raise  # CI=true: .ci/run must install .[dev,torch]
     pytest.skip("torch is not installed (pip install -e '.[dev,torch]')", allow_module_level=True)
 
-from pipeline.kafka import make_consumer, registry_of
-from pipeline.settings import Settings
+from pipeline.io.kafka import make_consumer, registry_of
+from pipeline.io.settings import Settings
 from schemas import (
     Alert,
     AlertKind,

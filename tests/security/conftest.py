@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.settings import Settings, load_settings
+from pipeline.io.settings import Settings, load_settings
 from tests.conftest import IN_CI
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Threats against the actuator from whoever can write the decisions or control topic,
-run against the real :class:`~pipeline.actuator.service.Actuator` on a real broker."""
+run against the real :class:`~pipeline.services.actuator.service.Actuator` on a real broker."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.trust import sign
+from pipeline.services.actuator.service import Actuator
 from schemas import (
     ActuatorMode,
     Alert,

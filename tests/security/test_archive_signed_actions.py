@@ -11,12 +11,12 @@ from datetime import timedelta
 
 import pytest
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.archive import rows_for
-from pipeline.archive.queries import run_query
-from pipeline.archive.trust import SignatureCheck
-from pipeline.graduation import GraduationRules, graduation_report
-from pipeline.settings import load_settings
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import SigningKey, sign
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.queries import run_query
+from pipeline.services.archive.trust import SignatureCheck
+from pipeline.tools.calibrate.graduation import GraduationRules, graduation_report
 from schemas import ActionState, ApprovalDecision
 from tests.factories import ACTUATOR_KEY, OPERATOR_KEY, WORKER_KEY, samples
 

@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.signing import sign, signature_problem
-from pipeline.errors import ConfigError
-from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
-from pipeline.listener import CommandListener
+from pipeline.client.listener import CommandListener
+from pipeline.io.errors import ConfigError
+from pipeline.io.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.trust import sign, signature_problem
 from schemas import ActuatorMode, Command, CommandKind, CommandResult, CommandStatus
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, key_settings
 from tests.security._helpers import impostor

@@ -1,25 +1,20 @@
-"""The executors that need no broker: dry-run, Slurm (fake scontrol), webhook."""
+"""The executors that need no broker: dry-run, webhook (Slurm: test_actuator_slurm.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 import threading
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pipeline.actuator.executors import (
+from pipeline.io.trust import check_command, sign
+from pipeline.services.actuator.executors import (
     DryRunExecutor,
     ExecutionError,
-    InvalidNodeName,
-    SlurmExecutor,
     WebhookExecutor,
-    validate_node_name,
 )
-from pipeline.actuator.signing import check_command, sign
 from schemas import (
     ActuatorMode,
     Command,
@@ -51,60 +46,6 @@ def command(kind=CommandKind.ISOLATE, targets=("node-3",), **kw) -> Command:
 def test_dry_run_only_describes():
     detail = DryRunExecutor().execute(command())
     assert detail.startswith("dry-run: would isolate") and "node-3" in detail
-
-
-# -- Slurm -------------------------------------------------------------------------------
-@pytest.fixture
-def fake_scontrol(tmp_path, monkeypatch):
-    """A ``scontrol`` on PATH that records its argv (one JSON list per line)."""
-    log = tmp_path / "argv.jsonl"
-    exe = tmp_path / "bin" / "scontrol"
-    exe.parent.mkdir()
-    exe.write_text(
-        "#!/usr/bin/env python3\nimport json, sys\n"
-        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "sys.exit(3 if any('fail' in a for a in sys.argv) else 0)\n"
-    )
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
-
-    def calls():
-        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-
-    return calls
-
-
-def test_slurm_drains_with_an_argument_list(fake_scontrol):
-    slurm = SlurmExecutor()
-    assert slurm.execute(command(summary="slow; `reboot` $(id)")) == "drained node-3"
-    [argv] = fake_scontrol()
-    assert argv[:3] == ["update", "NodeName=node-3", "State=DRAIN"]
-    assert argv[3].startswith("Reason=stepguard cmd-abc123: slow_ _reboot_ __id_")
-    assert slurm.resume("node-3") == "resumed node-3"
-    assert fake_scontrol()[1] == ["update", "NodeName=node-3", "State=RESUME"]
-
-
-@pytest.mark.parametrize(
-    "name", ["node1; rm -rf /", "-rf", "", "a" * 64, "node 1", "n$(id)", "../etc", "nöde"]
-)
-def test_malicious_or_odd_node_names_run_nothing(fake_scontrol, name):
-    with pytest.raises(InvalidNodeName):
-        SlurmExecutor().execute(command(targets=("node-1", name)))
-    with pytest.raises(InvalidNodeName):
-        SlurmExecutor().resume(name)
-    assert fake_scontrol() == []  # all or nothing: not even the valid node-1
-
-
-def test_node_name_rule():
-    assert validate_node_name("gpu-a100.rack-3_n017") == "gpu-a100.rack-3_n017"
-    assert validate_node_name("a" * 63) == "a" * 63
-
-
-def test_slurm_failure_is_an_execution_error(fake_scontrol, tmp_path):
-    with pytest.raises(ExecutionError, match="exited 3"):
-        SlurmExecutor().execute(command(targets=("fail-node",)))
-    with pytest.raises(ExecutionError, match="failed"):
-        SlurmExecutor(scontrol=str(tmp_path / "missing")).execute(command())
 
 
 # -- webhook -----------------------------------------------------------------------------
@@ -167,7 +108,7 @@ def test_webhook_unreachable_fails_and_urls_are_checked():
 
 
 def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
-    from pipeline.actuator.policy import Policy, PolicyParams
+    from pipeline.policy import Policy, PolicyParams
     from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
 
     fired = Alert(

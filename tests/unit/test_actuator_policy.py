@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.policy import Policy, PolicyParams, action_id
-from pipeline.errors import ConfigError
-from pipeline.settings import load_settings
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
+from pipeline.policy import Policy, PolicyParams, action_id
 from schemas import (
     ActionState,
     ActuatorMode,
@@ -543,12 +543,14 @@ def test_params_from_settings_and_validation():
         PolicyParams(window_s=0)
 
 
-@pytest.mark.parametrize("module", ["policy", "signing", "executors"])
+@pytest.mark.parametrize(
+    "module", ["pipeline.policy", "pipeline.io.trust", "pipeline.services.actuator.executors"]
+)
 def test_docstring_examples_run(module):
     import doctest
     import importlib
 
-    mod = importlib.import_module(f"pipeline.actuator.{module}")
+    mod = importlib.import_module(module)
     failed, _ = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert failed == 0
 
@@ -763,7 +765,7 @@ def test_the_hard_cap_bounds_an_alert_storm_within_the_horizon():
 def test_control_mode_for_options_become_action_modes():
     import typer
 
-    from pipeline.actuator.cli import _action_modes
+    from pipeline.cli.actuator import _action_modes
 
     assert _action_modes(None) is None
     assert _action_modes(["replace_at_checkpoint=auto", "restart = default"]) == {
@@ -775,8 +777,8 @@ def test_control_mode_for_options_become_action_modes():
 
 
 def test_pending_header_folds_only_signed_fresh_control_changes():
-    from pipeline.actuator.cli import fold_control, modes_line
-    from pipeline.actuator.signing import SigningKey, sign
+    from pipeline.cli.actuator import fold_control, modes_line
+    from pipeline.io.trust import SigningKey, sign
 
     op, other = SigningKey.generate("op-1"), SigningKey.generate("intruder")
     base = PolicyParams(mode=ActuatorMode.APPROVE)

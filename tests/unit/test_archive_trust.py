@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.archive import rows_for
-from pipeline.archive.trust import SignatureCheck
-from pipeline.settings import load_settings
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import SigningKey, sign
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.trust import SignatureCheck
 from tests.factories import samples
 
 

@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.actuator.signing import (
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import ROLES, load_settings
+from pipeline.io.trust import (
     SigningKey,
     canonical,
     check_command,
@@ -18,8 +20,6 @@ from pipeline.actuator.signing import (
     signature_problem,
     signing_key,
 )
-from pipeline.errors import ConfigError
-from pipeline.settings import ROLES, load_settings
 from schemas import (
     ActuatorMode,
     Approval,
@@ -202,7 +202,7 @@ def test_ephemeral_keys_fill_only_the_roles_without_a_key():
 
 
 def test_keys_generate_prints_a_pair_that_loads_and_verifies():
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     res = CliRunner().invoke(app, ["keys", "generate", "--role", "worker", "--key-id", "w-7"])
     assert res.exit_code == 0, res.output

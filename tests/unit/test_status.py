@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from pipeline.actuator.signing import sign
-from pipeline.status import (
+from pipeline.io.duration import parse_duration
+from pipeline.io.trust import sign
+from pipeline.tools.status import (
     AlertFilter,
     HeldRow,
     ServiceRow,
@@ -20,7 +21,6 @@ from pipeline.status import (
     held_from,
     incidents_from,
     jobs_from,
-    parse_since,
     render_status,
     services_from_up,
     signature_mark,
@@ -136,7 +136,7 @@ def test_filters_job_least_grade_and_age():
         alerts_filter(job=None, grade="loud", since=None)
     with pytest.raises(ValueError, match="--since"):
         alerts_filter(job=None, grade=None, since="5 minutes")
-    assert parse_since("90s") == timedelta(seconds=90) and parse_since("1d").days == 1
+    assert parse_duration("90s") == timedelta(seconds=90) and parse_duration("1d").days == 1
 
 
 def test_services_from_up_json_live_and_gone():

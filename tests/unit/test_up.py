@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.errors import ConfigError
-from pipeline.settings import load_settings
-from pipeline.supervisor import Supervisor
-from pipeline.up import MetricsBoard, UpOptions, build_plan, status_table
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
+from pipeline.tools.supervisor import Supervisor
+from pipeline.tools.up import MetricsBoard, UpOptions, build_plan, status_table
 
 
 def plan(tmp_path: Path, **kw: object):

@@ -18,15 +18,15 @@ What it does on every rank:
   comm wait (a DDP communication hook around the user's hook or DDP's all-reduce:
   :mod:`~pipeline.client.pytorch.comm`; FSDP and hand-written collectives:
   ``with guard.comm.blocking(): work.wait()``);
-- publishes through the existing :class:`~pipeline.exporters.StepExporter` to the node
-  aggregator: local rank 0 runs a :class:`~pipeline.exporters.NodeAggregator` in a
+- publishes through the existing :class:`~pipeline.client.StepExporter` to the node
+  aggregator: local rank 0 runs a :class:`~pipeline.client.aggregator.NodeAggregator` in a
   thread (one producer and one message per node per step), or the node's own
   ``stepguard export-node`` when ``STEPGUARD_NODE_SOCKET`` names its socket;
 - sends the job's lifecycle once (rank 0): its start, its checkpoint phases
   (``guard.checkpoint(step)``, ``with guard.phase("eval"):``) and its end;
 - obeys commands at the same step boundary on every rank: one
-  :class:`~pipeline.listener.CommandListener` on rank 0, its commands broadcast as JSON
-  bytes over the job's process group (one asynchronous 8-byte broadcast per step when
+  :class:`~pipeline.client.listener.CommandListener` on rank 0, its commands broadcast
+  as JSON bytes over the job's process group (one asynchronous 8-byte broadcast per step when
   there are none, collected at the next boundary: no extra synchronisation point).
   CHECKPOINT calls ``checkpoint(step)`` on every rank; ISOLATE notes the node to swap;
   RESTART and ROLLBACK save a checkpoint, write the relaunch request for
@@ -55,14 +55,15 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from pipeline.client.aggregator import NodeAggregator
+from pipeline.client.exporter import StepExporter
+from pipeline.client.listener import CommandListener
 from pipeline.client.pytorch.clocks import Clock, CudaClock, Reading, ThreadCpuClock
 from pipeline.client.pytorch.codec import decode_commands, encode_commands
 from pipeline.client.pytorch.comm import CommReading, CommTimer, timed_hook
 from pipeline.client.pytorch.relaunch import RELAUNCH_EXIT, RelaunchRequest
 from pipeline.client.pytorch.topology import Topology, from_env
-from pipeline.exporters import NodeAggregator, StepExporter
-from pipeline.listener import CommandListener
-from pipeline.settings import Settings, load_settings
+from pipeline.io.settings import ClientSettings, load_client_settings
 from schemas import Command, CommandKind, CommandStatus, EndReason
 
 __all__ = ["GuardStats", "RelaunchRequested", "TorchGuard", "watch"]
@@ -139,7 +140,7 @@ class TorchGuard:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: ClientSettings,
         topology: Topology,
         *,
         model: torch.nn.Module | None = None,
@@ -509,7 +510,7 @@ def watch(
     tp_group: int | Any = None,
     commands: bool = True,
     clock: Clock | None = None,
-    settings: Settings | None = None,
+    settings: ClientSettings | None = None,
     env: Mapping[str, str] | None = None,
 ) -> TorchGuard:
     """The integration for this rank, from torchrun's environment and ``STEPGUARD_*``.
@@ -520,7 +521,7 @@ def watch(
     rank its own replica (``dp_group = rank``), one stage, one tensor group.
     """
     env = os.environ if env is None else env
-    settings = settings or load_settings(env)
+    settings = settings or load_client_settings(env)
     topology = from_env(
         env, job_id=job_id, dp_group=_group_index(dp_group),
         pp_stage=_group_index(pp_group) or 0, tp_group=_group_id(tp_group),
