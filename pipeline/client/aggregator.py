@@ -61,7 +61,8 @@ class NodeAggregator:
         self._stop = threading.Event()
 
     def serve(self) -> None:
-        """Receive until :meth:`stop`; then flush what is buffered."""
+        """Receive until :meth:`stop`; then read what is still in the socket and flush
+        what is buffered."""
         while not self._stop.is_set():
             try:
                 data = self.sock.recv(65536)
@@ -71,9 +72,19 @@ class NodeAggregator:
                 self._handle(data)
             for msg in self.batcher.expire(time.monotonic()):
                 self.sink.send("steps", msg)
+        self._drain_socket()  # what the ranks sent before the stop is not lost
         for msg in self.batcher.flush():
             self.sink.send("steps", msg)
         self.sink.flush(10.0)
+
+    def _drain_socket(self) -> None:
+        self.sock.setblocking(False)
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except (BlockingIOError, OSError):
+                return
+            self._handle(data)
 
     def _handle(self, data: bytes) -> None:
         try:

@@ -363,11 +363,12 @@ def build_plan(
     for env in keys.values():
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     # the job's own controller (its CommandListener) signs its results with this key
-    # TODO(issue 25, helper "results"): the job controller's own role, bound to the job;
-    # until it lands this is the key `simulate` (also a job controller) gets
+    # (issue 25: the job controller's own role, bound to the job, is signing_env's kind
+    # "job" once it lands; until then the key `simulate`, also a job controller, gets)
     job_env = {}
     if options.job is not None:
-        job_env = {k: v for k, v in keys["simulate"].items() if k.endswith("_PRIVATE_KEY")}
+        job_keys = keys.get("job", keys["simulate"])
+        job_env = {k: v for k, v in job_keys.items() if k.endswith("_PRIVATE_KEY")}
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
 
 

@@ -31,7 +31,7 @@ import pytest
 from tests.conftest import IN_CI
 
 try:
-    import torch  # noqa: F401
+    import torch
 except ImportError:
     if IN_CI:
         raise  # CI=true: .ci/run must install .[dev,torch]
@@ -282,3 +282,32 @@ def test_auto_mode_checkpoints_replaces_the_straggler_with_the_spare_and_relaunc
     assert CommandKind.CHECKPOINT in kinds and CommandKind.ISOLATE in kinds, kinds
     isolate = next(c for c in s.commands if c.kind is CommandKind.ISOLATE)
     assert isolate.targets == ("node-b",) and isolate.replacements == (SPARE,), isolate
+
+
+def test_one_process_without_a_process_group_publishes_its_measured_steps(settings):
+    """The fast check of the whole publishing path (no torchrun): watch() in this
+    process, five steps of real work, the node's message read back from the topic."""
+    from pipeline.client.pytorch import watch
+    from schemas import StepTelemetry
+
+    env = {"STEPGUARD_JOB_ID": f"one-{uuid.uuid4().hex[:6]}", "STEPGUARD_NODE": "node-x"}
+    guard = watch(commands=False, settings=settings, env=env)
+    a = torch.randn(128, 128)
+    for _step, batch in guard.steps(iter([a] * 5), total=5):
+        (batch @ batch).sum().item()
+    stats = guard.close()
+    assert stats.steps == 5 and stats.record_s > 0
+    consumer = make_consumer(settings, [registry_of(settings).name("steps")], None)
+    try:
+        got: list[StepTelemetry] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=300).values():
+                got += [m for r in records if isinstance(m := decode(StepTelemetry, r.value),
+                                                          StepTelemetry)]  # fmt: skip
+    finally:
+        consumer.close()
+    assert sorted(m.step for m in got) == [0, 1, 2, 3, 4], got
+    (rank,) = got[-1].samples
+    assert got[-1].node == "node-x" and rank.rank == 0 and rank.dp_group == 0
+    assert rank.compute_s > 0 and rank.comm_wait_s == 0 and rank.step_time_s >= rank.compute_s

@@ -322,10 +322,10 @@ class TorchGuard:
             compute = p.compute.seconds() - (comm if self.clock.includes_comm else 0.0)
             r0 = time.perf_counter()
             self.exporter.record_step(
-                p.step, t.rank, p.step_time_s, max(0.0, compute), comm, p.data_wait_s,
-                local_rank=t.local_rank, ts_end=p.ts_end, loss=_float(p.loss),
-                grad_norm=_float(p.grad_norm), phase=p.phase, dp_group=t.dp_group,
-                pp_stage=t.pp_stage, tp_group=t.tp_group,
+                p.step, t.rank, step_time_s=p.step_time_s, compute_s=max(0.0, compute),
+                comm_wait_s=comm, data_wait_s=p.data_wait_s, local_rank=t.local_rank,
+                ts_end=p.ts_end, loss=_float(p.loss), grad_norm=_float(p.grad_norm),
+                phase=p.phase, dp_group=t.dp_group, pp_stage=t.pp_stage, tp_group=t.tp_group,
             )  # fmt: skip
             spent = time.perf_counter() - r0
             self._record_s += spent
