@@ -35,7 +35,9 @@ from pipeline.tools.up import UpOptions, build_plan
 JOB = Path(__file__).resolve().parents[1] / "tests" / "integration" / "torch_job.py"
 
 
-def run_once(env: dict[str, str], tmp: Path, steps: int, plain: bool, tag: str) -> dict[str, Any]:
+def run_once(
+    env: dict[str, str], tmp: Path, steps: int, plain: bool, tag: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     out = tmp / f"out-{tag}"
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
@@ -44,13 +46,15 @@ def run_once(env: dict[str, str], tmp: Path, steps: int, plain: bool, tag: str) 
     ]  # fmt: skip
     if plain:
         argv.append("--plain")
-    job_env = env | {"STEPGUARD_JOB_ID": f"bench-{tag}-{uuid.uuid4().hex[:6]}"}
-    done = subprocess.run(argv, env=job_env, capture_output=True, text=True, check=False)
+    argv += extra
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"torchrun failed ({done.returncode}):\n{done.stderr[-3000:]}")
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     wall = max(r["wall_s"] for r in ranks)
     doc: dict[str, Any] = {"steps_per_s": steps / wall, "step_s": wall / steps}
+    doc["cpu_process_s"] = sum(r["cpu_process_s"] for r in ranks) / steps
+    doc["cpu_main_s"] = sum(r["cpu_main_s"] for r in ranks) / steps
     if not plain:
         recorded = sum(r["recorded"] for r in ranks)
         doc["record_us"] = 1e6 * sum(r["record_s"] for r in ranks) / recorded
@@ -74,7 +78,8 @@ def main() -> None:
                 {}, kafka_bootstrap=broker.bootstrap, broker_flavor="tansu", state_dir=tmp
             )
             # the environment `stepguard up --job` gives a job: broker, job id, keys
-            plan = build_plan(settings, UpOptions(job="bench", nodes="node-a,node-b"), {})
+            job = f"bench-{uuid.uuid4().hex[:6]}"  # its controller key is bound to it
+            plan = build_plan(settings, UpOptions(job=job, nodes="node-a,node-b"), {})
             env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
             env |= plan.shell_env | plan.job_env
             env |= {"STEPGUARD_RANKS_PER_NODE": "2", "OMP_NUM_THREADS": "1",

@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--stall-from", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=0.2)
     p.add_argument("--plain", action="store_true")
+    p.add_argument("--no-hook", action="store_true", help="watch() without the comm hook")
+    p.add_argument("--no-commands", action="store_true", help="watch(commands=False)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
@@ -96,9 +98,17 @@ def main() -> None:
         return loss
 
     args.out.mkdir(parents=True, exist_ok=True)
+    guard = None
+    if not args.plain:  # set up before the clock starts: the loop alone is measured
+        from pipeline.client.pytorch import watch
+
+        guard = watch(None if args.no_hook else model, checkpoint=save,
+                      commands=not args.no_commands)  # fmt: skip
+    dist.barrier()
     t0 = time.perf_counter()
+    cpu0, main0 = time.process_time(), time.thread_time()
     done = 0
-    if args.plain:
+    if guard is None:
         data = batches(rank, args, start)
         for step in range(start, args.steps):
             x, y = next(data)
@@ -106,23 +116,22 @@ def main() -> None:
             if step % args.ckpt_every == args.ckpt_every - 1:
                 save(step)
             done += 1
-        figures: dict[str, object] = {}
     else:
-        from pipeline.client.pytorch import watch
-
-        guard = watch(model, checkpoint=save)
         for step, (x, y) in guard.steps(batches(rank, args, start), start=start, total=args.steps):
             guard.note(loss=train(step, x, y))
             if step % args.ckpt_every == args.ckpt_every - 1:
                 guard.checkpoint(step)
             done += 1
+    wall = time.perf_counter() - t0
+    cpu = {"cpu_process_s": time.process_time() - cpu0, "cpu_main_s": time.thread_time() - main0}
+    figures: dict[str, object] = {}
+    if guard is not None:
         stats = guard.close()
         figures = {"record_s": stats.record_s, "record_max_s": stats.record_max_s,
                    "overhead_s": stats.overhead_s, "recorded": stats.steps,
                    "node": guard.topology.node, "run": guard.topology.run,
                    "stopped": guard.stopped is not None}  # fmt: skip
-    wall = time.perf_counter() - t0
-    doc = {"rank": rank, "start": start, "steps": done, "wall_s": wall, **figures,
+    doc = {"rank": rank, "start": start, "steps": done, "wall_s": wall, **figures, **cpu,
            "attempt": os.environ.get("STEPGUARD_ATTEMPT", "")}  # fmt: skip
     (args.out / f"rank-{rank}-a{doc['attempt'] or 0}.json").write_text(json.dumps(doc))
     dist.destroy_process_group()
