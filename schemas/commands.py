@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from schemas._base import KeyId, Message, Signature
+from schemas.alerts import Grade
 
 __all__ = [
     "ActuatorMode",
@@ -120,6 +121,11 @@ class Command(Message):
         default=None,
         max_length=64,
         description="The incident key of the alert behind it (Alert.incident). Signed when set.",
+    )
+    grade: Grade | None = Field(
+        default=None,
+        description="Grade of the alert that led here (a notification's severity); "
+        "signed with the command when set.",
     )
     key_id: KeyId | None = None
     signature: Signature | None = None

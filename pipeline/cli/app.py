@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 
 from pipeline.cli import actuator as actuator_cli
+from pipeline.cli import alertmanager as alertmanager_cli
 from pipeline.cli import worker as worker_cli
 from pipeline.cli.util import console, err, missing_extra, stop_event
 from pipeline.io.errors import StepguardError
@@ -367,6 +368,15 @@ def up(
     mode: Annotated[
         str | None, typer.Option(help="Actuator mode for the job: auto, approve or observe.")
     ] = None,
+    prometheus: Annotated[
+        bool | None,
+        typer.Option(
+            "--prometheus/--no-prometheus",
+            help="Run Prometheus (Debian's `prometheus` on PATH) with stepguard's alerting "
+            "rules, scraping every service (default: with --durable when installed).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start and supervise the production services as child processes (docker-compose
     without Docker): broker, topics, workers, actuator, executor, archiver.
@@ -393,6 +403,7 @@ def up(
         nodes=nodes,
         spares=spares,
         mode=mode,  # type: ignore[arg-type]
+        prometheus=prometheus,
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 
@@ -432,7 +443,7 @@ def alerts(
 ) -> None:
     """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
     evidence, recommended action, incident. Alerts no worker key signed are marked."""
-    from pipeline.tools.status import alerts_filter, follow_alerts
+    from pipeline.tools.alerts import alerts_filter, follow_alerts
 
     try:
         keep = alerts_filter(job=job, grade=grade, since=since)
@@ -466,7 +477,7 @@ def archiver(
 
     settings = _settings()
     metrics = ArchiverMetrics()
-    serve_metrics(metrics.registry, settings.archiver_metrics_port, "archiver_metrics_port")
+    serve_metrics(metrics.registry, settings, "archiver_metrics_port")
     backend = open_backend(settings)
     migrate(backend)
     stop = stop_event()
@@ -703,7 +714,7 @@ def scenarios() -> None:
 
 
 # The services own their subcommands; they sit at the top level beside these.
-for _service in (worker_cli.commands, actuator_cli.commands):
+for _service in (worker_cli.commands, actuator_cli.commands, alertmanager_cli.commands):
     app.registered_commands.extend(_service.registered_commands)
 
 

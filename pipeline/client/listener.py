@@ -159,8 +159,7 @@ class CommandListener:
     def start(self, timeout_s: float = 30.0) -> CommandListener:
         """Read back past results, start the consumer thread, wait until it is assigned."""
         if self._thread is None:
-            serve_metrics(self.metrics.registry, self.settings.listener_metrics_port,
-                          "listener_metrics_port")  # fmt: skip
+            serve_metrics(self.metrics.registry, self.settings, "listener_metrics_port")
         create_topics(self.settings, ["commands", "results", "lifecycle"])
         for rec in read_back(self.settings, "results"):
             res = rec.message

@@ -18,9 +18,13 @@ job controller      STEPGUARD_LISTENER_METRICS_PORT   :class:`ExecutorMetrics`, 
 (CommandListener)   (0: off; runs in training code)   ``job-controller``
 ==================  ================================  =====================================
 
-Two services of one kind on one host need a port each (``stepguard up`` assigns free
-ones); a port already taken is one :class:`~pipeline.io.errors.ConfigError` naming the
-setting and the port, so the service exits with one line instead of a traceback.
+Every endpoint listens on ``STEPGUARD_METRICS_BIND_ADDRESS``: 127.0.0.1 unless set
+(the Docker image and docker-compose set ``0.0.0.0``, for a scraper in another
+container). Two services of one kind on one host need a port each (``stepguard up``
+assigns free ones); a port already taken is one :class:`~pipeline.io.errors.ConfigError`
+naming the setting and the port, so the service exits with one line instead of a
+traceback. Each registry also holds the process's own ``process_*`` metrics
+(:func:`service_registry`): its start time shows restarts.
 
 Actuator (``stepguard_actuator_``):
 
@@ -29,11 +33,16 @@ inputs_total{topic}                    decisions, approvals and control records 
 alerts_total{grade,result}             alerts read: ``acted`` (an outcome followed),
                                        ``ignored`` (nothing to do), ``refused``
                                        (no worker signature)
-actions_total{state}                   action records published, by state
+actions_total{mode,state}              actions decided: each action record published
+                                       (observed, held, approved, rejected,
+                                       cancelled, refused), and ``issued`` for an
+                                       action carried out at once (auto mode), whose
+                                       commands go out with no record of their own
 commands_total{kind}                   signed commands published, by kind
 guardrail_alerts_total                 guardrail alerts published
 refused_total                          approvals and control messages refused
 held_actions                           actions waiting for approve/reject now
+oldest_held_seconds                    age of the oldest of them (0: none)
 breakers_open                          jobs whose circuit breaker is open now
 =====================================  ==============================================
 
@@ -59,24 +68,51 @@ consumer_lag{topic}                    high watermark - next offset to fetch
 from __future__ import annotations
 
 import errno
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 from pipeline.io.errors import ConfigError
-from pipeline.io.settings import ENV_PREFIX
+from pipeline.io.settings import ENV_PREFIX, ClientSettings
 
-__all__ = ["ActuatorMetrics", "ArchiverMetrics", "ExecutorMetrics", "serve_metrics"]
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+__all__ = [
+    "ActuatorMetrics",
+    "ArchiverMetrics",
+    "ExecutorMetrics",
+    "serve_metrics",
+    "service_registry",
+]
+
+
+def service_registry(registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """``registry``, or a new one holding the process's own metrics
+    (``process_start_time_seconds``, CPU, memory, open files): a restart shows as a new
+    start time, which the shipped StepguardServiceRestarting alert counts."""
+    if registry is not None:
+        return registry
+    reg = CollectorRegistry()
+    ProcessCollector(registry=reg)
+    return reg
 
 
 def serve_metrics(
-    registry: CollectorRegistry,
-    port: int,
-    setting: str,
-    addr: str = "0.0.0.0",  # noqa: S104 - a scrape target
-) -> None:
-    """Serve ``/metrics`` of ``registry`` on ``port`` (0: do nothing).
+    registry: CollectorRegistry, settings: ClientSettings, setting: str
+) -> WSGIServer | None:
+    """Serve ``/metrics`` of ``registry`` on the port of ``setting`` (0: do nothing),
+    listening on ``settings.metrics_bind_address`` (loopback unless configured).
 
-    ``setting`` is the field name (``worker_metrics_port``) named in the error.
+    ``setting`` is the field name of the port (``worker_metrics_port``), named in the
+    error. Returns the server (``shutdown()`` stops it), or None when the port is 0.
 
     Raises
     ------
@@ -84,29 +120,35 @@ def serve_metrics(
         The port cannot be bound (in use, or not allowed): one line naming the
         ``STEPGUARD_*`` variable and the port.
     """
+    port = int(getattr(settings, setting))
     if not port:
-        return
+        return None
+    addr = settings.metrics_bind_address
     try:
-        start_http_server(port, addr=addr, registry=registry)
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         var = f"{ENV_PREFIX}{setting.upper()}"
         why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
         raise ConfigError(
-            f"{var}={port}: port {port} {why}; set {var} to a free port (0: no metrics)"
+            f"{var}={port}: port {port} on {addr} {why}; set {var} to a free port (0: no metrics)"
         ) from exc
+    return server
 
 
 class ActuatorMetrics:
     """The actuator's metrics (see the module table)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_actuator_"
         self.inputs = Counter(p + "inputs", "Records read.", ["topic"], registry=reg)
         self.alerts = Counter(
             p + "alerts", "Alerts read, by result.", ["grade", "result"], registry=reg
         )
-        self.actions = Counter(p + "actions", "Action records published.", ["state"], registry=reg)
+        self.actions = Counter(
+            p + "actions", "Actions decided, by mode and state (issued: carried out at once).",
+            ["mode", "state"], registry=reg,
+        )  # fmt: skip
         self.commands = Counter(p + "commands", "Commands published.", ["kind"], registry=reg)
         self.guardrail_alerts = Counter(
             p + "guardrail_alerts", "Guardrail alerts published.", registry=reg
@@ -115,6 +157,10 @@ class ActuatorMetrics:
             p + "refused", "Approvals and control messages refused.", registry=reg
         )
         self.held = Gauge(p + "held_actions", "Actions waiting for a decision.", registry=reg)
+        self.oldest_held = Gauge(
+            p + "oldest_held_seconds", "Age of the oldest action waiting for a decision.",
+            registry=reg,
+        )  # fmt: skip
         self.breakers_open = Gauge(
             p + "breakers_open", "Jobs whose circuit breaker is open.", registry=reg
         )
@@ -124,7 +170,7 @@ class ExecutorMetrics:
     """An executor's metrics (see the module table)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_executor_"
         self.commands = Counter(
             p + "commands", "Commands answered.", ["executor", "kind", "result"], registry=reg
@@ -139,7 +185,7 @@ class ArchiverMetrics:
     """The archiver's metrics (see the module table)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_archiver_"
         self.messages = Counter(p + "messages", "Messages stored and committed.", registry=reg)
         self.rows = Counter(p + "rows", "Rows inserted.", ["table"], registry=reg)

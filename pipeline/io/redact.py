@@ -77,8 +77,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 
 def settings_secrets(settings: Settings) -> list[str]:
     """Every secret ``settings`` hold, as the texts to mask: the SASL password, the
-    ClickHouse DSN (and its password), each private key (and its key material) and
-    each webhook URL (and the parts beyond its origin).
+    ClickHouse DSN (and its password), each private key (and its key material), each
+    webhook URL and the Alertmanager URL (and the parts beyond their origin).
 
     >>> from pipeline.io.settings import load_settings
     >>> s = load_settings({}, webhook_urls="https://h.example/T0/B0/XYZ-token")
@@ -98,6 +98,8 @@ def settings_secrets(settings: Settings) -> list[str]:
                 found += [text, text.partition(":")[2].strip()]
     for url in settings.webhooks:
         found += url_secrets(url)
+    if settings.alertmanager:
+        found += url_secrets(settings.alertmanager)
     return [s for s in found if s]
 
 

@@ -25,6 +25,9 @@ STEPGUARD_ACTUATOR_METRICS_PORT / EXECUTOR_ / ARCHIVER_  the same for the actuat
                               (9109), an executor (9110) and the archiver (9111); two
                               of a kind on one host need distinct ports
 STEPGUARD_LISTENER_METRICS_PORT  the CommandListener's, in training code (default 0: off)
+STEPGUARD_METRICS_BIND_ADDRESS  address every metrics endpoint listens on (default
+                              127.0.0.1, loopback; ``0.0.0.0`` in a container, as the
+                              image and docker-compose set it, or for a remote scraper)
 STEPGUARD_WORKER_STORE        Faust table store URL (``memory://`` or ``rocksdb://``)
 STEPGUARD_WORKER_SNAPSHOT_STEPS / _SNAPSHOT_INTERVAL_S  how often a job's detector
                               state is written to the table (steps / wall seconds)
@@ -73,6 +76,12 @@ STEPGUARD_SLURM_JOB_PREFIX    ... and every job id ``<prefix><slurm_id>``, e.g.
 STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
 STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
                               commands, actions, cooldowns, repair marks, job sizes)
+STEPGUARD_ALERTMANAGER_URL    Alertmanager's base URL for ``stepguard alertmanager``
+                              (secret like the webhook URLs; empty: no bridge)
+STEPGUARD_ALERTMANAGER_*      the bridge: ``CLUSTER`` label, ``RUNBOOK_URL`` base (+ the
+                              alert kind), ``RESOLVE_TIMEOUT_S`` (endsAt while firing),
+                              ``RESEND_S`` (shorter), ``EPISODE_TTL_S``, ``MAX_EPISODES``,
+                              ``TIMEOUT_S``, ``RETRIES``, ``METRICS_PORT`` (9112)
 ============================  ==========================================================
 """
 
@@ -80,6 +89,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -260,6 +270,22 @@ class ClientSettings(KafkaSettings, KeySettings):
     max_clock_skew_s: float = Field(default=300.0, gt=0)
     #: the CommandListener's, inside training code (0: off; one per process on a host)
     listener_metrics_port: int = Field(default=0, ge=0, le=65535)
+    #: the address every metrics endpoint binds (the listener's and each service's):
+    #: loopback unless asked (an exposition names jobs and nodes; the image and
+    #: docker-compose set ``0.0.0.0``)
+    metrics_bind_address: str = "127.0.0.1"
+
+    @field_validator("metrics_bind_address")
+    @classmethod
+    def _check_bind_address(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                "expected an IP address to listen on (127.0.0.1, 0.0.0.0, ::1, ::)"
+            ) from None
+        return value
 
 
 class Settings(ClientSettings):
@@ -352,6 +378,27 @@ class Settings(ClientSettings):
     #: normal bound is time (the guard window, cooldowns, stale and hold horizons)
     actuator_max_tracked: int = Field(default=10_000, ge=100)
 
+    # -- Alertmanager bridge (``stepguard alertmanager``) -------------------------------
+    #: Alertmanager's base URL (``http://host:9093``); secret (it may carry credentials):
+    #: read it through :attr:`alertmanager`; empty: no bridge
+    alertmanager_url: SecretStr = SecretStr("")
+    #: the ``cluster`` label of every alert pushed
+    alertmanager_cluster: str = Field(default="stepguard", min_length=1, max_length=128)
+    #: base of each alert's ``runbook_url`` annotation (the alert kind is appended)
+    alertmanager_runbook_url: str = Field(default="", pattern=r"^(https?://\S*)?$")
+    #: a firing alert is sent with endsAt = now + this: Alertmanager ends it unless it
+    #: is sent again in time (like its own resolve_timeout, which needs no endsAt)
+    alertmanager_resolve_timeout_s: float = Field(default=300.0, gt=0)
+    #: how often a firing episode is sent again (shorter than the resolve timeout)
+    alertmanager_resend_s: float = Field(default=60.0, gt=0)
+    #: a firing episode with no update for this long is no longer re-sent
+    alertmanager_episode_ttl_s: float = Field(default=6 * 3600.0, gt=0)
+    #: firing episodes the bridge keeps at most (oldest dropped first)
+    alertmanager_max_episodes: int = Field(default=10_000, ge=1)
+    alertmanager_timeout_s: float = Field(default=5.0, gt=0)
+    alertmanager_retries: int = Field(default=3, ge=0)
+    alertmanager_metrics_port: int = Field(default=9112, ge=0, le=65535)
+
     clickhouse_dsn: SecretStr | None = None
     chdb_path: Path = Path(".stepguard/archive")
     state_dir: Path = Path(".stepguard")
@@ -365,6 +412,23 @@ class Settings(ClientSettings):
         if parts.scheme not in ("clickhouse", "clickhouses") or not parts.hostname:
             raise ValueError("expected clickhouse://[user[:password]@]host[:port][/database]")
         return value
+
+    @field_validator("alertmanager_url")
+    @classmethod
+    def _check_alertmanager_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value().strip()
+        if url and not (url.startswith(("http://", "https://")) and urlsplit(url).hostname):
+            raise ValueError("expected http(s)://host[:port][/path]")  # never quote it
+        return SecretStr(url)
+
+    @model_validator(mode="after")
+    def _check_resend(self) -> Settings:
+        if self.alertmanager_resend_s >= self.alertmanager_resolve_timeout_s:
+            raise ValueError(
+                "ALERTMANAGER_RESEND_S must be shorter than ALERTMANAGER_RESOLVE_TIMEOUT_S "
+                "(or Alertmanager ends firing alerts between two sends)"
+            )
+        return self
 
     @field_validator("actuator_action_modes")
     @classmethod
@@ -386,6 +450,12 @@ class Settings(ClientSettings):
         """The webhook URLs (secrets: log :func:`pipeline.io.redact.url_origin` of them)."""
         urls = self.webhook_urls.get_secret_value()
         return [u.strip() for u in urls.split(",") if u.strip()]
+
+    @property
+    def alertmanager(self) -> str:
+        """Alertmanager's base URL without a trailing slash, or "" (a secret: log
+        :func:`pipeline.io.redact.url_origin` of it)."""
+        return self.alertmanager_url.get_secret_value().rstrip("/")
 
     @property
     def archive_backend(self) -> Literal["server", "chdb"]:

@@ -91,7 +91,10 @@ PublicKeys = Mapping[str, Ed25519PublicKey]
 _UNSIGNED = {"key_id", "signature"}
 #: optional fields added after signing began: signed only when set, so a signature made
 #: before they existed still verifies
-_SIGNED_WHEN_SET = ("job_nodes", "detector_settings", "cause", "incident")
+_SIGNED_WHEN_SET = ("job_nodes", "detector_settings", "cause", "incident", "grade")
+#: the same for the commands an action record carries (``job_nodes`` was signed there
+#: as null before, so only fields added since)
+_NESTED_SIGNED_WHEN_SET = ("cause", "incident", "grade")
 _SIGNATURE = re.compile(r"[0-9a-f]{128}")  # schemas._base.SIGNATURE_PATTERN
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # schemas._base.KEY_ID_PATTERN
 
@@ -189,6 +192,11 @@ def canonical(message: Signable) -> bytes:
     for name in _SIGNED_WHEN_SET:
         if name in data and data[name] is None:
             del data[name]
+    if isinstance(message, ActionRecord):
+        for cmd in data.get("commands", ()):
+            for name in _NESTED_SIGNED_WHEN_SET:
+                if name in cmd and cmd[name] is None:
+                    del cmd[name]
     if isinstance(message, Approval) and message.schema_version == 1:
         data["command_id"] = data.pop("action_id")
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

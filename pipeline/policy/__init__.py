@@ -218,6 +218,14 @@ class PolicyParams:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """An action carried out at once, its commands published with no record."""
+
+    action_id: str
+    mode: ActuatorMode
+
+
 @dataclass(slots=True)
 class Outcome:
     """What one input led to: commands (unsigned), action records, guardrail alerts."""
@@ -225,6 +233,9 @@ class Outcome:
     commands: list[Command] = field(default_factory=list)
     records: list[ActionRecord] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    #: actions whose commands went out with no action record of their own (auto mode,
+    #: or a NOTIFY-only plan): counted beside the records (``actions_total``)
+    issued: list[Issued] = field(default_factory=list)
     #: why nothing happened, when nothing happened (for logs and tests)
     note: str = ""
 
@@ -232,6 +243,7 @@ class Outcome:
         self.commands += other.commands
         self.records += other.records
         self.alerts += other.alerts
+        self.issued += other.issued
         self.note = self.note or other.note
 
 
@@ -658,6 +670,8 @@ class Policy:
             out.commands.append(cmd)
         if not out.commands:
             out.note = "already issued"
+        elif by is None:  # an approved action has its APPROVED record
+            out.issued.append(Issued(aid, mode))
         return out
 
     def _plan(
@@ -684,7 +698,7 @@ class Policy:
                 checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
                 expires_at=expires, summary=(summary or alert.summary)[:500],
                 job_nodes=hint if targets and kind in _SCOPED else None,
-                cause=cause, incident=alert.incident or None,
+                cause=cause, incident=alert.incident or None, grade=alert.grade,
             )  # fmt: skip
 
         nodes = (node,) if node else ()
@@ -963,6 +977,7 @@ class Policy:
             kind=CommandKind.NOTIFY, job_id=held.job_id, targets=targets,
             reason=held.reason, mode=ActuatorMode.APPROVE, issued_at=now,
             expires_at=now + timedelta(seconds=self.params.hold_ttl_s), summary=text[:500],
+            grade=a.grade if a is not None else None,
         )  # fmt: skip
 
     def _issue(self, cid: str, now: datetime) -> None:

@@ -288,6 +288,8 @@ def run_demo(
     # the job controller is an executor: it verifies commands and signs its results
     # (it judges them on the wall clock, as the actuator dates them)
     job_settings = load_settings(next(s.env for s in plan.specs if s.name == "executor-dry-run"))
+    # the archiver's own keys (every signing role's public keys): what it verifies
+    archive_settings = load_settings(next(s.env for s in plan.specs if s.name == "archiver"))
     registry = registry_of(job_settings)
     # the demo's topics are its own and thrown away: no word on keeping them
     notes = [n for n in plan.notes if not n.startswith(("no STEPGUARD_OPERATOR", MEMORY_ONLY))]
@@ -456,7 +458,7 @@ def run_demo(
             backend = open_backend(job_settings)
             stack.callback(backend.close)
         migrate(backend)
-        archiver = Archiver(job_settings, backend, max_batch=20000, max_wait_s=0.5)
+        archiver = Archiver(archive_settings, backend, max_batch=20000, max_wait_s=0.5)
         idle = 0
         while idle < 4:
             idle = idle + 1 if archiver.poll_batch() == 0 else 0

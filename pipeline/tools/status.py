@@ -33,46 +33,35 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kafka import TopicPartition
-from kafka.errors import KafkaError
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.io.duration import parse_duration
 from pipeline.io.errors import BrokerError
-from pipeline.io.kafka import Decoded, assigned_consumer, client_config, registry_of
+from pipeline.io.kafka import client_config
 from pipeline.io.settings import Settings
+from pipeline.tools.tail import DEFAULT_WINDOW, quiet_client_logs, read_tail
 from schemas import (
-    TOPICS,
     ActionRecord,
     ActionState,
     Alert,
-    AlertKind,
     AlertState,
     Grade,
     JobEvent,
     JobEventKind,
-    Rejected,
     StepTelemetry,
-    decode,
 )
 
 __all__ = [
-    "DEFAULT_WINDOW",
-    "AlertFilter",
+    "GRADE_SHORT",
+    "GRADE_STYLE",
     "StatusSnapshot",
-    "TopicTail",
-    "alert_line",
     "collect_status",
-    "follow_alerts",
     "incidents_from",
     "jobs_from",
     "render_status",
@@ -80,108 +69,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: records read from the end of each partition, by default
-DEFAULT_WINDOW = 500
-#: the most records kept per partition, whatever ``window`` asks
-MAX_WINDOW = 100_000
 
-_GRADE_STYLE = {Grade.INFO: "cyan", Grade.WARNING: "yellow", Grade.CRITICAL: "bold red"}
-_GRADE_SHORT = {Grade.INFO: "INFO", Grade.WARNING: "WARN", Grade.CRITICAL: "CRIT"}
-
-
-# -- reading the end of a topic ----------------------------------------------------------
-
-
-class TopicTail:
-    """The last records of every partition of one topic, then what follows them.
-
-    Parameters
-    ----------
-    settings
-        Broker and topic prefix.
-    logical
-        Logical topic name (``steps``, ``decisions``, ...).
-    """
-
-    def __init__(self, settings: Settings, logical: str) -> None:
-        self.topic = registry_of(settings).name(logical)
-        self.model = TOPICS[logical].model
-        self.consumer = assigned_consumer(settings, [self.topic], None)
-        self.parts: list[TopicPartition] = sorted(self.consumer.assignment())
-        #: records that did not decode (skipped; their readers dead-lettered them)
-        self.undecodable = 0
-
-    def close(self) -> None:
-        self.consumer.close()
-
-    def __enter__(self) -> TopicTail:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def tail(self, last_n: int, timeout_s: float = 15.0) -> list[Decoded]:
-        """The decodable records among the last ``last_n`` of each partition, in
-        (timestamp, partition, offset) order; the consumer is left at the end.
-
-        Gives up after ``timeout_s`` with what it has (a note in the log).
-        """
-        if not 1 <= last_n <= MAX_WINDOW:
-            raise ValueError(f"last_n must be in 1..{MAX_WINDOW}")
-        c = self.consumer
-        try:
-            begin = c.beginning_offsets(self.parts)
-            end = c.end_offsets(self.parts)
-            for tp in self.parts:
-                c.seek(tp, max(begin[tp], end[tp] - last_n))
-            kept: dict[TopicPartition, deque[Any]] = {tp: deque(maxlen=last_n) for tp in self.parts}
-            done: set[TopicPartition] = set()
-            deadline = time.monotonic() + timeout_s
-            while len(done) < len(self.parts) and time.monotonic() < deadline:
-                for tp, records in c.poll(timeout_ms=200).items():
-                    kept[tp].extend(records)
-                for tp in self.parts:
-                    high = c.highwater(tp)
-                    if tp in done or high is None:
-                        continue
-                    pos = c.position(tp)
-                    if pos < high - last_n:  # the reported end was short (Tansu)
-                        c.seek(tp, high - last_n)
-                        kept[tp].clear()
-                    elif pos >= high:
-                        done.add(tp)
-            if len(done) < len(self.parts):
-                log.info("%s: read the tail of %d of %d partitions in %.0fs",
-                         self.topic, len(done), len(self.parts), timeout_s)  # fmt: skip
-        except KafkaError as exc:
-            raise BrokerError(f"cannot read {self.topic}: {exc}") from exc
-        out = [d for recs in kept.values() for d in self._decode(recs)]
-        out.sort(key=lambda d: (d.timestamp_ms, d.partition, d.offset))
-        return out
-
-    def follow(self, timeout_ms: int = 500) -> list[Decoded]:
-        """What arrived since the last call (one poll)."""
-        try:
-            batches = self.consumer.poll(timeout_ms=timeout_ms)
-        except KafkaError as exc:
-            raise BrokerError(f"cannot read {self.topic}: {exc}") from exc
-        out = [d for recs in batches.values() for d in self._decode(recs)]
-        out.sort(key=lambda d: (d.timestamp_ms, d.partition, d.offset))
-        return out
-
-    def _decode(self, records: Iterable[Any]) -> Iterator[Decoded]:
-        for rec in records:
-            msg = decode(self.model, rec.value, topic=rec.topic, partition=rec.partition,
-                         offset=rec.offset)  # fmt: skip
-            if isinstance(msg, Rejected):
-                self.undecodable += 1
-                continue
-            yield Decoded(rec.topic, rec.partition, rec.offset, int(rec.timestamp), msg)
-
-
-def read_tail(settings: Settings, logical: str, last_n: int) -> list[Decoded]:
-    with TopicTail(settings, logical) as tail:
-        return tail.tail(last_n)
+GRADE_STYLE = {Grade.INFO: "cyan", Grade.WARNING: "yellow", Grade.CRITICAL: "bold red"}
+GRADE_SHORT = {Grade.INFO: "INFO", Grade.WARNING: "WARN", Grade.CRITICAL: "CRIT"}
 
 
 # -- what the snapshot holds -------------------------------------------------------------
@@ -513,13 +403,21 @@ def _short(values: list[Any], most: int = 3) -> str:
     return shown + (f", +{len(values) - most}" if len(values) > most else "")
 
 
+def _plain(*cells: str | Text) -> list[Text]:
+    """Cells as plain text: a job id, node, kind or path read from a topic or a file is
+    never parsed as rich markup (``[/x]`` would raise, ``[link=...]`` would inject a
+    link into the terminal)."""
+    return [c if isinstance(c, Text) else Text(c) for c in cells]
+
+
 def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
-    """Four tables that fit 80 columns (long cells wrap)."""
+    """Four tables that fit 80 columns (long cells wrap). Every string shown comes
+    from a topic, up.json or the broker: all of it is plain text, never markup."""
     parts: list[RenderableType] = []
     head = Text(f"stepguard status: {snap.bootstrap}, {snap.at:%H:%M:%S} UTC", style="bold")
     parts.append(head)
 
-    svc = Table(title=f"services ({snap.services_from})", title_justify="left")
+    svc = Table(title=Text(f"services ({snap.services_from})"), title_justify="left")
     for col in ("service", "state", "pid", "rst", "up"):
         svc.add_column(col, no_wrap=col != "state", overflow="fold")
     for col in ("rec", "alerts", "cmd"):
@@ -530,9 +428,9 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
         def num(key: str, c: dict[str, float] = c) -> str:
             return f"{c[key]:,.0f}" if key in c else ""
 
-        svc.add_row(s.name, s.state, str(s.pid or ""), str(s.restarts) if s.pid else "",
-                    _age(s.uptime_s) if s.uptime_s else "", num("records"), num("alerts"),
-                    num("commands"))  # fmt: skip
+        svc.add_row(*_plain(s.name, s.state, str(s.pid or ""), str(s.restarts) if s.pid else "",
+                            _age(s.uptime_s) if s.uptime_s else "", num("records"),
+                            num("alerts"), num("commands")))  # fmt: skip
     parts.append(svc)
 
     jobs = Table(title=f"jobs (last {window} step records per partition)", title_justify="left")
@@ -541,7 +439,7 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
         jobs.add_column(col, justify="right" if right else "left", overflow="fold")
     for j in snap.jobs:
         age = Text(_age(j.age_s), style="red" if j.age_s > 300 and not j.ended else "")
-        jobs.add_row(j.job_id, str(j.last_step), age, str(j.nodes), j.ended or "")
+        jobs.add_row(*_plain(j.job_id, str(j.last_step), age, str(j.nodes), j.ended or ""))
     parts.append(jobs if snap.jobs else Text("jobs: none in the steps topic's tail"))
 
     inc = Table(title="firing incidents", title_justify="left")
@@ -550,15 +448,16 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
     for i in snap.incidents:
         grade = Grade(i.grade)
         where = _short(i.nodes) or (f"ranks {_short(i.ranks)}" if i.ranks else "job")
-        inc.add_row(Text(_GRADE_SHORT[grade], style=_GRADE_STYLE[grade]), i.job_id, i.kind,
-                    where, f"{i.since:%H:%M:%S}", i.action, i.incident[:12])  # fmt: skip
+        inc.add_row(*_plain(Text(GRADE_SHORT[grade], style=GRADE_STYLE[grade]), i.job_id,
+                            i.kind, where, f"{i.since:%H:%M:%S}", i.action,
+                            i.incident[:12]))  # fmt: skip
     parts.append(inc if snap.incidents else Text("firing incidents: none", style="green"))
 
     held = Table(title="held actions (stepguard approve/reject ID)", title_justify="left")
     for col in ("job", "commands", "expires", "action id"):
         held.add_column(col, no_wrap=col == "action id", overflow="fold")
     for h in snap.held:
-        held.add_row(h.job_id, h.commands, f"in {_age(h.expires_in_s)}", h.action_id)
+        held.add_row(*_plain(h.job_id, h.commands, f"in {_age(h.expires_in_s)}", h.action_id))
     parts.append(held if snap.held else Text("held actions: none"))
     for note in snap.notes:
         parts.append(Text(f"note: {note}", style="dim"))
@@ -566,140 +465,6 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
 
 
 # -- alerts ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AlertFilter:
-    """Which alerts ``stepguard alerts`` shows: a job, a least grade, not older than."""
-
-    job: str | None = None
-    grade: Grade | None = None
-    since: datetime | None = None
-
-    def __call__(self, a: Alert) -> bool:
-        if self.job and a.job_id != self.job:
-            return False
-        if self.grade is not None and a.grade.level < self.grade.level:
-            return False
-        return self.since is None or a.ts >= self.since
-
-
-def signature_mark(
-    a: Alert, worker_keys: Mapping[str, Any], actuator_keys: Mapping[str, Any]
-) -> str:
-    """``""`` when a worker key signed (or the actuator signed its guardrail alert), else
-    what is wrong (``UNSIGNED``, ``BAD SIGNATURE: ...``, ``UNVERIFIED`` without keys)."""
-    from pipeline.io.trust import signature_problem
-
-    if a.signature is None:
-        return "UNSIGNED"
-    if not worker_keys and not actuator_keys:
-        return "UNVERIFIED (no STEPGUARD_WORKER_PUBLIC_KEYS)"
-    problem = signature_problem(a, worker_keys)
-    guardrail = problem is not None and a.kind is AlertKind.GUARDRAIL
-    if guardrail and signature_problem(a, actuator_keys) is None:
-        return ""
-    return "" if problem is None else f"BAD SIGNATURE: {problem}"
-
-
-def _evidence(a: Alert) -> str:
-    e = a.evidence
-    ref = (
-        f" vs peers {e.peer_median:.3g}" if e.peer_median is not None
-        else f" vs baseline {e.baseline:.3g}" if e.baseline is not None else ""
-    )  # fmt: skip
-    return f"{e.metric}={e.value:.3g}{ref} (dev {e.deviation:.3g})"
-
-
-def alert_line(a: Alert, mark: str = "") -> Text:
-    """One readable line (wrapped by the console when narrow): time, grade, state, job,
-    node/rank, kind, summary, evidence, recommended action, incident, and the mark of
-    a signature that is not a worker's.
-    """
-    text = Text()
-    text.append(f"{a.ts.astimezone(UTC):%H:%M:%S} ")
-    text.append(_GRADE_SHORT[a.grade], style=_GRADE_STYLE[a.grade])
-    state_style = "bold" if a.state is AlertState.FIRING else "green"
-    text.append(f" {a.state.value.upper()}", style=state_style)
-    where = (a.node or "") + (f"/r{a.rank}" if a.rank is not None else "")
-    text.append(f" {a.job_id}" + (f" {where}" if where else "") + f" {a.kind.value}: ")
-    text.append(a.summary or "(no summary)")
-    text.append(f" [{_evidence(a)}]", style="dim")
-    if a.recommended_action.value != "none":
-        text.append(f" -> {a.recommended_action.value}")
-    if a.incident:
-        text.append(f" [incident {a.incident[:12]}]", style="dim")
-    if mark:
-        text.append(f" {mark}", style="bold magenta reverse")
-    return text
-
-
-def follow_alerts(
-    settings: Settings,
-    console: Console,
-    *,
-    last: int,
-    keep: AlertFilter,
-    follow: bool,
-    as_json: bool,
-    stop: Callable[[], bool],
-    window: int = DEFAULT_WINDOW,
-) -> int:
-    """Print the last ``last`` alerts that pass ``keep`` (from the last ``window``
-    records of each decisions partition), then, with ``follow``, each new one until
-    ``stop()``. Returns how many were printed."""
-    from pipeline.io.trust import public_keys
-
-    _quiet_client_logs()
-    worker_keys = public_keys(settings, "worker")
-    actuator_keys = public_keys(settings, "actuator")
-    shown = 0
-
-    def show(items: list[Decoded]) -> None:
-        nonlocal shown
-        for d in items:
-            a = d.message
-            assert isinstance(a, Alert)
-            if as_json:
-                print(a.model_dump_json(), flush=True)
-            else:
-                line = alert_line(a, signature_mark(a, worker_keys, actuator_keys))
-                console.print(line, highlight=False, soft_wrap=True)  # one line in a pipe
-            shown += 1
-
-    with TopicTail(settings, "decisions") as tail:
-        recent = [d for d in tail.tail(max(window, last)) if keep(d.message)]  # type: ignore[arg-type]
-        show(recent[-last:] if last else [])
-        while follow and not stop():
-            show([d for d in tail.follow(500) if keep(d.message)])  # type: ignore[arg-type]
-    return shown
-
-
-def alerts_filter(
-    *, job: str | None, grade: str | None, since: str | None, now: datetime | None = None
-) -> AlertFilter:
-    """The filter of ``stepguard alerts``; ``ValueError`` naming the bad option."""
-    least = None
-    if grade is not None:
-        try:
-            least = Grade(grade.lower())
-        except ValueError:
-            raise ValueError(
-                f"--grade: expected info, warning or critical; got {grade!r}"
-            ) from None
-    start = None
-    if since is not None:
-        try:
-            start = (now or datetime.now(UTC)) - parse_duration(since)
-        except ValueError as exc:
-            raise ValueError(f"--since: {exc}") from None
-    return AlertFilter(job=job or None, grade=least, since=start)
-
-
-def _quiet_client_logs() -> None:
-    """kafka-python logs an ERROR when a client closes during a metadata refresh (a
-    short-lived reader does, every time): noise on a screen a person reads."""
-    logging.getLogger("kafka.cluster").setLevel(logging.CRITICAL)
 
 
 def run_status(
@@ -718,7 +483,7 @@ def run_status(
 
     from pipeline.tools.up import scrape
 
-    _quiet_client_logs()
+    quiet_client_logs()
 
     def snapshot() -> StatusSnapshot:
         return collect_status(settings, window=window, scrape=scrape)

@@ -12,13 +12,18 @@ worker-1..N         ``stepguard worker``: own metrics port and data directory   
 actuator            ``stepguard actuator``                                      3
 executor-dry-run    ``stepguard executor dry-run``                              3
 archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
+alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
+                    or with ``--durable``)
 simulate            ``stepguard simulate S --control`` (with ``--scenario``)     first
 ==================  ==========================================================  ==========
 
 With ``STEPGUARD_KAFKA_BOOTSTRAP`` set, no broker is started; with ``--durable``
 Apache Kafka runs through ``scripts/kafka.sh start --keep-data`` (data kept across
-runs). Each service logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json``
-holds each service's state, pid and restarts (rewritten every second), and
+runs), and, unless ``STEPGUARD_ALERTMANAGER_URL`` names one, Alertmanager through
+``scripts/alertmanager.sh start --keep-data`` (silences kept; its state under
+``<state dir>/alertmanager``, its receiver ``ALERTMANAGER_WEBHOOK_URL``). Each service
+logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json`` holds each
+service's state, pid and restarts (rewritten every second), and
 ``<state dir>/up.env`` the variables another shell needs to reach this stack.
 
 The decisions live in :mod:`pipeline.tools.supervisor`; this module builds the plan, spawns
@@ -53,6 +58,7 @@ from rich.text import Text
 from pipeline.io.embedded import free_port, probe_kafka
 from pipeline.io.errors import ConfigError, EmbeddedServiceError
 from pipeline.io.settings import ENV_PREFIX, Settings
+from pipeline.tools.prometheus import prometheus_for_up
 from pipeline.tools.supervisor import ProcessGroup, ServiceSpec, ServiceState, Supervisor
 
 if TYPE_CHECKING:
@@ -99,6 +105,9 @@ class UpOptions:
     nodes: str | None = None
     spares: str | None = None
     mode: Literal["observe", "approve", "auto"] | None = None
+    #: run Prometheus with the shipped rules (pipeline/tools/prometheus); None: with
+    #: ``durable`` when a ``prometheus`` binary is on PATH
+    prometheus: bool | None = None
 
     def __post_init__(self) -> None:
         if self.job is not None and self.scenario is not None:
@@ -142,9 +151,11 @@ _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
     # the job's CommandListener: a job controller, it signs its results as an executor
     "simulate": ("executor", ("actuator", "executor")),
-    # archives alerts, commands, action records and approvals whose signature does not
-    # verify as unsigned
-    "archiver": (None, ("actuator", "worker", "operator")),
+    # verifies what it archives as signed (pipeline.services.archive.trust): alerts, commands,
+    # action records, approvals, control changes and command results
+    "archiver": (None, ("actuator", "worker", "operator", "executor")),
+    # the Alertmanager bridge: worker-signed alerts, the actuator's guardrails and holds
+    "alertmanager": (None, ("actuator", "worker")),
 }
 
 
@@ -209,7 +220,10 @@ def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str
 
 
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on ``port``. SO_REUSEADDR as the servers themselves bind: a port
+    whose last connections linger in TIME_WAIT (a scraper's, after a stop) is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -258,8 +272,10 @@ def build_plan(
     bootstrap: str | None = None,
     python: str = sys.executable,
     run_id: str | None = None,
+    alertmanager_url: str | None = None,
 ) -> Plan:
-    """The services to run; ``bootstrap`` is an already running broker (``--durable``)."""
+    """The services to run; ``bootstrap`` is an already running broker and
+    ``alertmanager_url`` an already running Alertmanager (``--durable``)."""
     run_id = run_id or secrets.token_hex(4)
     state = settings.state_dir
     logs = state / "logs"
@@ -333,6 +349,19 @@ def build_plan(
         port = ports.take(f"{name} metrics")
         extra[name] = extra[name] | {f"{ENV_PREFIX}{var}_METRICS_PORT": str(port)}
         specs.append(ServiceSpec(name, argv, after=after_topics, stop_tier=tier, metrics_port=port))
+    am_url = alertmanager_url or settings.alertmanager
+    if am_url:
+        from pipeline.io.redact import url_origin
+
+        port = ports.take("alertmanager metrics")
+        extra["alertmanager"] = keys["alertmanager"] | {
+            f"{ENV_PREFIX}ALERTMANAGER_URL": am_url,
+            f"{ENV_PREFIX}ALERTMANAGER_METRICS_PORT": str(port),
+        }
+        bridge = ServiceSpec("alertmanager", (*cmd, "alertmanager"), after=after_topics,
+                             stop_tier=3, metrics_port=port)  # fmt: skip
+        specs.append(bridge)
+        notes.append(f"alert episodes go to Alertmanager at {url_origin(am_url)}")
     if options.scenario is not None:
         argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
                 "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
@@ -342,6 +371,13 @@ def build_plan(
         simulate = ServiceSpec("simulate", argv, one_shot=True, restart="never", after=after)
         specs.append(replace(simulate, metrics_port=port))
 
+    prometheus = prometheus_for_up(
+        options.prometheus, durable=options.durable, folder=state / "prometheus",
+        take_port=ports.take, ports={s.name: s.metrics_port for s in specs if s.metrics_port},
+        notes=notes, alertmanagers=_alertmanager_target(am_url),
+    )  # fmt: skip
+    if prometheus is not None:
+        specs.append(prometheus[0])
     final = [
         replace(
             spec,
@@ -362,6 +398,8 @@ def build_plan(
     # public keys are not secrets: `stepguard alerts` in another shell verifies with them
     for env in keys.values():
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
+    if prometheus is not None:
+        shell["PROMETHEUS_URL"] = prometheus[1]
     # the job's own controller (its CommandListener) signs its results with this key
     # (issue 25: the job controller's own role, bound to the job, is signing_env's kind
     # "job" once it lands; until then the key `simulate`, also a job controller, gets)
@@ -415,6 +453,22 @@ def _job_env(
         + f", spares {', '.join(spares) or 'none'}, actuator in {mode} mode"
     ]
     return actuator, shell, notes
+
+
+def _alertmanager_target(url: str | None) -> tuple[str, ...]:
+    """``host:port`` of an Alertmanager URL, for Prometheus's ``alertmanagers`` (its own
+    health alerts go where the episodes go).
+
+    >>> _alertmanager_target("http://127.0.0.1:19094"), _alertmanager_target(None)
+    (('127.0.0.1:19094',), ())
+    """
+    if not url:
+        return ()
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (f"{parts.hostname}:{port}",)
 
 
 def _scenario_env(
@@ -495,6 +549,7 @@ _SUMS = {
     "records": (
         "stepguard_worker_records_total", "stepguard_actuator_inputs_total",
         "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
+        "stepguard_alertmanager_inputs_total",
     ),
     "lag": ("stepguard_worker_consumer_lag", "stepguard_archiver_consumer_lag"),
     "alerts": ("stepguard_worker_alerts_total", "stepguard_actuator_alerts_total"),
@@ -688,6 +743,35 @@ def _stop_durable_kafka(log: Path) -> None:
         )  # fmt: skip
 
 
+def _start_durable_alertmanager(state: Path, log: Path, console: Console) -> str:
+    """``scripts/alertmanager.sh start --keep-data``, its state under ``state``; the URL."""
+    script = _kafka_script().with_name("alertmanager.sh")
+    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
+    console.print(f"starting Alertmanager (durable): {script} start --keep-data ...")
+    with log.open("ab") as out:
+        done = subprocess.run(
+            ["bash", str(script), "start", "--keep-data"], stdout=subprocess.PIPE,
+            stderr=out, env=env, check=False, timeout=120,
+        )  # fmt: skip
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    if done.returncode != 0 or not last.startswith("ALERTMANAGER_URL="):
+        raise EmbeddedServiceError(
+            f"scripts/alertmanager.sh start failed (exit {done.returncode}); see {log}"
+        )
+    return last.partition("=")[2].strip()
+
+
+def _stop_durable_alertmanager(state: Path, log: Path) -> None:
+    script = _kafka_script().with_name("alertmanager.sh")
+    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
+    with log.open("ab") as out:
+        subprocess.run(
+            ["bash", str(script), "stop", "--keep-data"], stdout=out, stderr=out, env=env,
+            check=False, timeout=60,
+        )  # fmt: skip
+
+
 def run_up(
     settings: Settings,
     options: UpOptions,
@@ -707,7 +791,13 @@ def run_up(
         if options.durable and not settings.kafka_bootstrap:
             durable_bootstrap = _start_durable_kafka(logs / "kafka.log", console)
             stack.callback(_stop_durable_kafka, logs / "kafka.log")
-        plan = build_plan(settings, options, base_env, bootstrap=durable_bootstrap)
+        durable_am = None
+        if options.durable and not settings.alertmanager:
+            am_log, am_state = logs / "alertmanager-server.log", state / "alertmanager"
+            durable_am = _start_durable_alertmanager(am_state, am_log, console)
+            stack.callback(_stop_durable_alertmanager, am_state, am_log)
+        plan = build_plan(settings, options, base_env, bootstrap=durable_bootstrap,
+                          alertmanager_url=durable_am)  # fmt: skip
         for note in plan.notes:
             console.print(f"[bold]up[/]: {note}")
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))

@@ -39,7 +39,7 @@ KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "4.4.0")
 #: every service principal the script creates (and `admin`, the super user)
 PRINCIPALS = (
     "exporter", "simulator", "worker", "actuator", "executor", "listener", "operator",
-    "archiver",
+    "archiver", "alertmanager",
 )  # fmt: skip
 
 

@@ -51,6 +51,9 @@ from pipeline.io.settings import load_settings
 from pipeline.io.trust import sign
 from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
 from pipeline.services.actuator.service import Actuator
+from pipeline.services.alertmanager.client import PostOutcome
+from pipeline.services.alertmanager.episodes import PostableAlert
+from pipeline.services.alertmanager.service import AlertmanagerBridge
 from pipeline.services.archive.archiver import Archiver
 from pipeline.services.worker.app import _credentials, changelog_topic_name, jobs_topic_name
 from schemas import (
@@ -152,6 +155,22 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
         CommandKind.CHECKPOINT, CommandKind.ISOLATE, CommandKind.RESTART
     }  # fmt: skip
 
+    # the Alertmanager bridge: decisions in its own group (Alertmanager stands aside:
+    # tests/integration/test_alertmanager.py runs the real one)
+    posted: list[PostableAlert] = []
+
+    class Recorder:
+        def post(self, alerts):
+            posted.extend(alerts)
+            return PostOutcome(sent=len(alerts))
+
+    bridge = AlertmanagerBridge(k.settings("alertmanager", **key_settings()), client=Recorder())
+    try:
+        _until("the bridge's post", lambda: bridge.poll_once(200), lambda: posted)
+    finally:
+        bridge.close()
+    assert posted[0].labels["job"] == JOB and bridge.stats.dead_letters == 0
+
     # an executor answers every command; the training-side listener its checkpoint
     runner = ExecutorRunner(k.settings("executor", **key_settings()), DryRunExecutor())
     try:
@@ -195,7 +214,8 @@ REFUSED_WRITES = [
     ("exporter", "truth"), ("exporter", "changelog"), ("exporter", "jobs"),
     ("worker", "commands"), ("worker", "control"), ("listener", "commands"),
     ("executor", "commands"), ("operator", "commands"), ("archiver", "steps"),
-    ("actuator", "steps"), ("actuator", "control"),
+    ("actuator", "steps"), ("actuator", "control"), ("alertmanager", "decisions"),
+    ("alertmanager", "commands"),
 ]  # fmt: skip
 
 
@@ -274,7 +294,7 @@ def test_the_acls_name_no_principal_but_the_services(secure_kafka, topics):
     assert principals == {
         f"User:{p}"
         for p in ("exporter", "simulator", "worker", "actuator", "executor", "listener",
-                  "operator", "archiver")
+                  "operator", "archiver", "alertmanager")
     }  # fmt: skip
     # nobody but the worker may create topics, and only its own internal ones
     creators = {(a.principal, a.resource_pattern.resource_name) for a in acls

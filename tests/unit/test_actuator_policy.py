@@ -78,6 +78,14 @@ def test_critical_with_a_spare_replaces_the_node_at_the_next_checkpoint():
     assert cmd.expires_at == T0 + timedelta(seconds=300) and cmd.signature is None
 
 
+def test_commands_and_hold_notices_carry_the_grade_of_their_alert():
+    out = auto().on_alert(alert(grade=Grade.CRITICAL), T0)
+    assert out.commands and {c.grade for c in out.commands} == {Grade.CRITICAL}
+    held = auto(mode=ActuatorMode.APPROVE).on_alert(alert(grade=Grade.CRITICAL), T0)
+    [notice] = held.commands
+    assert notice.kind is CommandKind.NOTIFY and notice.grade is Grade.CRITICAL
+
+
 def test_replayed_and_repeated_updates_issue_nothing_twice():
     p = auto()
     assert len(p.on_alert(alert(), T0).commands) == 3
@@ -817,3 +825,23 @@ def test_per_kind_modes_come_from_the_settings_and_bad_ones_are_named():
     for bad in ("restart=sometimes", "reboot=auto", "restart", "restart=auto,restart=approve"):
         with pytest.raises(ConfigError, match="STEPGUARD_ACTUATOR_ACTION_MODES"):
             load_settings({"STEPGUARD_ACTUATOR_ACTION_MODES": bad})
+
+
+# -- what the metrics count (issue 24: actions_total stayed empty in auto mode) -----------
+def test_an_action_carried_out_at_once_is_reported_as_issued_with_its_mode():
+    """Auto mode publishes commands and no action record: the outcome still names the
+    action (``actions_total{state="issued"}``), once; approve mode's APPROVED record is
+    the count there, so an approved action is not also ``issued``."""
+    p = auto()
+    out = p.on_alert(alert(), T0)
+    aid = action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
+    assert out.records == [] and len(out.commands) == 3
+    assert [(i.action_id, i.mode) for i in out.issued] == [(aid, ActuatorMode.AUTO)]
+    assert p.on_alert(alert(seq=1, step=101), T0).issued == []  # nothing twice
+    gated = auto(mode=ActuatorMode.APPROVE)
+    held = gated.on_alert(alert(), T0)
+    assert held.issued == [] and [r.state for r in held.records] == [ActionState.HELD]
+    approval = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="op", ts=T0)
+    approved = gated.on_approval(approval, T0)
+    assert approved.commands and approved.issued == []
+    assert ActionState.APPROVED in [r.state for r in approved.records]

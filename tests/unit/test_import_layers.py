@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "detectors", "schemas")
-SERVICE_CLIS = ("pipeline.cli.actuator", "pipeline.cli.worker")
+SERVICE_CLIS = ("pipeline.cli.actuator", "pipeline.cli.worker", "pipeline.cli.alertmanager")
 #: ``python -m`` entry points: nothing imports them, so they close no loop.
 ENTRY_POINTS = {"pipeline.__main__", "pipeline.services.worker.__main__"}
 

@@ -57,6 +57,27 @@ def test_a_configured_broker_is_used_not_started(tmp_path):
     assert p.bootstrap == "k:9092" and p.broker_flavor == "kafka"
 
 
+def test_the_alertmanager_bridge_runs_only_with_an_alertmanager(tmp_path):
+    assert "alertmanager" not in {s.name for s in plan(tmp_path).specs}
+    settings = load_settings({}, state_dir=tmp_path, alertmanager_url="http://u:pw@am:9093")
+    p = build_plan(settings, UpOptions(), {}, python="py")
+    bridge = {s.name: s for s in p.specs}["alertmanager"]
+    assert bridge.argv[3:] == ("alertmanager",) and bridge.after == ("topics",)
+    assert bridge.env["STEPGUARD_ALERTMANAGER_URL"] == "http://u:pw@am:9093"
+    assert bridge.env["STEPGUARD_ALERTMANAGER_METRICS_PORT"] == str(bridge.metrics_port)
+    assert (
+        bridge.env["STEPGUARD_WORKER_PUBLIC_KEYS"] and bridge.env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]
+    )
+    assert not [k for k in bridge.env if k.endswith("_PRIVATE_KEY")]
+    assert "alert episodes go to Alertmanager at http://am:9093" in p.notes  # no password
+    # --durable: the Alertmanager scripts/alertmanager.sh started
+    settings = load_settings({}, state_dir=tmp_path)
+    durable = build_plan(settings, UpOptions(durable=True), {}, python="py",
+                         alertmanager_url="http://127.0.0.1:19094")  # fmt: skip
+    [spec] = [s for s in durable.specs if s.name == "alertmanager"]
+    assert spec.env["STEPGUARD_ALERTMANAGER_URL"] == "http://127.0.0.1:19094"
+
+
 def test_a_busy_base_port_is_one_clear_error(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,3 +131,25 @@ def test_job_and_scenario_together_are_refused():
         UpOptions(job="j", scenario="ci_smoke")
     with pytest.raises(ValueError, match="describe a --job"):
         UpOptions(nodes="2")
+
+
+def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
+    """A scraped endpoint closes its connections first, so after a stop its port holds
+    TIME_WAIT sockets for a minute; the services bind with SO_REUSEADDR, and so must
+    up's check (`up --base-port` again right after a stop with Prometheus)."""
+    import socket
+
+    from pipeline.tools.up import _port_free
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        conn, _ = server.accept()
+        conn.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.recv(1)
+        client.close()
+        assert not _port_free(port)  # still listening
+    assert _port_free(port)

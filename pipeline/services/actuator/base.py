@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from datetime import datetime
 
 from pipeline.io.errors import StepguardError
 from schemas import Command
@@ -52,3 +53,6 @@ class Executor(ABC):
     @abstractmethod
     def execute(self, cmd: Command) -> str:
         """Do it; raise :class:`ExecutionError` on failure."""
+
+    def tick(self, now: datetime) -> None:  # noqa: B027 - most executors need no time
+        """Time passes (the runner calls it after every poll)."""

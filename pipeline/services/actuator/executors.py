@@ -14,7 +14,9 @@ Executor            Effect
                     :mod:`pipeline.services.actuator.slurm`, the base class and
                     errors every executor shares in :mod:`~pipeline.services.actuator.base`
 ``WebhookExecutor`` POSTs an Alertmanager webhook payload (version 4) per command to every
-                    URL, with a timeout and retries; every command kind
+                    URL, with a timeout and retries; every command kind: ``firing`` when
+                    it runs, ``resolved`` once the command has expired (for receivers
+                    without Alertmanager; ``stepguard alertmanager`` sends episodes)
 job controller      the training job itself, via :class:`pipeline.client.listener.CommandListener`
 ==================  ======================================================================
 
@@ -36,6 +38,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -105,41 +108,53 @@ class DryRunExecutor(Executor):
         return detail
 
 
-def alertmanager_payload(cmd: Command, receiver: str = "stepguard") -> dict[str, Any]:
-    """An Alertmanager webhook body (version 4) describing one command."""
-    labels = {
-        "alertname": f"stepguard_{cmd.kind.value}",
-        "job_id": cmd.job_id,
-        "command_id": cmd.command_id,
-        "mode": cmd.mode.value,
-        "severity": "info" if cmd.kind is CommandKind.NOTIFY else "critical",
+_NO_END = "0001-01-01T00:00:00Z"  # Alertmanager's "no end yet" time
+
+
+def alertmanager_payload(
+    cmd: Command, receiver: str = "stepguard", *, resolved_at: datetime | None = None
+) -> dict[str, Any]:
+    """An Alertmanager webhook body (version 4) for one command: one alert per target
+    node (labels ``job`` and ``node``), ``severity`` from the alert's grade; ``firing``
+    with no end, or ``resolved`` at ``resolved_at``. A command without a grade (from an
+    older actuator): ``info`` for a NOTIFY, ``critical`` for anything else."""
+    if cmd.grade is not None:
+        severity = cmd.grade.value
+    else:
+        severity = "info" if cmd.kind is CommandKind.NOTIFY else "critical"
+    status = "firing" if resolved_at is None else "resolved"
+    common = {
+        "alertname": f"stepguard_{cmd.kind.value}", "job": cmd.job_id,
+        "command_id": cmd.command_id, "mode": cmd.mode.value, "severity": severity,
+    }  # fmt: skip
+    annotations = {
+        "summary": cmd.summary or f"stepguard {cmd.kind.value} for {cmd.job_id}",
+        "replacements": ",".join(cmd.replacements),
+        "fingerprints": ",".join(cmd.reason),
     }
-    if cmd.targets:
-        labels["nodes"] = ",".join(cmd.targets)
-    alert = {
-        "status": "firing",
-        "labels": labels,
-        "annotations": {
-            "summary": cmd.summary or f"stepguard {cmd.kind.value} for {cmd.job_id}",
-            "replacements": ",".join(cmd.replacements),
-            "fingerprints": ",".join(cmd.reason),
-        },
-        "startsAt": cmd.issued_at.isoformat(),
-        "endsAt": cmd.expires_at.isoformat() if cmd.expires_at else "0001-01-01T00:00:00Z",
-        "generatorURL": "",
-        "fingerprint": cmd.command_id,
-    }
+    alerts = [
+        {
+            "status": status,
+            "labels": common | ({"node": node} if node else {}),
+            "annotations": annotations,
+            "startsAt": cmd.issued_at.isoformat(),
+            "endsAt": _NO_END if resolved_at is None else resolved_at.isoformat(),
+            "generatorURL": "",
+            "fingerprint": f"{cmd.command_id}/{node}" if node else cmd.command_id,
+        }
+        for node in (cmd.targets or ("",))
+    ]
     return {
         "version": "4",
         "groupKey": f"stepguard/{cmd.job_id}",
         "truncatedAlerts": 0,
-        "status": "firing",
+        "status": status,
         "receiver": receiver,
-        "groupLabels": {"job_id": cmd.job_id},
-        "commonLabels": labels,
-        "commonAnnotations": alert["annotations"],
+        "groupLabels": {"job": cmd.job_id},
+        "commonLabels": alerts[0]["labels"] if len(alerts) == 1 else common,
+        "commonAnnotations": annotations,
         "externalURL": "",
-        "alerts": [alert],
+        "alerts": alerts,
     }
 
 
@@ -169,17 +184,39 @@ class WebhookExecutor(Executor):
         self.retries = retries
         self.backoff_s = backoff_s
         self._sleep = sleep
+        #: commands posted firing, until their resolved message (oldest first; bounded)
+        self.open: OrderedDict[str, Command] = OrderedDict()
+        self.max_open = 10_000
 
     def handles(self, cmd: Command) -> bool:
         return True
 
     def execute(self, cmd: Command) -> str:
-        body = json.dumps(alertmanager_payload(cmd)).encode()
-        # a webhook URL often carries a token: results and logs name only its origin
-        failed = [f"{url_origin(u)}: {err}" for u in self.urls if (err := self._post(u, body))]
+        failed = self._send(alertmanager_payload(cmd))
+        if cmd.expires_at is not None and not failed:  # resolved once it expires (tick)
+            self.open[cmd.command_id] = cmd
+            while len(self.open) > self.max_open:
+                self.open.popitem(last=False)
         if failed:
-            raise ExecutionError("; ".join(failed))
+            raise ExecutionError(failed)
         return f"posted to {len(self.urls)} webhook(s)"
+
+    def tick(self, now: datetime) -> None:
+        """Send the resolved message of every posted command that has expired."""
+        for cid, cmd in list(self.open.items()):
+            assert cmd.expires_at is not None
+            if cmd.expires_at <= now:
+                del self.open[cid]
+                failed = self._send(alertmanager_payload(cmd, resolved_at=cmd.expires_at))
+                if failed:
+                    log.warning("webhook: resolved message of %s not delivered: %s", cid, failed)
+
+    def _send(self, payload: dict[str, Any]) -> str:
+        body = json.dumps(payload).encode()
+        # a webhook URL often carries a token: results and logs name only its origin
+        return "; ".join(
+            f"{url_origin(u)}: {err}" for u in self.urls if (err := self._post(u, body))
+        )
 
     def _post(self, url: str, body: bytes) -> str | None:
         error = ""
@@ -195,7 +232,12 @@ class WebhookExecutor(Executor):
                         return None
                     error = f"HTTP {resp.status}"
             except urllib.error.HTTPError as exc:
-                error = f"HTTP {exc.code}"
+                try:  # the receiver's reason (Alertmanager: a Go unmarshal error)
+                    text = exc.read(500).decode("utf-8", errors="replace").strip()
+                except OSError:
+                    text = ""
+                text = redact(text, url_secrets(url))
+                error = f"HTTP {exc.code}: {text}" if text else f"HTTP {exc.code}"
                 if 400 <= exc.code < 500 and exc.code not in (408, 429):
                     return error  # the receiver will not change its mind
             except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: InvalidURL
@@ -309,6 +351,7 @@ class ExecutorRunner:
         for fut in futures:
             fut.get(timeout=30)
         self._consumer.commit()
+        self.executor.tick(self._clock())
         self.metrics.consumed.labels(self.executor.name).inc(n)
         return n
 

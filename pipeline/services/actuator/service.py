@@ -306,7 +306,9 @@ class Actuator:
             signed_record = sign(record, self._key)  # the rebuild restores only these
             futures.append(publish(self._producer, self.registry, "actions", signed_record))
             log.info("action %s %s: %s", record.action_id, record.state.value, record.detail)
-            self.metrics.actions.labels(record.state.value).inc()
+            self.metrics.actions.labels(record.mode.value, record.state.value).inc()
+        for issued in out.issued:  # carried out at once: commands, no record of its own
+            self.metrics.actions.labels(issued.mode.value, "issued").inc()
         for cmd in out.commands:
             futures.append(publish(self._producer, self.registry, "commands", sign(cmd, self._key)))
             log.info("command %s %s %s", cmd.command_id, cmd.kind.value, cmd.targets)
@@ -351,6 +353,9 @@ class Actuator:
         memory = self.policy.memory()
         self.metrics.held.set(memory["held"])
         self.metrics.breakers_open.set(memory["breakers"])
+        now = self._clock()
+        ages = [(now - r.ts).total_seconds() for r in self.policy.held]
+        self.metrics.oldest_held.set(max(ages, default=0.0))
         return n
 
     def _count_input(self, rec: Decoded, out: Outcome, refused_before: int) -> None:

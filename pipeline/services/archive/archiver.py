@@ -57,6 +57,7 @@ from pipeline.io.kafka import aiokafka_consumer_config, make_producer, publish, 
 from pipeline.io.metrics import ArchiverMetrics
 from pipeline.io.settings import Settings
 from pipeline.services.archive.backend import ArchiveBackend, Columns
+from pipeline.services.archive.limits import QueryLimits
 from pipeline.services.archive.rows import (
     StepRows,
     ingest_version,
@@ -114,6 +115,7 @@ class Archiver:
         decode_processes: int = 0,
         metrics: ArchiverMetrics | None = None,
         query_socket: Path | None = None,
+        query_limits: QueryLimits | None = None,
     ) -> None:
         self._metrics_init(metrics)
         if max_batch < 1:
@@ -127,7 +129,7 @@ class Archiver:
         self.settings = settings
         self.backend = backend
         self.registry = registry_of(settings)
-        # alerts and commands whose signature does not verify are archived as unsigned
+        # signed messages no public key of their writers' role verifies: archived unsigned
         self._signatures = SignatureCheck(settings)
         logical = topics or list(TOPICS)
         self.max_batch = max_batch
@@ -168,7 +170,8 @@ class Archiver:
         self._queries: QueryServer | None = None
         if query_socket is not None:
             try:
-                self._queries = QueryServer(backend, query_socket).start()
+                chdb: Any = backend  # the query socket serves chDB (stepguard archiver)
+                self._queries = QueryServer(chdb, query_socket, query_limits).start()
             except BaseException:
                 self.close()
                 raise
@@ -296,7 +299,8 @@ class Archiver:
     def _prepare(self, records: dict[TopicPartition, list[Record]]) -> _Batch:
         """Decode a batch and build its rows (or start to); nothing here touches the
         archive."""
-        batch = _Batch(size=sum(map(len, records.values())))
+        # the archiver's own clock: what bounds a command result's at_ms (rows.result_at_ms)
+        batch = _Batch(size=sum(map(len, records.values())), received_ms=int(time.time() * 1000))
         by_topic: dict[str, list[Record]] = defaultdict(list)
         for tp, recs in records.items():
             by_topic[tp.topic].extend(recs)
@@ -388,7 +392,7 @@ class Archiver:
                 for unit, error in self._store("steps", part.units, part.build):
                     rec = part.recs[unit]
                     batch.letters.append((rec, _rejected_row(rec, error)))
-        self._store_generic(batch.generic, batch.letters)
+        self._store_generic(batch.generic, batch.letters, batch.received_ms)
         self._send_letters(batch.letters)
         self._call(self._commit(batch.offsets))
         self.stats.messages += batch.size
@@ -398,6 +402,7 @@ class Archiver:
         self,
         items: list[tuple[Record, Message]],
         letters: list[tuple[Record, DeadLetter | None]],
+        received_ms: int,
     ) -> None:
         """Insert decoded models table by table (``rows_for``)."""
         by_table: dict[str, list[tuple[Record, Message]]] = defaultdict(list)
@@ -408,7 +413,8 @@ class Archiver:
 
             def build(subset: Sequence[tuple[Record, Message]], table: str = table) -> Columns:
                 pairs = [(msg, rec.timestamp) for rec, msg in subset]
-                return rows_for(pairs, [rec.offset for rec, _ in subset])[table]
+                offsets = [rec.offset for rec, _ in subset]
+                return rows_for(pairs, offsets, received_ms=received_ms)[table]
 
             for (rec, msg), error in self._store(table, units, build):
                 is_letter = isinstance(msg, DeadLetter)
@@ -531,6 +537,7 @@ class _Batch:
     records' rows may still be decoding (in a decode process)."""
 
     size: int
+    received_ms: int  # when it was fetched, by the archiver's clock
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
     steps: list[tuple[list[Record], Callable[[], StepRows]]] = field(default_factory=list)
     generic: list[tuple[Record, Message]] = field(default_factory=list)

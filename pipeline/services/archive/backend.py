@@ -21,6 +21,8 @@ import numpy as np
 from pipeline.io.errors import ArchiveError, ArchiveRowError
 from pipeline.io.redact import redact
 from pipeline.io.settings import Settings
+from pipeline.services.archive.arrow import arrow_array
+from pipeline.services.archive.limits import QueryLimits, WaitingWriters, with_limits
 
 __all__ = [
     "ArchiveBackend",
@@ -405,6 +407,10 @@ class ChdbBackend:
             raise ArchiveError(f"cannot open chDB at {self.path}: {exc}") from exc
         self._types: dict[tuple[str, str], dict[str, str]] = {}
         self._lock = threading.RLock()  # one query at a time, from any thread
+        # statements (the archiver's inserts) waiting for the lock: a limited query
+        # (the query socket's) lets them go first, so each waits for one query at most;
+        # shared, like the lock, by the clones of with_database
+        self._writers = WaitingWriters()
         # NaN loss is a signal: keep it distinct from NULL in query results.
         self.execute("SET output_format_json_quote_denormals = 1")
 
@@ -426,30 +432,56 @@ class ChdbBackend:
 
     def execute(self, sql: str) -> None:
         self._types.clear()  # a statement may change a table's columns (a migration)
+        self._writers.arrive()
         try:
             with self._lock:
-                self._session.query(sql)
+                self._run(sql)
         except Exception as exc:
             found = _CODE.search(str(exc))
             kind = ArchiveRowError if found and int(found[1]) in _ROW_ERROR_CODES else ArchiveError
             raise kind(f"chDB: {exc}") from exc
+        finally:
+            self._writers.leave()
+
+    def _run(self, sql: str, fmt: str = "CSV", params: dict[str, str] | None = None) -> Any:
+        """One statement on the session (the lock held). chDB hands what a failed query
+        had already written out to the *next* query's result: a query cut short by a
+        limit would put its rows before another's, so after a failure one throwaway
+        query takes them."""
+        try:
+            return self._session.query(sql, fmt, params=params)
+        except Exception:
+            with contextlib.suppress(Exception):
+                self._session.query("SELECT 1", "CSV")
+            raise
 
     def query(
-        self, sql: str, params: Mapping[str, Any] | None = None, *, readonly: bool = False
+        self,
+        sql: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        readonly: bool = False,
+        limits: QueryLimits | None = None,
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Rows typed like clickhouse-driver's: aware UTC datetimes, enum names, NaN.
 
         ``params`` are bound by chDB itself (``{name:Type}``, query parameters);
         ``readonly`` refuses anything but one SELECT/SHOW/DESCRIBE/EXPLAIN/WITH
         statement (:func:`read_only_problem`): chDB's session has no read-only mode.
+        ``limits`` (read-only too) run it under ClickHouse's time, memory and result
+        limits, after the inserts waiting for the session (:mod:`.limits`).
         """
-        if readonly and (problem := read_only_problem(sql)):
+        if (readonly or limits) and (problem := read_only_problem(sql)):
             raise ArchiveError(f"chDB: refused: {problem}")
         values = bind_params(sql, params)
+        text = sql.rstrip().rstrip(";")
+        if limits is not None:
+            text = with_limits(text, limits)
+            self._writers.wait_none(limits.wait_s)  # the waiting inserts first, for a while
         try:
             with self._lock:
-                res = self._session.query(
-                    sql.rstrip().rstrip(";"),
+                res = self._run(
+                    text,
                     "JSONCompactEachRowWithNamesAndTypes",
                     params={k: _chdb_param(v) for k, v in values.items()} or None,
                 )
@@ -480,7 +512,7 @@ class ChdbBackend:
         types = self._column_types(_check_ident(table))
         try:
             arrow_rows = pa.table(  # noqa: F841 - read by chDB through Python(arrow_rows)
-                {c: _arrow_array(columns[c], types[c]) for c in names}
+                {c: arrow_array(columns[c], types[c]) for c in names}
             )
         except KeyError as exc:
             raise ArchiveError(f"chDB: {table} has no column {exc}") from exc
@@ -519,41 +551,6 @@ def _chdb_param(value: str | int | float) -> str:
     ):
         value = value.replace(raw, escaped)
     return value
-
-
-def _arrow_array(values: Any, ch_type: str) -> Any:
-    """An Arrow array for one column: lists typed from the ClickHouse type; numpy
-    arrays as they are (ClickHouse casts Int8 codes to the Enum, UInt32 to DateTime),
-    object arrays as strings, masked arrays with their mask as NULL."""
-    import pyarrow as pa
-
-    if isinstance(values, np.ma.MaskedArray):
-        return pa.array(np.asarray(values.data), mask=np.ma.getmaskarray(values))
-    if isinstance(values, np.ndarray):
-        return pa.array(values, type=pa.string() if values.dtype == object else None)
-    return pa.array(values, type=_arrow_type(ch_type))
-
-
-def _arrow_type(ch_type: str) -> Any:
-    """The Arrow type to feed a ClickHouse column of ``ch_type`` (subset we use)."""
-    import pyarrow as pa
-
-    if ch_type.startswith("Nullable("):
-        return _arrow_type(ch_type[len("Nullable(") : -1])
-    if ch_type.startswith("Array("):
-        return pa.list_(_arrow_type(ch_type[len("Array(") : -1]))
-    if ch_type.startswith("DateTime"):
-        return pa.timestamp("us", tz="UTC")
-    if ch_type.startswith(("Enum", "String", "LowCardinality")):
-        return pa.string()
-    simple = {
-        "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(),
-        "UInt64": pa.uint64(), "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(),
-        "Int64": pa.int64(), "Float32": pa.float32(), "Float64": pa.float64(),
-    }  # fmt: skip
-    if ch_type not in simple:
-        raise ArchiveError(f"no Arrow mapping for ClickHouse type {ch_type}")
-    return simple[ch_type]
 
 
 def _converter(ch_type: str) -> Callable[[Any], Any]:

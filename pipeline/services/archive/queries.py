@@ -96,7 +96,7 @@ SELECT ts, what, subject, detail FROM (
            executor AS subject, concat(command_id, if(d != '', concat(': ', d), '')) AS detail
     FROM (SELECT ts, ts_ms, status, executor, command_id, detail AS d
           FROM {db}.command_results FINAL
-          WHERE job_id = {job:String} AND command_id NOT IN
+          WHERE job_id = {job:String} AND signed != 0 AND command_id NOT IN
                 (SELECT command_id FROM {db}.commands FINAL
                  WHERE job_id = {job:String} AND signed = 0))
     UNION ALL
@@ -227,9 +227,9 @@ SELECT c.ts AS issued, c.command_id AS command_id, c.kind AS kind, c.mode AS mod
        r.executor AS executor, r.last_status AS status, r.last_detail AS detail
 FROM (SELECT * FROM {db}.commands FINAL WHERE job_id = {job:String} AND signed = 1) AS c
 ALL LEFT JOIN (SELECT command_id, executor,
-                      argMax(status, ts_ms * 2 + (status != 'accepted')) AS last_status,
-                      argMax(detail, ts_ms * 2 + (status != 'accepted')) AS last_detail
-               FROM {db}.command_results FINAL WHERE job_id = {job:String}
+                      argMax(status, at_ms * 2 + (status != 'accepted')) AS last_status,
+                      argMax(detail, at_ms * 2 + (status != 'accepted')) AS last_detail
+               FROM {db}.command_results FINAL WHERE job_id = {job:String} AND signed != 0
                GROUP BY command_id, executor) AS r USING (command_id)
 ORDER BY issued, command_id, executor
 """,

@@ -11,6 +11,13 @@ versions, and collapses to the same rows; a later record that repeats a key (a f
 "correction", or a relaunched run that did not change its ``run``) cannot rewrite what
 is archived. Rows archived before migration 005 carry :data:`ARCHIVED_VERSION`, above
 every ingest version.
+
+Of the kinds that are signed (alerts, commands, action records, approvals, control
+changes, command results), a row whose signature did not verify
+(:mod:`pipeline.services.archive.trust`) takes its version from a lower band
+(:func:`unverified_version`): a verified row always replaces it, whatever came first,
+so a forgery stored first under a real message's key cannot make the real one vanish
+from ``FINAL`` reads.
 """
 
 from __future__ import annotations
@@ -44,9 +51,9 @@ from schemas import (
     StepTelemetry,
 )
 
-__all__ = ["ARCHIVED_VERSION", "TABLE_OF", "StepRows", "ingest_version", "pack_values",
-           "rows_for", "step_rows", "step_rows_file", "step_rows_of", "step_rows_packed",
-           "step_table"]  # fmt: skip
+__all__ = ["ARCHIVED_VERSION", "SIGNED_KINDS", "TABLE_OF", "StepRows", "ingest_version",
+           "pack_values", "result_at_ms", "rows_for", "step_rows", "step_rows_file",
+           "step_rows_of", "step_rows_packed", "step_table", "unverified_version"]  # fmt: skip
 
 Row = dict[str, Any]
 
@@ -70,6 +77,23 @@ def ingest_version(offset: Any) -> Any:
     if not 0 <= offset <= _VERSION_TOP:
         raise ValueError(f"offset {offset} is outside 0 .. 2**63 - 1")
     return _VERSION_TOP - offset
+
+
+#: The signed kinds: an unverified row of these is versioned below every verified one.
+SIGNED_KINDS: frozenset[type[Message]] = frozenset(
+    {Alert, Command, CommandResult, Approval, ControlMessage, ActionRecord}
+)
+_UNVERIFIED_BAND = 2**62
+
+
+def unverified_version(offset: int) -> int:
+    """The replacing version of an unverified signed-kind row at ``offset``: first one
+    wins among them too, but every verified row (:func:`ingest_version`) is above it.
+
+    >>> ingest_version(10**9) > unverified_version(0) > unverified_version(1) >= 0
+    True
+    """
+    return max(0, ingest_version(offset) - _UNVERIFIED_BAND)
 
 
 def _ms(ts: datetime) -> int:
@@ -142,9 +166,11 @@ def _command(m: Command, _rec_ms: int) -> Iterable[Row]:
 
 def _result(m: CommandResult, _rec_ms: int) -> Iterable[Row]:
     ms = _ms(m.ts)
+    # at_ms (migration 011) is set by rows_for from the archiver's receive time
     yield {
         "command_id": m.command_id, "job_id": m.job_id, "executor": m.executor,
         "status": m.status.value, "detail": m.detail, "ts": _utc(m.ts), "ts_ms": ms,
+        "signed": int(m.signature is not None), "at_ms": ms,
     }  # fmt: skip
 
 
@@ -392,14 +418,31 @@ def _model_step_columns(messages: list[StepTelemetry], offsets: Sequence[int]) -
     return table
 
 
+def result_at_ms(ts_ms: int, received_ms: int) -> int:
+    """When a command result counts as given (``command_results.at_ms``, what "the
+    latest result" of a command is judged by): its own signed time, but never later
+    than the archiver's receipt, so dating a result ahead (ten years, or the few
+    seconds a clock may be off) gains it nothing over the results that follow it.
+
+    >>> result_at_ms(1_000, 2_000), result_at_ms(10**12, 2_000)
+    (1000, 2000)
+    """
+    return max(0, min(ts_ms, received_ms))
+
+
 def rows_for(
-    messages: Iterable[tuple[Message, int]], offsets: Sequence[int] | None = None
+    messages: Iterable[tuple[Message, int]],
+    offsets: Sequence[int] | None = None,
+    *,
+    received_ms: int | None = None,
 ) -> dict[str, Columns]:
     """Group (message, record time ms) pairs into columnar inserts per table.
 
     ``offsets``: each message's offset in its partition, which sets its rows' ``ver``
     (:func:`ingest_version`); all 0 when not given (one offset for everything: rows
-    with the same key then tie, and the last one inserted wins).
+    with the same key then tie, and the last one inserted wins). ``received_ms``: the
+    archiver's wall clock when it read them, which bounds a command result's ``at_ms``
+    (:func:`result_at_ms`); not given, ``at_ms`` is the result's own time.
     """
     tables: dict[str, Columns] = {}
     buffers: dict[str, list[Row]] = defaultdict(list)
@@ -416,8 +459,13 @@ def rows_for(
             step_offsets.append(offset)
             continue
         table, mapper = TABLE_OF[type(msg)]
-        ver = ingest_version(offset)
-        buffers[table].extend({**row, "ver": ver} for row in mapper(msg, rec_ms))
+        unverified = type(msg) in SIGNED_KINDS and getattr(msg, "signature", None) is None
+        ver = unverified_version(offset) if unverified else ingest_version(offset)
+        mapped = [{**row, "ver": ver} for row in mapper(msg, rec_ms)]
+        if received_ms is not None and type(msg) is CommandResult:
+            for row in mapped:
+                row["at_ms"] = result_at_ms(row["ts_ms"], received_ms)
+        buffers[table].extend(mapped)
     if steps:
         tables["steps"] = _model_step_columns(steps, step_offsets)
     for table, rows in buffers.items():

@@ -20,7 +20,10 @@ many bytes of JSON.
 
 Only read-only statements run (:func:`~pipeline.services.archive.backend.read_only_problem`,
 whatever the request says), on the archiver's own chDB session between its inserts
-(the backend's lock). The socket lives in a private directory (0700) and is itself
+(the backend's lock), each under ClickHouse's time, memory and result limits
+(:class:`~pipeline.services.archive.limits.QueryLimits`: checked while it runs and while its
+result is built) and after the inserts waiting for the session, so an insert waits
+for one query at most. The socket lives in a private directory (0700) and is itself
 0600, and a connection from another user id is closed unanswered (``SO_PEERCRED``).
 """
 
@@ -39,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.io.errors import ArchiveError
-from pipeline.services.archive.backend import ArchiveBackend
+from pipeline.services.archive.backend import ChdbBackend
+from pipeline.services.archive.limits import QueryLimits
 
 __all__ = [
     "MAX_REQUEST",
@@ -138,13 +142,14 @@ def decode_value(obj: dict[str, Any]) -> Any:
 
 class QueryServer:
     """Answers read-only queries on ``backend`` at ``path`` from a daemon thread,
-    one connection at a time (queries run one at a time on chDB anyway).
-    ``start()`` listens, ``close()`` stops and removes the socket; a context manager
-    does both."""
+    one connection at a time (queries run one at a time on chDB anyway), each under
+    ``limits``. ``start()`` listens, ``close()`` stops and removes the socket; a
+    context manager does both."""
 
-    def __init__(self, backend: ArchiveBackend, path: Path) -> None:
+    def __init__(self, backend: ChdbBackend, path: Path, limits: QueryLimits | None = None) -> None:
         self.backend = backend
         self.path = Path(path)
+        self.limits = limits or QueryLimits()
         self.served = 0
         self.refused = 0
         self._sock: socket.socket | None = None
@@ -249,7 +254,7 @@ class QueryServer:
             return {"error": "a query needs sql (a string) and params (an object)"}
         try:
             # read-only whatever the request says: the archive is the archiver's
-            columns, rows = self.backend.query(sql, params, readonly=True)
+            columns, rows = self.backend.query(sql, params, readonly=True, limits=self.limits)
         except ArchiveError as exc:
             self.refused += 1
             return {"error": _one_line(str(exc))}

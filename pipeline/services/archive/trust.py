@@ -1,67 +1,103 @@
-"""Which archived alerts, commands, action records and approvals count as signed.
+"""Which archived alerts, commands, action records, approvals, control changes and
+command results count as signed.
 
-The archive keeps every alert and command it reads, with a ``signed`` column that the
-named queries filter on (:mod:`pipeline.services.archive.queries`): anyone who can write the
-decisions or commands topic could invent rows. A message counts as signed when it
-carries a well-formed signature (the schema refuses malformed ones) and, where the
-archiver holds its writers' public keys, one of those keys made it: alerts are checked
-when ``STEPGUARD_WORKER_PUBLIC_KEYS`` is set (against the workers' and the actuator's
-keys: the actuator signs its guardrail notices), commands and action records when
-``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` is, approvals and control changes when
-``STEPGUARD_OPERATOR_PUBLIC_KEYS`` is (migration 010). Without them, presence is all
-it can check.
+The archive keeps every message it reads, with a ``signed`` column that the named
+queries and ``stepguard calibrate`` filter on (:mod:`pipeline.services.archive.queries`):
+anyone who can write a topic could invent rows. A message is archived with
+``signed = 1`` only when a public key of the role that writes its kind verified its
+signature (SECURITY.md, "Keys": the archiver holds public keys only):
+
+====================  ==============================================================
+kind                  verified with
+====================  ==============================================================
+alert                 ``STEPGUARD_WORKER_PUBLIC_KEYS``, ``STEPGUARD_ACTUATOR_PUBLIC_KEYS``
+                      (the actuator signs its guardrail notices)
+command, action       ``STEPGUARD_ACTUATOR_PUBLIC_KEYS``
+approval, control     ``STEPGUARD_OPERATOR_PUBLIC_KEYS``
+command result        the result writers' roles: ``STEPGUARD_EXECUTOR_PUBLIC_KEYS`` and,
+                      where that role exists, the job controller's
+====================  ==============================================================
+
+Without a role's public keys nothing of its kinds can be told from a forgery, so
+every such message is archived with ``signed = 0`` (a warning at start says so); a
+signature's mere presence never counts.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from pipeline.io.settings import Settings
-from pipeline.io.trust import PublicKeys, public_keys, signature_problem
-from schemas import ActionRecord, Alert, Approval, Command, ControlMessage, Message
+from pipeline.io.settings import ROLES, Role, Settings
+from pipeline.io.trust import PublicKeys, Signable, public_keys, signature_problem
+from schemas import ActionRecord, Alert, Approval, Command, CommandResult, ControlMessage, Message
 
-__all__ = ["SignatureCheck"]
+__all__ = ["RESULT_ROLES", "SignatureCheck", "WRITER_ROLES"]
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
+#: The roles whose keys may sign a command result: executors, and job controllers
+#: (the training side's CommandListener) where the settings know that role.
+RESULT_ROLES: tuple[Role, ...] = tuple(
+    r for r in cast(tuple[Role, ...], ("executor", "job_controller")) if r in ROLES
+)
+
+#: Message kind -> the roles whose public keys verify it.
+WRITER_ROLES: dict[type[Message], tuple[Role, ...]] = {
+    Alert: ("worker", "actuator"),
+    Command: ("actuator",),
+    ActionRecord: ("actuator",),
+    Approval: ("operator",),
+    ControlMessage: ("operator",),
+    CommandResult: RESULT_ROLES,
+}
+
 
 class SignatureCheck:
-    """Marks alerts, commands, action records and approvals whose signature does not
-    verify as unsigned.
+    """Marks every signed kind whose signature no key of its writers' roles verifies
+    as unsigned.
 
-    ``mark(message)`` returns the message itself, or, for a signed message of those
-    kinds that none of its writers' keys verifies, a copy without the signature (archived
-    with ``signed = 0``). ``failed`` counts those.
+    ``mark(message)`` returns the message itself when one of its writers' public keys
+    verified it, or, for a message of those kinds that none verifies (or that came
+    unsigned), a copy without the signature, archived with ``signed = 0``. ``failed``
+    counts the signed ones that a held key did not verify; ``unverifiable`` lists the
+    kinds for which no key is held at all (all of theirs are archived unsigned).
     """
 
     def __init__(self, settings: Settings) -> None:
-        worker = public_keys(settings, "worker")
-        actuator = public_keys(settings, "actuator")
-        operator = public_keys(settings, "operator")
-        # alerts come from workers (and guardrail notices from the actuator): without
-        # the workers' keys a worker's alert cannot be told from a forgery, so none is
-        # checked
+        keys: dict[Role, PublicKeys] = {}
+        for roles in WRITER_ROLES.values():
+            for role in roles:
+                if role not in keys:
+                    keys[role] = public_keys(settings, role)
         self._keys: dict[type[Message], list[PublicKeys]] = {
-            Alert: [k for k in (worker, actuator) if k] if worker else [],
-            Command: [actuator] if actuator else [],
-            ActionRecord: [actuator] if actuator else [],
-            Approval: [operator] if operator else [],
-            ControlMessage: [operator] if operator else [],
+            kind: [keys[r] for r in roles if keys[r]] for kind, roles in WRITER_ROLES.items()
         }
+        self.unverifiable = sorted(k.__name__ for k, held in self._keys.items() if not held)
+        if self.unverifiable:
+            log.warning(
+                "no public keys of their writers' roles: every %s is archived unsigned "
+                '(set STEPGUARD_<ROLE>_PUBLIC_KEYS; SECURITY.md, "Keys")',
+                ", ".join(self.unverifiable),
+            )
         self.failed = 0
 
     @property
     def verifies(self) -> bool:
-        """Whether any key is held (else only the presence of a signature counts)."""
-        return any(self._keys.values())
+        """Whether a key is held for every signed kind."""
+        return not self.unverifiable
 
     def mark(self, message: M) -> M:
         keysets = self._keys.get(type(message))
-        if not keysets or getattr(message, "signature", None) is None:
+        if keysets is None:  # telemetry, dead letters, truth: nothing to verify
             return message
-        problems = [signature_problem(message, keys) for keys in keysets]  # type: ignore[arg-type]
+        if getattr(message, "signature", None) is None:
+            return message
+        if not keysets:  # said once at start: unverifiable, so unsigned
+            return message.model_copy(update={"signature": None, "key_id": None})
+        signable = cast(Signable, message)
+        problems = [signature_problem(signable, keys) for keys in keysets]
         if None in problems:
             return message
         self.failed += 1

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pipeline.io.metrics import serve_metrics
+from pipeline.io.metrics import serve_metrics, service_registry
+from pipeline.io.settings import Settings
 
 __all__ = ["WorkerMetrics"]
 
@@ -36,7 +37,7 @@ class WorkerMetrics:
     """The worker's metrics in their own registry (tests build several)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg = service_registry(registry)
         p = "stepguard_worker_"
         self.records = Counter(p + "records", "Records consumed.", ["topic"], registry=reg)
         self.rank_steps = Counter(p + "rank_steps", "Rank-steps scored.", registry=reg)
@@ -71,7 +72,8 @@ class WorkerMetrics:
             p + "assigned_partitions", "Steps + job-topic partitions owned.", registry=reg
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scrape target
-        """Expose ``/metrics`` on ``port`` (0: do nothing); a port in use is a
+    def serve(self, settings: Settings) -> None:
+        """Expose ``/metrics`` on ``worker_metrics_port`` (0: do nothing) and
+        ``metrics_bind_address``; a port in use is a
         :class:`~pipeline.io.errors.ConfigError` naming STEPGUARD_WORKER_METRICS_PORT."""
-        serve_metrics(self.registry, port, "worker_metrics_port", addr)
+        serve_metrics(self.registry, settings, "worker_metrics_port")

@@ -22,7 +22,7 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
 
     settings.worker_data_dir.mkdir(parents=True, exist_ok=True)
     metrics = WorkerMetrics()
-    metrics.serve(settings.worker_metrics_port)  # a busy port: one line, before the broker
+    metrics.serve(settings)  # a busy port: one line, before the broker
     try:
         n = prepare_topics(settings)
     except KafkaError as exc:

@@ -244,8 +244,10 @@ def _commands(backend: ArchiveBackend, job: str) -> tuple[list[Command], list[Co
         p,
     )
     _, rrows = backend.query(
+        # results a result writer's key signed, in the order they counted (at_ms)
         "SELECT command_id, executor, status, ts_ms FROM "
-        f"{db}.command_results FINAL WHERE job_id = {{job:String}} ORDER BY ts_ms, command_id",
+        f"{db}.command_results FINAL WHERE job_id = {{job:String}} AND signed != 0 "
+        "ORDER BY at_ms, ts_ms, command_id",
         p,
     )
     cmds, results, skipped = [], [], 0
@@ -388,8 +390,13 @@ def _human(
     if "outcome" in sources:
         _, rows = backend.query(
             f"SELECT reason FROM {db}.commands FINAL WHERE job_id = {{job:String}} AND "
-            f"signed = 1 AND command_id IN (SELECT command_id FROM {db}.command_results "
-            "FINAL WHERE job_id = {job:String} AND status = 'succeeded') ORDER BY command_id",
+            # the command's last signed result (by at_ms, never by the writer's own
+            # ts: one dated ten years ahead must not win) says it succeeded
+            f"signed = 1 AND command_id IN (SELECT command_id FROM (SELECT command_id, "
+            "argMax(status, at_ms) AS last_status "
+            f"FROM {db}.command_results FINAL WHERE job_id = {{job:String}} AND signed != 0 "
+            "AND status != 'accepted' GROUP BY command_id) WHERE last_status = 'succeeded') "
+            "ORDER BY command_id",
             p,
         )
         for (reason,) in rows:

@@ -229,9 +229,11 @@ def graduation_report(
         p,
     )
     _, results = backend.query(
-        "SELECT command_id, status, ts_ms FROM "
-        f"{db}.command_results FINAL WHERE ts_ms >= {{since:UInt64}} AND "
-        "status != 'accepted' ORDER BY command_id, ts_ms",
+        # signed by a result writer's key only; the last by at_ms (migration 011: never
+        # later than the archiver's receipt + the clock skew), not by the writer's ts
+        "SELECT command_id, status, at_ms FROM "
+        f"{db}.command_results FINAL WHERE ts_ms >= {{since:UInt64}} AND signed != 0 AND "
+        "status != 'accepted' ORDER BY command_id, at_ms, ts_ms",
         p,
     )
     final: dict[str, str] = {}
