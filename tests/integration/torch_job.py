@@ -17,17 +17,18 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+if TYPE_CHECKING:
+    import torch
 
 HIDDEN = 384
 
 
 def batches(rank: int, args: argparse.Namespace, start: int):
     """Synthetic batches; the stalled rank's loader is slow from ``stall_from``."""
+    import torch
+
     gen = torch.Generator().manual_seed(1000 + rank)
     step = start
     while True:
@@ -40,6 +41,12 @@ def batches(rank: int, args: argparse.Namespace, start: int):
 
 
 def main() -> None:
+    # torch inside: pytest imports this file to look for doctests, also without torch
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch", type=int, default=512)
@@ -62,7 +69,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    layers: list[nn.Module] = []
+    layers: list[torch.nn.Module] = []
     for _ in range(args.layers):
         layers += [nn.Linear(HIDDEN, HIDDEN), nn.ReLU()]
     model = DistributedDataParallel(nn.Sequential(*layers))
