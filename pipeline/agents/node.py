@@ -21,7 +21,6 @@ from pipeline.io.settings import Settings
 __all__ = ["NodeAggregator", "run_node_aggregator"]
 
 
-
 def run_node_aggregator(
     settings: Settings, socket_path: Path, *, ranks_per_node: int, node: str | None = None
 ) -> None:
