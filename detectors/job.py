@@ -27,20 +27,29 @@ messages). The core restores one order, on event time:
 4. **Ticks check the clock** at an event time the driver estimates (the worker:
    newest step time plus the wall time since it arrived). A tick never goes back in
    time.
-5. **Lifecycle events** take effect when they are read: an announced long phase
-   (checkpoint, evaluation) gives the clock the phase's expected duration until the
-   next step completes; an end resolves every open episode ("job ended: <reason>")
-   and makes the job :attr:`~JobDetection.ended`: drivers then drop its state.
+5. **Lifecycle events** are the exporter's word, unsigned, and never switch detection
+   off alone (:mod:`detectors.job_guard`). An announced long phase (checkpoint,
+   evaluation) gives the clock the phase's expected duration until the next step
+   completes, cut to ``max_phase_s``. An end is pending (it holds the clock: the job
+   said it stopped) until ``end_confirm_s`` of event time pass without a step after
+   it, or :meth:`~JobDetection.flush`; then every open episode resolves ("job ended:
+   <reason>") and the job is :attr:`~JobDetection.ended`: drivers drop its state. A
+   step after it refuses it. Refusals and cuts are ``lifecycle`` WARNINGs.
 6. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
    starts its relaunch grace at the current event time (the job goes quiet while it
    relaunches); the executor's SUCCEEDED result for a RESTART or ROLLBACK starts it
    again (the relaunch is done, the new run is starting). Step numbers going back
    with a newer event time are a relaunch too (rule 1).
 
+7. **Health judges members only.** A report of a node that is not a member of the job
+   (seen in its steps, or declared by its start event) never reaches the detectors,
+   so it cannot lead to isolating that node: one INFO notice per node instead.
+
 Everything kept is bounded: held health and remembered commands (``max_held_health``,
 ``max_commands``: beyond them the oldest report is processed at once, the oldest
-command forgotten) and the ranks of the job (``max_ranks``: a message that would add
-more is refused with :class:`~detectors.errors.CapacityError` before anything grows).
+command forgotten), the ranks and nodes of the job (``max_ranks``, ``max_nodes``: a
+message that would add more is refused with :class:`~detectors.errors.CapacityError`
+before anything grows).
 
 Examples
 --------
@@ -77,6 +86,7 @@ from detectors.assembly import StepAssembler
 from detectors.engine import JobMonitor, MonitorConfig
 from detectors.errors import CapacityError
 from detectors.frame import NodeStep, StepFrame
+from detectors.job_guard import JobGuard, LifecycleLimits, PendingEnd
 from schemas import (
     Alert,
     AlertKind,
@@ -88,12 +98,12 @@ from schemas import (
     Evidence,
     Grade,
     JobEvent,
-    JobEventKind,
     NodeHealth,
     RecommendedAction,
     episode_fingerprint,
 )
 from schemas.commands import RELAUNCHING
+from schemas.lifecycle import MAX_NODES_PER_JOB
 from schemas.telemetry import MAX_RANKS_PER_JOB
 
 __all__ = ["Detected", "Detectors", "JobDetection"]
@@ -146,6 +156,11 @@ class JobDetection:
         Relaunching commands remembered to match their results.
     max_ranks
         Distinct ranks the job may have (at most the schema's ``MAX_RANKS_PER_JOB``).
+    max_nodes
+        Distinct nodes the job may have (at most ``MAX_NODES_PER_JOB``).
+    limits
+        How far lifecycle events are trusted
+        (:class:`~detectors.job_guard.LifecycleLimits`).
 
     The whole object is plain data: :mod:`pipeline.io.statecodec` writes and reads it
     (the worker stores it in its changelog).
@@ -161,6 +176,8 @@ class JobDetection:
         max_held_health: int = 4096,
         max_commands: int = 256,
         max_ranks: int = MAX_RANKS_PER_JOB,
+        max_nodes: int = MAX_NODES_PER_JOB,
+        limits: LifecycleLimits | None = None,
     ) -> None:
         if monitor is not None and config is not None:
             raise ValueError("give either config or monitor, not both")
@@ -178,6 +195,9 @@ class JobDetection:
         self.max_ranks = max_ranks
         #: why the job ended (an END event, or "abandoned"); None while it runs
         self.ended: str | None = None
+        self.ended_at: float | None = None  #: event time of a confirmed end
+        #: the job's members and the trust its lifecycle events get (rules 5 and 7)
+        self.guard = JobGuard(job_id, limits, max_nodes)
         self._ranks = np.zeros(0, dtype=bool)
         self._n_ranks = 0
         #: the newest event time the core has processed (frames, health, ticks)
@@ -195,6 +215,7 @@ class JobDetection:
         """One node's telemetry of one step: the alerts of the frames it completed."""
         self._check_job(msg.job_id)
         self._count_ranks(msg)
+        self.guard.join(msg.node)
         out = Detected()
         for frame in self.assembler.add(msg):
             out.alerts += self.on_frame(frame)
@@ -205,7 +226,9 @@ class JobDetection:
         """One assembled step (rules 2 and 3): held health up to its end time, the
         step, then the clock at its end time."""
         self._check_job(frame.job_id)
-        alerts = self._release_health(frame.ts, tick=False)
+        self.guard.learn(frame.nodes)
+        alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
+        alerts += self._release_health(frame.ts, tick=False)
         alerts += self.monitor.process_step(frame)
         alerts += self.monitor.tick(frame.ts)
         self._advance(frame.ts)
@@ -271,23 +294,29 @@ class JobDetection:
             self.monitor.presence.resume(at)
 
     def on_lifecycle(self, event: JobEvent) -> list[Alert]:
-        """A lifecycle event of the job (rule 5); returns the episodes an end resolved."""
+        """A lifecycle event of the job (rules 5 and 7): a start's declared nodes
+        join, a phase is announced, an end becomes pending; returns the lifecycle
+        anomalies it raised (refused or cut short)."""
         self._check_job(event.job_id)
-        ts = event.ts.timestamp()
-        if event.kind is JobEventKind.PHASE and event.phase is not None:
-            self.monitor.announce_phase(event.phase.value, ts, event.expected_s, event.step)
+        if self.ended is not None:
             return []
-        if event.kind is JobEventKind.END and event.reason is not None and self.ended is None:
-            self.ended = event.reason.value
-            return self.monitor.close(f"job ended: {self.ended}", max(ts, self.now or ts))
-        return []
+        verdict = self.guard.on_event(event, self.now, self.last_step)
+        if verdict.phase is not None:
+            self.monitor.announce_phase(*verdict.phase)
+        return verdict.alerts
+
+    @property
+    def ending(self) -> str | None:
+        """Why the job says it ended, while that end is pending (rule 5)."""
+        return None if self.guard.ending is None else self.guard.ending.reason
 
     def abandon(self, now: float, idle_s: float) -> list[Alert]:
         """The job went silent for ``idle_s`` seconds without an end: resolve its open
         episodes and say so in one INFO notice (a RESOLVED update of its own, so that
         nothing stays open downstream once the state is dropped)."""
         why = f"job abandoned: no record for {idle_s:.0f}s and no end or relaunch"
-        alerts = self.monitor.close(why, now) if self.ended is None else []
+        alerts = [] if self.ended is not None else self.monitor.close(why, now)
+        alerts += self.guard.resolve(why, now, self.last_step)
         self.ended = "abandoned"
         at = datetime.fromtimestamp(now, UTC)
         step = max(self.last_step, 0)
@@ -324,16 +353,21 @@ class JobDetection:
             return []
         alerts = self._release_health(now, tick=True)
         if self.now is None or now > self.now:  # not ticked there by a report already
-            alerts += self.monitor.tick(now)
+            if self.guard.ending is None:  # a pending end holds the clock
+                alerts += self.monitor.tick(now)
             self._advance(now)
-        return alerts
+        end = self.guard.due(now)
+        return alerts + (self._end(end) if end is not None else [])
 
     def flush(self) -> list[Alert]:
-        """End of input: every buffered step, then every held report."""
+        """End of input: every buffered step, then every held report, then a pending
+        end (nothing can contradict it any more)."""
         alerts: list[Alert] = []
         for frame in self.assembler.flush():
             alerts += self.on_frame(frame)
-        return alerts + self._release_health(float("inf"), tick=True)
+        alerts += self._release_health(float("inf"), tick=True)
+        end, self.guard.ending = self.guard.ending, None
+        return alerts + (self._end(end) if end is not None else [])
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -389,11 +423,21 @@ class JobDetection:
         return alerts
 
     def _health(self, hts: float, msg: NodeHealth, *, tick: bool) -> list[Alert]:
-        alerts = self.monitor.process_health(msg)
+        if msg.node in self.guard.members:
+            alerts = self.monitor.process_health(msg)
+        else:  # rule 7: not judged for the job, so never a reason to isolate the node
+            alerts = self.guard.outsider(msg, max(self.last_step, 0))
         if tick and (self.now is None or hts >= self.now):
-            alerts += self.monitor.tick(hts)
+            if self.guard.ending is None:
+                alerts += self.monitor.tick(hts)
             self._advance(hts)
         return alerts
+
+    def _end(self, end: PendingEnd) -> list[Alert]:
+        """A pending end confirmed: every open episode resolves."""
+        self.ended, self.ended_at = end.reason, end.ts
+        why, at = f"job ended: {end.reason}", max(end.ts, self.now or end.ts)
+        return self.monitor.close(why, at) + self.guard.resolve(why, at, self.last_step)
 
     def _remember(self, into: OrderedDict, key: str, value: object) -> None:  # type: ignore[type-arg]
         into[key] = value

@@ -61,6 +61,9 @@ class AlertKind(StrEnum):
     MISSING = "missing"
     DIVERGENCE = "divergence"
     GUARDRAIL = "guardrail"
+    #: a lifecycle event the job's own records contradict (an end followed by steps, a
+    #: phase too long or too far ahead): refused or cut short, the job stays watched
+    LIFECYCLE = "lifecycle"
 
 
 class RecommendedAction(StrEnum):

@@ -26,14 +26,23 @@ from __future__ import annotations
 
 import hashlib
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, NonNegativeInt, PositiveFloat, model_validator
 
 from schemas._base import Message
-from schemas.telemetry import Phase
+from schemas.telemetry import MAX_STEP, Phase
 
-__all__ = ["EndReason", "JobEvent", "JobEventKind"]
+__all__ = ["MAX_NODES_PER_JOB", "MAX_PHASE_S", "EndReason", "JobEvent", "JobEventKind"]
+
+#: Nodes a job may declare (and the worker keeps per job): a million ranks at sixteen
+#: per node.
+MAX_NODES_PER_JOB = 65_536
+#: The longest phase an event may announce: a day. The worker allows less
+#: (``STEPGUARD_MAX_PHASE_S``): this bound is what the schema takes at all.
+MAX_PHASE_S = 86_400.0
+
+NodeName = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class JobEventKind(StrEnum):
@@ -62,16 +71,23 @@ class JobEvent(Message):
     kind: JobEventKind
     ts: AwareDatetime = Field(description="Event time (the publisher's clock).")
     step: NonNegativeInt | None = Field(
-        default=None, description="Last step completed when the event happened."
+        default=None, le=MAX_STEP, description="Last step completed when the event happened."
     )
     phase: Phase | None = Field(default=None, description="PHASE: which long phase begins.")
     expected_s: PositiveFloat | None = Field(
-        default=None, le=7 * 86400, description="PHASE: how long it is expected to last."
+        default=None, le=MAX_PHASE_S, description="PHASE: how long it is expected to last."
     )
     reason: EndReason | None = Field(default=None, description="END: why the job ended.")
     run: str = Field(default="", max_length=256, description="Run or attempt id, if known.")
     source: str = Field(default="", max_length=256, description="Publisher (node, listener).")
     detail: str = Field(default="", max_length=1000)
+    nodes: tuple[NodeName, ...] = Field(
+        default=(),
+        max_length=MAX_NODES_PER_JOB,
+        description="START: the nodes the job runs on, if the launcher knows them (a "
+        "health report can lead to isolating only a node of the job: one seen in its "
+        "steps or declared here).",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> JobEvent:

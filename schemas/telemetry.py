@@ -19,13 +19,26 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, NonNegativeFloat, NonNegativeInt, model_validator
 
 from schemas._base import Message
 
-__all__ = ["MAX_RANKS_PER_JOB", "GpuHealth", "NodeHealth", "Phase", "RankSample", "StepTelemetry"]
+__all__ = [
+    "MAX_COUNTER",
+    "MAX_GPUS_PER_NODE",
+    "MAX_GROUP_ID",
+    "MAX_LOCAL_RANK",
+    "MAX_RANKS_PER_JOB",
+    "MAX_STEP",
+    "MAX_STEP_SECONDS",
+    "GpuHealth",
+    "NodeHealth",
+    "Phase",
+    "RankSample",
+    "StepTelemetry",
+]
 
 
 class Phase(StrEnum):
@@ -41,21 +54,45 @@ class Phase(StrEnum):
 #: is kept per rank has a bound however hostile a message is (about a million GPUs:
 #: ten times the largest jobs run today).
 MAX_RANKS_PER_JOB = 1 << 20
+#: Every numeric field is bounded by what the code that keeps it stores, so no value a
+#: topic carries can overflow a column of a frame or the archive (one ``pp_stage`` of
+#: 2**31 raised OverflowError in the frame's int32 column and dropped the whole step).
+#: Parallel-group ids (data, pipeline, tensor): int32 in the frames.
+MAX_GROUP_ID = (1 << 31) - 1
+#: A rank's index on its node: UInt16 in the archive.
+MAX_LOCAL_RANK = (1 << 16) - 1
+#: Step numbers: exact in a float64 (and so in any JSON reader), int64 in the frames.
+MAX_STEP = (1 << 53) - 1
+#: Cumulative counters (ECC, NVLink, NIC): int64 in the detectors, UInt64 in the archive.
+MAX_COUNTER = (1 << 63) - 1
+#: One step's timings, in seconds: about eleven days (a step that long is a hang, not a
+#: step), so that sums and squares of them stay far from overflow.
+MAX_STEP_SECONDS = 1e6
+#: GPUs one node reports: a node with more is not a node (the archive keeps UInt16).
+MAX_GPUS_PER_NODE = 64
 
 
 class RankSample(Message):
     """One rank's timings for one step, in seconds."""
 
     rank: NonNegativeInt = Field(lt=MAX_RANKS_PER_JOB)
-    local_rank: NonNegativeInt
-    dp_group: NonNegativeInt = 0
-    pp_stage: NonNegativeInt = 0
-    tp_group: NonNegativeInt = 0
+    local_rank: NonNegativeInt = Field(le=MAX_LOCAL_RANK)
+    dp_group: NonNegativeInt = Field(default=0, le=MAX_GROUP_ID)
+    pp_stage: NonNegativeInt = Field(default=0, le=MAX_GROUP_ID)
+    tp_group: NonNegativeInt = Field(default=0, le=MAX_GROUP_ID)
     phase: Phase = Phase.TRAIN
-    step_time_s: NonNegativeFloat = Field(description="Wall time of the whole step.")
-    compute_s: NonNegativeFloat = Field(description="Time spent in kernels/compute.")
-    comm_wait_s: NonNegativeFloat = Field(description="Time blocked in collectives.")
-    data_wait_s: NonNegativeFloat = Field(description="Time waiting for the data loader.")
+    step_time_s: NonNegativeFloat = Field(
+        le=MAX_STEP_SECONDS, description="Wall time of the whole step."
+    )
+    compute_s: NonNegativeFloat = Field(
+        le=MAX_STEP_SECONDS, description="Time spent in kernels/compute."
+    )
+    comm_wait_s: NonNegativeFloat = Field(
+        le=MAX_STEP_SECONDS, description="Time blocked in collectives."
+    )
+    data_wait_s: NonNegativeFloat = Field(
+        le=MAX_STEP_SECONDS, description="Time waiting for the data loader."
+    )
     loss: float | None = Field(
         default=None,
         allow_inf_nan=True,
@@ -79,7 +116,7 @@ class StepTelemetry(Message):
     schema_version: Literal[1] = 1
     job_id: str = Field(min_length=1, max_length=256)
     node: str = Field(min_length=1, max_length=256)
-    step: NonNegativeInt
+    step: NonNegativeInt = Field(le=MAX_STEP)
     ts_start: AwareDatetime = Field(description="Event time the step started (rank clock).")
     ts_end: AwareDatetime = Field(description="Event time the step ended (rank clock).")
     samples: tuple[RankSample, ...] = Field(min_length=1)
@@ -108,15 +145,15 @@ class GpuHealth(Message):
     remapping pending or failed).
     """
 
-    index: NonNegativeInt
+    index: NonNegativeInt = Field(lt=MAX_GPUS_PER_NODE)
     temperature_c: float = Field(ge=-50, le=200)
-    power_w: NonNegativeFloat
-    sm_clock_mhz: NonNegativeFloat
+    power_w: NonNegativeFloat = Field(le=100_000)
+    sm_clock_mhz: NonNegativeFloat = Field(le=100_000)
     utilization_pct: float = Field(ge=0, le=100)
-    ecc_corrected: NonNegativeInt = 0
-    ecc_uncorrected: NonNegativeInt = 0
-    xid_codes: tuple[NonNegativeInt, ...] = Field(
-        default=(), description="XID events seen since the previous report."
+    ecc_corrected: NonNegativeInt = Field(default=0, le=MAX_COUNTER)
+    ecc_uncorrected: NonNegativeInt = Field(default=0, le=MAX_COUNTER)
+    xid_codes: tuple[Annotated[NonNegativeInt, Field(le=(1 << 32) - 1)], ...] = Field(
+        default=(), max_length=64, description="XID events seen since the previous report."
     )
     throttle_reasons: tuple[str, ...] = Field(
         default=(),
@@ -125,13 +162,13 @@ class GpuHealth(Message):
         "'hw_slowdown', 'sw_thermal_slowdown', 'hw_thermal_slowdown'.",
     )
     nvlink_errors: NonNegativeInt = Field(
-        default=0, description="NVLink replay + recovery + CRC errors, cumulative."
+        default=0, le=MAX_COUNTER, description="NVLink replay + recovery + CRC errors, cumulative."
     )
     nvlink_crc_errors: NonNegativeInt = Field(
-        default=0, description="NVLink CRC (flit and data) errors, cumulative."
+        default=0, le=MAX_COUNTER, description="NVLink CRC (flit and data) errors, cumulative."
     )
     nvlink_replay_errors: NonNegativeInt = Field(
-        default=0, description="NVLink replay errors, cumulative."
+        default=0, le=MAX_COUNTER, description="NVLink replay errors, cumulative."
     )
     nvlink_links_down: NonNegativeInt = Field(
         default=0, le=64, description="NVLink links the GPU has that are not active."
@@ -169,7 +206,7 @@ class NodeHealth(Message):
     job_id: str | None = Field(default=None, max_length=256)
     node: str = Field(min_length=1, max_length=256)
     ts: AwareDatetime
-    interval_s: float = Field(gt=0, default=10.0)
-    gpus: tuple[GpuHealth, ...] = ()
-    nic_errors: NonNegativeInt = 0
-    nic_retransmits: NonNegativeInt = 0
+    interval_s: float = Field(gt=0, le=86400.0, default=10.0)
+    gpus: tuple[GpuHealth, ...] = Field(default=(), max_length=MAX_GPUS_PER_NODE)
+    nic_errors: NonNegativeInt = Field(default=0, le=MAX_COUNTER)
+    nic_retransmits: NonNegativeInt = Field(default=0, le=MAX_COUNTER)

@@ -472,7 +472,8 @@ def archiver(
     """Archive every topic into ClickHouse; offsets are committed after each insert."""
     from pipeline.io.metrics import ArchiverMetrics, serve_metrics
     from pipeline.services.archive import migrate, open_backend
-    from pipeline.services.archive.archiver import Archiver, ArchiverStats, default_decode_processes
+    from pipeline.services.archive.archiver import Archiver, ArchiverStats
+    from pipeline.services.archive.decode_pool import default_decode_processes
     from pipeline.services.archive.serve import query_socket_path
 
     settings = _settings()

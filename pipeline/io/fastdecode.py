@@ -42,7 +42,15 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas.codec import MAX_MESSAGE_BYTES
-from schemas.telemetry import MAX_RANKS_PER_JOB, Phase, StepTelemetry
+from schemas.telemetry import (
+    MAX_GROUP_ID,
+    MAX_LOCAL_RANK,
+    MAX_RANKS_PER_JOB,
+    MAX_STEP,
+    MAX_STEP_SECONDS,
+    Phase,
+    StepTelemetry,
+)
 
 __all__ = [
     "PHASE_CODES", "StepColumns", "StepView", "decode_step", "decode_steps", "from_models",
@@ -60,9 +68,13 @@ _INT64_MAX = 2**63 - 1
 # Narrower than the schema on purpose: every accepted int fits int64, the whole value is
 # ASCII (so msgspec's and pydantic's length, escape and UTF-8 rules agree), and unknown
 # fields send a message to pydantic (which ignores them, but also bounds their nesting).
-_Count = Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+# Every bound is the schema's own (schemas.telemetry): a group id of 2**31 must be
+# refused here exactly as pydantic refuses it, or the frame's int32 column overflows.
+_StepNo = Annotated[int, msgspec.Meta(ge=0, le=MAX_STEP)]
+_Group = Annotated[int, msgspec.Meta(ge=0, le=MAX_GROUP_ID)]
+_Local = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOCAL_RANK)]
 _Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS_PER_JOB)]
-_Seconds = Annotated[float, msgspec.Meta(ge=0)]
+_Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 _Time = Annotated[datetime, msgspec.Meta(tz=True)]
 _TIME = msgspec.json.Decoder(_Time)
@@ -73,14 +85,14 @@ _Signal = float | None | Literal["NaN", "Infinity", "-Infinity"]
 
 class _Sample(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     rank: _Rank
-    local_rank: _Count
+    local_rank: _Local
     step_time_s: _Seconds
     compute_s: _Seconds
     comm_wait_s: _Seconds
     data_wait_s: _Seconds
-    dp_group: _Count = 0
-    pp_stage: _Count = 0
-    tp_group: _Count = 0
+    dp_group: _Group = 0
+    pp_stage: _Group = 0
+    tp_group: _Group = 0
     phase: Literal["warmup", "train", "eval", "checkpoint"] = "train"
     loss: _Signal = None
     grad_norm: _Signal = None
@@ -89,7 +101,7 @@ class _Sample(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 class _Step(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     job_id: _Name
     node: _Name
-    step: _Count
+    step: _StepNo
     ts_start: msgspec.Raw  # checked, then decoded by _times
     ts_end: msgspec.Raw
     samples: Annotated[list[_Sample], msgspec.Meta(min_length=1)]
@@ -192,14 +204,16 @@ def decode_steps(values: Sequence[bytes | None]) -> StepColumns:
 def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
     """The same columns from already validated models (e.g. ones ``decode_steps`` left
     to pydantic). ``messages`` indexes ``models``; a model with an integer beyond int64
-    (valid for the schema, which has no upper bound) is listed in ``slow`` instead.
+    (the schema bounds every one below it: only a model built without validation) is
+    listed in ``slow`` instead.
 
     >>> from datetime import UTC, datetime
     >>> from schemas import RankSample
     >>> t = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> s = RankSample(rank=0, local_rank=2**70, step_time_s=1, compute_s=1,
-    ...                comm_wait_s=0, data_wait_s=0)
-    >>> m = StepTelemetry(job_id="j", node="n", step=1, ts_start=t, ts_end=t, samples=(s,))
+    >>> s = RankSample.model_construct(rank=0, local_rank=2**70, dp_group=0, pp_stage=0,
+    ...     tp_group=0, step_time_s=1, compute_s=1, comm_wait_s=0, data_wait_s=0)
+    >>> m = StepTelemetry.model_construct(job_id="j", node="n", step=1, ts_start=t,
+    ...                                   ts_end=t, samples=(s,), run="")
     >>> from_models([m]).slow
     [0]
     """

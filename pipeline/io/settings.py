@@ -329,6 +329,17 @@ class Settings(ClientSettings):
     job_idle_ttl_s: float = Field(default=3600.0, gt=0)
     #: distinct ranks one job may have; records of further ranks are dead-lettered
     max_ranks_per_job: int = Field(default=262_144, ge=1, le=1_048_576)
+    #: distinct nodes one job may have; records of further nodes are dead-lettered
+    max_nodes_per_job: int = Field(default=65_536, ge=1, le=65_536)
+    #: jobs named only by health reports or start events (no step yet) one worker holds,
+    #: and for how many wall seconds: they never count against worker_max_jobs
+    worker_max_pending_jobs: int = Field(default=1024, ge=1)
+    worker_pending_ttl_s: float = Field(default=300.0, gt=0)
+    #: the longest allowance an announced phase (checkpoint, eval) gets, seconds; a
+    #: longer one is cut to it (a lifecycle anomaly)
+    max_phase_s: float = Field(default=3600.0, gt=0, le=86_400.0)
+    #: event time an end stays pending (refused by any later step) before it ends the job
+    end_confirm_s: float = Field(default=60.0, gt=0, le=3600.0)
     #: detector thresholds of new jobs (pipeline/io/detector_config.py); None: defaults
     detector_config: Path | None = None
 

@@ -24,7 +24,8 @@ Format (version 1)::
 Reading checks every size before allocating: the declared body length against
 ``max_bytes``, the inflated length against the declared one, every array's buffer
 against its dtype and shape; numpy dtypes are limited to plain numbers and strings;
-nesting is limited to :data:`MAX_DEPTH`. Anything else is a :class:`StateFormatError`.
+nesting is limited to :data:`MAX_DEPTH`. Anything else is a :class:`StateFormatError`:
+:func:`loads` raises nothing else, whatever the blob holds.
 
 Examples
 --------
@@ -207,23 +208,27 @@ def loads(blob: bytes, *, max_bytes: int = 256 * 1024 * 1024) -> Any:
     if flags & _ZLIB:
         inflate = zlib.decompressobj()
         try:
-            body = memoryview(inflate.decompress(body, length))
+            # max_length 0 would mean "no limit": inflate one byte more than declared
+            body = memoryview(inflate.decompress(body, length + 1))
         except zlib.error as exc:
             raise StateFormatError(f"state body does not inflate: {exc}") from exc
         if inflate.unconsumed_tail or not inflate.eof:
             raise StateFormatError("state body length does not match its header")
     if len(body) != length:
         raise StateFormatError("state body length does not match its header")
+    # Total: whatever the bytes hold (msgpack nested past the interpreter's recursion
+    # limit, a value a constructor refuses, a key that cannot be hashed), the answer
+    # is a StateFormatError, never another exception that would stop the job's reader.
     try:
         tree = msgspec.msgpack.decode(body)
-    except msgspec.DecodeError as exc:
-        raise StateFormatError(f"state body is not msgpack: {exc}") from exc
+    except (msgspec.MsgspecError, RecursionError, MemoryError, ValueError) as exc:
+        raise StateFormatError(f"state body is not msgpack: {exc!r}"[:500]) from exc
     try:
         return _Decoder().dec(tree, 0)
     except StateFormatError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StateFormatError(f"malformed state: {exc!r}") from exc
+    except Exception as exc:  # any malformed value: RecursionError, msgspec, pydantic
+        raise StateFormatError(f"malformed state: {exc!r}"[:500]) from exc
 
 
 class _Decoder:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.integration
 
 _CHILD = """
 import json, multiprocessing.resource_tracker as rt, sys
-from pipeline.services.archive.archiver import _DecodePool
-pool = _DecodePool(2)
+from pipeline.services.archive.decode_pool import DecodePool
+pool = DecodePool(2)
 kids = [p.pid for p in pool._pool._processes.values()]
 print(json.dumps({"decode": kids, "tracker": rt._resource_tracker._pid}), flush=True)
 sys.stdin.read()  # until killed

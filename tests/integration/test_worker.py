@@ -642,7 +642,8 @@ def test_announced_checkpoints_are_not_hangs_and_an_ended_job_raises_none(
     that goes silent afterwards hangs, which proves the timer ran past the first
     job's threshold."""
     sc = scenario("ckpt-announced", [], steps=120, **CHECKPOINTED)
-    w = workers()
+    # an end takes effect once no step contradicts it for STEPGUARD_END_CONFIRM_S
+    w = workers(end_confirm_s="5")
     play(settings, sc, speed=1.0, announce_phases=True)
     other = scenario("after-end", [], steps=60, job_id="after-end", **CHECKPOINTED)
     play(settings, other, speed=1.0, stop_after_step=40)

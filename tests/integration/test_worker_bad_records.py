@@ -21,6 +21,7 @@ import pytest
 from pipeline.io.kafka import create_topics, make_consumer, make_producer, publish, registry_of
 from pipeline.io.trust import sign
 from pipeline.services.worker.app import jobs_topic_name
+from pipeline.services.worker.seal import SEAL_MAGIC
 from pipeline.tools.simulator import simulate
 from pipeline.tools.simulator.player import play
 from schemas import (
@@ -69,8 +70,8 @@ def _forwarded(jobs, until: set[tuple[str, str]], timeout_s: float) -> list[tupl
         assert time.monotonic() < deadline, f"timed out waiting for {until}: {seen}"
         for records in jobs.poll(timeout_ms=300).values():
             for r in records:
-                try:
-                    body = json.loads(r.value or b"")
+                try:  # the worker's records are sealed: a MAC, then the payload
+                    body = json.loads((r.value or b"")[len(SEAL_MAGIC) + 32 :])
                 except ValueError:
                     continue
                 if isinstance(body, dict) and "command_id" in body:

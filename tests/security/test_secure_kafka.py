@@ -216,6 +216,11 @@ REFUSED_WRITES = [
     ("executor", "commands"), ("operator", "commands"), ("archiver", "steps"),
     ("actuator", "steps"), ("actuator", "control"), ("alertmanager", "decisions"),
     ("alertmanager", "commands"),
+    # the worker's internal topics: only the worker's principal writes them (issue 22)
+    ("simulator", "jobs"), ("simulator", "changelog"), ("actuator", "jobs"),
+    ("actuator", "changelog"), ("executor", "jobs"), ("executor", "changelog"),
+    ("listener", "jobs"), ("listener", "changelog"), ("operator", "jobs"),
+    ("operator", "changelog"), ("archiver", "jobs"), ("archiver", "changelog"),
 ]  # fmt: skip
 
 

@@ -6,13 +6,32 @@ Each test drives the real :class:`~pipeline.services.worker.state.WorkerCore` (t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
+import struct
 import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from detectors.job_guard import LifecycleLimits
+from pipeline.services.worker.seal import Seal
 from pipeline.services.worker.state import partition_for
-from schemas import AlertKind, AlertState, CommandKind, Grade, encode
+from schemas import (
+    AlertKind,
+    AlertState,
+    CommandKind,
+    EndReason,
+    Grade,
+    JobEvent,
+    JobEventKind,
+    NodeHealth,
+    Phase,
+    RecommendedAction,
+    Rejected,
+    decode,
+    encode,
+)
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY
 from tests.security._helpers import (
     STEP_S,
@@ -137,3 +156,161 @@ def test_oversized_and_future_dated_records_are_dead_letters_not_state():
     assert [d.stage for d in out.dead_letters] == ["clock"]
     assert "j" not in core.jobs or core.jobs["j"].detection.now is None
     assert not [a for a in out.alerts if a.state is AlertState.FIRING]
+
+
+# -- issue 22: one writer, one job --------------------------------------------------
+def _ticks(core, clock, seconds: int, offset: int) -> list:
+    alerts = []
+    for i in range(seconds):
+        clock.now += 1.0
+        rec = core.tick_record("j")
+        if rec is not None:
+            alerts += core.handle_job_record(rec[0], offset + i, b"j", rec[1], "tick", i).alerts
+    return alerts
+
+
+def _lifecycle(kind: JobEventKind, at: datetime, **kw) -> bytes:
+    return encode(JobEvent(job_id="j", kind=kind, ts=at, **kw))
+
+
+def test_an_unsigned_end_the_jobs_steps_contradict_is_refused_and_the_job_stays_watched():
+    """Threat (issue 22 item 1): one unsigned lifecycle end, dated a few minutes ahead,
+    resolved a running job's episodes, dropped its state and made the worker ignore
+    every record dated before it: the job then hung and nothing was reported."""
+    clock = Clock()
+    core = worker(clock, seal=Seal(b"w" * 32))
+    feed(core, range(30))
+    ahead = T0 + timedelta(seconds=STEP_S * 31 + 200)
+    end = core.route_lifecycle(0, 1, b"j", _lifecycle(JobEventKind.END, ahead,
+                                                      reason=EndReason.COMPLETED))  # fmt: skip
+    out = core.handle_job_record(end.partition, 1, b"j", end.value, "lifecycle", token="e")
+    assert not out.tombstone and "j" in core.jobs and core.ended == {}
+    alerts = out.alerts + feed(core, range(30, 34), offset=1000)  # the job goes on
+    anomalies = [a for a in alerts if a.kind is AlertKind.LIFECYCLE]
+    assert anomalies and all(a.grade is Grade.WARNING for a in anomalies)
+    assert core.after_end == 0  # none of its steps was taken for the ended run's
+    hangs = _ticks(core, clock, 20, offset=200)  # and then it hangs: raised
+    assert [a.kind for a in hangs if a.state is AlertState.FIRING] == [AlertKind.HANG]
+
+
+def test_a_phase_of_a_day_at_step_ten_to_the_fifteen_cannot_hide_a_hang():
+    """Threat (item 2): one phase with ``expected_s`` of 7 days and ``step`` 10**15 made
+    the hang allowance about ten days."""
+    assert isinstance(decode(JobEvent, _lifecycle(JobEventKind.PHASE, T0, phase=Phase.EVAL,
+                                                  expected_s=1.0)
+                             .replace(b'"expected_s":1.0', b'"expected_s":604800.0')),
+                      Rejected)  # fmt: skip
+    clock = Clock()
+    core = worker(clock, limits=LifecycleLimits(max_phase_s=30.0))  # STEPGUARD_MAX_PHASE_S
+    feed(core, range(30))
+    now = T0 + timedelta(seconds=STEP_S * 31)
+    for i, (step, expected) in enumerate([(10**15, 86400.0), (29, 86400.0)]):
+        event = _lifecycle(JobEventKind.PHASE, now, phase=Phase.CHECKPOINT, step=step,
+                           expected_s=expected)  # fmt: skip
+        core.handle_job_record(0, 10 + i, b"j", event, "lifecycle", token=i)
+    # refused (far ahead) and cut to STEPGUARD_MAX_PHASE_S: both reported ...
+    hangs = _ticks(core, clock, 200, offset=100)
+    # ... and the hang is raised within the maximum phase, not ten days later
+    assert AlertKind.HANG in [a.kind for a in hangs if a.state is AlertState.FIRING]
+
+
+def test_health_naming_a_node_outside_the_job_is_never_graded_for_isolation():
+    """Threat (item 3): a NodeHealth with a fatal error naming a node that never sent a
+    step of the job was graded CRITICAL (isolate) for it: any node agent could have any
+    node drained. Only members are graded; an outside node is at most an INFO."""
+    core = worker()
+    feed(core, range(30))
+    outside = [a for a in _health_alerts_of(core, "n99", 29) if a.node == "n99"]
+    assert outside and all(a.grade is Grade.INFO for a in outside)
+    assert all(a.recommended_action is RecommendedAction.NONE for a in outside)
+    core = worker()
+    feed(core, range(30))
+    member = [a for a in _health_alerts_of(core, "n3", 29) if a.node == "n3"]
+    assert member and member[0].grade is Grade.CRITICAL  # a member is still judged
+
+
+def test_one_rank_record_beyond_int32_never_drops_the_step_for_every_node():
+    """Threat (item 5): a pp_stage of 2**31 passed the schema and overflowed the frame's
+    int32 column: the whole step was dropped for every node, and a healthy job got a
+    false hang. Now that one record is a dead letter and the step is still judged."""
+    core = worker()
+    feed(core, range(30))
+    bad = json.loads(step_msg(30, 3))
+    bad["samples"][0]["pp_stage"] = 2**31
+    out = core.handle_step(0, 500, b"j", json.dumps(bad).encode(), token="bad")
+    assert [d.stage for d in out.dead_letters] == ["decode"] and out.release == ["bad"]
+    frames = core.jobs["j"].detection.frames
+    for n in (0, 1, 2, 4, 5, 6, 7):
+        core.handle_step(0, 501 + n, b"j", step_msg(30, n), token=n)
+    feed(core, range(31, 34), offset=600)
+    assert core.jobs["j"].detection.frames == frames + 4  # step 30 was judged too
+    assert core.jobs["j"].detection.last_step == 33
+
+
+def test_health_naming_invented_jobs_never_fills_the_worker_nor_pins_its_commit():
+    """Threat (item 6): health reports naming invented job ids never expired and filled
+    STEPGUARD_WORKER_MAX_JOBS (every real new job refused); their unacked records
+    pinned the internal topic's commit."""
+    clock = Clock()
+    core = worker(clock, max_jobs=2, max_pending_jobs=16, pending_ttl_s=60.0)
+    for i in range(100):
+        report = encode(NodeHealth(job_id=f"invented-{i}", node="n1", ts=T0))
+        out = core.handle_job_record(0, i, f"invented-{i}".encode(), report, "health", token=i)
+        assert out.release == [i] and not out.dead_letters  # acked at once
+    assert core.jobs == {} and len(core.pending) == 16  # bounded
+    real = core.handle_step(0, 1000, b"j", step_msg(0, 0), token="real")
+    assert not real.dead_letters and "j" in core.jobs  # a real job is taken on
+    clock.now += 61.0
+    assert len(core.pending) == 0  # and they expire
+
+
+def test_the_workers_internal_topics_accept_only_what_the_worker_sealed():
+    """Threat (item 7): one unsigned tick on the worker's jobs topic with ``wall_s`` far
+    ahead made the worker abandon a job that had just hung; its changelog took any
+    snapshot that decoded."""
+    clock = Clock()
+    seal = Seal(b"w" * 32)
+    core = worker(clock, seal=seal)
+    feed(core, range(30))
+    forged = json.dumps({"job_id": "j", "wall_s": clock.now + 10 * 86400}).encode()
+    out = core.handle_job_record(0, 50, b"j", forged, "tick", token="forged")
+    assert [d.stage for d in out.dead_letters] == ["auth"] and out.release == ["forged"]
+    sealed_far = seal.seal("tick", forged)  # even sealed, a tick is not beyond the clock
+    out = core.handle_job_record(0, 51, b"j", sealed_far, "tick", token="far")
+    assert out.dead_letters and "beyond this worker's clock" in out.dead_letters[0].error
+    assert "j" in core.jobs and core.counts()["unsealed"] == 1  # not abandoned
+    # a forwarded record is sealed as its kind: replayed as another kind it is refused
+    fwd = core.route_health(0, 60, b"n1", ecc_report("n1", T0 + timedelta(seconds=40)))
+    assert core.handle_job_record(0, 61, b"j", fwd.value, "lifecycle", "x").dead_letters
+    # a snapshot no worker of the group sealed is not read: the job starts afresh
+    blob = core.jobs["j"].to_bytes()
+    other = worker(clock, seal=Seal(b"w" * 32))
+    other.handle_step(0, 0, b"j", step_msg(30, 0), token=1, load=lambda _j: blob)
+    assert other.unreadable_snapshots == 1 and other.jobs["j"].detection.frames == 0
+    third = worker(clock, seal=Seal(b"w" * 32))
+    sealed = seal.seal("snapshot", blob, job="j")
+    third.handle_step(0, 0, b"j", step_msg(30, 0), token=1, load=lambda _j: sealed)
+    assert third.unreadable_snapshots == 0 and third.jobs["j"].detection.frames > 0
+
+
+def test_a_changelog_value_of_any_shape_leaves_the_job_monitored_afresh():
+    """Threat (item 8): a deeply nested msgpack value in the changelog made
+    ``statecodec.loads`` raise RecursionError; the job was never monitored again."""
+    body = b"\x91" * 200_000 + b"\xc0"
+    deep = struct.pack("<4sBBQ", b"SGST", 1, 1, len(body)) + zlib.compress(body)
+    core = worker()
+    out = core.handle_step(0, 0, b"j", step_msg(0, 0), token="s", load=lambda _j: deep)
+    assert core.unreadable_snapshots == 1 and not out.dead_letters and "j" in core.jobs
+
+
+def test_a_record_just_under_the_broker_limit_makes_a_dead_letter_under_it():
+    """Threat (item 15): a dead letter base64-encoded the whole raw record: one just
+    under the broker's ``max.message.bytes`` made a dead letter over it, the produce
+    failed before the commit and the consumer crash-looped on that record."""
+    broker_limit = 1_048_588  # Apache Kafka's default message.max.bytes
+    raw = b"\xff" * (broker_limit - 2048)
+    out = worker().handle_step(0, 7, b"j", raw, token="big")
+    (letter,) = out.dead_letters
+    assert len(encode(letter)) < broker_limit // 4
+    assert (letter.raw_len, letter.truncated) == (len(raw), True)
+    assert letter.raw_sha256 == hashlib.sha256(raw).hexdigest() and raw.startswith(letter.raw)

@@ -229,11 +229,15 @@ def lifecycle(kind: JobEventKind, ts: float, **kw: object) -> JobEvent:
     return JobEvent(job_id="job", kind=kind, ts=datetime.fromtimestamp(ts, UTC), **kw)
 
 
-def test_an_end_resolves_every_open_episode_once() -> None:
+def test_an_end_resolves_every_open_episode_once_when_no_step_contradicts_it() -> None:
     det = JobDetection("job")
     warm(det, 30)
     assert firing(det.tick(det.now + 10 * STEP_S), AlertKind.HANG)
-    got = det.on_lifecycle(lifecycle(JobEventKind.END, det.now, reason=EndReason.FAILED))
+    end = lifecycle(JobEventKind.END, det.now, reason=EndReason.FAILED)
+    assert det.on_lifecycle(end) == [] and det.ending == "failed" and det.ended is None
+    confirm = det.guard.limits.end_confirm_s
+    assert det.tick(det.now + confirm / 2) == []  # pending: the clock is held
+    got = det.tick(det.now + confirm)
     assert [(a.kind, a.state) for a in got] == [(AlertKind.HANG, AlertState.RESOLVED)]
     assert "job ended: failed" in got[0].summary and det.ended == "failed"
     assert det.on_lifecycle(lifecycle(JobEventKind.END, det.now, reason=EndReason.FAILED)) == []

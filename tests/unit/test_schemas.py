@@ -15,6 +15,8 @@ from schemas import (
     Approval,
     ApprovalDecision,
     DeadLetter,
+    JobEvent,
+    NodeHealth,
     RankSample,
     Rejected,
     StepTelemetry,
@@ -160,3 +162,47 @@ def test_action_id_wins_over_a_stray_command_id():
     )
     payload["command_id"] = "act-old1"
     assert decode(Approval, json.dumps(payload).encode()).action_id == "act-new1"
+
+
+def _gpu(**kw: object) -> dict:
+    return {"index": 0, "temperature_c": 60, "power_w": 300, "sm_clock_mhz": 1400,
+            "utilization_pct": 90} | kw  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "doc"),
+    [
+        # what the code stores bounds every numeric field (issue 22 items 2 and 5)
+        ("step", {"step": 1 << 53}),
+        ("sample", {"local_rank": 1 << 16}),
+        ("sample", {"pp_stage": 1 << 31}),
+        ("sample", {"dp_group": 1 << 31}),
+        ("sample", {"tp_group": 1 << 31}),
+        ("sample", {"compute_s": 1e7}),
+        ("health", {"gpus": [_gpu(index=i) for i in range(65)]}),  # GPUs per node
+        ("health", {"gpus": [_gpu(index=64)]}),
+        ("health", {"gpus": [_gpu(ecc_uncorrected=1 << 63)]}),
+        ("health", {"gpus": [_gpu(xid_codes=[1 << 32])]}),
+        ("health", {"gpus": [_gpu(xid_codes=[79] * 65)]}),
+        ("health", {"nic_errors": 1 << 63}),
+        ("health", {"interval_s": 1e6}),
+        ("event", {"kind": "phase", "phase": "eval", "expected_s": 7 * 86400}),
+        ("event", {"kind": "phase", "phase": "eval", "step": 1 << 53}),
+        ("event", {"kind": "start", "nodes": ["n"] * 65_537}),  # nodes per job
+    ],
+)
+def test_every_numeric_field_is_bounded_by_what_the_code_stores(model: str, doc: dict) -> None:
+    base = {
+        "step": json.loads(encode(step_telemetry())),
+        "health": {"node": "n0", "ts": "2026-01-01T00:00:00Z"},
+        "event": {"job_id": "j", "kind": "start", "ts": "2026-01-01T00:00:00Z"},
+    }
+    if model == "sample":
+        full = base["step"]
+        full["samples"][0] |= doc
+        target: type = StepTelemetry
+    else:
+        full = base[model] | doc
+        target = {"step": StepTelemetry, "health": NodeHealth, "event": JobEvent}[model]
+    with pytest.raises(ValidationError):
+        target.model_validate_json(json.dumps(full))

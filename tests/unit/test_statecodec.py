@@ -148,3 +148,38 @@ _plain = st.recursive(
 @given(_plain)
 def test_plain_data_round_trips(value: object) -> None:
     assert loads(dumps(value)) == value
+
+
+def _raw_blob(body: bytes, *, length: int | None = None) -> bytes:
+    header = struct.pack("<4sBBQ", b"SGST", 1, 1, len(body) if length is None else length)
+    return header + zlib.compress(body)
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        # msgpack arrays nested 200,000 deep: msgspec itself raised RecursionError
+        _raw_blob(b"\x91" * 200_000 + b"\xc0"),
+        _raw_blob(b"\x81\xa1#" * 100_000 + b"\xc0"),  # maps, the same
+        # a declared length of 0 inflated without a limit (zlib's max_length 0)
+        _raw_blob(b"\x00" * 4096, length=0),
+        # values the constructors refuse
+        _blob({"#": "ms", "c": "pipeline.io.fastdecode.StepView", "v": {"job_id": 1}}),
+        _blob({"#": "m", "c": "schemas.alerts.Evidence", "j": b"{"}),
+        _blob({"#": "d", "id": 0, "k": [{"#": "l", "id": 1, "v": []}], "v": [1]}),
+        _blob({"#": "s", "id": 0, "v": [{"#": "d", "id": 1, "k": [], "v": []}]}),
+        _blob({"#": "dt", "v": 5}),
+        _blob({"#": "big", "v": "9" * 10_000}),
+        _blob({"#": "n", "dt": "<f8", "b": 3}),
+        _blob({"#": "ao", "id": 0, "sh": [2], "v": 7}),
+        _blob({"#": "e", "c": "schemas.alerts.Grade", "v": "nope"}),
+        _blob({"#": "o", "id": 0, "c": "detectors.assembly.StepAssembler", "f": 3}),
+        _blob({"#": "l", "id": "x", "v": []}),
+    ],
+)
+def test_loads_is_total_every_malformed_blob_is_a_state_format_error(blob: bytes) -> None:
+    """Issue 22 item 8: a deeply nested msgpack value made ``loads`` raise
+    RecursionError (not StateFormatError), and the worker never monitored that job
+    again while the entry stayed. Whatever the blob holds, the answer is one error."""
+    with pytest.raises(StateFormatError):
+        loads(blob, max_bytes=1 << 20)

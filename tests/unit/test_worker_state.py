@@ -371,9 +371,16 @@ def test_a_job_that_ended_raises_no_hang_and_its_state_is_dropped():
     fwd = core.route_lifecycle(1, 7, b"j", end)
     assert (fwd.job_id, fwd.partition) == ("j", partition_for("j", 8))
     out = core.handle_job_record(0, 100, b"j", fwd.value, "lifecycle", token="end")
+    assert out.alerts == [] and not out.tombstone  # pending until no step contradicts it
+    confirm = core.jobs["j"].detection.guard.limits.end_confirm_s
+    alerts = tick_every_second(core, clock, int(confirm) - 1, offset=200)
+    assert alerts == [] and "j" in core.jobs  # held: no hang while it is pending
+    clock.now += 1.0
+    _, value = core.tick_record("j")
+    out = core.handle_job_record(0, 300, b"j", value, "tick", token="confirmed")
     assert [(a.kind, a.state) for a in out.alerts] == [(AlertKind.HANG, AlertState.RESOLVED)]
     assert "job ended: completed" in out.alerts[0].summary
-    assert out.tombstone and "end" in out.release and core.held("j") == 0
+    assert out.tombstone and "confirmed" in out.release and core.held("j") == 0
     assert "j" not in core.jobs and core.tick_record("j") is None
     # a late message of the ended run is ignored; a newer one is a new run, from scratch
     late = core.handle_step(0, 5000, b"j", step_msg(29, 3), token="late")

@@ -42,6 +42,7 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from detectors.job_guard import LifecycleLimits
 from pipeline.io.detector_config import load_detector_config
 from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import client_config, consumer_config, create_topics, registry_of
@@ -49,6 +50,7 @@ from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, sign, signing_key
 from pipeline.services.worker.control import ControlReader, DetectorControl
 from pipeline.services.worker.metrics import WorkerMetrics
+from pipeline.services.worker.seal import Seal, derive_key
 from pipeline.services.worker.state import KIND_HEADER, CoreTopics, Forward, Handled, WorkerCore
 from schemas import Alert, DeadLetter, Rejected, encode
 
@@ -245,11 +247,19 @@ def build_app(
         max_jobs=settings.worker_max_jobs,
         job_idle_ttl_s=settings.job_idle_ttl_s,
         max_ranks_per_job=settings.max_ranks_per_job,
+        max_nodes_per_job=settings.max_nodes_per_job,
+        max_pending_jobs=settings.worker_max_pending_jobs,
+        pending_ttl_s=settings.worker_pending_ttl_s,
+        limits=LifecycleLimits(
+            max_phase_s=settings.max_phase_s, end_confirm_s=settings.end_confirm_s
+        ),
         max_clock_skew_s=settings.max_clock_skew_s,
         # a live pipeline delivers the worker's own ticks every interval
         blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
         command_keys=command_keys,
         result_keys=result_keys,
+        # what it writes for itself (jobs topic, changelog) opens only with its own key
+        seal=Seal(derive_key(alert_key)),
         # thresholds of new jobs: `stepguard calibrate --apply` writes this file
         monitor_config=load_detector_config(settings.detector_config),
     )

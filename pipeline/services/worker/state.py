@@ -44,12 +44,15 @@ from kafka.partitioner.default import murmur2
 from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from detectors.job import JobDetection
+from detectors.job_guard import LifecycleLimits
 from pipeline.io import statecodec
 from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
 from pipeline.io.fastdecode import decode_step
 from pipeline.io.statecodec import StateFormatError
 from pipeline.io.trust import PublicKeys, check_command, signature_problem
+from pipeline.services.worker.pending import PendingJobs
+from pipeline.services.worker.seal import Seal, TickError, decode_tick
 from schemas import (
     Alert,
     Command,
@@ -65,6 +68,7 @@ from schemas import (
 )
 from schemas.codec import MAX_MESSAGE_BYTES
 from schemas.commands import RELAUNCHING
+from schemas.lifecycle import MAX_NODES_PER_JOB
 from schemas.telemetry import MAX_RANKS_PER_JOB
 
 __all__ = [
@@ -111,7 +115,7 @@ class CoreTopics:
 #: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
 #: fields change: older snapshots are then refused (and the job rebuilt from its
 #: replayed records) instead of failing on the first step.
-STATE_LAYOUT = 2
+STATE_LAYOUT = 3  # 3: JobDetection keeps the job's members and lifecycle guard
 
 
 @dataclass
@@ -137,6 +141,9 @@ class JobState:
     last_snapshot_wall: float = 0.0
     #: layout of the detectors' state this snapshot holds (:data:`STATE_LAYOUT`)
     layout: int = 0
+    #: a step of the job arrived (False: named only by health or a start event, see
+    #: :mod:`pipeline.services.worker.pending`); only confirmed jobs are snapshotted
+    confirmed: bool = True
 
     def __post_init__(self) -> None:
         self.layout = STATE_LAYOUT
@@ -249,6 +256,21 @@ class WorkerCore:
         grace and closes the episodes of the nodes it left out only when one of them
         signed it, so a forged result for a real command id cannot end episodes early.
         None or empty: no result is acted on (the relaunch grace runs its course).
+    max_nodes_per_job
+        Distinct nodes per job; a message that would add more is dead-lettered.
+    limits
+        How far jobs' lifecycle events are trusted
+        (:class:`~detectors.job_guard.LifecycleLimits`).
+    max_pending_jobs, pending_ttl_s
+        Jobs named only by health reports or start events (no step yet) held at once,
+        and for how many wall seconds (:mod:`pipeline.services.worker.pending`).
+    seal
+        Authenticates what the worker writes for itself (:mod:`pipeline.services.worker.seal`):
+        records it forwards to its jobs topic, its ticks and its snapshots are sealed,
+        and a record of the jobs topic or a snapshot that does not open is refused
+        (``unsealed``: a dead letter; a snapshot is rebuilt from the records). None:
+        nothing is sealed or checked (unit tests and benchmarks; ``stepguard worker``
+        always seals, with a key derived from the worker's private key).
     clock
         Wall clock (epoch seconds); injectable for tests.
     """
@@ -271,6 +293,11 @@ class WorkerCore:
         blind_after_s: float = 5.0,
         command_keys: PublicKeys | None = None,
         result_keys: PublicKeys | None = None,
+        seal: Seal | None = None,
+        max_nodes_per_job: int = MAX_NODES_PER_JOB,
+        limits: LifecycleLimits | None = None,
+        max_pending_jobs: int = 1024,
+        pending_ttl_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if n_partitions < 1:
@@ -306,6 +333,8 @@ class WorkerCore:
         self.max_jobs = max_jobs
         self.job_idle_ttl_s = job_idle_ttl_s
         self.max_ranks_per_job = max_ranks_per_job
+        self.max_nodes_per_job = max_nodes_per_job
+        self.limits = limits
         self.max_ended = max_ended
         self.max_clock_skew_s = max_clock_skew_s
         #: job -> event time of its end: records up to then are the ended run's
@@ -317,29 +346,68 @@ class WorkerCore:
         self.refused_commands = 0  #: relaunch commands not obeyed (signature, expiry)
         self.result_keys: PublicKeys = result_keys or {}
         self.refused_results = 0  #: SUCCEEDED results no executor key signed (ignored)
+        self.seal = seal
+        self.unsealed = 0  #: internal records and snapshots the worker did not write
+        #: jobs named by health or a start event only, until their first step
+        self.pending: PendingJobs[JobState] = PendingJobs(max_pending_jobs, pending_ttl_s,
+                                                          clock)  # fmt: skip
 
     # -- state --------------------------------------------------------------------------
-    def state(self, job_id: str, load: Callable[[str], bytes | None]) -> JobState:
-        """The job's live state: cached, else the table's snapshot, else a new one."""
+    def state(
+        self, job_id: str, load: Callable[[str], bytes | None], *, confirm: bool = True
+    ) -> JobState:
+        """The job's live state: cached, else the table's snapshot, else a new one.
+
+        Only a step confirms a job (``confirm``): a job that health reports or a start
+        event name, and that has no snapshot, is *pending* (:mod:`pipeline.services.worker.pending`:
+        bounded, expiring, not counted against ``max_jobs``, its records acked at once)
+        until its first step arrives."""
         st = self.jobs.get(job_id)
-        if st is None:
-            if len(self.jobs) >= self.max_jobs:
-                raise CapacityError(
-                    f"worker holds {len(self.jobs)} jobs, STEPGUARD_WORKER_MAX_JOBS="
-                    f"{self.max_jobs}: job {job_id} is not taken on"
-                )
-            blob = load(job_id)
-            st = self._read(job_id, blob) if blob is not None else None
-            if st is not None:
-                self._resume(st)
-            else:
-                st = JobState(
-                    job_id,
-                    JobDetection(job_id, self.monitor_config, max_ranks=self.max_ranks_per_job),
-                    last_snapshot_wall=self.clock(),
-                    active_wall=self.clock(),
-                )
+        if st is not None:
+            return st
+        if not confirm:
+            held = self.pending.get(job_id)
+            if held is not None:
+                return held
+        blob = None if job_id in self.pending else load(job_id)
+        if blob is None and not confirm:  # named, not proven: pending, never counted
+            return self.pending.get_or_add(job_id, self._new_state_pending)
+        if len(self.jobs) >= self.max_jobs:
+            raise CapacityError(
+                f"worker holds {len(self.jobs)} jobs, STEPGUARD_WORKER_MAX_JOBS="
+                f"{self.max_jobs}: job {job_id} is not taken on"
+            )
+        st = self.pending.pop(job_id)
+        if st is not None:  # its first step: a job from now on
+            st.confirmed = True
+            st.active_wall = st.last_snapshot_wall = self.clock()
             self.jobs[job_id] = st
+            return st
+        st = self._read(job_id, blob) if blob is not None else None
+        if st is not None:
+            self._resume(st)
+        else:
+            st = self._new_state(job_id)
+        self.jobs[job_id] = st
+        return st
+
+    def _new_state(self, job_id: str) -> JobState:
+        return JobState(
+            job_id,
+            JobDetection(
+                job_id,
+                self.monitor_config,
+                max_ranks=self.max_ranks_per_job,
+                max_nodes=self.max_nodes_per_job,
+                limits=self.limits,
+            ),
+            last_snapshot_wall=self.clock(),
+            active_wall=self.clock(),
+        )
+
+    def _new_state_pending(self, job_id: str) -> JobState:
+        st = self._new_state(job_id)
+        st.confirmed = False
         return st
 
     def _resume(self, st: JobState) -> None:
@@ -370,6 +438,15 @@ class WorkerCore:
     def _read(self, job_id: str, blob: bytes) -> JobState | None:
         """A snapshot from the table, or None when it is unreadable: logged, counted,
         and the job's state is rebuilt from the records replayed after it."""
+        if self.seal is not None:
+            opened = self.seal.open("snapshot", blob, job=job_id)
+            if opened is None:
+                self.unsealed += 1
+                self.unreadable_snapshots += 1
+                log.error("snapshot of job %s was not written by a worker of this group "
+                          "(unsealed): starting it afresh", job_id)  # fmt: skip
+                return None
+            blob = opened
         try:
             st = JobState.from_bytes(blob, max_bytes=self.max_state_bytes)
         except StateFormatError as exc:
@@ -390,6 +467,7 @@ class WorkerCore:
         for job in drop:
             del self.jobs[job]
             self._held.pop(job, None)
+        self.pending.drop(lambda st: st.partition not in gone and st.partition >= 0)
         return len(drop)
 
     def counts(self) -> dict[str, int]:
@@ -402,6 +480,8 @@ class WorkerCore:
             "future_dated": self.future_dated,
             "refused_command": self.refused_commands,
             "refused_result": self.refused_results,
+            "unsealed": self.unsealed,
+            "pending_expired": self.pending.expired + self.pending.evicted,
         }
 
     def held(self, job_id: str) -> int:
@@ -468,9 +548,13 @@ class WorkerCore:
         st.steps_since_snapshot += out.steps
         return self._finish(st, out, token)
 
-    def _to_job(self, job_id: str, value: bytes | None) -> Forward:
-        """A record re-keyed to the partition that holds ``job_id``'s state."""
-        return Forward(job_id, partition_for(job_id, self.n_partitions), value or b"")
+    def _to_job(self, job_id: str, value: bytes | None, kind: str) -> Forward:
+        """A record re-keyed to the partition that holds ``job_id``'s state, sealed
+        as the ``kind`` of record the worker wrote (:mod:`pipeline.services.worker.seal`)."""
+        payload = value or b""
+        if self.seal is not None:
+            payload = self.seal.seal(kind, payload)
+        return Forward(job_id, partition_for(job_id, self.n_partitions), payload)
 
     def route_health(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -486,7 +570,7 @@ class WorkerCore:
         if msg.job_id is None:
             self.unrouted_health += 1
             return None
-        return self._to_job(msg.job_id, value)
+        return self._to_job(msg.job_id, value, "health")
 
     def route_command(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -507,7 +591,7 @@ class WorkerCore:
             log.warning("%s[%d]@%d: not obeying %s %s: %s", self.topics.commands, partition,
                         offset, msg.kind.value, msg.command_id, problem)  # fmt: skip
             return None
-        return self._to_job(msg.job_id, value)
+        return self._to_job(msg.job_id, value, "command")
 
     def route_result(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -529,7 +613,7 @@ class WorkerCore:
             log.warning("%s[%d]@%d: ignoring result of %s: %s", self.topics.results,
                         partition, offset, msg.command_id, problem)  # fmt: skip
             return None
-        return self._to_job(msg.job_id, value)
+        return self._to_job(msg.job_id, value, "result")
 
     def route_lifecycle(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None
@@ -541,7 +625,7 @@ class WorkerCore:
         )  # fmt: skip
         if isinstance(msg, Rejected):
             return msg
-        return self._to_job(msg.job_id, value)
+        return self._to_job(msg.job_id, value, "lifecycle")
 
     def handle_job_record(
         self,
@@ -557,6 +641,16 @@ class WorkerCore:
         lifecycle event, or a timer tick."""
         self._saw_record()
         topic = self.topics.jobs
+        if self.seal is not None:
+            payload = self.seal.open(kind, value)
+            if payload is None:  # not written by a worker of this group
+                self.unsealed += 1
+                log.warning("%s[%d]@%d refused: a %r record no worker sealed", topic,
+                            partition, offset, kind[:32])  # fmt: skip
+                why = f"unsealed {kind[:32]!r} record on the worker's jobs topic"
+                letter = _dead_letter(value, why, topic, partition, offset, key, "auth")
+                return Handled(dead_letters=[letter], release=[token])
+            value = payload
         if kind == "tick":
             return self._tick(partition, offset, key, value, token)
         if kind == "command":
@@ -574,7 +668,8 @@ class WorkerCore:
         if msg.job_id is None:
             return Handled(release=[token])
         ts = msg.ts.timestamp()
-        st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load)
+        st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load,
+                        confirm=False)  # fmt: skip
         if isinstance(st, Handled):
             return st
         out = Handled(job_id=msg.job_id)
@@ -659,14 +754,14 @@ class WorkerCore:
     def _tick(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
     ) -> Handled:
-        try:
-            body = json.loads(value or b"")
-            job_id, wall = str(body["job_id"]), float(body["wall_s"])
-        except (ValueError, KeyError, TypeError) as exc:
-            letter = _dead_letter(
-                value, f"tick: {exc!r}", self.topics.jobs, partition, offset, key, "decode"
-            )
+        skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
+        try:  # bounded, and never beyond this worker's clock (plus the skew allowed)
+            tick = decode_tick(value, max_wall=self.clock() + skew)
+        except TickError as exc:
+            letter = _dead_letter(value, str(exc), self.topics.jobs, partition, offset, key,
+                                  "decode")  # fmt: skip
             return Handled(dead_letters=[letter], release=[token])
+        job_id, wall = tick.job_id, tick.wall_s
         st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
         out = Handled(job_id=job_id, release=[token])
         if st is None or st.seen(self.topics.jobs, partition, offset):
@@ -685,6 +780,9 @@ class WorkerCore:
             return self._drop(st, out, st.last_event_ts or now)
         held = st.detection.held_health
         out.alerts += st.detection.tick(now)
+        if st.detection.ended is not None:  # a pending end, confirmed by the silence
+            log.info("job %s ended (%s): its state is dropped", job_id, st.detection.ended)
+            return self._drop(st, out, st.detection.ended_at or now)
         if out.alerts:
             log.info(
                 "tick for %s (sent %.3f, read %.3f): %.2fs since its newest step arrived "
@@ -724,10 +822,17 @@ class WorkerCore:
             return future
         if self._ended_before(msg.job_id, ts):
             return Handled(release=[token])
-        if msg.kind is JobEventKind.START:
+        if msg.kind is JobEventKind.START:  # the nodes it declares are the job's
+            if msg.nodes:
+                try:
+                    st = self.state(msg.job_id, load, confirm=False)
+                    st.detection.on_lifecycle(msg)
+                except CapacityError as exc:
+                    return self._refuse(exc, value, topic, partition, offset, key, token)
             return Handled(job_id=msg.job_id, release=[token])
         st = self.jobs.get(msg.job_id)
         if st is None and msg.kind is JobEventKind.END:
+            self.pending.pop(msg.job_id)
             try:  # a snapshot stored before this worker took the partition
                 st = self.state(msg.job_id, load) if load(msg.job_id) is not None else None
             except CapacityError:
@@ -741,10 +846,9 @@ class WorkerCore:
         st.dirty = True
         st.active_wall = self.clock()
         out = Handled(job_id=msg.job_id)
+        # an end is pending until the job's records stop contradicting it (the ticks
+        # confirm it: :meth:`_tick`); a refused or cut one is a lifecycle anomaly
         out.alerts += st.detection.on_lifecycle(msg)
-        if st.detection.ended is not None:
-            log.info("job %s ended (%s): its state is dropped", msg.job_id, msg.reason)
-            return self._drop(st, out, ts, token)
         return self._finish(st, out, token)
 
     def _take(
@@ -758,18 +862,19 @@ class WorkerCore:
         value: bytes | None,
         token: Any,
         load: Callable[[str], bytes | None],
+        confirm: bool = True,
     ) -> JobState | Handled:
         """The state a job's record goes to, its offset recorded; or what to do with
         the record instead: ack it (a record of an ended run, or a replay the state
         already reflects) or dead-letter it (dated in the future, or a capacity
-        limit)."""
+        limit). Only a step (``confirm``) makes a job more than pending."""
         future = self._from_the_future(ts, value, topic, partition, offset, key, token)
         if future is not None:
             return future
         if self._ended_before(job_id, ts):
             return Handled(release=[token])
         try:
-            st = self.state(job_id, load)
+            st = self.state(job_id, load, confirm=confirm)
         except CapacityError as exc:
             return self._refuse(exc, value, topic, partition, offset, key, token)
         if st.seen(topic, partition, offset):
@@ -842,6 +947,10 @@ class WorkerCore:
         return Handled(dead_letters=[letter], release=[token])
 
     def _finish(self, st: JobState, out: Handled, token: Any) -> Handled:
+        if not st.confirmed:  # pending: nothing of it is kept across a restart
+            if token is not None:
+                out.release.append(token)
+            return out
         if token is not None:
             self._held.setdefault(st.job_id, []).append(token)
         wall = self.clock()
@@ -853,6 +962,8 @@ class WorkerCore:
             st.dirty = False
             st.last_snapshot_wall = wall
             blob = st.to_bytes()
+            if self.seal is not None:
+                blob = self.seal.seal("snapshot", blob, job=st.job_id)
             if len(blob) > self.max_snapshot_bytes:
                 # the changelog would refuse it: keep the records unacked (they replay
                 # after a crash) and say which limit to raise
@@ -881,8 +992,8 @@ class WorkerCore:
             # know whether the steps of the gap are still unread (a partition's end
             # offset is known only from a fetch)
             return None
-        body = {"job_id": job_id, "wall_s": wall}
-        return st.partition, json.dumps(body).encode()
+        body = json.dumps({"job_id": job_id, "wall_s": wall}).encode()
+        return st.partition, self.seal.seal("tick", body) if self.seal is not None else body
 
     def adopt(self, job_id: str, blob: bytes, owned: set[int]) -> bool:
         """Load a job found in the table (after a restart) when its partition is ours."""
