@@ -355,6 +355,19 @@ def up(
             min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
         ),
     ] = None,
+    job: Annotated[
+        str | None, typer.Option(help="Watch this real job (its id: STEPGUARD_JOB_ID in up.env).")
+    ] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(help="The job's nodes: a count, or names a,b,c (node-index order)."),
+    ] = None,
+    spares: Annotated[
+        str | None, typer.Option(help="Spare nodes: a count (spare-0, ...), or names.")
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="Actuator mode for the job: auto, approve or observe.")
+    ] = None,
     prometheus: Annotated[
         bool | None,
         typer.Option(
@@ -370,18 +383,26 @@ def up(
 
     A table shows each service; logs go to .stepguard/logs/<service>.log and
     .stepguard/up.json; Ctrl-C stops everything (the broker last). A crashed service
-    is restarted with backoff (1 s doubling to 30 s).
+    is restarted with backoff (1 s doubling to 30 s). With --job, the stack watches that
+    real job (README "Watching a PyTorch job"): the actuator knows its nodes, spares and
+    mode, up.env names them, job-controller.env (0600) holds the job's signing key.
     """
     import os
 
     from pipeline.tools.up import UpOptions, run_up
 
+    if mode not in (None, "auto", "approve", "observe"):
+        raise typer.BadParameter("auto, approve or observe", param_hint="--mode")
     options = UpOptions(
         scenario=scenario,
         workers=workers,
         speed=speed,
         durable=durable,
         base_port=base_port,
+        job=job,
+        nodes=nodes,
+        spares=spares,
+        mode=mode,  # type: ignore[arg-type]
         prometheus=prometheus,
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))

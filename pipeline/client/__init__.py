@@ -1,9 +1,11 @@
 """The client floor: everything training code imports.
 
 Owns the step exporter (:class:`StepExporter`, its :class:`StepBatcher` and the Kafka
-sink) and the command listener (:mod:`pipeline.client.listener`); framework hooks
-(PyTorch) sit in sub-packages. Imports only :mod:`schemas`, :mod:`pipeline.io` modules
-that are as light (settings, kafka, clock skew, trust), kafka-python, pydantic and
+sink), the node aggregator's core (:mod:`pipeline.client.aggregator`) and the command
+listener (:mod:`pipeline.client.listener`); framework hooks sit in sub-packages, each
+behind its own extra (:mod:`pipeline.client.pytorch`: ``pip install
+'stepguard[torch]'``). Imports only :mod:`schemas`, :mod:`pipeline.io` modules that are
+as light (settings, kafka, clock skew, trust), kafka-python, pydantic and
 cryptography: never numpy, yaml, faust, aiokafka, chdb, clickhouse-driver or
 matplotlib (``tests/unit/test_import_layers.py`` checks it in a subprocess).
 """

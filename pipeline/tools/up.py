@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 from rich.live import Live
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from pipeline.io.settings import Role
 
 __all__ = [
+    "JOB_ENV_FILE",
     "STATUS_FILE",
     "Plan",
     "PopenSpawner",
@@ -74,10 +75,13 @@ __all__ = [
     "run_up",
     "signing_env",
     "start_group",
+    "write_job_env",
 ]
 
 STATUS_FILE = "up.json"
 ENV_FILE = "up.env"
+#: next to up.env, mode 0600: the training job's own signing key (its controller's)
+JOB_ENV_FILE = "job-controller.env"
 MEMORY_ONLY = (
     "the embedded Tansu broker keeps topics in memory only: stopping `up` (or a broker "
     "restart) loses every topic, offset and consumer group; use --durable (Apache Kafka "
@@ -95,11 +99,21 @@ class UpOptions:
     durable: bool = False
     base_port: int | None = None
     grace_s: float = 10.0
+    #: a real job to watch (``--job``), its nodes (a count or names), its spares (a
+    #: count or names) and the actuator's mode for it
+    job: str | None = None
+    nodes: str | None = None
+    spares: str | None = None
+    mode: Literal["observe", "approve", "auto"] | None = None
     #: run Prometheus with the shipped rules (pipeline/tools/prometheus); None: with
     #: ``durable`` when a ``prometheus`` binary is on PATH
     prometheus: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.job is not None and self.scenario is not None:
+            raise ValueError("--job and --scenario are two jobs: give one")
+        if self.job is None and (self.nodes or self.spares):
+            raise ValueError("--nodes and --spares describe a --job")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if self.speed <= 0:
@@ -120,6 +134,9 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     #: variables another shell needs to reach this stack (no secrets)
     shell_env: dict[str, str] = field(default_factory=dict)
+    #: the job controller's private key of ``job_id`` (a secret: written to
+    #: :data:`JOB_ENV_FILE`, readable by the user only)
+    job_env: dict[str, str] = field(default_factory=dict)
 
 
 # -- environment of the children --------------------------------------------------------
@@ -302,6 +319,12 @@ def build_plan(
         job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
         extra["actuator"] = extra["actuator"] | scenario_env
         notes += scenario_notes
+    job_shell: dict[str, str] = {}
+    if options.job is not None:
+        job_id = options.job
+        actuator_env, job_shell, job_notes = _job_env(options, base_env)
+        extra["actuator"] = extra["actuator"] | actuator_env
+        notes += job_notes
 
     workers = []
     for i in range(1, options.workers + 1):
@@ -377,7 +400,59 @@ def build_plan(
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     if prometheus is not None:
         shell["PROMETHEUS_URL"] = prometheus[1]
-    return Plan(final, bootstrap, flavor, state, job_id, notes, shell)
+    # the job's own controller (its CommandListener) signs its results with this key
+    # (issue 25: the job controller's own role, bound to the job, is signing_env's kind
+    # "job" once it lands; until then the key `simulate`, also a job controller, gets)
+    job_env = {}
+    if options.job is not None:
+        job_keys = keys.get("job", keys["simulate"])
+        job_env = {k: v for k, v in job_keys.items() if k.endswith("_PRIVATE_KEY")}
+    return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
+
+
+def _node_list(text: str | None, prefix: str) -> tuple[int, list[str]]:
+    """``--nodes``/``--spares``: a count (names made from ``prefix`` for spares) or
+    comma-separated names.
+
+    >>> _node_list("2", ""), _node_list("spare-a,spare-b", "spare-")
+    ((2, []), (2, ['spare-a', 'spare-b']))
+    >>> _node_list("1", "spare-")
+    (1, ['spare-0'])
+    """
+    if not text:
+        return 0, []
+    if text.strip().isdigit():
+        n = int(text)
+        return n, [f"{prefix}{i}" for i in range(n)] if prefix else []
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a node is named twice in {text!r}")
+    return len(names), names
+
+
+def _job_env(
+    options: UpOptions, base_env: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """The actuator settings of a watched job, the variables the job reads (up.env),
+    and notes."""
+    n_nodes, nodes = _node_list(options.nodes, "")
+    _, spares = _node_list(options.spares, "spare-")
+    actuator: dict[str, str] = {}
+    shell = {f"{ENV_PREFIX}JOB_ID": str(options.job)}
+    if n_nodes:
+        actuator[f"{ENV_PREFIX}GUARD_JOB_NODES"] = str(n_nodes)
+    if nodes:
+        shell[f"{ENV_PREFIX}NODES"] = ",".join(nodes)
+    if spares:
+        actuator[f"{ENV_PREFIX}SPARE_NODES"] = shell[f"{ENV_PREFIX}SPARES"] = ",".join(spares)
+    mode = options.mode or base_env.get(f"{ENV_PREFIX}ACTUATOR_MODE", "observe")
+    actuator[f"{ENV_PREFIX}ACTUATOR_MODE"] = mode
+    notes = [
+        f"job {options.job}: {n_nodes or 'unknown'} nodes"
+        + (f" ({', '.join(nodes)})" if nodes else "")
+        + f", spares {', '.join(spares) or 'none'}, actuator in {mode} mode"
+    ]
+    return actuator, shell, notes
 
 
 def _alertmanager_target(url: str | None) -> tuple[str, ...]:
@@ -615,6 +690,18 @@ def status_document(plan: Plan, sup: Supervisor, now: float, started: datetime) 
     }
 
 
+def write_job_env(path: Path, env: Mapping[str, str]) -> None:
+    """Write the job's secret variables to ``path``, readable by the user only (the
+    file is created 0600 before anything is written to it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("".join(f"{k}={v}\n" for k, v in env.items()))
+    tmp.replace(path)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -715,6 +802,10 @@ def run_up(
             console.print(f"[bold]up[/]: {note}")
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
+        if plan.job_env:
+            write_job_env(state / JOB_ENV_FILE, plan.job_env)
+            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
+                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns
 

@@ -100,6 +100,39 @@ def test_the_status_table_renders_in_80_columns(tmp_path):
     assert "executor-dry-run" in text and "waiting" in text
 
 
+def test_a_watched_job_gets_its_nodes_spares_mode_and_its_own_signing_key(tmp_path):
+    p = plan(tmp_path, job="ddp-1", nodes="node-a,node-b", spares="1", mode="auto")
+    specs = {s.name: s for s in p.specs}
+    assert "simulate" not in specs and p.job_id == "ddp-1"
+    act = specs["actuator"].env
+    assert act["STEPGUARD_ACTUATOR_MODE"] == "auto"
+    assert act["STEPGUARD_GUARD_JOB_NODES"] == "2" and act["STEPGUARD_SPARE_NODES"] == "spare-0"
+    # what the job reads from up.env (no secrets) ...
+    assert p.shell_env["STEPGUARD_JOB_ID"] == "ddp-1"
+    assert p.shell_env["STEPGUARD_NODES"] == "node-a,node-b"
+    assert p.shell_env["STEPGUARD_SPARES"] == "spare-0"
+    assert not [k for k in p.shell_env if k.endswith("_PRIVATE_KEY")]
+    # ... and from job-controller.env (0600) the one key its results are signed with
+    (key,) = p.job_env
+    assert key.endswith("_PRIVATE_KEY")
+    assert p.shell_env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]  # it verifies commands
+    assert any("job ddp-1: 2 nodes" in n and "auto mode" in n for n in p.notes), p.notes
+
+
+def test_a_job_without_mode_is_observed_and_a_count_of_nodes_is_enough(tmp_path):
+    p = plan(tmp_path, job="j", nodes="16")
+    act = {s.name: s for s in p.specs}["actuator"].env
+    assert act["STEPGUARD_ACTUATOR_MODE"] == "observe" and act["STEPGUARD_GUARD_JOB_NODES"] == "16"
+    assert "STEPGUARD_NODES" not in p.shell_env and "STEPGUARD_SPARE_NODES" not in act
+
+
+def test_job_and_scenario_together_are_refused():
+    with pytest.raises(ValueError, match="--job and --scenario"):
+        UpOptions(job="j", scenario="ci_smoke")
+    with pytest.raises(ValueError, match="describe a --job"):
+        UpOptions(nodes="2")
+
+
 def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
     """A scraped endpoint closes its connections first, so after a stop its port holds
     TIME_WAIT sockets for a minute; the services bind with SO_REUSEADDR, and so must

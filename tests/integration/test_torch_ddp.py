@@ -1,0 +1,313 @@
+"""A real ``torch.distributed`` job watched by the real services (issue 25).
+
+``stepguard up --job J --nodes node-a,node-b --spares spare-0 --mode M --workers 1``
+runs the worker, actuator, dry-run executor and archiver as child processes against
+the test broker (real Kafka under CI, embedded Tansu here); the job is
+``stepguard-torchrun -- torchrun --standalone --nproc-per-node 4 torch_job.py`` (gloo,
+CPU, one thread per rank, two emulated nodes of two ranks), configured only by what
+``up`` wrote (up.env, job-controller.env), as the README's "Watching a PyTorch job" says. Every
+wait is a bounded poll of a topic, a metric or a process.
+
+torch is an optional extra: without it these tests skip, except under ``CI=true``
+(.ci/run installs ``.[dev,torch]``), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IN_CI
+
+try:
+    import torch
+except ImportError:
+    if IN_CI:
+        raise  # CI=true: .ci/run must install .[dev,torch]
+    pytest.skip("torch is not installed (pip install -e '.[dev,torch]')", allow_module_level=True)
+
+from pipeline.io.kafka import make_consumer, registry_of
+from pipeline.io.settings import Settings
+from schemas import (
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    JobEvent,
+    JobEventKind,
+    decode,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+BIN = Path(sys.executable).parent
+JOB_SCRIPT = Path(__file__).with_name("torch_job.py")
+NODES = ("node-a", "node-b")  # ranks 0-1 on node-a, 2-3 on node-b
+SPARE = "spare-0"
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+class Stack:
+    """``stepguard up --job`` in a temp dir, and the job run under it."""
+
+    def __init__(self, base: Settings, tmp: Path, mode: str) -> None:
+        self.tmp = tmp
+        self.job = f"ddp-{uuid.uuid4().hex[:8]}"
+        self.state = tmp / ".stepguard"
+        self.prefix = f"t{uuid.uuid4().hex[:10]}."
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+        env |= {
+            "STEPGUARD_KAFKA_BOOTSTRAP": base.kafka_bootstrap,
+            "STEPGUARD_BROKER_FLAVOR": base.broker_flavor,
+            "STEPGUARD_TOPIC_PREFIX": self.prefix,
+            "STEPGUARD_CONSUMER_GROUP": f"g{uuid.uuid4().hex[:10]}",
+            "STEPGUARD_STATE_DIR": str(self.state),
+            "STEPGUARD_WORKER_TICK_INTERVAL_S": "0.5",
+        }
+        self.base_env = env
+        argv = [str(BIN / "stepguard"), "up", "--job", self.job, "--nodes", ",".join(NODES),
+                "--spares", SPARE, "--mode", mode, "--workers", "1"]  # fmt: skip
+        self.out = tmp / "up.out"
+        with self.out.open("wb") as out:
+            self.proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=out, stderr=out)
+        self.settings = base.model_copy(update={"topic_prefix": self.prefix})
+        self.alerts: list[Alert] = []
+        self.commands: list[Command] = []
+        self.events: list[JobEvent] = []
+        topics = [
+            registry_of(self.settings).name(t) for t in ("decisions", "commands", "lifecycle")
+        ]
+        self._consumer = make_consumer(self.settings, topics, None)
+
+    # -- the stack ---------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.state / "up.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        names = ("worker-1", "actuator", "executor-dry-run", "archiver")
+        while time.monotonic() < deadline:
+            doc = self.status()
+            up = doc and all(doc["services"][n]["state"] == "running" for n in names)
+            if up and self.metric("stepguard_worker_assigned_partitions") >= 1:
+                return
+            assert self.proc.poll() is None, self.tail()
+            time.sleep(0.3)  # polling up.json and the worker's metrics, bounded
+        pytest.fail(f"the stack did not come up\n{self.tail()}")
+
+    def metric(self, name: str) -> float:
+        port = self.status().get("services", {}).get("worker-1", {}).get("metrics_port")
+        if not port:
+            return 0.0
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return 0.0
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        )
+
+    def tail(self) -> str:
+        logs = ""
+        for log in sorted((self.state / "logs").glob("*.log")):
+            logs += f"\n== {log.name}\n{log.read_text(errors='replace')[-2000:]}"
+        return self.out.read_text(errors="replace")[-2000:] + logs
+
+    def close(self) -> None:
+        self._consumer.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # up stops its children in order
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    # -- the job -----------------------------------------------------------------------
+    def run_job(self, *args: str, steps: int, timeout: float = 600) -> dict[str, Any]:
+        env = dict(self.base_env)
+        env |= _env_file(self.state / "up.env") | _env_file(self.state / "job-controller.env")
+        env |= {"STEPGUARD_RANKS_PER_NODE": "2", "OMP_NUM_THREADS": "1"}
+        summary = self.tmp / "relaunch.json"
+        out = self.tmp / "ranks"
+        argv = [
+            str(BIN / "stepguard-torchrun"), "--summary", str(summary), "--",
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", "4", str(JOB_SCRIPT), "--steps", str(steps),
+            "--ckpt-dir", str(self.tmp), "--out", str(out), *args,
+        ]  # fmt: skip
+        self.job_log = self.tmp / "job.log"
+        with self.job_log.open("wb") as log:  # its own session: nothing outlives a timeout
+            proc = subprocess.Popen(argv, cwd=self.tmp, env=env, stdout=log, stderr=log,
+                                    start_new_session=True)  # fmt: skip
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            pytest.fail(f"the job ran past {timeout} s\n{self.job_log.read_text()[-4000:]}")
+        assert code == 0, self.job_log.read_text()[-6000:]
+        doc = json.loads(summary.read_text())
+        doc["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+        return doc
+
+    def wait_steps(self, total: int, timeout: float = 120) -> None:
+        """Until the worker has scored ``total`` rank-steps of the job's messages."""
+        deadline = time.monotonic() + timeout
+        while self.metric("stepguard_worker_rank_steps_total") < total:
+            assert time.monotonic() < deadline, f"worker saw too few steps\n{self.tail()}"
+            time.sleep(0.3)  # polling the worker's metrics, bounded
+        self.poll(1.0)
+
+    def poll(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for tp, records in self._consumer.poll(timeout_ms=200).items():
+                for r in records:
+                    if tp.topic.endswith("decisions"):
+                        a = decode(Alert, r.value)
+                        if isinstance(a, Alert) and a.job_id == self.job:
+                            self.alerts.append(a)
+                    elif tp.topic.endswith("lifecycle"):
+                        e = decode(JobEvent, r.value)
+                        if isinstance(e, JobEvent) and e.job_id == self.job:
+                            self.events.append(e)
+                    else:
+                        c = decode(Command, r.value)
+                        if isinstance(c, Command) and c.job_id == self.job:
+                            self.commands.append(c)
+
+    def wait_alert(self, pred: Callable[[Alert], bool], timeout: float, what: str) -> Alert:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [a for a in self.alerts if pred(a)]
+            if found:
+                return found[0]
+            self.poll(0.5)
+        pytest.fail(f"no {what}; alerts: {[(a.kind, a.node, a.step) for a in self.alerts]}"
+                    f"\n{self.tail()}")  # fmt: skip
+
+
+@pytest.fixture
+def stack(broker_settings: Settings, tmp_path: Path) -> Iterator[Callable[[str], Stack]]:
+    made: list[Stack] = []
+
+    def start(mode: str) -> Stack:
+        s = Stack(broker_settings, tmp_path, mode)
+        made.append(s)
+        s.wait_ready()
+        return s
+
+    yield start
+    for s in made:
+        s.close()
+
+
+def firing(kind: AlertKind, node: str) -> Callable[[Alert], bool]:
+    return lambda a: a.kind is kind and a.node == node and a.state is AlertState.FIRING
+
+
+def test_a_clean_ddp_run_raises_nothing(stack):
+    s = stack("observe")
+    doc = s.run_job(steps=80)
+    assert doc["relaunches"] == [], doc
+    assert {r["node"] for r in doc["ranks"]} == set(NODES)
+    s.wait_steps(80 * 4)
+    assert [a for a in s.alerts if a.state is AlertState.FIRING] == []
+    # lifecycle once per job (rank 0), not once per rank: a start, one phase per
+    # checkpoint (steps 49, 79), an end
+    kinds = [e.kind for e in s.events]
+    assert kinds.count(JobEventKind.START) == 1 and kinds.count(JobEventKind.END) == 1, kinds
+    assert kinds.count(JobEventKind.PHASE) == 1, kinds
+
+
+def test_a_compute_straggler_is_named_within_ten_steps_with_cause_compute(stack):
+    s = stack("observe")
+    onset = 40
+    s.run_job("--slow-rank", "3", "--slow-from", str(onset), steps=90)
+    alert = s.wait_alert(firing(AlertKind.STRAGGLER, "node-b"), 60, "straggler alert on node-b")
+    assert alert.rank == 3, alert
+    assert alert.evidence.metric.startswith("compute"), alert.evidence
+    assert alert.step is not None and alert.step <= onset + 10, alert
+    assert not [a for a in s.alerts if a.node == "node-a" and a.state is AlertState.FIRING]
+
+
+def test_a_data_loader_stall_is_named_as_data_wait(stack):
+    s = stack("observe")
+    onset = 40
+    s.run_job("--stall-rank", "1", "--stall-from", str(onset), "--stall-s", "0.2", steps=90)
+    alert = s.wait_alert(firing(AlertKind.DATA_STALL, "node-a"), 60, "data stall on node-a")
+    assert alert.rank == 1 and alert.evidence.metric.startswith("data"), alert
+    assert not [a for a in s.alerts if a.kind is AlertKind.STRAGGLER and a.node == "node-a"
+                and a.state is AlertState.FIRING]  # fmt: skip
+
+
+def test_auto_mode_checkpoints_replaces_the_straggler_with_the_spare_and_relaunches_once(stack):
+    s = stack("auto")
+    doc = s.run_job("--slow-rank", "3", "--slow-from", "40", steps=160)
+    (relaunch,) = doc["relaunches"]  # exactly once
+    assert relaunch["exclude"] == ["node-b"] and doc["nodes"] == ["node-a", SPARE], doc
+    second = [r for r in doc["ranks"] if r["attempt"] == "1"]
+    assert {r["node"] for r in second} == {"node-a", SPARE}, doc["ranks"]
+    assert all(r["start"] == relaunch["step"] + 1 for r in second), doc  # from the checkpoint
+    s.poll(3.0)
+    kinds = [c.kind for c in s.commands]
+    assert kinds.count(CommandKind.RESTART) == 1, kinds
+    assert CommandKind.CHECKPOINT in kinds and CommandKind.ISOLATE in kinds, kinds
+    isolate = next(c for c in s.commands if c.kind is CommandKind.ISOLATE)
+    assert isolate.targets == ("node-b",) and isolate.replacements == (SPARE,), isolate
+
+
+def test_one_process_without_a_process_group_publishes_its_measured_steps(settings):
+    """The fast check of the whole publishing path (no torchrun): watch() in this
+    process, five steps of real work, the node's message read back from the topic."""
+    from pipeline.client.pytorch import watch
+    from schemas import StepTelemetry
+
+    env = {"STEPGUARD_JOB_ID": f"one-{uuid.uuid4().hex[:6]}", "STEPGUARD_NODE": "node-x"}
+    guard = watch(commands=False, settings=settings, env=env)
+    a = torch.randn(128, 128)
+    for _step, batch in guard.steps(iter([a] * 5), total=5):
+        (batch @ batch).sum().item()
+    stats = guard.close()
+    assert stats.steps == 5 and stats.record_s > 0
+    consumer = make_consumer(settings, [registry_of(settings).name("steps")], None)
+    try:
+        got: list[StepTelemetry] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=300).values():
+                got += [m for r in records if isinstance(m := decode(StepTelemetry, r.value),
+                                                          StepTelemetry)]  # fmt: skip
+    finally:
+        consumer.close()
+    assert sorted(m.step for m in got) == [0, 1, 2, 3, 4], got
+    (rank,) = got[-1].samples
+    assert got[-1].node == "node-x" and rank.rank == 0 and rank.dp_group == 0
+    assert rank.compute_s > 0 and rank.comm_wait_s == 0 and rank.step_time_s >= rank.compute_s
