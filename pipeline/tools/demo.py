@@ -68,8 +68,8 @@ from pipeline.tools.up import (
     build_plan,
     start_group,
     status_document,
-    status_table,
 )
+from pipeline.tools.up_board import status_table
 from schemas import (
     Alert,
     AlertKind,

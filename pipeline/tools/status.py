@@ -481,7 +481,7 @@ def run_status(
     a table refreshed in place every ``every_s`` until ``stop`` (an Event) is set."""
     from rich.live import Live
 
-    from pipeline.tools.up import scrape
+    from pipeline.tools.up_board import scrape
 
     quiet_client_logs()
 

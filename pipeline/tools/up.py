@@ -52,17 +52,34 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from pipeline.io.embedded import free_port, probe_kafka
-from pipeline.io.errors import ConfigError, EmbeddedServiceError
+from pipeline.io.errors import ConfigError
 from pipeline.io.settings import ENV_PREFIX, Settings
 from pipeline.tools.prometheus import prometheus_for_up
 from pipeline.tools.supervisor import ProcessGroup, ServiceSpec, ServiceState, Supervisor
+from pipeline.tools.up_board import (
+    MetricsBoard,
+    status_table,
+)
+from pipeline.tools.up_durable import (
+    _start_durable_alertmanager,
+    _start_durable_kafka,
+    _stop_durable_alertmanager,
+    _stop_durable_kafka,
+)
+from pipeline.tools.up_env import (
+    _alertmanager_target,
+    _node_list,
+    _scenario_env,
+    _write_atomic,
+    child_env,
+    signing_env,
+    write_job_env,
+)
 
 if TYPE_CHECKING:
-    from pipeline.io.settings import Role
+    pass
 
 __all__ = [
     "JOB_ENV_FILE",
@@ -140,80 +157,6 @@ class Plan:
 
 
 # -- environment of the children --------------------------------------------------------
-
-
-#: which keys each kind of child needs: the private key it signs with (if any), and
-#: the roles whose public keys it verifies with
-_KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
-    "actuator": ("actuator", ("actuator", "worker", "operator")),
-    # acts on executor-signed results; applies operator-signed detector settings
-    "worker": ("worker", ("actuator", "executor", "operator")),
-    "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
-    # the job's CommandListener: a job controller, it signs its results as an executor
-    "simulate": ("executor", ("actuator", "executor")),
-    # verifies what it archives as signed (pipeline.services.archive.trust): alerts, commands,
-    # action records, approvals, control changes and command results
-    "archiver": (None, ("actuator", "worker", "operator", "executor")),
-    # the Alertmanager bridge: worker-signed alerts, the actuator's guardrails and holds
-    "alertmanager": (None, ("actuator", "worker")),
-}
-
-
-def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, str]], list[str]]:
-    """The signing-key variables of each kind of child, and notes for the person.
-
-    Every role that has no private key configured (actuator: commands, worker: alerts)
-    gets a fresh Ed25519 key pair for this run; a configured private key adds its own
-    public key to its role's list, so children that only verify need nothing more.
-    A child gets only the private key it signs with (:data:`_KEY_NEEDS`). The one
-    place that knows how keys are configured.
-    """
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from pipeline.io.settings import ROLES
-    from pipeline.io.trust import SigningKey
-
-    private: dict[Role, str] = {}
-    public: dict[Role, str] = {}
-    made = []
-    for role in ROLES:
-        pair = settings.private_key(role)
-        own: SigningKey | None = None
-        if pair is not None:
-            own = SigningKey(pair[0], Ed25519PrivateKey.from_private_bytes(pair[1]))
-        elif role != "operator":  # operators sign in their own shell, with their own key
-            own = SigningKey.generate(f"up-{run_id}-{role}")
-            made.append(role)
-        listed = getattr(settings, f"{role}_public_keys")
-        if own is not None:
-            private[role] = own.private_text()
-            listed = ",".join(x for x in (own.public_text(), listed) if x)
-        public[role] = listed
-    by_kind: dict[str, dict[str, str]] = {}
-    for kind, (signs, verifies) in _KEY_NEEDS.items():
-        env = {f"{ENV_PREFIX}{r.upper()}_PUBLIC_KEYS": public[r] for r in verifies if public[r]}
-        if signs is not None:
-            env[f"{ENV_PREFIX}{signs.upper()}_PRIVATE_KEY"] = private[signs]
-        by_kind[kind] = env
-    notes = []
-    if made:
-        notes.append(f"ephemeral {' and '.join(made)} signing keys for this run")
-    if not public["operator"]:
-        notes.append(
-            "no STEPGUARD_OPERATOR_PUBLIC_KEYS: approve/reject/control are refused "
-            "(`stepguard keys generate --role operator`, then restart up)"
-        )
-    return by_kind, notes
-
-
-def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
-    """The environment of one child: the inherited one (PATH, HOME, the configured
-    ``STEPGUARD_*``) less every private key, unbuffered output, then ``overrides`` (a
-    child gets back only the private key it signs with)."""
-    env = {k: v for k, v in base.items() if not k.endswith("_PRIVATE_KEY")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(overrides)
-    return env
 
 
 # -- plan -------------------------------------------------------------------------------
@@ -410,26 +353,6 @@ def build_plan(
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
 
 
-def _node_list(text: str | None, prefix: str) -> tuple[int, list[str]]:
-    """``--nodes``/``--spares``: a count (names made from ``prefix`` for spares) or
-    comma-separated names.
-
-    >>> _node_list("2", ""), _node_list("spare-a,spare-b", "spare-")
-    ((2, []), (2, ['spare-a', 'spare-b']))
-    >>> _node_list("1", "spare-")
-    (1, ['spare-0'])
-    """
-    if not text:
-        return 0, []
-    if text.strip().isdigit():
-        n = int(text)
-        return n, [f"{prefix}{i}" for i in range(n)] if prefix else []
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"a node is named twice in {text!r}")
-    return len(names), names
-
-
 def _job_env(
     options: UpOptions, base_env: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -453,40 +376,6 @@ def _job_env(
         + f", spares {', '.join(spares) or 'none'}, actuator in {mode} mode"
     ]
     return actuator, shell, notes
-
-
-def _alertmanager_target(url: str | None) -> tuple[str, ...]:
-    """``host:port`` of an Alertmanager URL, for Prometheus's ``alertmanagers`` (its own
-    health alerts go where the episodes go).
-
-    >>> _alertmanager_target("http://127.0.0.1:19094"), _alertmanager_target(None)
-    (('127.0.0.1:19094',), ())
-    """
-    if not url:
-        return ()
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return (f"{parts.hostname}:{port}",)
-
-
-def _scenario_env(
-    name: str, base_env: Mapping[str, str], run_id: str
-) -> tuple[str, dict[str, str], list[str]]:
-    """The job id of the played scenario, and the actuator settings it needs."""
-    from pipeline.tools.simulator import SimulatedJob, find_scenario
-
-    sc = find_scenario(name)
-    job_id = f"{sc.job}-{run_id}"
-    env: dict[str, str] = {f"{ENV_PREFIX}GUARD_JOB_NODES": str(sc.nodes)}
-    notes = [f"scenario {sc.name}: job {job_id}, {sc.nodes} nodes, {sc.steps} steps"]
-    if f"{ENV_PREFIX}ACTUATOR_MODE" not in base_env:
-        env[f"{ENV_PREFIX}ACTUATOR_MODE"] = "auto"
-        notes.append("actuator in auto mode for the simulated job (STEPGUARD_ACTUATOR_MODE)")
-    if f"{ENV_PREFIX}SPARE_NODES" not in base_env:
-        env[f"{ENV_PREFIX}SPARE_NODES"] = ",".join(SimulatedJob(sc).spare_pool)
-    return job_id, env, notes
 
 
 # -- processes --------------------------------------------------------------------------
@@ -534,136 +423,7 @@ class PopenSpawner:
 # -- metrics ----------------------------------------------------------------------------
 
 
-@dataclass
-class ServiceMetrics:
-    records: float | None = None  # counter
-    records_per_s: float | None = None
-    lag: float | None = None
-    alerts: float | None = None
-    commands: float | None = None
-    at: float = 0.0
-
-
-#: what each column sums, over whichever of these a service serves (pipeline/io/metrics.py)
-_SUMS = {
-    "records": (
-        "stepguard_worker_records_total", "stepguard_actuator_inputs_total",
-        "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
-        "stepguard_alertmanager_inputs_total",
-    ),
-    "lag": ("stepguard_worker_consumer_lag", "stepguard_archiver_consumer_lag"),
-    "alerts": ("stepguard_worker_alerts_total", "stepguard_actuator_alerts_total"),
-    "commands": ("stepguard_actuator_commands_total", "stepguard_executor_commands_total"),
-}  # fmt: skip
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Sums of the samples the table shows, from a Prometheus text exposition.
-
-    >>> parse_metrics('a 1\\nstepguard_worker_records_total{topic="s"} 5.0\\n'
-    ...               'stepguard_worker_records_total{topic="h"} 2\\n')
-    {'records': 7.0}
-    """
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        for key, names in _SUMS.items():
-            if name in names:
-                with contextlib.suppress(ValueError):
-                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
-def scrape(port: int, timeout: float = 0.5) -> dict[str, float] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
-            return parse_metrics(r.read().decode(errors="replace"))
-    except OSError:
-        return None
-
-
-class MetricsBoard:
-    """The latest scrape of every service that has a metrics port (rates between
-    scrapes), refreshed every ``every_s`` in a background thread."""
-
-    def __init__(self, ports: Mapping[str, int], every_s: float = 2.0) -> None:
-        self.ports = dict(ports)
-        self.every_s = every_s
-        self.latest: dict[str, ServiceMetrics] = {n: ServiceMetrics() for n in ports}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="up-metrics", daemon=True)
-
-    def start(self) -> MetricsBoard:
-        if self.ports:
-            self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            for name, port in self.ports.items():
-                self.update(name, scrape(port), time.monotonic())
-
-    def update(self, name: str, values: dict[str, float] | None, now: float) -> None:
-        prev = self.latest.get(name, ServiceMetrics())
-        if values is None:
-            self.latest[name] = ServiceMetrics(at=now)
-            return
-        cur = ServiceMetrics(
-            records=values.get("records"), lag=values.get("lag"), alerts=values.get("alerts"),
-            commands=values.get("commands"), at=now,
-        )  # fmt: skip
-        if prev.records is not None and cur.records is not None and now > prev.at:
-            cur.records_per_s = max(0.0, (cur.records - prev.records) / (now - prev.at))
-        self.latest[name] = cur
-
-
 # -- status -----------------------------------------------------------------------------
-
-
-def _fmt_uptime(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-def _num(v: float | None, fmt: str = "{:,.0f}") -> str:
-    return "" if v is None else fmt.format(v)
-
-
-_STATE_STYLE = {
-    ServiceState.RUNNING: "green",
-    ServiceState.STARTING: "yellow",
-    ServiceState.BACKOFF: "red",
-    ServiceState.FAILED: "bold red",
-    ServiceState.DONE: "dim",
-}
-
-
-def status_table(sup: Supervisor, board: MetricsBoard, now: float, title: str) -> Table:
-    table = Table(title=title, title_justify="left", expand=False, pad_edge=False)
-    for col in ("service", "state", "pid", "rst", "uptime"):
-        table.add_column(col, no_wrap=True)
-    for col in ("rec/s", "lag", "alerts", "cmd"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for name, s in sup.services.items():
-        m = board.latest.get(name, ServiceMetrics())
-        state = s.state.value
-        if s.state is ServiceState.BACKOFF and s.restart_at is not None:
-            state = f"restart in {max(0.0, s.restart_at - now):.0f}s"
-        elif s.state in (ServiceState.FAILED, ServiceState.DONE) and s.last_exit:
-            state = f"{state} ({s.last_exit})"
-        table.add_row(
-            name, Text(state, style=_STATE_STYLE.get(s.state, "")), str(s.pid or ""),
-            str(s.restarts), _fmt_uptime(s.uptime(now)) if s.pid else "",
-            _num(m.records_per_s), _num(m.lag), _num(m.alerts), _num(m.commands),
-        )  # fmt: skip
-    return table
 
 
 def status_document(plan: Plan, sup: Supervisor, now: float, started: datetime) -> dict[str, Any]:
@@ -690,86 +450,7 @@ def status_document(plan: Plan, sup: Supervisor, now: float, started: datetime) 
     }
 
 
-def write_job_env(path: Path, env: Mapping[str, str]) -> None:
-    """Write the job's secret variables to ``path``, readable by the user only (the
-    file is created 0600 before anything is written to it)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write("".join(f"{k}={v}\n" for k, v in env.items()))
-    tmp.replace(path)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 # -- run --------------------------------------------------------------------------------
-
-
-def _kafka_script() -> Path:
-    script = Path(__file__).resolve().parents[1] / "scripts" / "kafka.sh"
-    if not script.is_file():
-        raise ConfigError(f"--durable needs scripts/kafka.sh from a clone ({script} missing)")
-    return script
-
-
-def _start_durable_kafka(log: Path, console: Console) -> str:
-    script = _kafka_script()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    console.print(f"starting Apache Kafka (durable): {script} start --keep-data ...")
-    with log.open("ab") as out:
-        done = subprocess.run(
-            ["bash", str(script), "start", "--keep-data"], stdout=subprocess.PIPE,
-            stderr=out, check=False, timeout=900,
-        )  # fmt: skip
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
-    last = lines[-1] if lines else ""
-    if done.returncode != 0 or not last.startswith("KAFKA_BOOTSTRAP="):
-        why = f"exit {done.returncode}"
-        raise EmbeddedServiceError(f"scripts/kafka.sh start failed ({why}); see {log}")
-    return last.partition("=")[2].strip()
-
-
-def _stop_durable_kafka(log: Path) -> None:
-    with log.open("ab") as out:
-        subprocess.run(
-            ["bash", str(_kafka_script()), "stop", "--keep-data"], stdout=out, stderr=out,
-            check=False, timeout=120,
-        )  # fmt: skip
-
-
-def _start_durable_alertmanager(state: Path, log: Path, console: Console) -> str:
-    """``scripts/alertmanager.sh start --keep-data``, its state under ``state``; the URL."""
-    script = _kafka_script().with_name("alertmanager.sh")
-    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
-    console.print(f"starting Alertmanager (durable): {script} start --keep-data ...")
-    with log.open("ab") as out:
-        done = subprocess.run(
-            ["bash", str(script), "start", "--keep-data"], stdout=subprocess.PIPE,
-            stderr=out, env=env, check=False, timeout=120,
-        )  # fmt: skip
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
-    last = lines[-1] if lines else ""
-    if done.returncode != 0 or not last.startswith("ALERTMANAGER_URL="):
-        raise EmbeddedServiceError(
-            f"scripts/alertmanager.sh start failed (exit {done.returncode}); see {log}"
-        )
-    return last.partition("=")[2].strip()
-
-
-def _stop_durable_alertmanager(state: Path, log: Path) -> None:
-    script = _kafka_script().with_name("alertmanager.sh")
-    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
-    with log.open("ab") as out:
-        subprocess.run(
-            ["bash", str(script), "stop", "--keep-data"], stdout=out, stderr=out, env=env,
-            check=False, timeout=60,
-        )  # fmt: skip
 
 
 def run_up(

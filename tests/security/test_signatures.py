@@ -24,7 +24,7 @@ from pipeline.io.trust import (
     signature_problem,
     signing_key,
 )
-from pipeline.tools.up import signing_env
+from pipeline.tools.up_env import signing_env
 from schemas import Rejected, decode, encode
 from tests.factories import ROLE_KEYS, samples
 

@@ -120,7 +120,8 @@ def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_
 
 def test_up_gives_every_service_its_own_metrics_port_and_sums_their_counters(tmp_path):
     from pipeline.io.settings import load_settings
-    from pipeline.tools.up import UpOptions, build_plan, parse_metrics
+    from pipeline.tools.up import UpOptions, build_plan
+    from pipeline.tools.up_board import parse_metrics
 
     settings = load_settings({}, state_dir=tmp_path)
     p = build_plan(settings, UpOptions(workers=2, scenario="ci_smoke"), {"PATH": "/bin"},

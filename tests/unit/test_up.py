@@ -12,7 +12,8 @@ from rich.console import Console
 from pipeline.io.errors import ConfigError
 from pipeline.io.settings import load_settings
 from pipeline.tools.supervisor import Supervisor
-from pipeline.tools.up import MetricsBoard, UpOptions, build_plan, status_table
+from pipeline.tools.up import UpOptions, build_plan
+from pipeline.tools.up_board import MetricsBoard, status_table
 
 
 def plan(tmp_path: Path, **kw: object):
