@@ -74,7 +74,7 @@ ALLOWED_MODULES = (
     "detectors.job",
     "pipeline.io.fastdecode",
     "pipeline.services.archive.rows",
-    "pipeline.services.worker.state",
+    "pipeline.services.worker.records",
 )
 _DTYPE_KINDS = frozenset("biufUS")
 _INT64 = (-(2**63), 2**64 - 1)

@@ -1,0 +1,406 @@
+"""The worker core's handling of a job's own records: what arrives on the worker's jobs
+topic (health, commands, results, lifecycle events, ticks), routed there by the job's
+key, and the end of a job (:class:`_JobRecords`, mixed into
+:class:`~pipeline.services.worker.state.WorkerCore`, whose state it reads: the jobs, the
+ended-job marks, the pending jobs, the seal and the limits)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.io.clockskew import future_dated
+from pipeline.io.errors import CapacityError
+from pipeline.io.trust import signature_problem
+from pipeline.services.worker.records import (
+    Handled,
+    JobState,
+    _dead_letter,
+)
+from pipeline.services.worker.seal import TickError, decode_tick
+from schemas import (
+    Command,
+    CommandResult,
+    JobEvent,
+    JobEventKind,
+    NodeHealth,
+    Rejected,
+    decode,
+)
+
+log = logging.getLogger("pipeline.services.worker.state")
+
+
+class _JobRecords:
+    """Per-record handling of the job topic (see the module docstring)."""
+
+    def handle_job_record(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        kind: str,
+        token: Any,
+        load: Callable[[str], bytes | None] = lambda _: None,
+    ) -> Handled:
+        """One record of the internal job topic: forwarded health, command or
+        lifecycle event, or a timer tick."""
+        self._saw_record()
+        topic = self.topics.jobs
+        if self.seal is not None:
+            payload = self.seal.open(kind, value)
+            if payload is None:  # not written by a worker of this group
+                self.unsealed += 1
+                log.warning("%s[%d]@%d refused: a %r record no worker sealed", topic,
+                            partition, offset, kind[:32])  # fmt: skip
+                why = f"unsealed {kind[:32]!r} record on the worker's jobs topic"
+                letter = _dead_letter(value, why, topic, partition, offset, key, "auth")
+                return Handled(dead_letters=[letter], release=[token])
+            value = payload
+        if kind == "tick":
+            return self._tick(partition, offset, key, value, token)
+        if kind == "command":
+            return self._command(partition, offset, key, value, token)
+        if kind == "lifecycle":
+            return self._lifecycle(partition, offset, key, value, token, load)
+        if kind == "result":
+            return self._result(partition, offset, key, value, token)
+        msg = decode(
+            NodeHealth, value, topic=topic, partition=partition, offset=offset, key=key,
+            max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Handled(dead_letters=[msg.letter], release=[token])
+        if msg.job_id is None:
+            return Handled(release=[token])
+        ts = msg.ts.timestamp()
+        st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load,
+                        confirm=False)  # fmt: skip
+        if isinstance(st, Handled):
+            return st
+        out = Handled(job_id=msg.job_id)
+        st.dirty = True
+        try:
+            out.alerts += st.detection.on_health(msg)
+        except Exception as exc:
+            log.exception("detector failed on %s[%d]@%d", topic, partition, offset)
+            out.dead_letters.append(
+                _dead_letter(value, f"detect: {exc!r}", topic, partition, offset, key, "detect")
+            )
+        return self._finish(st, out, token)
+
+    def _saw_record(self) -> None:
+        """Note that the broker delivered something; after a blind gap, restart every
+        job's hang clock with a grace of ``blind_after_s``."""
+        wall = self.clock()
+        last, self._last_record_wall = self._last_record_wall, wall
+        if last is None or wall - last < self.blind_after_s or not self.jobs:
+            return
+        gap = wall - last
+        self.blind_periods += 1
+        for st in self.jobs.values():
+            # the same grace for silent nodes: their reports were cut off too
+            now = st.now_estimate(wall)
+            if now is not None:
+                st.detection.resume(now + self.blind_after_s)
+        log.warning(
+            "no record for %.1fs (broker or network outage): the hang clocks of %d jobs "
+            "restart in %.1fs",
+            gap, len(self.jobs), self.blind_after_s,
+        )  # fmt: skip
+        for st in self.jobs.values():
+            st.arrived_wall = max(st.arrived_wall, wall + self.blind_after_s)
+
+    def _command(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Handled:
+        """A relaunching command for a job we hold: its silence from now on is the
+        relaunch, not a hang (:meth:`JobDetection.on_command`: a grace of
+        restart_grace_steps median step times), and the nodes it names stop reporting."""
+        topic = self.topics.jobs
+        msg = decode(Command, value, topic=topic, partition=partition, offset=offset, key=key)
+        if isinstance(msg, Rejected):
+            return Handled(release=[token])
+        st = self.jobs.get(msg.job_id)
+        out = Handled(job_id=msg.job_id)
+        now = st.now_estimate(self.clock()) if st is not None else None
+        if st is None or now is None or st.seen(topic, partition, offset):
+            out.release.append(token)
+            return out
+        st.offsets[(topic, partition)] = offset
+        st.dirty = True
+        st.active_wall = self.clock()
+        out.alerts += st.detection.on_command(msg, now=now)
+        log.info(
+            "%s %s issued: its hang clock allows for the relaunch (nodes %s)",
+            msg.job_id, msg.kind.value, ", ".join(msg.targets) or "none",
+        )  # fmt: skip
+        return self._finish(st, out, token)
+
+    def _result(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Handled:
+        """A SUCCEEDED result for a job we hold (:meth:`JobDetection.on_result`)."""
+        topic = self.topics.jobs
+        msg = decode(CommandResult, value, topic=topic, partition=partition, offset=offset,
+                     key=key)  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Handled(release=[token])
+        if signature_problem(msg, self.result_keys) is not None:  # written to jobs directly
+            self.refused_results += 1
+            return Handled(release=[token])
+        st = self.jobs.get(msg.job_id)
+        if st is None or st.seen(topic, partition, offset):
+            return Handled(job_id=msg.job_id, release=[token])
+        st.offsets[(topic, partition)] = offset
+        st.dirty = True
+        out = Handled(job_id=msg.job_id, alerts=st.detection.on_result(msg))
+        return self._finish(st, out, token)
+
+    def _tick(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Handled:
+        skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
+        try:  # bounded, and never beyond this worker's clock (plus the skew allowed)
+            tick = decode_tick(value, max_wall=self.clock() + skew)
+        except TickError as exc:
+            letter = _dead_letter(value, str(exc), self.topics.jobs, partition, offset, key,
+                                  "decode")  # fmt: skip
+            return Handled(dead_letters=[letter], release=[token])
+        job_id, wall = tick.job_id, tick.wall_s
+        st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
+        out = Handled(job_id=job_id, release=[token])
+        if st is None or st.seen(self.topics.jobs, partition, offset):
+            return out
+        now = st.now_estimate(wall)
+        if now is None or now <= (st.last_event_ts or now):
+            return out
+        idle = wall - st.active_wall
+        if idle >= self.job_idle_ttl_s:
+            out.alerts += st.detection.abandon(now, idle)
+            log.warning(
+                "job %s abandoned: no step, command or lifecycle record for %.0fs "
+                "(STEPGUARD_JOB_IDLE_TTL_S=%.0f): its state is dropped",
+                job_id, idle, self.job_idle_ttl_s,
+            )  # fmt: skip
+            return self._drop(st, out, st.last_event_ts or now)
+        held = st.detection.held_health
+        out.alerts += st.detection.tick(now)
+        if st.detection.ended is not None:  # a pending end, confirmed by the silence
+            log.info("job %s ended (%s): its state is dropped", job_id, st.detection.ended)
+            return self._drop(st, out, st.detection.ended_at or now)
+        if out.alerts:
+            log.info(
+                "tick for %s (sent %.3f, read %.3f): %.2fs since its newest step arrived "
+                "-> %s", job_id, wall, self.clock(), wall - st.arrived_wall,
+                ", ".join(f"{a.kind.value} {a.state.value}" for a in out.alerts),
+            )  # fmt: skip
+        if out.alerts or st.detection.held_health != held:
+            # the tick changed what an episode says, or processed held health: that
+            # must survive a restart
+            out.release.clear()
+            st.offsets[(self.topics.jobs, partition)] = offset
+            st.dirty = True
+        return self._finish(st, out, token if not out.release else None)
+
+    def _lifecycle(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
+    ) -> Handled:
+        """A job's start, long phase or end. An end resolves the job's episodes and
+        drops its state (tombstone); its late records are ignored from then on, until
+        a record newer than the end (a new run under the same id) starts afresh."""
+        topic = self.topics.jobs
+        msg = decode(
+            JobEvent, value, topic=topic, partition=partition, offset=offset, key=key,
+            max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Handled(dead_letters=[msg.letter], release=[token])
+        ts = msg.ts.timestamp()
+        future = self._from_the_future(ts, value, topic, partition, offset, key, token)
+        if future is not None:
+            return future
+        if self._ended_before(msg.job_id, ts):
+            return Handled(release=[token])
+        if msg.kind is JobEventKind.START:  # the nodes it declares are the job's
+            if msg.nodes:
+                try:
+                    st = self.state(msg.job_id, load, confirm=False)
+                    st.detection.on_lifecycle(msg)
+                except CapacityError as exc:
+                    return self._refuse(exc, value, topic, partition, offset, key, token)
+            return Handled(job_id=msg.job_id, release=[token])
+        st = self.jobs.get(msg.job_id)
+        if st is None and msg.kind is JobEventKind.END:
+            self.pending.pop(msg.job_id)
+            try:  # a snapshot stored before this worker took the partition
+                st = self.state(msg.job_id, load) if load(msg.job_id) is not None else None
+            except CapacityError:
+                st = None
+            if st is None:
+                self._mark_ended(msg.job_id, ts)
+                return Handled(job_id=msg.job_id, release=[token], tombstone=True)
+        if st is None or st.seen(topic, partition, offset):
+            return Handled(job_id=msg.job_id, release=[token])
+        st.offsets[(topic, partition)] = offset
+        st.dirty = True
+        st.active_wall = self.clock()
+        out = Handled(job_id=msg.job_id)
+        # an end is pending until the job's records stop contradicting it (the ticks
+        # confirm it: :meth:`_tick`); a refused or cut one is a lifecycle anomaly
+        out.alerts += st.detection.on_lifecycle(msg)
+        return self._finish(st, out, token)
+
+    def _take(
+        self,
+        job_id: str,
+        ts: float,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
+        confirm: bool = True,
+    ) -> JobState | Handled:
+        """The state a job's record goes to, its offset recorded; or what to do with
+        the record instead: ack it (a record of an ended run, or a replay the state
+        already reflects) or dead-letter it (dated in the future, or a capacity
+        limit). Only a step (``confirm``) makes a job more than pending."""
+        future = self._from_the_future(ts, value, topic, partition, offset, key, token)
+        if future is not None:
+            return future
+        if self._ended_before(job_id, ts):
+            return Handled(release=[token])
+        try:
+            st = self.state(job_id, load, confirm=confirm)
+        except CapacityError as exc:
+            return self._refuse(exc, value, topic, partition, offset, key, token)
+        if st.seen(topic, partition, offset):
+            return Handled(job_id=job_id, release=[token])
+        st.offsets[(topic, partition)] = offset
+        st.partition = partition
+        return st
+
+    def _from_the_future(
+        self,
+        ts: float,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        token: Any,
+    ) -> Handled | None:
+        """A dead letter for a record dated beyond wall clock + ``max_clock_skew_s``."""
+        error = future_dated(
+            ts, self.max_clock_skew_s, now=time.time(), field="event time", whose="this worker's"
+        )
+        if error is None:
+            return None
+        self.future_dated += 1
+        log.warning("%s[%d]@%d refused: %s", topic, partition, offset, error)
+        letter = _dead_letter(value, error, topic, partition, offset, key, "clock")
+        return Handled(dead_letters=[letter], release=[token])
+
+    def _ended_before(self, job_id: str, ts: float) -> bool:
+        """True for a record of an ended run; a newer record un-ends the job."""
+        end = self.ended.get(job_id)
+        if end is None:
+            return False
+        if ts <= end:
+            self.after_end += 1
+            return True
+        del self.ended[job_id]
+        return False
+
+    def _mark_ended(self, job_id: str, ts: float) -> None:
+        self.ended[job_id] = max(ts, self.ended.get(job_id, ts))
+        self.ended.move_to_end(job_id)
+        while len(self.ended) > self.max_ended:
+            self.ended.popitem(last=False)
+
+    def _drop(self, st: JobState, out: Handled, end_ts: float, token: Any = None) -> Handled:
+        """Forget an ended job: its held records are acked, its table entry deleted."""
+        self.jobs.pop(st.job_id, None)
+        self._mark_ended(st.job_id, max(end_ts, st.last_event_ts or end_ts))
+        out.release += self._held.pop(st.job_id, [])
+        if token is not None:
+            out.release.append(token)
+        out.tombstone = True
+        return out
+
+    def _refuse(
+        self,
+        exc: CapacityError,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        token: Any,
+    ) -> Handled:
+        self.refused += 1
+        log.warning("%s[%d]@%d refused: %s", topic, partition, offset, exc)
+        letter = _dead_letter(value, str(exc), topic, partition, offset, key, "limit")
+        return Handled(dead_letters=[letter], release=[token])
+
+    def _finish(self, st: JobState, out: Handled, token: Any) -> Handled:
+        if not st.confirmed:  # pending: nothing of it is kept across a restart
+            if token is not None:
+                out.release.append(token)
+            return out
+        if token is not None:
+            self._held.setdefault(st.job_id, []).append(token)
+        wall = self.clock()
+        due = st.steps_since_snapshot >= self.snapshot_steps or (
+            st.dirty and wall - st.last_snapshot_wall >= self.snapshot_interval_s
+        )
+        if due:
+            st.steps_since_snapshot = 0
+            st.dirty = False
+            st.last_snapshot_wall = wall
+            blob = st.to_bytes()
+            if self.seal is not None:
+                blob = self.seal.seal("snapshot", blob, job=st.job_id)
+            if len(blob) > self.max_snapshot_bytes:
+                # the changelog would refuse it: keep the records unacked (they replay
+                # after a crash) and say which limit to raise
+                self.oversized_snapshots += 1
+                log.error(
+                    "snapshot of job %s is %d bytes, over STEPGUARD_WORKER_MAX_SNAPSHOT_BYTES"
+                    "=%d: not written, its records stay unacked",
+                    st.job_id, len(blob), self.max_snapshot_bytes,
+                )  # fmt: skip
+                return out
+            out.snapshot = blob
+            out.release += self._held.pop(st.job_id, [])
+        return out
+
+    # -- timer --------------------------------------------------------------------------
+    def tick_record(self, job_id: str) -> tuple[int, bytes] | None:
+        """(partition, value) of a tick for ``job_id``, or None while it has no step."""
+        st = self.jobs.get(job_id)
+        if st is None or st.last_event_ts is None or st.partition < 0:
+            return None
+        wall = self.clock()
+        resumed = st.resume_wall - self.blind_after_s
+        if wall < st.resume_wall and (self._last_record_wall or 0.0) < resumed:
+            # just taken over and no record read since: its clock runs from its last
+            # step (:meth:`_resume`), and until a fetch came back the driver cannot
+            # know whether the steps of the gap are still unread (a partition's end
+            # offset is known only from a fetch)
+            return None
+        body = json.dumps({"job_id": job_id, "wall_s": wall}).encode()
+        return st.partition, self.seal.seal("tick", body) if self.seal is not None else body

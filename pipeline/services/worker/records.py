@@ -1,0 +1,151 @@
+"""What the worker's core keeps and returns: a job's state as stored in the changelog
+(:class:`JobState`, versioned by :data:`STATE_LAYOUT`), the outcome of one record
+(:class:`Handled`, :class:`Forward`), the topics it reads and the partition of a key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kafka.partitioner.default import murmur2
+
+from detectors.job import JobDetection
+from pipeline.io import statecodec
+from pipeline.io.statecodec import StateFormatError
+from schemas import (
+    Alert,
+    DeadLetter,
+)
+
+#: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
+#: fields change: older snapshots are then refused (and the job rebuilt from its
+#: replayed records) instead of failing on the first step.
+STATE_LAYOUT = 3  # 3: JobDetection keeps the job's members and lifecycle guard
+
+
+def partition_for(key: str, n_partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner picks for ``key``.
+
+    Exporters key the steps topic by job with the default partitioner; records the
+    worker re-keys to a job are sent to this partition explicitly, so both land in the
+    partition whose owner holds the job's state.
+
+    >>> partition_for("job-1", 8) == partition_for("job-1", 8)
+    True
+    """
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % n_partitions
+
+
+@dataclass(frozen=True, slots=True)
+class CoreTopics:
+    """Full names of the topics the core reads."""
+
+    steps: str
+    health: str
+    jobs: str  #: internal: health, relaunch commands, lifecycle re-keyed by job; ticks
+    commands: str = ""
+    lifecycle: str = ""
+    results: str = ""
+
+
+@dataclass
+class JobState:
+    """Everything the worker keeps for one job; written to the table as plain data."""
+
+    job_id: str
+    detection: JobDetection
+    partition: int = -1
+    #: (topic, partition) -> last offset reflected in this state
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: newest step event time seen (epoch s) and the wall time it arrived
+    last_event_ts: float | None = None
+    arrived_wall: float = 0.0
+    #: wall time of the last step, command or lifecycle record (not health: node
+    #: agents outlive jobs); the idle TTL counts from here
+    active_wall: float = 0.0
+    #: wall time until which a state restored from a snapshot is catching up (its
+    #: steps are replayed late: they count as arrived when their event time says)
+    resume_wall: float = 0.0
+    steps_since_snapshot: int = 0
+    dirty: bool = False
+    last_snapshot_wall: float = 0.0
+    #: layout of the detectors' state this snapshot holds (:data:`STATE_LAYOUT`)
+    layout: int = 0
+    #: a step of the job arrived (False: named only by health or a start event, see
+    #: :mod:`pipeline.services.worker.pending`); only confirmed jobs are snapshotted
+    confirmed: bool = True
+
+    def __post_init__(self) -> None:
+        self.layout = STATE_LAYOUT
+
+    def to_bytes(self) -> bytes:
+        """The state as a :mod:`pipeline.io.statecodec` blob (zlib level 1)."""
+        return statecodec.dumps(self)
+
+    @staticmethod
+    def from_bytes(blob: bytes, max_bytes: int = 512 * 1024 * 1024) -> JobState:
+        """Read a snapshot back; :class:`~pipeline.io.statecodec.StateFormatError` when
+        it is not a readable JobState (nothing in it is ever executed)."""
+        state = statecodec.loads(blob, max_bytes=max_bytes)
+        if not isinstance(state, JobState):
+            raise StateFormatError(f"table value is {type(state).__name__}, not JobState")
+        layout = vars(state).get("layout")  # as stored: not the class default
+        if layout != STATE_LAYOUT:
+            raise StateFormatError(
+                f"detector state layout {layout}, this worker reads {STATE_LAYOUT}"
+            )
+        return state
+
+    def seen(self, topic: str, partition: int, offset: int) -> bool:
+        """True when the record at this offset is already reflected (a replay)."""
+        return offset <= self.offsets.get((topic, partition), -1)
+
+    def now_estimate(self, wall: float) -> float | None:
+        """Event time now: newest step event time plus the wall time since it came."""
+        if self.last_event_ts is None:
+            return None
+        return self.last_event_ts + max(0.0, wall - self.arrived_wall)
+
+
+@dataclass
+class Handled:
+    """What the agent must do for one record it handed over (in this order)."""
+
+    job_id: str | None = None
+    alerts: list[Alert] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: the JobState blob to write to the table under ``job_id`` before releasing
+    snapshot: bytes | None = None
+    #: tokens (Faust events) that may be acked now
+    release: list[Any] = field(default_factory=list)
+    rank_steps: int = 0
+    steps: int = 0
+    #: event-time ends of the steps completed (for the latency metric)
+    step_ts: list[float] = field(default_factory=list)
+    #: the job ended or was abandoned: delete its table entry (a changelog tombstone)
+    tombstone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A health record re-keyed to its job: send ``value`` to the job topic."""
+
+    job_id: str
+    partition: int
+    value: bytes
+
+
+def _dead_letter(
+    value: bytes | None,
+    error: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    stage: str,
+) -> DeadLetter:
+    return DeadLetter(
+        source_topic=topic, partition=partition, offset=offset, key=key, raw=value or b"",
+        error=error[:2000], stage=stage, ts=datetime.now(UTC),
+    )  # fmt: skip
