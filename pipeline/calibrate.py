@@ -20,7 +20,7 @@ returns are judged against the job's labels:
 Per setting: precision (TP / (TP + FP) episodes), recall (detected / true labels), F1
 and the median delay, overall and per kind (precision by the episode's alert kind,
 recall and delay by the label's kind). The same for the *actions*: the alerts are also
-fed to the actuator's own pure :class:`~pipeline.actuator.policy.Policy` (observe mode)
+fed to the actuator's own pure :class:`~pipeline.policy.Policy` (observe mode)
 under the point's confirmation settings (:data:`ACTUATOR_SETTINGS`, WARNING persistence
 in steps or seconds), and the episodes it would act on are judged the same way; grid
 points that differ only there share one replay. The Pareto front keeps the settings no other
@@ -51,11 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from detectors.config import MonitorConfig
-from pipeline.actuator.policy import Policy, PolicyParams
 from pipeline.calibrate_archive import ArchivedJob, Label
 from pipeline.calibrate_settings import SETTING_NAMES, config_from_overrides, overrides_of
 from pipeline.detection import JobDetection
 from pipeline.errors import ConfigError
+from pipeline.policy import Policy, PolicyParams
 from schemas import ActuatorMode, Alert
 
 __all__ = [

@@ -28,9 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.actuator.policy import Policy, PolicyParams
 from pipeline.detection import JobDetection
 from pipeline.plan import POLICIES, RULES
+from pipeline.policy import Policy, PolicyParams
 from pipeline.simulator import Scenario, SimulatedJob
 from pipeline.simulator.control import JobController
 from schemas import ActuatorMode, Command, CommandKind

@@ -1,6 +1,6 @@
 """The actuator: confirmed alerts become signed, idempotent commands within guardrails.
 
-- :mod:`~pipeline.actuator.policy` — the pure decision logic (episodes, modes,
+- :mod:`~pipeline.policy` — the pure decision logic (episodes, modes,
   guardrails, spare pool);
 - :mod:`~pipeline.actuator.service` — the Kafka loop (``stepguard actuator``);
 - :mod:`~pipeline.actuator.signing` — Ed25519 signatures (per role) and command checks;
@@ -10,6 +10,6 @@ The job-controller executor lives in :mod:`pipeline.listener` (imported by train
 code).
 """
 
-from pipeline.actuator.policy import Outcome, Policy, PolicyParams, action_id
+from pipeline.policy import Outcome, Policy, PolicyParams, action_id
 
 __all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]

@@ -15,9 +15,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipeline.actuator.policy import PolicyParams
 from pipeline.actuator.signing import PublicKeys
 from pipeline.cliutil import console, err, stop_event
+from pipeline.policy import PolicyParams
 from pipeline.settings import Role, Settings, load_settings
 from schemas import (
     ActionRecord,
@@ -162,7 +162,7 @@ def actuator(
 
 def _expired(rec: ActionRecord, settings: Settings, now: datetime) -> bool:
     """Expired, or held past the hold TTL (the actuator expires it when it next runs)."""
-    from pipeline.actuator.policy import EXPIRED
+    from pipeline.policy import EXPIRED
 
     if rec.state is ActionState.HELD:
         return (now - rec.ts).total_seconds() >= settings.hold_ttl_s

@@ -1,4 +1,4 @@
-"""``stepguard actuator``: the thin Kafka loop around :class:`~pipeline.actuator.policy.Policy`.
+"""``stepguard actuator``: the thin Kafka loop around :class:`~pipeline.policy.Policy`.
 
 Start-up rebuilds the state from the actuator's own output before consuming anything:
 the commands topic (issued ids, isolation ledger, cooldowns, spares used), the actions
@@ -37,7 +37,6 @@ from typing import Any
 
 from kafka import KafkaProducer
 
-from pipeline.actuator.policy import Outcome, Policy, PolicyParams
 from pipeline.actuator.signing import public_keys, sign, signature_problem, signing_key
 from pipeline.clockskew import future_dated
 from pipeline.kafka import (
@@ -51,6 +50,7 @@ from pipeline.kafka import (
     registry_of,
 )
 from pipeline.metrics import ActuatorMetrics
+from pipeline.policy import Outcome, Policy, PolicyParams
 from pipeline.settings import Settings
 from schemas import (
     ActionRecord,

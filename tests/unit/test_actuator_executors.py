@@ -167,7 +167,7 @@ def test_webhook_unreachable_fails_and_urls_are_checked():
 
 
 def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
-    from pipeline.actuator.policy import Policy, PolicyParams
+    from pipeline.policy import Policy, PolicyParams
     from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
 
     fired = Alert(

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.policy import Policy, PolicyParams, action_id
 from pipeline.errors import ConfigError
+from pipeline.policy import Policy, PolicyParams, action_id
 from pipeline.settings import load_settings
 from schemas import (
     ActionState,
@@ -543,12 +543,22 @@ def test_params_from_settings_and_validation():
         PolicyParams(window_s=0)
 
 
-@pytest.mark.parametrize("module", ["policy", "signing", "executors"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pipeline.policy",
+        "pipeline.policy.guardrails",
+        "pipeline.policy.ledger",
+        "pipeline.policy.memory",
+        "pipeline.actuator.signing",
+        "pipeline.actuator.executors",
+    ],
+)
 def test_docstring_examples_run(module):
     import doctest
     import importlib
 
-    mod = importlib.import_module(f"pipeline.actuator.{module}")
+    mod = importlib.import_module(module)
     failed, _ = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert failed == 0
 

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.actuator.policy import Policy, PolicyParams
 from pipeline.actuator.signing import SigningKey, sign
 from pipeline.archive.rows import rows_for
 from pipeline.graduation import GraduationRules, graduation_report
+from pipeline.policy import Policy, PolicyParams
 from schemas import (
     ActuatorMode,
     Alert,
