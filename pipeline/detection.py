@@ -100,6 +100,8 @@ __all__ = ["Detected", "Detectors", "JobDetection"]
 
 #: Commands whose SUCCEEDED result means the job was relaunched just now.
 _RELAUNCHED = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK})
+#: most nodes remembered as having sent steps of one job (oldest first out)
+MAX_STEP_NODES = 4096
 
 
 class Detectors(Protocol):
@@ -188,6 +190,8 @@ class JobDetection:
         self._held: list[tuple[float, int, NodeHealth]] = []
         self._seq = 0  #: arrival order of held reports (ties on event time)
         self._commands: OrderedDict[str, Command] = OrderedDict()
+        #: nodes that sent steps of the job, oldest first (at most MAX_STEP_NODES)
+        self._step_nodes: OrderedDict[str, None] = OrderedDict()
         self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
 
     # -- inputs ------------------------------------------------------------------------
@@ -205,12 +209,13 @@ class JobDetection:
         """One assembled step (rules 2 and 3): held health up to its end time, the
         step, then the clock at its end time."""
         self._check_job(frame.job_id)
+        self._saw_nodes(frame.nodes)
         alerts = self._release_health(frame.ts, tick=False)
         alerts += self.monitor.process_step(frame)
         alerts += self.monitor.tick(frame.ts)
         self._advance(frame.ts)
         self.frames += 1
-        return alerts
+        return self._stamp(alerts)
 
     def on_health(self, msg: NodeHealth) -> list[Alert]:
         """A node's health report: held until the steps or a tick pass its event time
@@ -223,7 +228,7 @@ class JobDetection:
         while len(self._held) > self.max_held_health:
             hts, _, h = heapq.heappop(self._held)
             alerts += self._health(hts, h, tick=True)
-        return alerts
+        return self._stamp(alerts)
 
     def on_command(self, cmd: Command, now: float | None = None) -> list[Alert]:
         """A command for the job: a relaunching one starts the relaunch grace at event
@@ -326,14 +331,19 @@ class JobDetection:
         if self.now is None or now > self.now:  # not ticked there by a report already
             alerts += self.monitor.tick(now)
             self._advance(now)
-        return alerts
+        return self._stamp(alerts)
 
     def flush(self) -> list[Alert]:
         """End of input: every buffered step, then every held report."""
         alerts: list[Alert] = []
         for frame in self.assembler.flush():
             alerts += self.on_frame(frame)
-        return alerts + self._release_health(float("inf"), tick=True)
+        return self._stamp(alerts + self._release_health(float("inf"), tick=True))
+
+    def in_steps(self, node: str) -> bool:
+        """Whether ``node`` sent steps of this job (the most recent
+        :data:`MAX_STEP_NODES` nodes are remembered)."""
+        return node in self._nodes_in_steps()
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -371,6 +381,30 @@ class JobDetection:
             )
         self._ranks[ranks] = True
         self._n_ranks += new
+
+    def _nodes_in_steps(self) -> OrderedDict[str, None]:
+        # a snapshot written before this set existed has none: start one
+        nodes: OrderedDict[str, None] | None = self.__dict__.get("_step_nodes")
+        if nodes is None:
+            nodes = self._step_nodes = OrderedDict()
+        return nodes
+
+    def _saw_nodes(self, names: Iterable[str]) -> None:
+        nodes = self._nodes_in_steps()
+        new = [n for n in names if n not in nodes]
+        for node in new:
+            nodes[node] = None
+        while len(nodes) > MAX_STEP_NODES:
+            nodes.popitem(last=False)
+
+    def _stamp(self, alerts: list[Alert]) -> list[Alert]:
+        """Say on each alert naming a node whether that node sent steps of the job (the
+        actuator isolates only such members; a health report can name any node)."""
+        nodes = self._nodes_in_steps()
+        return [
+            a if a.node is None else a.model_copy(update={"node_in_steps": a.node in nodes})
+            for a in alerts
+        ]
 
     def _grace(self, now: float | None, removed_nodes: Iterable[str]) -> None:
         at = now if now is not None else self.now

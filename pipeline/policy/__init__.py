@@ -48,13 +48,21 @@ Examples
 >>> policy = Policy(PolicyParams(mode=ActuatorMode.AUTO, spare_nodes=("spare-0",)))
 >>> alert = Alert(fingerprint="fp-000001", seq=0, kind=AlertKind.HARDWARE,
 ...               grade=Grade.CRITICAL, state=AlertState.FIRING, job_id="j", node="n3",
-...               step=10, started_at=t, ts=t,
+...               step=10, started_at=t, ts=t, node_in_steps=True,
 ...               evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
 ...               recommended_action=RecommendedAction.ISOLATE)
 >>> [(c.kind.value, c.targets, c.replacements) for c in policy.on_alert(alert, t).commands]
 [('checkpoint', (), ()), ('isolate', ('n3',), ('spare-0',)), ('restart', ('n3',), ('spare-0',))]
 >>> policy.on_alert(alert, t).commands  # a replay issues nothing
 []
+
+A node the job's steps never showed (a health report can name any node) is never
+taken from the job:
+
+>>> outsider = alert.model_copy(update={"fingerprint": "fp-000002", "node": "n9",
+...                                     "node_in_steps": False})
+>>> [(c.kind.value, c.targets) for c in policy.on_alert(outsider, t).commands]
+[('notify', ('n9',))]
 """
 
 from pipeline.policy.core import Policy, action_id

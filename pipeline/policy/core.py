@@ -123,8 +123,7 @@ class Policy:
         if alert.kind is AlertKind.GUARDRAIL:
             out.note = "own guardrail alert"
             return out
-        if alert.node is not None:
-            self.planner.learn_node(alert.job_id, alert.node, now)
+        self.planner.learn(alert, now)
         # staleness per job: one alert dated in the future stales only its own job
         newest = self._newest_ts.get(alert.job_id)
         if newest is None or alert.ts > newest[0]:
@@ -213,8 +212,7 @@ class Policy:
             )
             out.alerts.append(self.holds.notice(held, now, "refused: observe mode"))
             return out
-        if held.alert.node is not None:
-            self.planner.learn_node(held.job_id, held.alert.node, now)
+        self.planner.learn(held.alert, now)
         ep = self._episodes.get(held.alert.fingerprint)
         first_step = ep.first_step if ep is not None else held.alert.step
         for c in held.commands:  # a rollback target was fixed when the action was held

@@ -49,8 +49,16 @@ class Planner:
         #: job -> the nodes named in (worker-signed) alerts of the job
         self.nodes: dict[str, _Nodes] = {}
 
+    def learn(self, alert: Alert, now: datetime) -> None:
+        """Learn the alert's node as a member of its job when the worker-signed alert
+        shows it in the job's steps: a rank's alert (its steps came from that node), or
+        ``node_in_steps``. A health report's node is not evidence: it is whatever node
+        the report names."""
+        if alert.node is not None and (alert.rank is not None or alert.node_in_steps):
+            self.learn_node(alert.job_id, alert.node, now)
+
     def learn_node(self, job: str, node: str, now: datetime) -> None:
-        """``node`` was named in an alert of ``job`` (a hint executors check targets by)."""
+        """``node`` is a member of ``job`` (executors check targets against these)."""
         seen = self.nodes.get(job) or _Nodes(now)
         seen.touched = now
         touch(seen.names, node, None)
@@ -75,7 +83,21 @@ class Planner:
         action, node, fp = alert.recommended_action, alert.node, alert.fingerprint
         expires = now + timedelta(seconds=self.params.command_ttl_s)
         known = self.nodes.get(alert.job_id)
-        hint = None if known is None else tuple(known.names)
+        hint = () if known is None else tuple(known.names)
+        outsider = node is not None and node not in hint
+        if outsider and action in (*_ISOLATING, RecommendedAction.RESTART):
+            # not a member of the job from its steps: nothing is taken from the job
+            text = (
+                f"{node} is not known as a node of job {alert.job_id} from its steps: "
+                f"alert only ({alert.summary})"
+            )
+            notice = Command(
+                command_id=command_id([fp], CommandKind.NOTIFY.value, [node]),
+                kind=CommandKind.NOTIFY, job_id=alert.job_id, targets=(node,),
+                reason=(fp,), mode=mode, issued_at=now, expires_at=expires,
+                summary=text[:500],
+            )  # fmt: skip
+            return Plan((notice,), None, None, text)
 
         def cmd(
             kind: CommandKind,

@@ -99,6 +99,7 @@ def alert(fp="fp-node3-0001", node="node-3", seq=0, action=RecommendedAction.ISO
         state=AlertState.FIRING, job_id="job-1", node=node, step=100 + seq, started_at=now,
         ts=now, evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=action, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     )  # fmt: skip
 
 

@@ -76,6 +76,7 @@ def _alert(job: str, node: str, ts: datetime) -> Alert:
         state=AlertState.FIRING, job_id=job, node=node, step=100, started_at=ts, ts=ts,
         evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=RecommendedAction.ISOLATE, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     ), WORKER_KEY)  # fmt: skip
 
 

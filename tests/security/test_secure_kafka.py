@@ -81,6 +81,7 @@ def _alert(node: str = "node-3") -> Alert:
         state=AlertState.FIRING, job_id=JOB, node=node, step=100, started_at=now, ts=now,
         evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=RecommendedAction.ISOLATE, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     )  # fmt: skip
     return sign(alert, WORKER_KEY)
 

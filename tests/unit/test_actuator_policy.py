@@ -34,11 +34,12 @@ RA = RecommendedAction
 def alert(
     fp="fp-node3-a", *, seq=0, grade=Grade.CRITICAL, state=AlertState.FIRING, node="node-3",
     step=100, ts=T0, started=T0, action=RA.REPLACE_AT_CHECKPOINT, kind=AlertKind.STRAGGLER,
-    job="job-1",
+    job="job-1", in_steps=True,
 ) -> Alert:  # fmt: skip
     return Alert(
         fingerprint=fp, seq=seq, kind=kind, grade=grade, state=state, job_id=job, node=node,
         rank=None, step=step, started_at=started, ts=ts,
+        node_in_steps=in_steps if node is not None else None,
         evidence=Evidence(metric="compute_s", value=0.5, deviation=9.0),
         recommended_action=action, summary=f"{kind.value} on {node}",
     )  # fmt: skip
@@ -825,3 +826,20 @@ def test_per_kind_modes_come_from_the_settings_and_bad_ones_are_named():
     for bad in ("restart=sometimes", "reboot=auto", "restart", "restart=auto,restart=approve"):
         with pytest.raises(ConfigError, match="STEPGUARD_ACTUATOR_ACTION_MODES"):
             load_settings({"STEPGUARD_ACTUATOR_ACTION_MODES": bad})
+
+
+def test_an_isolation_targets_only_a_node_the_jobs_steps_showed():
+    """Issue 22 item 3: the alert's own node is not added to the job's nodes before
+    planning. A health alert naming a node the job's steps never showed is an alert only;
+    a member's isolation carries the members (not the outsider) for the executors."""
+    p = auto()
+    outsider = alert("fp-outsider", node="node-99", kind=AlertKind.HARDWARE, in_steps=False)
+    out = p.on_alert(outsider, T0)
+    assert [(c.kind, c.targets) for c in out.commands] == [(CommandKind.NOTIFY, ("node-99",))]
+    assert p.spares == ["spare-0", "spare-1", "spare-2"]  # nothing taken from the job
+    member = alert("fp-member3", node="node-3", kind=AlertKind.HARDWARE)
+    [iso] = [c for c in p.on_alert(member, T0).commands if c.kind is CommandKind.ISOLATE]
+    assert iso.targets == ("node-3",) and iso.job_nodes == ("node-3",)
+    # a rank's alert is evidence of the steps too (its steps came from that node)
+    ranked = alert("fp-ranked4", node="node-4", in_steps=None).model_copy(update={"rank": 33})
+    assert CommandKind.ISOLATE in [c.kind for c in p.on_alert(ranked, T0).commands]

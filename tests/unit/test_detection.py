@@ -303,3 +303,17 @@ def test_a_phase_announced_before_its_previous_step_completes_still_covers_the_p
     assert det.on_frame(after) == []
     assert firing(det.tick(after.ts + 10 * STEP_S), AlertKind.HANG) == []
     assert firing(det.tick(after.ts + 40 * STEP_S), AlertKind.HANG)  # 2x: a hang
+
+
+def test_alerts_say_whether_their_node_sent_steps_of_the_job() -> None:
+    """A health report can name any node; the alert says whether the job's steps showed
+    it (signed with the alert, the actuator isolates only such members)."""
+    det = JobDetection("job")
+    warm(det, 30)
+    det.on_health(health(2, det.now + 0.5, xid=(79,)))
+    det.on_health(health(99, det.now + 0.5, xid=(79,)))  # never sent a step of the job
+    got = firing(det.tick(det.now + 0.6), AlertKind.HARDWARE)
+    assert {(a.node, a.node_in_steps) for a in got} == {("node-2", True), ("node-99", False)}
+    assert det.in_steps("node-2") and not det.in_steps("node-99")
+    back = statecodec.loads(statecodec.dumps(det))
+    assert back.in_steps("node-2")
