@@ -116,7 +116,9 @@ class Guardrails:
         self.isolations: list[tuple[datetime, str, str]] = []
         self.last_acted: dict[str, datetime] = {}
         self.last_checkpoint: dict[str, datetime] = {}
+        #: job -> its last relaunch that replaced no node / that replaced one
         self.last_relaunch: dict[str, datetime] = {}
+        self.last_replacement: dict[str, datetime] = {}
         self.breakers: dict[str, Breaker] = {}
         self.global_breaker: Breaker | None = None
 
@@ -131,6 +133,9 @@ class Guardrails:
         # only relaunches (hang, divergence) must not loop
         relaunches = isolated is None and any(c.kind in _RELAUNCH for c in commands)
         last = self.last_relaunch.get(alert.job_id)
+        replaced = self.last_replacement.get(alert.job_id)
+        if replaced is not None and any(c.kind is CommandKind.RESTART for c in commands):
+            last = replaced if last is None else max(last, replaced)
         if relaunches and last is not None:
             since = (now - last).total_seconds()
             if since < self.params.relaunch_cooldown_s:
@@ -187,11 +192,13 @@ class Guardrails:
         if cmd.kind is CommandKind.CHECKPOINT:
             touch(self.last_checkpoint, cmd.job_id, now)
             cap(self.last_checkpoint)
-        if cmd.kind in _RELAUNCH and not cmd.targets:
-            # only relaunches that replace no node count: a node replacement's restart
-            # is the circuit breaker's business and must not block a later rollback
-            touch(self.last_relaunch, cmd.job_id, now)
-            cap(self.last_relaunch)
+        if cmd.kind in _RELAUNCH:
+            # a node replacement's restart counts for restarts: the job is relaunching
+            # and its silence must not be answered with another restart; it does not
+            # block a rollback (a further replacement is the circuit breaker's business)
+            into = self.last_replacement if cmd.targets else self.last_relaunch
+            touch(into, cmd.job_id, now)
+            cap(into)
         for node in cmd.targets:
             if cmd.kind is not CommandKind.NOTIFY:
                 touch(self.last_acted, node, max(now, self.last_acted.get(node, now)))
@@ -266,7 +273,7 @@ class Guardrails:
     def prune(self, cut: datetime, now: datetime, *, full: bool) -> None:
         """Forget cooldowns and isolations older than ``cut``; ``full`` scans everything
         and drops breakers rebuilt from records whose window is over."""
-        maps = (self.last_acted, self.last_checkpoint, self.last_relaunch)
+        maps = (self.last_acted, self.last_checkpoint, self.last_relaunch, self.last_replacement)
         if full:
             for d in maps:
                 for key in [k for k, t in d.items() if t < cut]:

@@ -843,3 +843,16 @@ def test_an_isolation_targets_only_a_node_the_jobs_steps_showed():
     # a rank's alert is evidence of the steps too (its steps came from that node)
     ranked = alert("fp-ranked4", node="node-4", in_steps=None).model_copy(update={"rank": 33})
     assert CommandKind.ISOLATE in [c.kind for c in p.on_alert(ranked, T0).commands]
+
+
+def test_a_node_replacement_counts_for_the_relaunch_cooldown_of_restarts():
+    """Issue 25 bug 2: the relaunch cooldown ignored node-replacement restarts, so the
+    false hang of the relaunch after a replacement went through as a second RESTART."""
+    p = auto(relaunch_cooldown_s=300)
+    replaced = p.on_alert(alert("fp-node3-0001", node="node-3"), T0)
+    assert CommandKind.RESTART in [c.kind for c in replaced.commands]
+    hang = dict(node=None, action=RA.RESTART, kind=AlertKind.HANG)
+    again = p.on_alert(alert("fp-hang-0001", **hang), T0 + timedelta(seconds=20))
+    assert again.commands == [] and "relaunched 20s ago" in again.records[0].detail
+    later = p.on_alert(alert("fp-hang-0002", **hang), T0 + timedelta(seconds=400))
+    assert [c.kind for c in later.commands] == [CommandKind.RESTART]
