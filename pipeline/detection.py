@@ -153,6 +153,9 @@ class JobDetection:
     (the worker stores it in its changelog).
     """
 
+    #: class default: state written before the setting existed reads it from here
+    max_result_age_s: float = 600.0
+
     def __init__(
         self,
         job_id: str,
@@ -163,6 +166,7 @@ class JobDetection:
         max_held_health: int = 4096,
         max_commands: int = 256,
         max_ranks: int = MAX_RANKS_PER_JOB,
+        max_result_age_s: float = 600.0,
     ) -> None:
         if monitor is not None and config is not None:
             raise ValueError("give either config or monitor, not both")
@@ -178,6 +182,10 @@ class JobDetection:
         self.max_held_health = max_held_health
         self.max_commands = max_commands
         self.max_ranks = max_ranks
+        if not max_result_age_s > 0:
+            raise ValueError(f"max_result_age_s must be positive, got {max_result_age_s!r}")
+        #: a result dated this long before the job's event time is not acted on
+        self.max_result_age_s = max_result_age_s
         #: why the job ended (an END event, or "abandoned"); None while it runs
         self.ended: str | None = None
         self._ranks = np.zeros(0, dtype=bool)
@@ -193,6 +201,8 @@ class JobDetection:
         #: nodes that sent steps of the job, oldest first (at most MAX_STEP_NODES)
         self._step_nodes: OrderedDict[str, None] = OrderedDict()
         self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
+        #: commands whose SUCCEEDED result was acted on (once each; at most max_commands)
+        self._acted: OrderedDict[str, None] = OrderedDict()
 
     # -- inputs ------------------------------------------------------------------------
     def on_step(self, msg: NodeStep) -> Detected:
@@ -242,9 +252,12 @@ class JobDetection:
         return self.on_result(orphan) if orphan is not None else []
 
     def on_result(self, result: CommandResult) -> list[Alert]:
-        """An executor's result: a RESTART or ROLLBACK carried out restarts the grace
-        now, and the episodes of the nodes it left out resolve (they left the job). A
-        result that arrives before its command waits for it."""
+        """The job controller's result (drivers pass only results its own job's
+        controller signed): a RESTART or ROLLBACK carried out restarts the grace now,
+        and the episodes of the nodes it left out resolve (they left the job). A result
+        that arrives before its command waits for it. Acted on once per command (a
+        replayed result changes nothing) and only while fresh: one dated more than
+        ``max_result_age_s`` before the job's event time is ignored."""
         self._check_job(result.job_id)
         cmd = self._commands.get(result.command_id)
         if cmd is None:
@@ -252,6 +265,12 @@ class JobDetection:
             return []
         if result.status is not CommandStatus.SUCCEEDED or cmd.kind not in _RELAUNCHED:
             return []
+        acted = self._acted_results()
+        if result.command_id in acted:
+            return []  # once per command: a replay does not restart the grace
+        if self.now is not None and result.ts.timestamp() < self.now - self.max_result_age_s:
+            return []
+        self._remember(acted, result.command_id, None)
         self.relaunched(removed_nodes=cmd.targets)
         # the nodes it left out are out of the job: their episodes end with them
         at = self.now if self.now is not None else result.ts.timestamp()
@@ -381,6 +400,12 @@ class JobDetection:
             )
         self._ranks[ranks] = True
         self._n_ranks += new
+
+    def _acted_results(self) -> OrderedDict[str, None]:
+        acted: OrderedDict[str, None] | None = self.__dict__.get("_acted")
+        if acted is None:  # a snapshot from before this set existed
+            acted = self._acted = OrderedDict()
+        return acted
 
     def _nodes_in_steps(self) -> OrderedDict[str, None]:
         # a snapshot written before this set existed has none: start one

@@ -19,7 +19,9 @@ With ``STEPGUARD_KAFKA_BOOTSTRAP`` set, no broker is started; with ``--durable``
 Apache Kafka runs through ``scripts/kafka.sh start --keep-data`` (data kept across
 runs). Each service logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json``
 holds each service's state, pid and restarts (rewritten every second), and
-``<state dir>/up.env`` the variables another shell needs to reach this stack.
+``<state dir>/up.env`` the variables another shell needs to reach this stack;
+``<state dir>/job-controller.env`` (mode 0600) the job controller's private key of the
+job (the training job's CommandListener signs its results with it).
 
 The decisions live in :mod:`pipeline.supervisor`; this module builds the plan, spawns
 processes, probes readiness, scrapes the Prometheus endpoints and draws the table.
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from pipeline.settings import Role
 
 __all__ = [
+    "JOB_ENV_FILE",
     "STATUS_FILE",
     "Plan",
     "PopenSpawner",
@@ -68,10 +71,13 @@ __all__ = [
     "run_up",
     "signing_env",
     "start_group",
+    "write_job_env",
 ]
 
 STATUS_FILE = "up.json"
 ENV_FILE = "up.env"
+#: next to up.env, mode 0600: the training job's own signing key (its controller's)
+JOB_ENV_FILE = "job-controller.env"
 MEMORY_ONLY = (
     "the embedded Tansu broker keeps topics in memory only: stopping `up` (or a broker "
     "restart) loses every topic, offset and consumer group; use --durable (Apache Kafka "
@@ -111,6 +117,9 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     #: variables another shell needs to reach this stack (no secrets)
     shell_env: dict[str, str] = field(default_factory=dict)
+    #: the job controller's private key of ``job_id`` (a secret: written to
+    #: :data:`JOB_ENV_FILE`, readable by the user only)
+    job_env: dict[str, str] = field(default_factory=dict)
 
 
 # -- environment of the children --------------------------------------------------------
@@ -120,29 +129,35 @@ class Plan:
 #: the roles whose public keys it verifies with
 _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "actuator": ("actuator", ("actuator", "worker", "operator")),
-    # acts on executor-signed results; applies operator-signed detector settings
-    "worker": ("worker", ("actuator", "executor", "operator")),
+    # acts on its job's controller's results; applies operator-signed detector settings
+    "worker": ("worker", ("actuator", "job_controller", "operator")),
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
-    # the job's CommandListener: a job controller, it signs its results as an executor
-    "simulate": ("executor", ("actuator", "executor")),
+    # the job's CommandListener: signs its results with its job's controller key (a
+    # training process never holds the executors' key)
+    "simulate": ("job_controller", ("actuator", "job_controller")),
     # archives alerts, commands, action records and approvals whose signature does not
     # verify as unsigned
     "archiver": (None, ("actuator", "worker", "operator")),
 }
 
 
-def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, str]], list[str]]:
+def signing_env(
+    settings: Settings, run_id: str, job: str | None = None
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     """The signing-key variables of each kind of child, and notes for the person.
 
     Every role that has no private key configured (actuator: commands, worker: alerts)
     gets a fresh Ed25519 key pair for this run; a configured private key adds its own
     public key to its role's list, so children that only verify need nothing more.
-    A child gets only the private key it signs with (:data:`_KEY_NEEDS`). The one
-    place that knows how keys are configured.
+    The job controller's key is bound to ``job`` (its key id,
+    :func:`~pipeline.actuator.signing.job_controller_key_id`); without a job none is
+    made. A child gets only the private key it signs with (:data:`_KEY_NEEDS`); kind
+    ``job`` holds what the training job needs (its controller's private key, written
+    to a file only the user can read). The one place that knows how keys are configured.
     """
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from pipeline.actuator.signing import SigningKey
+    from pipeline.actuator.signing import SigningKey, job_controller_key_id
     from pipeline.settings import ROLES
 
     private: dict[Role, str] = {}
@@ -153,6 +168,10 @@ def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, st
         own: SigningKey | None = None
         if pair is not None:
             own = SigningKey(pair[0], Ed25519PrivateKey.from_private_bytes(pair[1]))
+        elif role == "job_controller":
+            if job is not None:  # bound to its job
+                own = SigningKey.generate(job_controller_key_id(job, f"up-{run_id}"[:30]))
+                made.append("job controller")
         elif role != "operator":  # operators sign in their own shell, with their own key
             own = SigningKey.generate(f"up-{run_id}-{role}")
             made.append(role)
@@ -164,9 +183,10 @@ def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, st
     by_kind: dict[str, dict[str, str]] = {}
     for kind, (signs, verifies) in _KEY_NEEDS.items():
         env = {f"{ENV_PREFIX}{r.upper()}_PUBLIC_KEYS": public[r] for r in verifies if public[r]}
-        if signs is not None:
+        if signs is not None and signs in private:
             env[f"{ENV_PREFIX}{signs.upper()}_PRIVATE_KEY"] = private[signs]
         by_kind[kind] = env
+    by_kind["job"] = by_kind["simulate"]  # what a real training job of ``job`` needs
     notes = []
     if made:
         notes.append(f"ephemeral {' and '.join(made)} signing keys for this run")
@@ -252,7 +272,10 @@ def build_plan(
     common: dict[str, str] = {f"{ENV_PREFIX}STATE_DIR": str(state)}
     if f"{ENV_PREFIX}CHDB_PATH" not in base_env and settings.clickhouse_dsn is None:
         common[f"{ENV_PREFIX}CHDB_PATH"] = str(state / "archive")
-    keys, key_notes = signing_env(settings, run_id)
+    job_id = None
+    if options.scenario is not None:
+        job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
+    keys, key_notes = signing_env(settings, run_id, job_id)
     notes += key_notes
 
     specs: list[ServiceSpec] = []
@@ -281,9 +304,7 @@ def build_plan(
         "simulate": keys["simulate"],
         "archiver": keys["archiver"],
     }
-    job_id = None
     if options.scenario is not None:
-        job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
         extra["actuator"] = extra["actuator"] | scenario_env
         notes += scenario_notes
 
@@ -339,7 +360,8 @@ def build_plan(
     # public keys are not secrets: `stepguard alerts` in another shell verifies with them
     for env in keys.values():
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
-    return Plan(final, bootstrap, flavor, state, job_id, notes, shell)
+    job_env = {k: v for k, v in keys["job"].items() if k.endswith("_PRIVATE_KEY")}
+    return Plan(final, bootstrap, flavor, state, job_id, notes, shell, job_env)
 
 
 def _scenario_env(
@@ -560,6 +582,17 @@ def status_document(plan: Plan, sup: Supervisor, now: float, started: datetime) 
     }
 
 
+def write_job_env(path: Path, env: Mapping[str, str]) -> None:
+    """Write the job's secret variables to ``path``, readable by the user only (the
+    file is created 0600 before anything is written to it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
+    tmp.replace(path)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -624,6 +657,10 @@ def run_up(
         for note in plan.notes:
             console.print(f"[bold]up[/]: {note}")
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
+        if plan.job_env:
+            write_job_env(state / JOB_ENV_FILE, plan.job_env)
+            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
+                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns

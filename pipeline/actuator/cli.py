@@ -308,19 +308,29 @@ class KeysAction(StrEnum):
 def keys(
     action: Annotated[KeysAction, typer.Argument(help="generate: print a new key pair")],
     role: Annotated[
-        Role, typer.Option(help="actuator | worker | operator | executor")
+        Role, typer.Option(help="actuator | worker | operator | executor | job_controller")
     ] = "actuator",
     key_id: Annotated[str | None, typer.Option(help="Default: <role>-<date>.")] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(help="job_controller: the job the key signs for (its key id binds it)."),
+    ] = None,
 ) -> None:
     """Print a new Ed25519 key pair as two environment lines.
 
     The PRIVATE_KEY line goes to the one service (or person) that signs; the
     PUBLIC_KEYS line to every service that verifies (append it to the old key while
-    rotating: the first key listed does not matter, every one verifies).
+    rotating: the first key listed does not matter, every one verifies). A job
+    controller's key signs for one job (``--job``): its key id is derived from it.
     """
-    from pipeline.actuator.signing import SigningKey
+    from pipeline.actuator.signing import SigningKey, job_controller_key_id
 
     kid = key_id or f"{role}-{datetime.now(UTC):%Y%m%d}"
+    if role == "job_controller":
+        if not job:
+            err.print("[red]error:[/] --role job_controller needs --job (the key signs for it)")
+            raise typer.Exit(2)
+        kid = job_controller_key_id(job, key_id or f"{datetime.now(UTC):%Y%m%d}")
     try:
         key = SigningKey.generate(kid)
     except ValueError as exc:

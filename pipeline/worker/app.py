@@ -179,10 +179,11 @@ def build_app(
     # obeyed only when the actuator signed them
     alert_key = signing_key(settings, "worker", "the worker (it signs its alerts)")
     command_keys = public_keys(settings, "actuator", "the worker (it verifies commands)")
-    # ... and a relaunch counts as carried out only when an executor signed its result
-    result_keys = public_keys(settings, "executor")
+    # ... and a relaunch counts as carried out only when the job's own controller signed
+    # its result (an executor's, a dry run's "would restart" included, never counts)
+    result_keys = public_keys(settings, "job_controller")
     if not result_keys:
-        log.warning("no STEPGUARD_EXECUTOR_PUBLIC_KEYS: command results are ignored "
+        log.warning("no STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS: command results are ignored "
                     "(a relaunch's grace runs its course)")  # fmt: skip
     tansu = settings.is_tansu
     session = (

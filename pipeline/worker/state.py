@@ -44,7 +44,7 @@ from kafka.partitioner.default import murmur2
 from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from pipeline import statecodec
-from pipeline.actuator.signing import PublicKeys, check_command, signature_problem
+from pipeline.actuator.signing import PublicKeys, check_command, result_problem
 from pipeline.clockskew import future_dated
 from pipeline.detection import JobDetection
 from pipeline.errors import CapacityError
@@ -244,11 +244,15 @@ class WorkerCore:
         relaunch command is obeyed only when one of them signed it and it has not
         expired. None or empty: no command is obeyed.
     result_keys
-        The executors' public keys (``STEPGUARD_EXECUTOR_PUBLIC_KEYS``: executors and
-        job controllers sign their results): a SUCCEEDED result restarts a relaunch
-        grace and closes the episodes of the nodes it left out only when one of them
-        signed it, so a forged result for a real command id cannot end episodes early.
-        None or empty: no result is acted on (the relaunch grace runs its course).
+        The job controllers' public keys (``STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS``): a
+        SUCCEEDED result restarts a relaunch grace and closes the episodes of the nodes
+        it left out only when the controller key of the result's own job signed it
+        (:func:`~pipeline.actuator.signing.result_problem`), never an executor's (a
+        dry run's "would restart" is not a relaunch), and only when it is not dated
+        beyond the wall clock + ``max_clock_skew_s``; the detection core acts on it once
+        per command, and not when it is older than ``max_result_age_s`` of the job's
+        event time. None or empty: no result is acted on (the relaunch grace runs its
+        course).
     clock
         Wall clock (epoch seconds); injectable for tests.
     """
@@ -523,7 +527,7 @@ class WorkerCore:
         )  # fmt: skip
         if isinstance(msg, Rejected) or msg.status is not CommandStatus.SUCCEEDED:
             return None
-        problem = signature_problem(msg, self.result_keys)
+        problem = self._result_problem(msg)
         if problem is not None:  # a forged success must not end a relaunch's episodes
             self.refused_results += 1
             log.warning("%s[%d]@%d: ignoring result of %s: %s", self.topics.results,
@@ -645,7 +649,7 @@ class WorkerCore:
                      key=key)  # fmt: skip
         if isinstance(msg, Rejected):
             return Handled(release=[token])
-        if signature_problem(msg, self.result_keys) is not None:  # written to jobs directly
+        if self._result_problem(msg) is not None:  # written to jobs directly
             self.refused_results += 1
             return Handled(release=[token])
         st = self.jobs.get(msg.job_id)
@@ -655,6 +659,13 @@ class WorkerCore:
         st.dirty = True
         out = Handled(job_id=msg.job_id, alerts=st.detection.on_result(msg))
         return self._finish(st, out, token)
+
+    def _result_problem(self, msg: CommandResult) -> str | None:
+        """Why a result is not its job's controller's fresh word, or None."""
+        problem = result_problem(msg, self.result_keys, "job_controller")
+        if problem is None and self.max_clock_skew_s is not None:
+            problem = future_dated(msg.ts, self.max_clock_skew_s, now=time.time())
+        return problem
 
     def _tick(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any

@@ -16,7 +16,12 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner, SlurmExecutor
+from pipeline.actuator.executors import (
+    DryRunExecutor,
+    ExecutorRunner,
+    SlurmExecutor,
+    WebhookExecutor,
+)
 from pipeline.actuator.service import Actuator
 from pipeline.actuator.signing import SigningKey, check_command, sign, signature_problem
 from pipeline.cli import app
@@ -752,3 +757,46 @@ def test_an_executor_refuses_a_target_outside_the_jobs_known_nodes(act_settings)
     assert results["cmd-outside"].status is CommandStatus.REFUSED
     assert "not nodes of job job-1" in results["cmd-outside"].detail
     assert results["cmd-inside"].status is CommandStatus.SUCCEEDED
+
+
+def test_a_webhook_receiver_answering_garbage_is_a_failed_result_and_the_executor_goes_on(
+    act_settings,
+):
+    """Issue 22 item 10: whatever the receiver makes the HTTP client raise
+    (BadStatusLine here) is a FAILED result with the error, and the consumer goes on."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 31511))
+    server.settimeout(30)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"garbage\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    hook = WebhookExecutor(["http://127.0.0.1:31511/hook"], timeout_s=5, retries=0)
+    first = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-hook-1")
+    second = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-hook-2")
+    send(act_settings, "commands", first, second)
+    runner = ExecutorRunner(act_settings, hook)
+    try:
+        for _ in range(50):
+            runner.poll_once(timeout_ms=200)
+            if "cmd-hook-2" in runner.done:
+                break
+    finally:
+        runner.close()
+        server.close()
+    got = wait_topic(act_settings, "results", lambda rs: len(rs) >= 2)
+    assert {(r.command_id, r.status) for r in got} == {
+        ("cmd-hook-1", CommandStatus.FAILED),
+        ("cmd-hook-2", CommandStatus.FAILED),
+    }
+    assert all("BadStatusLine" in r.detail for r in got)

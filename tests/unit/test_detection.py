@@ -317,3 +317,33 @@ def test_alerts_say_whether_their_node_sent_steps_of_the_job() -> None:
     assert det.in_steps("node-2") and not det.in_steps("node-99")
     back = statecodec.loads(statecodec.dumps(det))
     assert back.in_steps("node-2")
+
+
+def test_the_step_in_flight_at_a_restart_does_not_end_the_relaunch_grace() -> None:
+    """Issue 25 bug 1: the step that completed right after the RESTART still belonged to
+    the old run, ended the grace, and the save-and-relaunch was then scored as a hang
+    (answered with a second RESTART)."""
+    det = JobDetection("job")
+    warm(det, 30)
+    restart_at = det.now + 0.5  # step 30 is in flight (it started before this)
+    det.on_command(command(CommandKind.RESTART), now=restart_at)
+    assert det.on_frame(frame(30)) == []  # the old run's last step completes
+    assert firing(det.tick(det.now + 8 * STEP_S), AlertKind.HANG) == []  # still relaunching
+
+
+def test_a_result_is_acted_on_once_and_only_while_fresh() -> None:
+    """Issue 22 item 4: replaying one genuine SUCCEEDED result restarted the relaunch
+    grace each time (a hung job stayed "relaunching"); results had no freshness."""
+    det = JobDetection("job")
+    warm(det, 30)
+    det.on_command(command(CommandKind.RESTART, "cmd-r"))
+    done = result("cmd-r").model_copy(update={"ts": datetime.fromtimestamp(det.now, UTC)})
+    det.on_result(done)
+    assert det.relaunches == 1
+    det.on_result(done)  # replayed
+    assert det.relaunches == 1
+    det.on_command(command(CommandKind.RESTART, "cmd-s"))
+    old = done.model_copy(update={"command_id": "cmd-s",
+                                  "ts": datetime.fromtimestamp(det.now - 601, UTC)})  # fmt: skip
+    det.on_result(old)  # dated 10 minutes before the job's time: stale
+    assert det.relaunches == 1
