@@ -103,7 +103,7 @@ PublicKeys = Mapping[str, Ed25519PublicKey]
 _UNSIGNED = {"key_id", "signature"}
 #: optional fields added after signing began: signed only when set, so a signature made
 #: before they existed still verifies
-_SIGNED_WHEN_SET = ("job_nodes", "detector_settings", "node_in_steps")
+_SIGNED_WHEN_SET = ("job_nodes", "detector_settings", "node_in_steps", "held_at")
 _SIGNATURE = re.compile(r"[0-9a-f]{128}")  # schemas._base.SIGNATURE_PATTERN
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # schemas._base.KEY_ID_PATTERN
 

@@ -193,11 +193,15 @@ class Policy:
         return out
 
     def on_approval(self, approval: Approval, now: datetime) -> Outcome:
-        """A (verified) human decision on a held action (an expired one is refused)."""
+        """A (verified) human decision on a held action: only the hold it names
+        (``held_at``, when that hold began) is decided; an expired one is refused."""
         out = self._housekeeping(now)
         held = self.actions.get(approval.action_id)
         if held is None or held.state is not ActionState.HELD:
             out.note = "no such held action"
+            return out
+        if approval.held_at != held.ts:  # bound to one hold: a replay decides no other
+            out.note = "approval of another hold" if approval.held_at else "names no hold"
             return out
         if approval.decision is ApprovalDecision.REJECT:
             out.records.append(
@@ -262,6 +266,33 @@ class Policy:
         """Replay one command read back from the commands topic (start-up rebuild)."""
         self.ledger.issue(cmd.command_id, cmd.issued_at)
         self.guards.apply_issue(cmd, cmd.issued_at, self.spares)
+
+    def restore_alert(self, alert: Alert, now: datetime) -> None:
+        """Replay one (worker-signed) alert read back from the decisions topic at
+        start-up: its episode (first step, last update) and the job's nodes are rebuilt
+        as :meth:`on_alert` would keep them, but nothing is decided (what was decided is
+        in the action records). A WARNING firing before the restart thus still confirms
+        from the job's progress afterwards (:meth:`on_progress`)."""
+        if alert.kind is AlertKind.GUARDRAIL:
+            return
+        self.planner.learn(alert, now)
+        newest = self._newest_ts.get(alert.job_id)
+        if newest is None or alert.ts > newest[0]:
+            touch(self._newest_ts, alert.job_id, (alert.ts, now))
+            self._cap(self._newest_ts)
+        ep = self._episodes.get(alert.fingerprint)
+        if ep is not None and alert.seq <= ep.last_seq:
+            return
+        if alert.state is AlertState.RESOLVED:
+            self._episodes.pop(alert.fingerprint, None)
+            return
+        if ep is None:
+            ep = _Episode(alert.job_id, alert.step, alert.seq, now)
+        ep.touched, ep.last_seq, ep.last = now, alert.seq, alert
+        if alert.step is not None and (ep.first_step is None or alert.step < ep.first_step):
+            ep.first_step = alert.step
+        touch(self._episodes, alert.fingerprint, ep)
+        self._cap(self._episodes)
 
     def restore_record(self, record: ActionRecord) -> None:
         """Replay one action record (latest per id wins) read back at start-up.

@@ -446,7 +446,7 @@ def _control_reader(settings: Settings, core: WorkerCore, metrics: WorkerMetrics
                     "control topic (stepguard calibrate --apply) are refused")  # fmt: skip
     control = DetectorControl(
         keys, core.monitor_config or load_detector_config(None),
-        max_clock_skew_s=settings.max_clock_skew_s,
+        max_clock_skew_s=settings.max_clock_skew_s, max_age_s=settings.control_max_age_s,
     )  # fmt: skip
 
     def on_change(config: Any) -> None:

@@ -56,6 +56,7 @@ from schemas import (
 from tests.factories import (
     ACTUATOR_KEY,
     EXECUTOR_KEY,
+    OPERATOR_KEY,
     WORKER_KEY,
     key_env,
     key_settings,
@@ -800,3 +801,75 @@ def test_a_webhook_receiver_answering_garbage_is_a_failed_result_and_the_executo
         ("cmd-hook-2", CommandStatus.FAILED),
     }
     assert all("BadStatusLine" in r.detail for r in got)
+
+
+# -- issue 22 items 9 and 13 -----------------------------------------------------------------
+def test_an_old_signed_control_change_is_refused_even_with_no_newer_one_on_the_topic(
+    act_settings,
+):
+    """Issue 22 item 13: a 30-day-old operator-signed change was applied once the newer
+    ones had aged out of the topic (here none is left): changes have a maximum age."""
+    s = act_settings.model_copy(update={"actuator_mode": "observe"})
+    old = sign(ControlMessage(change_id="chg-old-auto", mode=ActuatorMode.AUTO, by="sre",
+                              ts=datetime.now(UTC) - timedelta(days=30)), OPERATOR_KEY)  # fmt: skip
+    act = Actuator(s)
+    try:
+        send(s, "control", old)
+        poll_until(act, 1)
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()
+    act = Actuator(s)  # read back at start: it reached the topic 30 days after its date
+    try:
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()
+
+
+def test_a_warning_firing_before_a_restart_confirms_after_it(act_settings):
+    """Issue 22 item 9: the actuator did not rebuild episodes when it restarted; alerts
+    are sent on transitions only, so a WARNING firing before the restart never
+    confirmed afterwards. The restarted actuator rebuilds it from the decisions topic
+    and confirms it from the job's progress."""
+    s = act_settings.model_copy(
+        update={
+            "actuator_mode": "auto",
+            "warning_confirm_steps": 20,
+            "warning_confirm_s": 10_000,
+            "spare_nodes": "spare-0",
+        }
+    )
+    now = datetime.now(UTC)
+    warning = alert("fp-warn-0001").model_copy(
+        update={
+            "grade": Grade.WARNING,
+            "step": 100,
+            "started_at": now,
+            "ts": now,
+            "kind": AlertKind.STRAGGLER,
+        }
+    )
+    act = Actuator(s)
+    try:
+        send(s, "decisions", warning)
+        poll_until(act, 1)
+        assert act.stats.commands == 0  # 0 steps: not confirmed
+    finally:
+        act.close()
+    act = Actuator(s)
+    try:
+        # the job goes on: another episode's update shows its progress (25 steps later)
+        progress = alert("fp-info-0001", node="node-4").model_copy(
+            update={
+                "grade": Grade.INFO,
+                "step": 125,
+                "recommended_action": RecommendedAction.NONE,
+                "ts": now + timedelta(seconds=30),
+            }
+        )
+        send(s, "decisions", progress)
+        poll_until(act, 1)
+        kinds = {c.kind for c in topic(s, "commands") if "fp-warn-0001" in c.reason}
+        assert CommandKind.ISOLATE in kinds, act.policy.memory()
+    finally:
+        act.close()

@@ -408,7 +408,7 @@ def test_approve_mode_holds_until_approved():
     aid = out.records[0].action_id
     assert aid == action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
     assert [r.action_id for r in p.held] == [aid]
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     out = p.on_approval(ok, T0 + timedelta(seconds=5))
     assert [r.state for r in out.records] == [ActionState.APPROVED]
     assert [(a.state, a.evidence.detail) for a in out.alerts] == [
@@ -480,7 +480,7 @@ def test_held_action_of_a_kind_switched_to_observe_is_refused_on_approval():
     p = auto(mode=ActuatorMode.APPROVE)
     aid = p.on_alert(alert(), T0).records[0].action_id
     p.on_control(control(action_modes={"replace_at_checkpoint": "observe"}), T0)
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     out = p.on_approval(ok, T0)
     assert out.commands == [] and out.records[0].state is ActionState.REFUSED
 
@@ -489,7 +489,9 @@ def test_approve_mode_reject_and_notifications_need_no_approval():
     p = auto(mode=ActuatorMode.APPROVE)
     assert len(p.on_alert(alert("fp-inv-00001", action=RA.INVESTIGATE), T0).commands) == 1
     aid = p.on_alert(alert(), T0).records[0].action_id
-    no = Approval(action_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0)
+    no = Approval(
+        action_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0, held_at=T0
+    )
     out = p.on_approval(no, T0)
     assert out.commands == [] and out.records[0].state is ActionState.REJECTED
     assert out.records[0].detail == "fp" and out.records[0].by == "sre"
@@ -500,15 +502,15 @@ def test_resolved_episode_cancels_its_held_action():
     aid = p.on_alert(alert(), T0).records[0].action_id
     out = p.on_alert(alert(seq=1, state=AlertState.RESOLVED), T0)
     assert [(r.action_id, r.state) for r in out.records] == [(aid, ActionState.CANCELLED)]
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     assert p.on_approval(ok, T0).commands == []
 
 
 def test_approval_rechecks_the_guardrails():
     p = auto(mode=ActuatorMode.APPROVE, max_isolations=1)
     held = [p.on_alert(alert(f"fp-n{i}-0000", node=f"node-{i}"), T0).records[0] for i in range(2)]
-    ok = [Approval(action_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0)
-          for h in held]  # fmt: skip
+    ok = [Approval(action_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0,
+                   held_at=T0) for h in held]  # fmt: skip
     assert len(p.on_approval(ok[0], T0).commands) == 3
     out = p.on_approval(ok[1], T0)
     assert out.commands == [] and out.records[0].state is ActionState.REFUSED
@@ -608,7 +610,7 @@ def test_a_hold_nobody_decides_expires_with_an_archived_record():
     assert expired.detail.startswith("expired") and expired.alert is not None
     assert [(a.state, a.seq) for a in out.alerts] == [(AlertState.RESOLVED, 1)]
     assert p.held == [] and p.on_tick(T0 + timedelta(seconds=1801)).records == []
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     late = p.on_approval(ok, T0 + timedelta(seconds=1802))
     assert late.commands == [] and late.note == "no such held action"
 
@@ -616,7 +618,7 @@ def test_a_hold_nobody_decides_expires_with_an_archived_record():
 def test_an_approval_after_the_ttl_finds_the_hold_expired_even_without_a_tick():
     p = auto(mode=ActuatorMode.APPROVE, hold_ttl_s=60)
     aid = p.on_alert(alert(), T0).records[0].action_id
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     out = p.on_approval(ok, T0 + timedelta(seconds=61))
     assert out.commands == [] and [r.state for r in out.records] == [ActionState.CANCELLED]
     assert out.records[0].detail.startswith("expired")
@@ -856,3 +858,35 @@ def test_a_node_replacement_counts_for_the_relaunch_cooldown_of_restarts():
     assert again.commands == [] and "relaunched 20s ago" in again.records[0].detail
     later = p.on_alert(alert("fp-hang-0002", **hang), T0 + timedelta(seconds=400))
     assert [c.kind for c in later.commands] == [CommandKind.RESTART]
+
+
+def test_an_approval_decides_only_the_hold_it_names():
+    """Issue 22: an approval was not bound to one hold: replayed once the action record
+    aged out, it approved a later hold of the same action."""
+    p = auto(mode=ActuatorMode.APPROVE, hold_ttl_s=60)
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    unbound = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    assert p.on_approval(unbound, T0).note == "names no hold"
+    p.on_tick(T0 + timedelta(seconds=61))  # the first hold expires undecided
+    later = T0 + timedelta(seconds=p.horizon_s + 100)  # its record has aged out
+    again = p.on_alert(alert(seq=1, ts=later), later)  # the episode fires again: held
+    [rehold] = [r for r in again.records if r.state is ActionState.HELD]
+    old = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0,
+                   held_at=T0)  # the first hold's approval, replayed  # fmt: skip
+    assert p.on_approval(old, later).note == "approval of another hold"
+    ok = old.model_copy(update={"held_at": rehold.ts})
+    assert len(p.on_approval(ok, later).commands) == 3
+
+
+def test_an_episode_read_back_after_a_restart_still_confirms_from_progress():
+    """Issue 22 item 9: the actuator did not rebuild episodes when it restarted; alerts
+    are sent on transitions only, so a WARNING firing before the restart never
+    confirmed afterwards."""
+    warning = alert("fp-warn-0001", grade=Grade.WARNING, step=100)
+    before = auto(warning_confirm_steps=20, warning_confirm_s=10_000)
+    assert before.on_alert(warning, T0).commands == []  # not confirmed yet
+    after = auto(warning_confirm_steps=20, warning_confirm_s=10_000)  # a restarted actuator
+    after.restore_alert(warning, T0 + timedelta(seconds=5))
+    assert after.on_alert(warning, T0 + timedelta(seconds=6)).note == "duplicate"
+    out = after.on_progress("job-1", 125, T0 + timedelta(seconds=30), T0 + timedelta(seconds=30))
+    assert CommandKind.ISOLATE in [c.kind for c in out.commands]
