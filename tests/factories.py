@@ -66,6 +66,17 @@ def job_controller_key(job: str) -> SigningKey:
 
 
 JOB_CONTROLLER_KEY = job_controller_key("job-1")
+
+
+def job_controller_settings(job: str) -> dict[str, Any]:
+    """Settings updates that make a listener ``job``'s controller (its own key)."""
+    key = job_controller_key(job)
+    return {
+        "job_controller_private_key": SecretStr(key.private_text()),
+        "job_controller_public_keys": key.public_text(),
+    }
+
+
 ROLE_KEYS = {
     "actuator": ACTUATOR_KEY, "worker": WORKER_KEY, "operator": OPERATOR_KEY,
     "executor": EXECUTOR_KEY, "job_controller": JOB_CONTROLLER_KEY,

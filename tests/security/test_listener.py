@@ -74,3 +74,35 @@ def test_the_listener_signs_its_results_and_forged_ones_do_not_pre_empt_a_comman
         CommandListener(s.model_copy(update={"job_controller_private_key": None}), "job-1")
     with pytest.raises(ConfigError, match="not job 'job-2'"):  # the key signs for job-1
         CommandListener(s, "job-2")
+
+
+def test_a_refusal_never_blocks_or_raises_in_the_training_loop(monkeypatch):
+    """Threat (issue 22): anyone who can write commands made the listener send a REFUSED
+    result synchronously (waiting up to 30 s for the broker each time), and a Kafka
+    error there stopped its thread, so the training loop's next poll_step_boundary
+    raised: forged commands (or a broker fault) stopped training."""
+    from kafka.errors import KafkaTimeoutError
+
+    import pipeline.listener as listener_module
+    from pipeline.settings import load_settings
+
+    class Failing:
+        def send(self, *args, **kwargs):
+            raise KafkaTimeoutError("Failed to update metadata after 60.0 secs.")
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(listener_module, "control_producer", lambda s: Failing())
+    s = load_settings({}, kafka_bootstrap="127.0.0.1:1", **key_settings())
+    lis = CommandListener(s, "job-1")
+    now = datetime.now(UTC)
+    forged = sign(Command(command_id="cmd-forged", kind=CommandKind.STOP, job_id="job-1",
+                          reason=("fp",), mode=ActuatorMode.AUTO, issued_at=now,
+                          expires_at=now + timedelta(minutes=5)), EXECUTOR_KEY)  # fmt: skip
+    for _ in range(100):  # a flood of forgeries, each refused at once
+        lis._offer(forged)
+    assert lis.poll_step_boundary(1) == [] and lis.send_failures == 100

@@ -66,7 +66,13 @@ from schemas import (
     TopicRegistry,
 )
 from tests.conftest import fresh_archive
-from tests.factories import WORKER_KEY, key_env, key_settings, step_telemetry
+from tests.factories import (
+    WORKER_KEY,
+    job_controller_settings,
+    key_env,
+    key_settings,
+    step_telemetry,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -154,7 +160,7 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
         runner.close()
     saved: list[int] = []
     listener = CommandListener(
-        k.settings("listener", **key_settings()), JOB,
+        k.settings("listener", **(key_settings() | job_controller_settings(JOB))), JOB,
         on_checkpoint=lambda cmd, step: saved.append(step) or "saved",
     )  # fmt: skip
     with listener:
