@@ -11,6 +11,7 @@ Without --kafka it starts the embedded Tansu broker.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -23,23 +24,33 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _common import command_line, cores_busy, environment, write_section
+from aiokafka import AIOKafkaConsumer
 
-from pipeline.archive import ChdbBackend, ServerBackend, migrate, rows_for
-from pipeline.archive.archiver import Archiver, default_decode_processes
-from pipeline.archive.backend import ArchiveBackend
-from pipeline.embedded import TansuBroker
-from pipeline.kafka import create_topics, make_producer, publish, registry_of
-from pipeline.settings import load_settings
-from schemas import RankSample, StepTelemetry
+from pipeline.io.embedded import TansuBroker
+from pipeline.io.kafka import (
+    aiokafka_consumer_config,
+    create_topics,
+    make_producer,
+    publish,
+    registry_of,
+)
+from pipeline.io.settings import load_settings
+from pipeline.services.archive import ChdbBackend, ServerBackend, migrate, rows_for
+from pipeline.services.archive.archiver import Archiver, default_decode_processes
+from pipeline.services.archive.backend import ArchiveBackend
+from pipeline.services.archive.rows import step_rows
+from schemas import RankSample, StepTelemetry, encode
 
 RANKS_PER_NODE = 8
 REPEATS = 3
 
 
 def messages(n: int, nodes: int = 64) -> list[StepTelemetry]:
-    """``n`` per-node step messages of a ``nodes``-node job, realistic sizes."""
-    t0 = datetime(2026, 11, 29, tzinfo=UTC)
+    """``n`` per-node step messages of a ``nodes``-node job, realistic sizes, one step a
+    second up to now (dated from the clock, as every record a service reads)."""
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=n // nodes + 1)
     out = []
     for i in range(n):
         node, step = i % nodes, i // nodes
@@ -67,6 +78,80 @@ def raw_insert_rate(backend: ArchiveBackend, msgs: list[StepTelemetry], batch: i
     for cols in chunks:
         backend.insert("steps", cols)
     return rows / (time.perf_counter() - t0)
+
+
+def decode_rate(values: list[bytes], batch: int) -> float:
+    """Rows/s of the archiver's steps decode alone on one core (``step_rows``: bulk
+    JSON decode with pydantic's checks, then the steps table's numpy columns)."""
+    t0 = time.perf_counter()
+    rows = sum(len(step_rows(values[i : i + batch]).row_value)
+               for i in range(0, len(values), batch))  # fmt: skip
+    return rows / (time.perf_counter() - t0)
+
+
+#: The steps message as JSONExtract reads it (a probe of "ClickHouse parses the JSON").
+_STEP_TUPLE = (
+    "Tuple(job_id String, node String, step UInt64, run String, ts_end String, samples "
+    "Array(Tuple(rank UInt32, local_rank UInt16, dp_group UInt32, pp_stage UInt32, tp_group "
+    "UInt32, phase String, step_time_s Float64, compute_s Float64, comm_wait_s Float64, "
+    "data_wait_s Float64, loss Nullable(Float64), grad_norm Nullable(Float64))))"
+)
+
+
+def chdb_parses_rate(chdb: ChdbBackend, values: list[bytes], batch: int) -> float:
+    """Rows/s when chDB parses the raw JSON itself (JSONExtract + ARRAY JOIN from an
+    Arrow column of the values): no Python decode, and no validation either, so this
+    is the ceiling of that design on chDB, not an archive path (18.16 has no
+    JSONExtract)."""
+    import pyarrow as pa
+
+    db = chdb.database
+    sql = (
+        f"INSERT INTO {db}.steps (job_id, step, node, run, rank, local_rank, dp_group, "
+        "pp_stage, tp_group, phase, step_time_s, compute_s, comm_wait_s, data_wait_s, loss, "
+        "grad_norm, ts, ts_ms, ver) SELECT m.1, m.2, m.3, m.4, s.1, s.2, s.3, s.4, s.5, s.6, "
+        "s.7, s.8, s.9, s.10, s.11, s.12, toDateTime(t64, 'UTC'), "
+        "toUInt64(toUnixTimestamp64Milli(t64)), ver FROM (SELECT JSONExtract(raw, "
+        f"'{_STEP_TUPLE}') AS t, tuple(t.job_id, t.step, t.node, t.run) AS m, t.samples AS "
+        "samples, parseDateTime64BestEffort(t.ts_end, 3) AS t64, ver "
+        "FROM Python(staging)) ARRAY JOIN samples AS s"
+    )
+    t0 = time.perf_counter()
+    rows = 0
+    for i in range(0, len(values), batch):
+        chunk = values[i : i + batch]
+        staging = pa.table(  # noqa: F841 - read by chDB through Python(staging)
+            {"raw": pa.array(chunk, type=pa.binary()),
+             "ver": pa.array(np.arange(len(chunk), dtype=np.uint64))}
+        )  # fmt: skip
+        chdb.execute(sql)
+        rows += RANKS_PER_NODE * len(chunk)
+    return rows / (time.perf_counter() - t0)
+
+
+def consume_rate(settings: Any, n_msgs: int, batch: int, group: str) -> float:
+    """Rows/s of the archiver's consumer alone (aiokafka with the archiver's fetch
+    settings, records fetched and dropped), steady state as :func:`archived_rate`."""
+    config = aiokafka_consumer_config(settings, group)
+
+    async def run() -> float:
+        consumer = AIOKafkaConsumer(registry_of(settings).name("steps"), **config)
+        await consumer.start()
+        try:
+            got = 0
+            while got == 0:
+                got = sum(map(len, (await consumer.getmany(timeout_ms=500)).values()))
+            t1 = time.perf_counter()
+            first, idle = got, 0
+            while got < n_msgs and idle < 20:
+                more = await consumer.getmany(timeout_ms=500, max_records=batch)
+                n = sum(map(len, more.values()))
+                got, idle = got + n, (idle + 1 if n == 0 else 0)
+            return (got - first) * RANKS_PER_NODE / (time.perf_counter() - t1)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
 
 
 def publish_all(settings: Any, msgs: list[StepTelemetry]) -> None:
@@ -127,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = args.decode_processes
     batch = 5_000  # messages per insert: 40k rows
     msgs = messages(n)
+    values = [encode(m) for m in msgs]
     result: dict[str, Any] = {"messages": n, "rows": n * RANKS_PER_NODE}
     with ExitStack() as stack:
         if args.kafka:
@@ -148,12 +234,19 @@ def main(argv: list[str] | None = None) -> int:
             backends.insert(0, ("server", server))
         for name, backend in backends:
             migrate(backend)
-            raws, e2es, inprocs, firsts = [], [], [], []
+            raws, e2es, inprocs, firsts, decodes, consumes = [], [], [], [], [], []
+            parses: list[float] = []
             busies: list[Any] = []  # cores busy per archived run; None off Linux
             for rep in range(REPEATS):  # alternate raw and archived: same conditions
                 print(f"[{name}] raw insert of {n * RANKS_PER_NODE} rows ...", file=sys.stderr)
                 raws.append(raw_insert_rate(backend, msgs, batch))
                 backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
+                # the archiver's two other stages alone, in the same conditions
+                decodes.append(decode_rate(values, batch))
+                consumes.append(consume_rate(settings, n, batch, f"bench{tag}.{name}{rep}.c"))
+                if isinstance(backend, ChdbBackend):
+                    parses.append(chdb_parses_rate(backend, values, batch))
+                    backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
                 for decoders, out in ((procs, e2es), (0, inprocs)) if procs else ((0, e2es),):
                     print(f"[{name}] broker -> archiver ({decoders} decoders) -> {name} ...",
                           file=sys.stderr)  # fmt: skip
@@ -169,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = {
                 "archived_rows_per_s": round(e2e),
                 "raw_insert_rows_per_s": round(raw),
+                "decode_only_rows_per_s": round(statistics.median(decodes)),
+                "consume_only_rows_per_s": round(statistics.median(consumes)),
+                "chdb_parses_rows_per_s": round(statistics.median(parses)) if parses else None,
                 "ratio": round(e2e / raw, 3),
                 "decode_processes": procs,
                 "archived_in_process_rows_per_s": round(statistics.median(inprocs or e2es)),
@@ -204,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{n} StepTelemetry messages of {RANKS_PER_NODE} ranks ({n * RANKS_PER_NODE} rows), "
         f"inserts of {batch * RANKS_PER_NODE} rows; median of {REPEATS} runs, raw and archived "
         "alternating. Raw = `backend.insert` of prepared numpy columns (the archiver's insert "
-        "path); archived = consume (aiokafka) + decode (`pipeline.fastdecode`) + columns + "
+        "path); archived = consume (aiokafka) + decode (`pipeline.io.fastdecode`) + columns + "
         "insert + commit, steady state (from the end of the first batch: the consumer-group "
         "join is reported apart). The archiver runs as `stepguard archiver` does here, with "
         f"{procs} decode process(es) (one per core but one); the in-process column is the "
@@ -227,6 +323,42 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['archived_in_process_rows_per_s']:,} | {r['cores_busy']} | "
                 f"{r['cpu_us_per_row']} | {r['first_batch_s']} | {target} |"
             )
+    lines += [
+        "",
+        "Where the time goes: each stage of the archiver alone, in the same run (median "
+        "rows/s, and us per row). Consume = aiokafka with the archiver's fetch settings, "
+        "records dropped; decode = `step_rows` on one core (msgspec decode with pydantic's "
+        "checks, then the table's numpy columns); insert = the raw insert above. The "
+        "archiver's main thread consumes and inserts while its decode process(es) decode, "
+        "so with cores to spare it archives at most 1 / max(consume + insert, decode / "
+        "processes) per row (the bound column); half of raw needs consume + insert and "
+        "decode / processes both under 2 / raw.",
+        "",
+        "| backend | consume rows/s (us/row) | decode rows/s (us/row) | insert rows/s "
+        "(us/row) | bound rows/s | bound / raw |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("server", "chdb"):
+        if name in result:
+            r = result[name]
+            c, d, i = (r[k] for k in ("consume_only_rows_per_s", "decode_only_rows_per_s",
+                                      "raw_insert_rows_per_s"))  # fmt: skip
+            bound = 1 / max(1 / c + 1 / i, 1 / (d * max(procs, 1)))
+            r["bound_rows_per_s"] = round(bound)
+            lines.append(
+                f"| {name} | {c:,} ({1e6 / c:.2f}) | {d:,} ({1e6 / d:.2f}) | {i:,} "
+                f"({1e6 / i:.2f}) | {round(bound):,} | {bound / i:.0%} |"
+            )
+    if result.get("chdb", {}).get("chdb_parses_rows_per_s"):
+        r = result["chdb"]
+        p = r["chdb_parses_rows_per_s"]
+        lines += [
+            "",
+            f"Probe of the other design, chDB parsing the JSON itself (`JSONExtract` into the "
+            f"steps table's types + `ARRAY JOIN`, from an Arrow column of the raw values; no "
+            f"Python decode and no validation, so a ceiling, not an archive path): {p:,} "
+            f"rows/s, {p / r['raw_insert_rows_per_s']:.0%} of raw insert.",
+        ]
     body = "\n".join(lines)
     print(body)
     if not args.no_write:

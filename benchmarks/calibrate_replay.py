@@ -2,14 +2,14 @@
 beside the detector's own speed on the same records.
 
 One simulated job (a straggler, 8 GPUs per node) is archived into a fresh chDB
-database through the archiver's row mapping (``pipeline.calibrate_seed``), then:
+database through the archiver's row mapping (``pipeline.tools.calibrate.seed``), then:
 
 - **load**: ``archived_jobs`` reads it back (steps into frames, health, labels);
 - **detector**: ``JobMonitor.process_step`` + ``tick`` on the loaded frames, nothing
   else (the detector_throughput approach, on the same records: the same-run baseline);
 - **detector + health**: the same plus ``process_health`` of the job's health reports
   before the step they precede (what the detectors themselves cost on these records);
-- **replay**: ``pipeline.calibrate.replay`` (the detection core with health, commands,
+- **replay**: ``pipeline.tools.calibrate.replay.replay`` (the detection core with health, commands,
   lifecycle, clock ticks across gaps) and judging against the labels, one process;
 - **grid**: ``calibrate`` over a grid of settings with 1 and with N spawned processes,
   wall time including the processes' start: what a user waits for.
@@ -33,12 +33,13 @@ from _common import command_line, cores_busy, environment, write_section
 
 from detectors.config import MonitorConfig
 from detectors.engine import JobMonitor
-from pipeline.archive.backend import ChdbBackend
-from pipeline.archive.migrations import migrate
-from pipeline.calibrate import calibrate, replay, score_job
-from pipeline.calibrate_archive import archived_jobs
-from pipeline.calibrate_seed import seed_job
-from pipeline.simulator import Scenario
+from pipeline.services.archive.backend import ChdbBackend
+from pipeline.services.archive.migrations import migrate
+from pipeline.tools.calibrate.archive import archived_jobs
+from pipeline.tools.calibrate.grid import calibrate
+from pipeline.tools.calibrate.replay import replay, score_job
+from pipeline.tools.calibrate.seed import seed_job
+from pipeline.tools.simulator import Scenario
 
 GRID = {"straggler_warning": [0.03, 0.05, 0.08], "hang_factor": [2.0, 3.0]}
 

@@ -1,7 +1,7 @@
 """Detection quality of ``JobMonitor`` over the simulator suite, with two baselines.
 
-Every scenario of ``pipeline/simulator/scenarios`` runs through the detection core
-(``pipeline.detection.JobDetection``) around a fresh ``detectors.engine.JobMonitor``:
+Every scenario of ``pipeline/tools/simulator/scenarios`` runs through the detection core
+(``detectors.job.JobDetection``) around a fresh ``detectors.engine.JobMonitor``:
 ``on_health`` per health report, ``on_frame`` per frame, ``tick(ts)`` on every
 event, in the core's event-time order. The same frames also feed two baselines
 measured in the same run:
@@ -56,8 +56,8 @@ from _common import write_section
 
 from detectors.engine import JobMonitor
 from detectors.frame import PHASE_CODES, StepFrame
-from pipeline.detection import JobDetection
-from pipeline.simulator import (
+from detectors.job import JobDetection
+from pipeline.tools.simulator import (
     FaultSpec,
     Scenario,
     load_suite,

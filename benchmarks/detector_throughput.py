@@ -7,7 +7,7 @@ rank), frames are synthesised with numpy (no simulator) and scored single-thread
 - **full**: ``JobMonitor.process_step`` (peer scores, per-rank temporal baselines,
   CUSUM / smoothed creep, missing ranks, divergence, grading, then learning).
 
-Memory per tracked rank: the ``JobMonitor`` written by ``pipeline.statecodec`` (the
+Memory per tracked rank: the ``JobMonitor`` written by ``pipeline.io.statecodec`` (the
 worker's changelog snapshot, before compression)
 divided by the ranks, and the bytes ``tracemalloc`` sees retained by a monitor after
 its warm-up, divided by the ranks.
@@ -42,8 +42,8 @@ from _common import write_section
 
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
-from detectors.peer import PeerDetector
-from pipeline import statecodec
+from detectors.steps.peer import PeerDetector
+from pipeline.io import statecodec
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"

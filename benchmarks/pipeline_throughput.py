@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 from _common import write_section  # noqa: E402
 
-from pipeline.actuator.signing import ephemeral_keys  # noqa: E402
-from pipeline.embedded import TansuBroker, free_port  # noqa: E402
-from pipeline.exporters import StepExporter  # noqa: E402
-from pipeline.kafka import create_topics, make_producer, registry_of  # noqa: E402
-from pipeline.settings import Settings, load_settings  # noqa: E402
+from pipeline.client import StepExporter  # noqa: E402
+from pipeline.io.embedded import TansuBroker, free_port  # noqa: E402
+from pipeline.io.kafka import create_topics, make_producer, registry_of  # noqa: E402
+from pipeline.io.settings import Settings, load_settings  # noqa: E402
+from pipeline.io.trust import ephemeral_keys  # noqa: E402
 from schemas import RankSample, StepTelemetry, encode  # noqa: E402
 
 
@@ -222,7 +222,7 @@ class WorkerProc:
             env[f"STEPGUARD_{name.upper()}"] = secret
         self.log = (tmp / f"worker-{settings.consumer_group}.log").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.worker"], cwd=ROOT, env=env,
+            [sys.executable, "-m", "pipeline.services.worker"], cwd=ROOT, env=env,
             stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

@@ -15,9 +15,9 @@ import time
 
 from _common import command_line, cores_busy, environment, write_section
 
-from pipeline.compare import run_policy
-from pipeline.plan import POLICIES, plan_one, sweep
-from pipeline.simulator import find_scenario
+from pipeline.tools.compare import run_policy
+from pipeline.tools.plan import POLICIES, plan_one, sweep
+from pipeline.tools.simulator import find_scenario
 
 SWEEP_GPUS = (64, 512, 4096, 16384)
 SWEEP_DAYS = (7.0, 21.0, 60.0)

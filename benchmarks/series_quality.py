@@ -9,7 +9,7 @@ in BENCHMARKS.md); both are reported.
 Scorers, each strictly causal (score a row, then learn it), all judged at the same
 fixed threshold 0.5:
 
-- **stepguard**: ``detectors.series.SeriesScorer()`` with its defaults (``season``
+- **stepguard**: ``detectors.series.scorer.SeriesScorer()`` with its defaults (``season``
   ``auto``, ``rarity`` 10,000), given each row's time in seconds.
 - **baselines.zscore**: River's rolling mean and variance over the last 100 rows
   (``utils.Rolling(stats.Mean, window_size=100)`` and the same of ``stats.Var``,
@@ -63,7 +63,7 @@ from _common import command_line, environment, write_section
 from river import anomaly, compose, preprocessing, stats, utils
 from series_corpus import FAMILIES, Series, generate
 
-from detectors.series import SeriesScorer
+from detectors.series.scorer import SeriesScorer
 
 THRESHOLD = 0.5
 PROBATION = 0.15

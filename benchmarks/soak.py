@@ -10,7 +10,7 @@ deployment does (``stepguard <service>`` configured by ``STEPGUARD_*`` variables
 - ``stepguard executor dry-run`` (carries out every command kind, publishes results);
 - ``stepguard archiver`` into the ClickHouse server.
 
-A driver plays simulated jobs (``pipeline.exporters.play``: truth, START, steps, health,
+A driver plays simulated jobs (``pipeline.client.play``: truth, START, steps, health,
 announced checkpoints, END) in real time, several at once in threads: stragglers,
 hangs and crashes injected, checkpoints every few steps. Meanwhile every
 ``--kill-every`` seconds one of {a worker, the actuator, the archiver, the executor}
@@ -82,12 +82,12 @@ sys.path.insert(0, str(CODE))
 
 from _common import command_line, cores_busy, environment, write_section  # noqa: E402
 
-from pipeline.archive import open_backend  # noqa: E402
-from pipeline.embedded import free_port  # noqa: E402
-from pipeline.exporters import play  # noqa: E402
-from pipeline.kafka import client_config, read_back, registry_of  # noqa: E402
-from pipeline.settings import Settings, load_settings  # noqa: E402
-from pipeline.simulator import Scenario  # noqa: E402
+from pipeline.io.embedded import free_port  # noqa: E402
+from pipeline.io.kafka import client_config, read_back, registry_of  # noqa: E402
+from pipeline.io.settings import Settings, load_settings  # noqa: E402
+from pipeline.services.archive import open_backend  # noqa: E402
+from pipeline.tools.simulator import Scenario  # noqa: E402
+from pipeline.tools.simulator.player import play  # noqa: E402
 from schemas import TOPICS, CommandKind, CommandStatus  # noqa: E402
 
 STEPGUARD = Path(sys.executable).parent / "stepguard"
@@ -565,8 +565,8 @@ def forward_delays(settings: Settings) -> dict[str, Any]:
     """How long the workers took to re-key lifecycle events and health reports to the
     internal jobs topic, where the job's owner reads them: the forwarded record's
     timestamp minus the original's (first forward of each), seconds, per kind."""
-    from pipeline.worker.app import jobs_topic_name
-    from pipeline.worker.state import KIND_HEADER
+    from pipeline.services.worker.app import jobs_topic_name
+    from pipeline.services.worker.state import KIND_HEADER
 
     registry = registry_of(settings)
     sent: dict[str, dict[bytes, int]] = {}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.worker.state import CoreTopics, WorkerCore
+from pipeline.services.worker.state import CoreTopics, WorkerCore
 from schemas import (
     EndReason,
     JobEvent,

@@ -2,7 +2,7 @@
 
 Every detector turns telemetry into findings: one scored subject (a rank, a node or
 the whole job) for one *signal*. Findings are plain frozen dataclasses; the grader
-(:mod:`detectors.grading`) turns a stream of findings into graded
+(:mod:`detectors.grading.grader`) turns a stream of findings into graded
 :class:`schemas.Alert` updates with hysteresis.
 
 Examples

@@ -6,7 +6,7 @@ grades, then learns; ``process_health(msg)`` does the same for one node's hardwa
 report; ``tick(now)`` checks, on event time, for hangs and silent nodes when no data
 arrives. Each returns the alert updates caused (new episode, escalation, re-open,
 resolve) — usually none. The monitor is deterministic and plain data
-(:mod:`pipeline.statecodec` writes it to the worker's changelog).
+(:mod:`pipeline.io.statecodec` writes it to the worker's changelog).
 
 Examples
 --------
@@ -33,11 +33,11 @@ The monitor coordinates; each concern lives in its own module:
 ==========================  ==========================================================
 :mod:`detectors.config`     :class:`MonitorConfig`, every threshold
 :mod:`detectors.signals`    signal families (when each is graded) and grading policies
-:mod:`detectors.ranks`      dense rank slots: per-rank state is sized by ranks, not ids
+:mod:`detectors.steps.ranks`      dense rank slots: per-rank state is sized by ranks, not ids
 :mod:`detectors.registry`   node ids, the rank -> node map, nodes removed at a relaunch
-:mod:`detectors.slowdown`   straggler, degradation and data-stall findings of a step
-:mod:`detectors.nic_flap`   NIC-flap findings and their window of spikes
-:mod:`detectors.findings`   missing-rank, non-finite and diverging-loss findings
+:mod:`detectors.steps.slowdown`   straggler, degradation and data-stall findings of a step
+:mod:`detectors.hardware.nic_flap`   NIC-flap findings and their window of spikes
+:mod:`detectors.steps.findings`   missing-rank, non-finite and diverging-loss findings
 ==========================  ==========================================================
 """
 
@@ -51,20 +51,25 @@ import numpy.typing as npt
 
 from detectors.base import Finding
 from detectors.config import MonitorConfig
-from detectors.divergence import DivergenceDetector
-from detectors.findings import loss_findings, loss_values, missing_findings, nonfinite_findings
-from detectors.first_step import anchor_first_step_outliers
 from detectors.frame import PHASE_CODES, StepFrame
-from detectors.grading import Grader
-from detectors.hang import HangDetector, HealthPresence, MissingRanks
-from detectors.hardware import HEALTH_SIGNALS, HardwareDetector
-from detectors.nic_flap import NicWindow, nic_flap_findings
-from detectors.peer import PeerDetector
-from detectors.ranks import RankIndex
+from detectors.grading.grader import Grader
+from detectors.hang.detector import HangDetector, HealthPresence, MissingRanks
+from detectors.hardware.health import HEALTH_SIGNALS, HardwareDetector
+from detectors.hardware.nic_flap import NicWindow, nic_flap_findings
 from detectors.registry import NodeRegistry
 from detectors.signals import TRAIN_SIGNALS
-from detectors.slowdown import NODE_LEVEL_SIGNALS, replica_corrected, slowdown_findings
-from detectors.temporal import RankBaselines, TemporalScores
+from detectors.steps.findings import (
+    loss_findings,
+    loss_values,
+    missing_findings,
+    nonfinite_findings,
+)
+from detectors.steps.first_step import anchor_first_step_outliers
+from detectors.steps.peer import PeerDetector
+from detectors.steps.ranks import RankIndex
+from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, replica_corrected, slowdown_findings
+from detectors.steps.temporal import RankBaselines, TemporalScores
+from detectors.training.divergence import DivergenceDetector
 from schemas.alerts import Alert, Grade
 from schemas.telemetry import NodeHealth, Phase
 

@@ -2,7 +2,7 @@
 
 Every node gets a global id on first appearance, never reused, so arrays indexed by
 node id (per-node counts, the NIC-flap window) stay valid as nodes join. The registry
-also maps rank -> node id (by the rank's dense slot, :class:`~detectors.ranks.RankIndex`),
+also maps rank -> node id (by the rank's dense slot, :class:`~detectors.steps.ranks.RankIndex`),
 to notice a rank that moved to other hardware (its baselines no longer apply), and
 keeps the nodes taken out of the job at a relaunch.
 
@@ -42,7 +42,7 @@ class NodeRegistry:
     """Global node ids, node names, the rank -> node map and the removed nodes of a job.
 
     The rank -> node map is an array indexed by rank *slot* (dense, see
-    :class:`~detectors.ranks.RankIndex`; ``-1``: slot not recorded), so its length
+    :class:`~detectors.steps.ranks.RankIndex`; ``-1``: slot not recorded), so its length
     follows the number of distinct ranks, never the rank ids: it grows to
     ``max(largest slot + 1, 2 x its length)`` and no further.
 
@@ -140,7 +140,7 @@ class NodeRegistry:
         Parameters
         ----------
         slots
-            Distinct rank slots (:meth:`RankIndex.assign <detectors.ranks.RankIndex.assign>`).
+            Distinct rank slots (:meth:`RankIndex.assign <detectors.steps.ranks.RankIndex.assign>`).
         nodes
             Global node id of each rank.
 

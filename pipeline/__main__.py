@@ -1,5 +1,5 @@
 """``python -m pipeline`` is ``stepguard``."""
 
-from pipeline.cli import main
+from pipeline.cli.app import main
 
 main()

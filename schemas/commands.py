@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, Field, NonNegativeInt, model_validator
 
 from schemas._base import KeyId, Message, Signature
+from schemas.alerts import Grade
 
 __all__ = [
     "ActuatorMode",
@@ -108,6 +109,23 @@ class Command(Message):
         description="Nodes of the job the actuator knows (named in worker-signed alerts of "
         "the job); signed with the command. When set, executors refuse any target "
         "outside it.",
+    )
+    cause: str | None = Field(
+        default=None,
+        max_length=500,
+        description="What the alert behind it saw (its kind and evidence, e.g. 'hardware: "
+        "GPU 2: fatal XID 79'), not the remedy: the Slurm executor's drain reason names "
+        "it. Signed when set.",
+    )
+    incident: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The incident key of the alert behind it (Alert.incident). Signed when set.",
+    )
+    grade: Grade | None = Field(
+        default=None,
+        description="Grade of the alert that led here (a notification's severity); "
+        "signed with the command when set.",
     )
     key_id: KeyId | None = None
     signature: Signature | None = None

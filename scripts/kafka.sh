@@ -314,7 +314,7 @@ random_cluster_id() {
 # ---------------------------------------------------------------- secure mode
 
 # One principal per service; `admin` is the super user (topics, ACLs, inter-broker).
-PRINCIPALS=(exporter simulator worker actuator executor listener operator archiver)
+PRINCIPALS=(exporter simulator worker actuator executor listener operator archiver alertmanager)
 
 # Who may do what: "principal resource-type pattern-type name operations", one line per
 # principal and resource. The trust table of docs/kafka-acls.md, spelled for Kafka.
@@ -358,6 +358,10 @@ acl_spec() {
     control actions deadletter
   allow archiver WRITE deadletter
   echo "User:archiver GROUP LITERAL $g.archiver READ"
+  # the Alertmanager bridge (stepguard alertmanager): alerts in, dead letters out
+  allow alertmanager READ decisions
+  allow alertmanager WRITE deadletter
+  echo "User:alertmanager GROUP LITERAL $g.alertmanager READ"
 }
 
 random_secret() { head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 32; }

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.archive import ChdbBackend, ServerBackend, migrate
-from pipeline.archive.backend import ArchiveBackend
-from pipeline.embedded import TansuBroker, probe_kafka
-from pipeline.settings import Settings, load_settings
+from pipeline.io.embedded import TansuBroker, probe_kafka
+from pipeline.io.settings import Settings, load_settings
+from pipeline.services.archive import ChdbBackend, ServerBackend, migrate
+from pipeline.services.archive.backend import ArchiveBackend
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TEST_KAFKA = os.environ.get("STEPGUARD_TEST_KAFKA", "")

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from pipeline.actuator.signing import SigningKey, job_controller_key_id
+from pipeline.io.trust import SigningKey, job_controller_key_id
 from schemas import (
     ActionRecord,
     ActionState,

@@ -68,11 +68,12 @@ taken from the job:
 from pipeline.policy.core import Policy, action_id
 from pipeline.policy.guardrails import GLOBAL_BUDGET, Refusal, RefusalKind
 from pipeline.policy.holds import EXPIRED
-from pipeline.policy.params import Outcome, PolicyParams
+from pipeline.policy.params import Issued, Outcome, PolicyParams
 
 __all__ = [
     "EXPIRED",
     "GLOBAL_BUDGET",
+    "Issued",
     "Outcome",
     "Policy",
     "PolicyParams",

@@ -11,7 +11,7 @@ from pipeline.policy.guardrails import Guardrails, kind_of_detail
 from pipeline.policy.holds import Holds
 from pipeline.policy.ledger import Ledger
 from pipeline.policy.memory import Cap, drop_front, touch
-from pipeline.policy.params import Outcome, PolicyParams
+from pipeline.policy.params import Issued, Outcome, PolicyParams
 from pipeline.policy.planning import Planner
 from schemas import (
     ActionRecord,
@@ -421,6 +421,8 @@ class Policy:
             out.commands.append(cmd)
         if not out.commands:
             out.note = "already issued"
+        elif by is None:  # an approved action has its APPROVED record
+            out.issued.append(Issued(aid, mode))
         return out
 
     def _housekeeping(self, now: datetime) -> Outcome:

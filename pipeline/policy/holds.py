@@ -107,4 +107,5 @@ class Holds:
             kind=CommandKind.NOTIFY, job_id=held.job_id, targets=targets,
             reason=held.reason, mode=ActuatorMode.APPROVE, issued_at=now,
             expires_at=now + timedelta(seconds=self.hold_ttl_s), summary=text[:500],
+            grade=a.grade if a is not None else None,
         )  # fmt: skip

@@ -7,10 +7,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.settings import Settings
+from pipeline.io.settings import Settings
 from schemas import ActionRecord, ActuatorMode, Alert, Command, ControlMessage, RecommendedAction
 
-__all__ = ["Outcome", "PolicyParams"]
+__all__ = ["Issued", "Outcome", "PolicyParams"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +134,14 @@ class PolicyParams:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """An action carried out at once, its commands published with no record."""
+
+    action_id: str
+    mode: ActuatorMode
+
+
 @dataclass(slots=True)
 class Outcome:
     """What one input led to: commands (unsigned), action records, guardrail alerts."""
@@ -141,6 +149,9 @@ class Outcome:
     commands: list[Command] = field(default_factory=list)
     records: list[ActionRecord] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    #: actions whose commands went out with no action record of their own (auto mode,
+    #: or a NOTIFY-only plan): counted beside the records (``actions_total``)
+    issued: list[Issued] = field(default_factory=list)
     #: why nothing happened, when nothing happened (for logs and tests)
     note: str = ""
 
@@ -148,4 +159,5 @@ class Outcome:
         self.commands += other.commands
         self.records += other.records
         self.alerts += other.alerts
+        self.issued += other.issued
         self.note = self.note or other.note

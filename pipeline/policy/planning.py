@@ -84,6 +84,9 @@ class Planner:
         expires = now + timedelta(seconds=self.params.command_ttl_s)
         known = self.nodes.get(alert.job_id)
         hint = () if known is None else tuple(known.names)
+        # what was seen, not what to do: the Slurm drain reason names it
+        detail = alert.evidence.detail
+        cause = (f"{alert.kind.value}: {detail}" if detail else alert.summary)[:500] or None
         outsider = node is not None and node not in hint
         if outsider and action in (*_ISOLATING, RecommendedAction.RESTART):
             # not a member of the job from its steps: nothing is taken from the job
@@ -95,7 +98,8 @@ class Planner:
                 command_id=command_id([fp], CommandKind.NOTIFY.value, [node]),
                 kind=CommandKind.NOTIFY, job_id=alert.job_id, targets=(node,),
                 reason=(fp,), mode=mode, issued_at=now, expires_at=expires,
-                summary=text[:500],
+                summary=text[:500], cause=cause, incident=alert.incident or None,
+                grade=alert.grade,
             )  # fmt: skip
             return Plan((notice,), None, None, text)
 
@@ -112,6 +116,7 @@ class Planner:
                 checkpoint_step=checkpoint_step, reason=(fp,), mode=mode, issued_at=now,
                 expires_at=expires, summary=(summary or alert.summary)[:500],
                 job_nodes=hint if targets and kind in _SCOPED else None,
+                cause=cause, incident=alert.incident or None, grade=alert.grade,
             )  # fmt: skip
 
         nodes = (node,) if node else ()

@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pipeline.archive import ChdbBackend, ServerBackend, migrate
-from pipeline.archive.archiver import Archiver
-from pipeline.settings import load_settings
+from pipeline.io.settings import load_settings
+from pipeline.services.archive import ChdbBackend, ServerBackend, migrate
+from pipeline.services.archive.archiver import Archiver
 
 
 class _StallAfterFirstInsert:

@@ -16,16 +16,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from pipeline.actuator.executors import (
-    DryRunExecutor,
-    ExecutorRunner,
-    SlurmExecutor,
-    WebhookExecutor,
-)
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import SigningKey, check_command, sign, signature_problem
-from pipeline.cli import app
-from pipeline.kafka import (
+from pipeline.cli.app import app
+from pipeline.client.listener import CommandListener
+from pipeline.io.kafka import (
     assigned_consumer,
     client_config,
     control_producer,
@@ -34,7 +27,10 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
-from pipeline.listener import CommandListener
+from pipeline.io.trust import SigningKey, check_command, sign, signature_problem
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner, WebhookExecutor
+from pipeline.services.actuator.service import Actuator
+from pipeline.services.actuator.slurm import SlurmExecutor
 from schemas import (
     TOPICS,
     ActionRecord,
@@ -200,7 +196,7 @@ def test_duplicate_decisions_produce_one_command_each_signed(act_settings):
 
 def test_killed_between_publish_and_commit_neither_duplicates_nor_loses(act_settings):
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from pipeline.cli import main; main()", "actuator",
+        [sys.executable, "-c", "from pipeline.cli.app import main; main()", "actuator",
          "--crash-after-publish"],
         env=env_of(act_settings), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -334,7 +330,14 @@ def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_pa
     log = tmp_path / "argv.jsonl"
     exe = tmp_path / "scontrol"
     record = f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-    exe.write_text("#!/usr/bin/env python3\nimport json, sys\n" + record)
+    # `show node X`: idle until it was drained, then drained by stepguard
+    show = (
+        "if sys.argv[1] == 'show':\n"
+        f"    drained = 'State=DRAIN' in open({str(log)!r}).read()\n"
+        "    state = 'IDLE+DRAIN\\n   Reason=stepguard: x' if drained else 'IDLE'\n"
+        "    print(f'NodeName={sys.argv[3]}\\n   State={state}')\n"
+    )
+    exe.write_text("#!/usr/bin/env python3\nimport json, sys\n" + record + show)
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     evil = signed_command(
         act_settings, CommandKind.ISOLATE, "cmd-evil", targets=("node1; rm -rf /",)
@@ -359,7 +362,8 @@ def test_slurm_runner_refuses_malicious_names_and_forgeries(act_settings, tmp_pa
     )  # fmt: skip
     assert results["cmd-good"].status is CommandStatus.SUCCEEDED
     argv = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [a[:3] for a in argv] == [["update", "NodeName=node-3", "State=DRAIN"]]
+    writes = [a[:3] for a in argv if a[0] != "show"]  # it reads the node before and after
+    assert writes == [["update", "NodeName=node-3", "State=DRAIN"]]
 
 
 # -- the job controller (CommandListener) ----------------------------------------------------
@@ -392,8 +396,8 @@ def test_listener_refuses_forged_unsigned_and_expired_commands(act_settings):
 TRAINER = """
 import json, os, sys, time
 import numpy as np
-from pipeline.listener import CommandListener
-from pipeline.settings import load_settings
+from pipeline.client.listener import CommandListener
+from pipeline.io.settings import load_settings
 
 ckpt, job, max_steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = np.random.default_rng(0)
@@ -510,7 +514,7 @@ def test_rebuild_reads_to_the_end_past_the_old_poll_cap_and_logs_progress(act_se
             fut.get(timeout=60)
     finally:
         producer.close()
-    with caplog.at_level(logging.INFO, logger="pipeline.kafka"):
+    with caplog.at_level(logging.INFO, logger="pipeline.io.kafka"):
         act = Actuator(s, rebuild_batch=1)  # one record per poll: > 10,000 polls
         act.close()
     assert act.rebuilt["commands"] == n and len(act.policy.issued) == n

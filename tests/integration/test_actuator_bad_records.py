@@ -15,9 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.kafka import (
+from pipeline.io.kafka import (
     client_config,
     control_producer,
     create_topics,
@@ -25,6 +23,8 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
+from pipeline.io.trust import sign
+from pipeline.services.actuator.service import Actuator
 from schemas import (
     ActionState,
     ActuatorMode,

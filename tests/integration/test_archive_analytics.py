@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from pipeline.archive import rows_for
-from pipeline.archive.queries import QUERIES, run_query
-from pipeline.archive.retention import parse_age, prune
-from pipeline.demo import run_demo
-from pipeline.report import render_report
-from pipeline.simulator import find_scenario
+from pipeline.io.duration import parse_duration
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.queries import QUERIES, run_query
+from pipeline.services.archive.retention import prune
+from pipeline.tools.demo import run_demo
+from pipeline.tools.report import render_report
+from pipeline.tools.simulator import find_scenario
 from tests.conftest import fresh_archive, fresh_settings
 from tests.factories import samples
 
@@ -122,14 +123,14 @@ def test_prune_drops_only_whole_old_days(archive):
     new = base.model_copy(update={"fingerprint": "f" * 24, "ts": now})
     for table, cols in rows_for([(old, 0), (new, 0)]).items():
         archive.insert(table, cols)
-    assert parse_age("30d") == timedelta(days=30)
-    would = prune(archive, parse_age("30d"), dry_run=True)
+    assert parse_duration("30d") == timedelta(days=30)
+    would = prune(archive, parse_duration("30d"), dry_run=True)
     assert [t for t, _ in would] == ["alerts"]
-    prune(archive, parse_age("30d"))
+    prune(archive, parse_duration("30d"))
     _, rows = archive.query(f"SELECT fingerprint FROM {archive.database}.alerts FINAL")
     assert rows == [("f" * 24,)]
-    with pytest.raises(ValueError, match="older-than"):
-        parse_age("soon")
+    with pytest.raises(ValueError, match="expected a number and a unit"):
+        parse_duration("soon")
 
 
 def test_the_straggler_is_one_incident_and_the_run_ended_completed(smoke_run):
@@ -150,7 +151,7 @@ def _timeline_archive(archive):
     one that expired, a signed command two executors answered, and forgeries (an
     unsigned command with a result, an unsigned alert on another node, an unsigned
     action record and an unsigned rejection of the held action)."""
-    from pipeline.actuator.signing import SigningKey, sign
+    from pipeline.io.trust import SigningKey, sign
     from schemas import ActionState, ApprovalDecision, CommandStatus
 
     s = samples()

@@ -8,8 +8,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipeline.archive import migrate, rows_for
-from pipeline.archive.migrations import applied_migrations, available_migrations, split_statements
+from pipeline.services.archive import migrate, rows_for
+from pipeline.services.archive.migrations import (
+    applied_migrations,
+    available_migrations,
+    split_statements,
+)
 from schemas import GpuHealth, NodeHealth
 from tests.conftest import TEST_CLICKHOUSE, _fresh_chdb, _fresh_server, _missing
 

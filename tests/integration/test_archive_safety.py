@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.archive
-from pipeline.actuator.signing import sign
-from pipeline.archive import rows_for
-from pipeline.archive.queries import run_query
-from pipeline.cli import app
-from pipeline.errors import ArchiveError
-from pipeline.report import render_report
+import pipeline.services.archive
+from pipeline.cli.app import app
+from pipeline.io.errors import ArchiveError
+from pipeline.io.trust import sign
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.queries import run_query
+from pipeline.tools.report import render_report
 from tests.factories import WORKER_KEY, samples, step_telemetry
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,9 @@ def test_sql_command_refuses_every_write(archive, monkeypatch, statement):
         archive.insert(table, cols)
     db = archive.database
     _, tables = archive.query(f"SHOW TABLES FROM {db}")
-    monkeypatch.setattr(pipeline.archive, "open_backend", lambda _settings: _Borrowed(archive))
+    monkeypatch.setattr(
+        pipeline.services.archive, "open_backend", lambda _settings: _Borrowed(archive)
+    )
     runner = CliRunner()
     refused = runner.invoke(app, ["sql", statement.format(db=db)])
     assert isinstance(refused.exception, ArchiveError), refused.output

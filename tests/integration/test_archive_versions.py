@@ -9,15 +9,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.archive import migrate, rows_for
-from pipeline.archive.backend import ArchiveBackend
-from pipeline.archive.migrations import (
+from pipeline.services.archive import migrate, rows_for
+from pipeline.services.archive.backend import ArchiveBackend
+from pipeline.services.archive.migrations import (
     applied_migrations,
     available_migrations,
     split_statements,
 )
-from pipeline.archive.queries import QUERIES, run_query
-from pipeline.archive.rows import ARCHIVED_VERSION, ingest_version
+from pipeline.services.archive.queries import QUERIES, run_query
+from pipeline.services.archive.rows import ARCHIVED_VERSION, unverified_version
 from tests.conftest import TEST_CLICKHOUSE, _fresh_chdb, _fresh_server, _missing
 from tests.factories import samples, step_telemetry
 from tests.integration.test_archive_health import HEALTH_V2_COLUMNS
@@ -38,7 +38,8 @@ def test_a_later_record_under_the_same_key_does_not_rewrite_history(archive):
     _store(archive, [forged], [9])  # same key, newer timestamp, later in the log
     _store(archive, [first], [5])  # a replay of the first record
     _, rows = archive.query(f"SELECT summary, ver FROM {archive.database}.alerts FINAL")
-    assert rows == [(first.summary, ingest_version(5))]
+    # unsigned: versioned in the band below every verified row, first one still wins
+    assert rows == [(first.summary, unverified_version(5))]
 
 
 def test_a_relaunched_run_keeps_the_abandoned_runs_steps(archive):
@@ -84,8 +85,8 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         old = rows_for([(m, 1_795_000_000_000) for m in sent.values()])
         for table, cols in old.items():
             # run (steps) came with 005, alerts.signed with 008, actions' and
-            # approvals' with 010
-            before = {c: v for c, v in cols.items() if c not in ("run", "signed")}
+            # approvals' with 010, command results' signed and at_ms with 011
+            before = {c: v for c, v in cols.items() if c not in ("run", "signed", "at_ms")}
             if table == "health":  # came with 006
                 before = {c: v for c, v in before.items() if c not in HEALTH_V2_COLUMNS}
             before["ver"] = list(cols["ts_ms"])
@@ -109,6 +110,9 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         # alerts archived before 008 are not known to be unsigned: the queries keep them
         _, rows = archive.query(f"SELECT signed FROM {db}.alerts")
         assert rows == [(-1,)]
+        # results archived before 011: not known to be unsigned, counted at their own time
+        _, rows = archive.query(f"SELECT signed, at_ms = ts_ms FROM {db}.command_results")
+        assert rows == [(-1, 1)]
         assert run_query(archive, "incidents", job="job-1")[1]
         for name in QUERIES.keys() - {"top_nodes"}:
             run_query(archive, name, job="job-1", limit=5)

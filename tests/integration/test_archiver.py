@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.archive import TABLE_OF, ServerBackend
-from pipeline.archive.archiver import Archiver
-from pipeline.archive.queries import QUERIES, run_query
-from pipeline.errors import ArchiveError
-from pipeline.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.io.errors import ArchiveError
+from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.services.archive import TABLE_OF, ServerBackend
+from pipeline.services.archive.archiver import Archiver
+from pipeline.services.archive.queries import QUERIES, run_query
 from schemas import TOPICS, GpuHealth, NodeHealth
 from tests.conftest import TEST_CLICKHOUSE, _missing
 from tests.factories import T0, samples, step_telemetry

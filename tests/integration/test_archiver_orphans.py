@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 _CHILD = """
 import json, multiprocessing.resource_tracker as rt, sys
-from pipeline.archive.archiver import _DecodePool
+from pipeline.services.archive.archiver import _DecodePool
 pool = _DecodePool(2)
 kids = [p.pid for p in pool._pool._processes.values()]
 print(json.dumps({"decode": kids, "tracker": rt._resource_tracker._pid}), flush=True)

@@ -13,13 +13,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from detectors.config import MonitorConfig
-from pipeline.actuator.signing import sign
-from pipeline.archive import rows_for
-from pipeline.calibrate import calibrate
-from pipeline.calibrate_archive import archived_jobs, load_job
-from pipeline.calibrate_seed import seed_job
-from pipeline.labels import UnknownIncidentError, incident_labels, label_incident
-from pipeline.simulator import Scenario
+from pipeline.io.trust import sign
+from pipeline.services.archive import rows_for
+from pipeline.tools.calibrate.archive import archived_jobs, load_job
+from pipeline.tools.calibrate.grid import calibrate
+from pipeline.tools.calibrate.labels import UnknownIncidentError, incident_labels, label_incident
+from pipeline.tools.calibrate.seed import seed_job
+from pipeline.tools.simulator import Scenario
 from schemas import (
     ActionRecord,
     ActionState,
@@ -162,8 +162,8 @@ def test_calibration_recovers_the_planted_slowdown_threshold(archive):
 
 
 def test_running_confirmation_is_the_settings_then_every_signed_control_change(archive):
-    from pipeline.calibrate_cmd import running_actuator
-    from pipeline.settings import Settings
+    from pipeline.io.settings import Settings
+    from pipeline.tools.calibrate.command import running_actuator
     from schemas import ControlMessage
 
     s = Settings(warning_confirm_steps=20, warning_confirm_s=300.0)
@@ -179,13 +179,13 @@ def test_running_confirmation_is_the_settings_then_every_signed_control_change(a
 
 
 def test_apply_publishes_the_confirmation_signed_by_the_operator(settings):
-    from pipeline.actuator.signing import public_keys, signature_problem
-    from pipeline.calibrate_cmd import publish_confirmation
-    from pipeline.kafka import read_back
+    from pipeline.io.kafka import read_back
+    from pipeline.io.trust import public_keys, signature_problem
+    from pipeline.tools.calibrate.command import publish_calibration
     from tests.factories import key_settings
 
     s = settings.model_copy(update=key_settings())
-    change = publish_confirmation(s, {"warning_confirm_steps": 5}, "calibrated")
+    change = publish_calibration(s, "calibrated", actuator={"warning_confirm_steps": 5})
     (msg,) = [d.message for d in read_back(s, "control", stall_s=30)
               if getattr(d.message, "change_id", None) == change]  # fmt: skip
     assert msg.warning_confirm_steps == 5 and msg.by == "stepguard calibrate"
@@ -194,10 +194,10 @@ def test_apply_publishes_the_confirmation_signed_by_the_operator(settings):
 
 _SEED = """
 from detectors.config import MonitorConfig
-from pipeline.archive import migrate, open_backend
-from pipeline.calibrate_seed import seed_job
-from pipeline.settings import load_settings
-from pipeline.simulator import Scenario
+from pipeline.services.archive import migrate, open_backend
+from pipeline.tools.calibrate.seed import seed_job
+from pipeline.io.settings import load_settings
+from pipeline.tools.simulator import Scenario
 
 def sc(name, mag, seed):
     return Scenario.model_validate({"name": name, "nodes": 8, "steps": 120, "seed": seed,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.simulator import find_scenario
+from pipeline.tools.simulator import find_scenario
 
 pytestmark = pytest.mark.integration
 

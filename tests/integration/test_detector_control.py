@@ -1,5 +1,5 @@
 """``stepguard calibrate --apply`` -> a control message signed by the operator -> every
-worker builds new jobs' detectors with it (pipeline/worker/control.py), on a real
+worker builds new jobs' detectors with it (pipeline/services/worker/control.py), on a real
 broker and a real worker process; and the running detector settings calibration
 compares against are the latest signed change archived (both archive backends)."""
 
@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from detectors.config import MonitorConfig
-from pipeline.actuator.signing import public_keys, sign, signature_problem
-from pipeline.archive import rows_for
-from pipeline.calibrate_cmd import publish_calibration, running_detector
-from pipeline.exporters import play
-from pipeline.kafka import read_back
-from pipeline.simulator import simulate
+from pipeline.io.kafka import read_back
+from pipeline.io.trust import public_keys, sign, signature_problem
+from pipeline.services.archive import rows_for
+from pipeline.tools.calibrate.command import publish_calibration, running_detector
+from pipeline.tools.simulator import simulate
+from pipeline.tools.simulator.player import play
 from schemas import AlertKind, ControlMessage, Grade
 from tests.factories import OPERATOR_KEY, key_settings
 from tests.integration import test_worker
@@ -62,7 +62,7 @@ def test_a_running_worker_builds_a_new_jobs_detectors_with_the_applied_settings(
     forged = ControlMessage(change_id="forged-1", scope="detector", by="x",
                             ts=datetime.now(UTC) - timedelta(seconds=5),
                             detector_settings={"hang_factor": 1.5})  # fmt: skip
-    from pipeline.kafka import control_producer, publish, registry_of
+    from pipeline.io.kafka import control_producer, publish, registry_of
 
     producer = control_producer(s)
     publish(producer, registry_of(s), "control", forged).get(timeout=30)

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from pipeline.exporters import NodeAggregator, StepExporter
-from pipeline.kafka import create_topics, make_consumer, registry_of
+from pipeline.agents.node import NodeAggregator
+from pipeline.client import StepExporter
+from pipeline.io.kafka import create_topics, make_consumer, registry_of
 from schemas import StepTelemetry, decode
 
 pytestmark = pytest.mark.integration
@@ -39,7 +40,15 @@ def test_node_aggregator_publishes_one_message_per_node_and_step(settings, tmp_p
     ]
     for step in range(10):
         for local, exporter in enumerate(ranks):
-            exporter.record_step(step, 36 + local, 1.0, 0.8, 0.15, 0.05, local_rank=local)
+            exporter.record_step(
+                step,
+                36 + local,
+                step_time_s=1.0,
+                compute_s=0.8,
+                comm_wait_s=0.15,
+                data_wait_s=0.05,
+                local_rank=local,
+            )
     for exporter in ranks:
         assert exporter.close().dropped == 0
     got = read_steps(settings, want=10)
@@ -58,7 +67,15 @@ def test_direct_exporter_publishes_steps_keyed_by_job(settings):
     )
     for step in range(5):
         for rank in range(2):
-            exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
+            exporter.record_step(
+                step,
+                rank,
+                step_time_s=1.0,
+                compute_s=0.8,
+                comm_wait_s=0.15,
+                data_wait_s=0.05,
+                local_rank=rank,
+            )
     stats = exporter.close()
     assert (stats.sent, stats.dropped) == (5 + 2, 0)  # 5 steps, the job's start and end
     got = read_steps(settings, want=5)

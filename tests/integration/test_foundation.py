@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.archive import migrate, rows_for
-from pipeline.archive.archiver import Archiver
-from pipeline.archive.migrations import applied_migrations, available_migrations
-from pipeline.kafka import (
+from pipeline.io.kafka import (
     consume_decoded,
     create_topics,
     make_consumer,
@@ -15,6 +12,9 @@ from pipeline.kafka import (
     publish,
     registry_of,
 )
+from pipeline.services.archive import migrate, rows_for
+from pipeline.services.archive.archiver import Archiver
+from pipeline.services.archive.migrations import applied_migrations, available_migrations
 from schemas import TOPICS, DeadLetter, StepTelemetry, encode
 from tests.factories import samples, step_telemetry
 

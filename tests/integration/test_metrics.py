@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.archive.archiver import Archiver
-from pipeline.kafka import control_producer, create_topics, publish, registry_of
-from pipeline.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
+from pipeline.io.kafka import control_producer, create_topics, publish, registry_of
+from pipeline.io.metrics import ActuatorMetrics, ArchiverMetrics, ExecutorMetrics
+from pipeline.io.trust import sign
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.service import Actuator
+from pipeline.services.archive.archiver import Archiver
 from schemas import (
     ActuatorMode,
     Alert,
@@ -80,7 +80,7 @@ def test_an_executor_logs_and_counts_each_command_it_answers(act_settings, caplo
     metrics = ExecutorMetrics()
     runner = ExecutorRunner(act_settings, DryRunExecutor(), metrics=metrics)
     reg = metrics.registry
-    caplog.set_level(logging.INFO, logger="pipeline.actuator.executors")
+    caplog.set_level(logging.INFO, logger="pipeline.services.actuator.executors")
     try:
         for _ in range(100):  # bounded: until both are answered
             runner.poll_once(timeout_ms=200)
@@ -130,7 +130,10 @@ def test_the_actuator_counts_alerts_by_result_and_commands_by_kind(act_settings)
     counted = {k: value(reg, "stepguard_actuator_commands_total", kind=k) for k in kinds}
     assert sum(counted.values()) == act.stats.commands >= 1, counted
     assert counted["isolate"] == 1
+    # auto mode publishes no action record, and the action is still counted (issue 24)
+    assert value(reg, "stepguard_actuator_actions_total", mode="auto", state="issued") == 1
     assert value(reg, "stepguard_actuator_held_actions") == 0
+    assert value(reg, "stepguard_actuator_oldest_held_seconds") == 0
 
 
 @pytest.mark.parametrize("decode_processes", [0])
@@ -165,14 +168,14 @@ def test_the_archiver_counts_rows_per_table_and_its_lag_reaches_zero(
 def test_the_job_controller_serves_counts_and_logs_what_it_carries_out(act_settings, caplog):
     import urllib.request
 
-    from pipeline.embedded import free_port
-    from pipeline.listener import CommandListener
+    from pipeline.client.listener import CommandListener
+    from pipeline.io.embedded import free_port
 
     port = free_port()
     s = act_settings.model_copy(
         update={"listener_metrics_port": port} | job_controller_settings("job-m")
     )
-    caplog.set_level(logging.INFO, logger="pipeline.listener")
+    caplog.set_level(logging.INFO, logger="pipeline.client.listener")
     saved: list[int] = []
     listener = CommandListener(s, "job-m", on_checkpoint=lambda c, step: saved.append(step) or "ok")
     with listener:
@@ -190,3 +193,28 @@ def test_the_job_controller_serves_counts_and_logs_what_it_carries_out(act_setti
     assert len(lines) == 2 and "cmd-forged-2" in lines[0] and "-> refused" in lines[0]
     assert "job-controller: command cmd-ok-2 checkpoint job=job-m" in lines[1]
     assert lines[1].endswith("-> succeeded: ok")
+
+
+def test_the_actuator_reports_held_actions_and_the_age_of_the_oldest(act_settings):
+    """Approve mode: the action record is counted as held, and oldest_held_seconds
+    follows the actuator's clock (the StepguardActionHeldTooLong alert reads it)."""
+    s = act_settings.model_copy(update={"actuator_mode": "approve"})
+    t0 = datetime.now(UTC)
+    now = [t0]
+    alert = _alert("fp-metrics-held").model_copy(update={"ts": t0, "started_at": t0})
+    send(s, "decisions", sign(alert, WORKER_KEY))
+    metrics = ActuatorMetrics()
+    act = Actuator(s, metrics=metrics, clock=lambda: now[0])
+    reg = metrics.registry
+    try:
+        for _ in range(100):
+            if act.stats.consumed >= 1:
+                break
+            act.poll_once(timeout_ms=200)
+        now[0] = t0 + timedelta(seconds=120)
+        act.poll_once(timeout_ms=100)
+    finally:
+        act.close()
+    assert value(reg, "stepguard_actuator_actions_total", mode="approve", state="held") == 1
+    assert value(reg, "stepguard_actuator_held_actions") == 1
+    assert value(reg, "stepguard_actuator_oldest_held_seconds") == 120

@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-import pipeline.actuator.executors as executors
-from pipeline.actuator.executors import ExecutorRunner, WebhookExecutor
-from pipeline.archive import open_backend, rows_for
-from pipeline.cli import app
-from pipeline.errors import ArchiveError
-from pipeline.redact import url_origin
-from pipeline.settings import load_settings
+import pipeline.services.actuator.executors as executors
+from pipeline.cli.app import app
+from pipeline.io.errors import ArchiveError
+from pipeline.io.redact import url_origin
+from pipeline.io.settings import load_settings
+from pipeline.services.actuator.executors import ExecutorRunner, WebhookExecutor
+from pipeline.services.archive import open_backend, rows_for
 from schemas import ActuatorMode, Command, CommandKind, CommandStatus
 
 pytestmark = pytest.mark.integration

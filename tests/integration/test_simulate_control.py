@@ -3,7 +3,7 @@ runs it: the job controller applies the actuator's restart, and neither the job'
 nor the actuator's commands look dated in the future.
 
 A job played at SPEED > 1 is back-dated by what the speed-up gains
-(:mod:`pipeline.simulator.timing`), so its event time runs behind the wall clock on
+(:mod:`pipeline.tools.simulator.timing`), so its event time runs behind the wall clock on
 which the actuator dates its commands: the job controller judges commands on the wall
 clock, and dates its own results by the job's clock.
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.actuator.signing import sign
-from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
-from pipeline.listener import CommandListener
-from pipeline.settings import load_settings
+from pipeline.client.listener import CommandListener
+from pipeline.io.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import sign
 from schemas import ActuatorMode, Command, CommandKind, CommandStatus
 from tests.factories import ACTUATOR_KEY, key_settings
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.actuator.signing import sign
-from pipeline.kafka import control_producer, create_topics, make_producer, publish, registry_of
-from pipeline.status import AlertFilter, TopicTail, collect_status, follow_alerts
+from pipeline.io.kafka import control_producer, create_topics, make_producer, publish, registry_of
+from pipeline.io.trust import sign
+from pipeline.tools.alerts import AlertFilter, follow_alerts
+from pipeline.tools.status import collect_status
+from pipeline.tools.tail import TopicTail
 from schemas import (
     ActionRecord,
     ActionState,

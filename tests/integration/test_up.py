@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.kafka import make_consumer, registry_of
-from pipeline.settings import load_settings
-from pipeline.simulator import node_name
+from pipeline.io.kafka import make_consumer, registry_of
+from pipeline.io.settings import load_settings
+from pipeline.tools.simulator import node_name
 from schemas import Alert, AlertState, decode
 
 pytestmark = pytest.mark.integration

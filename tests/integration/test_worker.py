@@ -21,15 +21,16 @@ import pytest
 import yaml
 
 from detectors.frame import StepFrame
-from pipeline.actuator.signing import sign, signature_problem
-from pipeline.detection import JobDetection
-from pipeline.embedded import free_port
-from pipeline.exporters import StepExporter, play
-from pipeline.kafka import create_topics, make_consumer, make_producer, publish, registry_of
-from pipeline.settings import Settings, load_settings
-from pipeline.simulator import Scenario, simulate
-from pipeline.worker.app import changelog_topic_name
-from pipeline.worker.state import partition_for
+from detectors.job import JobDetection
+from pipeline.client import StepExporter
+from pipeline.io.embedded import free_port
+from pipeline.io.kafka import create_topics, make_consumer, make_producer, publish, registry_of
+from pipeline.io.settings import Settings, load_settings
+from pipeline.io.trust import sign, signature_problem
+from pipeline.services.worker.app import changelog_topic_name
+from pipeline.services.worker.state import partition_for
+from pipeline.tools.simulator import Scenario, simulate
+from pipeline.tools.simulator.player import play
 from schemas import (
     ActuatorMode,
     Alert,
@@ -56,7 +57,7 @@ def scenario(name: str, faults: list[dict], **kw: object) -> Scenario:
 
 
 class Worker:
-    """``python -m pipeline.worker`` with settings passed as environment variables."""
+    """``python -m pipeline.services.worker`` with settings passed as environment variables."""
 
     def __init__(self, settings: Settings, tmp: Path, name: str, **extra: str) -> None:
         self.metrics_port = free_port()
@@ -76,7 +77,7 @@ class Worker:
         env |= key_env(("worker",)) | {"STEPGUARD_ACTUATOR_PUBLIC_KEYS": ACTUATOR_KEY.public_text()}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.worker", "--loglevel", "info"],
+                [sys.executable, "-m", "pipeline.services.worker", "--loglevel", "info"],
                 cwd=ROOT,
                 env=env,
                 stdout=out,
@@ -193,10 +194,10 @@ def record_frame(exporter: StepExporter, frame: StepFrame) -> None:
             exporter.record_step(
                 m.step,
                 s.rank,
-                s.step_time_s,
-                s.compute_s,
-                s.comm_wait_s,
-                s.data_wait_s,
+                step_time_s=s.step_time_s,
+                compute_s=s.compute_s,
+                comm_wait_s=s.comm_wait_s,
+                data_wait_s=s.data_wait_s,
                 local_rank=s.local_rank,
                 ts_start=m.ts_start.timestamp(),
                 ts_end=m.ts_end.timestamp(),

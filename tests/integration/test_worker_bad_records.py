@@ -18,11 +18,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.signing import sign
-from pipeline.exporters import play
-from pipeline.kafka import create_topics, make_consumer, make_producer, publish, registry_of
-from pipeline.simulator import simulate
-from pipeline.worker.app import jobs_topic_name
+from pipeline.io.kafka import create_topics, make_consumer, make_producer, publish, registry_of
+from pipeline.io.trust import sign
+from pipeline.services.worker.app import jobs_topic_name
+from pipeline.tools.simulator import simulate
+from pipeline.tools.simulator.player import play
 from schemas import (
     ActuatorMode,
     Alert,

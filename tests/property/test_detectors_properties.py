@@ -13,9 +13,9 @@ from detectors._stats import EWArrays, Groups
 from detectors.base import Finding
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
-from detectors.grading import GradePolicy, Grader
-from detectors.peer import PeerDetector
-from detectors.series import SeriesScorer
+from detectors.grading.grader import GradePolicy, Grader
+from detectors.series.scorer import SeriesScorer
+from detectors.steps.peer import PeerDetector
 from schemas import AlertKind, AlertState
 
 QUICK = settings(max_examples=25, deadline=None)

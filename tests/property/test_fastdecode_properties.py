@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.fastdecode import PHASE_CODES, StepColumns, decode_steps, from_models
+from pipeline.io.fastdecode import PHASE_CODES, StepColumns, decode_steps, from_models
 from schemas import Phase, RankSample, Rejected, StepTelemetry, decode, encode
 from schemas.telemetry import MAX_RANKS_PER_JOB
 from tests.factories import step_telemetry_st

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detectors.frame import StepFrame
-from pipeline.fastdecode import StepView, decode_step
+from pipeline.io.fastdecode import StepView, decode_step
 from schemas import Rejected, StepTelemetry, decode, encode
 from tests.factories import step_telemetry, step_telemetry_st
 from tests.property.test_fastdecode_properties import ascii_steps, mutated

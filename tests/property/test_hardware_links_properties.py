@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detectors.config import MonitorConfig
-from detectors.hardware import HardwareDetector
-from detectors.hardware_links import LINK_SIGNALS
+from detectors.hardware.health import HardwareDetector
+from detectors.hardware.links import LINK_SIGNALS
 from schemas import GpuHealth, NodeHealth
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.archive.rows import StepRows, pack_values, step_rows, step_rows_packed
+from pipeline.services.archive.rows import StepRows, pack_values, step_rows, step_rows_packed
 from schemas import encode
 from tests.factories import step_telemetry_st
 

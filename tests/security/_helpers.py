@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.worker.state import CoreTopics, WorkerCore
+from pipeline.io.trust import SigningKey, sign
+from pipeline.services.worker.state import CoreTopics, WorkerCore
 from schemas import (
     ActuatorMode,
     Command,

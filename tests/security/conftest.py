@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.settings import Settings, load_settings
+from pipeline.io.settings import Settings, load_settings
 from tests.conftest import IN_CI
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "4.4.0")
 #: every service principal the script creates (and `admin`, the super user)
 PRINCIPALS = (
     "exporter", "simulator", "worker", "actuator", "executor", "listener", "operator",
-    "archiver",
+    "archiver", "alertmanager",
 )  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """Threats against the actuator from whoever can write the decisions or control topic,
-run against the real :class:`~pipeline.actuator.service.Actuator` on a real broker."""
+run against the real :class:`~pipeline.services.actuator.service.Actuator` on a real broker."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.trust import sign
+from pipeline.services.actuator.service import Actuator
 from schemas import (
     ActionState,
     ActuatorMode,
@@ -213,7 +213,7 @@ def test_a_webhook_receiver_cannot_kill_the_executor_with_a_bad_status_line():
     import socket
     import threading
 
-    from pipeline.actuator.executors import ExecutionError, WebhookExecutor
+    from pipeline.services.actuator.executors import ExecutionError, WebhookExecutor
     from schemas import Command
 
     server = socket.create_server(("127.0.0.1", 31512))

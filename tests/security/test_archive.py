@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from pipeline.actuator.signing import sign
-from pipeline.archive import rows_for
-from pipeline.report import incidents, render_report
+from pipeline.io.trust import sign
+from pipeline.services.archive import rows_for
+from pipeline.tools.report import incidents, render_report
 from tests.factories import WORKER_KEY, samples, step_telemetry
 
 pytestmark = pytest.mark.integration

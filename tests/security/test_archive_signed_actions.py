@@ -11,25 +11,30 @@ from datetime import timedelta
 
 import pytest
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.archive import rows_for
-from pipeline.archive.queries import run_query
-from pipeline.archive.trust import SignatureCheck
-from pipeline.graduation import GraduationRules, graduation_report
-from pipeline.settings import load_settings
+from pipeline.io.settings import ROLES, load_settings
+from pipeline.io.trust import SigningKey, sign
+from pipeline.services.archive import rows_for
+from pipeline.services.archive.queries import run_query
+from pipeline.services.archive.trust import SignatureCheck
+from pipeline.tools.calibrate.graduation import GraduationRules, graduation_report
 from schemas import ActionState, ApprovalDecision
-from tests.factories import ACTUATOR_KEY, OPERATOR_KEY, WORKER_KEY, samples
+from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, OPERATOR_KEY, WORKER_KEY, samples
 
 pytestmark = pytest.mark.integration
 
 
 def test_forged_holds_and_approvals_neither_graduate_a_kind_nor_reach_the_timeline(archive):
+    # the archiver's row of SECURITY.md's key table: every signing role's public keys
+    # (no private key), as `stepguard up` hands them to it
     settings = load_settings(
         {}, actuator_public_keys=ACTUATOR_KEY.public_text(),
         operator_public_keys=OPERATOR_KEY.public_text(),
         worker_public_keys=WORKER_KEY.public_text(),
+        executor_public_keys=EXECUTOR_KEY.public_text(),
     )  # fmt: skip
+    assert not any(settings.private_key(r) for r in ROLES)
     check = SignatureCheck(settings)  # what the archiver applies to every record
+    assert check.verifies
     s = samples()
     alert = sign(s["decisions"], WORKER_KEY)
     t0 = alert.ts

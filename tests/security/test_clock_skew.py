@@ -4,7 +4,7 @@ actuator applied a control change dated a day ahead (and then every real change 
 controller carried out a command issued tomorrow, and exporters published whatever
 time the training code passed (milliseconds as seconds included).
 
-Control: every entry point applies one rule (``pipeline/clockskew.py``): dated beyond
+Control: every entry point applies one rule (``pipeline/io/clockskew.py``): dated beyond
 its wall clock + ``STEPGUARD_MAX_CLOCK_SKEW_S`` is a dead letter (actuator, worker), a
 REFUSED result (executors, listener) or not published (exporters). Run on a real broker.
 """
@@ -17,12 +17,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.exporters import StepExporter
-from pipeline.exporters.health import run_health_exporter
-from pipeline.kafka import (
+from pipeline.agents.health import run_health_exporter
+from pipeline.client import StepExporter
+from pipeline.client.listener import CommandListener
+from pipeline.io.kafka import (
     client_config,
     control_producer,
     create_topics,
@@ -30,7 +28,9 @@ from pipeline.kafka import (
     read_back,
     registry_of,
 )
-from pipeline.listener import CommandListener
+from pipeline.io.trust import sign
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.service import Actuator
 from schemas import (
     ActionState,
     ActuatorMode,
@@ -177,8 +177,12 @@ def test_exporters_never_publish_a_step_or_health_report_dated_in_the_future(s):
     exporter = StepExporter.direct(s, job_id="job-1", node="n0", ranks_per_node=1,
                                    register_atexit=False)  # fmt: skip
     tomorrow = time.time() + DAY.total_seconds()
-    assert not exporter.record_step(1, 0, 1.0, 0.8, 0.1, 0.1, ts_end=tomorrow)
-    assert exporter.record_step(2, 0, 1.0, 0.8, 0.1, 0.1)  # training goes on
+    assert not exporter.record_step(
+        1, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1, ts_end=tomorrow
+    )
+    assert exporter.record_step(
+        2, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1
+    )  # training goes on
     stats = exporter.close(timeout=10)
     assert stats.future_dated == 1
     assert [r.message.step for r in read_back(s, "steps")] == [2]

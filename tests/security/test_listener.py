@@ -17,10 +17,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.actuator.signing import sign, signature_problem
-from pipeline.errors import ConfigError
-from pipeline.kafka import control_producer, create_topics, publish, read_back, registry_of
-from pipeline.listener import CommandListener
+from pipeline.client.listener import CommandListener
+from pipeline.io.errors import ConfigError
+from pipeline.io.kafka import control_producer, create_topics, publish, read_back, registry_of
+from pipeline.io.trust import sign, signature_problem
 from schemas import ActuatorMode, Command, CommandKind, CommandResult, CommandStatus
 from tests.factories import (
     ACTUATOR_KEY,
@@ -83,8 +83,8 @@ def test_a_refusal_never_blocks_or_raises_in_the_training_loop(monkeypatch):
     raised: forged commands (or a broker fault) stopped training."""
     from kafka.errors import KafkaTimeoutError
 
-    import pipeline.listener as listener_module
-    from pipeline.settings import load_settings
+    import pipeline.client.listener as listener_module
+    from pipeline.io.settings import load_settings
 
     class Failing:
         def send(self, *args, **kwargs):

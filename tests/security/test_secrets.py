@@ -3,7 +3,7 @@ secret (webhook URLs carry tokens, DSNs passwords, settings signing keys).
 
 Control: ``webhook_urls`` is a ``SecretStr`` like the DSN, the SASL password and the
 private keys; the ``stepguard`` entry point masks every secret of its settings in its
-log lines, its error messages and an unexpected traceback (:mod:`pipeline.redact`).
+log lines, its error messages and an unexpected traceback (:mod:`pipeline.io.redact`).
 What executors and the archive write is covered by
 ``tests/integration/test_secret_redaction.py``.
 """
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.settings import load_settings
+from pipeline.io.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN, PASSWORD, SASL = "hook-TOKEN-8417", "dsn-PASSWORD-2291", "sasl-PASSWORD-5530"
@@ -32,13 +32,13 @@ def test_a_settings_repr_or_dump_never_shows_a_webhook_url():
         assert TOKEN not in text and PASSWORD not in text
 
 
-#: the real entry point (``stepguard`` = ``pipeline.cli:main``) around a command that
+#: the real entry point (``stepguard`` = ``pipeline.cli.app:main``) around a command that
 #: logs and fails quoting its secrets, as a careless library or error message would
 _FAILING_COMMAND = """
 import logging, sys
-import pipeline.cli as cli
-from pipeline.errors import StepguardError
-from pipeline.settings import load_settings
+import pipeline.cli.app as cli
+from pipeline.io.errors import StepguardError
+from pipeline.io.settings import load_settings
 
 def careless():
     s = load_settings()
@@ -91,7 +91,7 @@ def test_a_logged_traceback_is_masked_and_a_malformed_log_call_does_not_raise():
     import io
     import logging
 
-    from pipeline.redact import RedactingFilter
+    from pipeline.io.redact import RedactingFilter
 
     out = io.StringIO()
     handler = logging.StreamHandler(out)

@@ -34,15 +34,12 @@ from kafka.admin import (
 from kafka.errors import InvalidPartitionsError, KafkaError, TopicAuthorizationFailedError
 from typer.testing import CliRunner
 
-from pipeline.actuator.executors import DryRunExecutor, ExecutorRunner
-from pipeline.actuator.service import Actuator
-from pipeline.actuator.signing import sign
-from pipeline.archive.archiver import Archiver
-from pipeline.cli import app
-from pipeline.errors import ConfigError
-from pipeline.exporters import StepExporter
-from pipeline.exporters.sink import KafkaSink
-from pipeline.kafka import (
+from pipeline.cli.app import app
+from pipeline.client import StepExporter
+from pipeline.client.listener import CommandListener
+from pipeline.client.sink import KafkaSink
+from pipeline.io.errors import ConfigError
+from pipeline.io.kafka import (
     _check_created,
     client_config,
     control_producer,
@@ -50,9 +47,15 @@ from pipeline.kafka import (
     publish,
     read_back,
 )
-from pipeline.listener import CommandListener
-from pipeline.settings import load_settings
-from pipeline.worker.app import _credentials, changelog_topic_name, jobs_topic_name
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import sign
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.service import Actuator
+from pipeline.services.alertmanager.client import PostOutcome
+from pipeline.services.alertmanager.episodes import PostableAlert
+from pipeline.services.alertmanager.service import AlertmanagerBridge
+from pipeline.services.archive.archiver import Archiver
+from pipeline.services.worker.app import _credentials, changelog_topic_name, jobs_topic_name
 from schemas import (
     ActuatorMode,
     Alert,
@@ -117,7 +120,15 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
     )
     for step in range(5):
         for rank in range(2):
-            exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
+            exporter.record_step(
+                step,
+                rank,
+                step_time_s=1.0,
+                compute_s=0.8,
+                comm_wait_s=0.15,
+                data_wait_s=0.05,
+                local_rank=rank,
+            )
     stats = exporter.close()
     assert (stats.sent, stats.dropped) == (5 + 2, 0)
 
@@ -150,6 +161,22 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
     assert {c.kind for c in commands} == {
         CommandKind.CHECKPOINT, CommandKind.ISOLATE, CommandKind.RESTART
     }  # fmt: skip
+
+    # the Alertmanager bridge: decisions in its own group (Alertmanager stands aside:
+    # tests/integration/test_alertmanager.py runs the real one)
+    posted: list[PostableAlert] = []
+
+    class Recorder:
+        def post(self, alerts):
+            posted.extend(alerts)
+            return PostOutcome(sent=len(alerts))
+
+    bridge = AlertmanagerBridge(k.settings("alertmanager", **key_settings()), client=Recorder())
+    try:
+        _until("the bridge's post", lambda: bridge.poll_once(200), lambda: posted)
+    finally:
+        bridge.close()
+    assert posted[0].labels["job"] == JOB and bridge.stats.dead_letters == 0
 
     # an executor answers every command; the training-side listener its checkpoint
     runner = ExecutorRunner(k.settings("executor", **key_settings()), DryRunExecutor())
@@ -194,7 +221,8 @@ REFUSED_WRITES = [
     ("exporter", "truth"), ("exporter", "changelog"), ("exporter", "jobs"),
     ("worker", "commands"), ("worker", "control"), ("listener", "commands"),
     ("executor", "commands"), ("operator", "commands"), ("archiver", "steps"),
-    ("actuator", "steps"), ("actuator", "control"),
+    ("actuator", "steps"), ("actuator", "control"), ("alertmanager", "decisions"),
+    ("alertmanager", "commands"),
 ]  # fmt: skip
 
 
@@ -273,7 +301,7 @@ def test_the_acls_name_no_principal_but_the_services(secure_kafka, topics):
     assert principals == {
         f"User:{p}"
         for p in ("exporter", "simulator", "worker", "actuator", "executor", "listener",
-                  "operator", "archiver")
+                  "operator", "archiver", "alertmanager")
     }  # fmt: skip
     # nobody but the worker may create topics, and only its own internal ones
     creators = {(a.principal, a.resource_pattern.resource_name) for a in acls
@@ -359,11 +387,19 @@ def test_a_live_worker_consumes_steps_with_its_principal(secure_kafka, topics, t
     )  # fmt: skip
     for step in range(20):
         for rank in range(2):
-            exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
+            exporter.record_step(
+                step,
+                rank,
+                step_time_s=1.0,
+                compute_s=0.8,
+                comm_wait_s=0.15,
+                data_wait_s=0.05,
+                local_rank=rank,
+            )
     assert exporter.close().dropped == 0
     steps = TopicRegistry(k.prefix).name("steps")
     worker = subprocess.Popen(
-        [sys.executable, "-c", "from pipeline.cli import main; main()", "worker"],
+        [sys.executable, "-c", "from pipeline.cli.app import main; main()", "worker"],
         env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         start_new_session=True,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """Threats against whatever verifies a signature: one malformed message that crashes
 every verifier, and a key that verifies being the key that signs.
 
-Control: Ed25519 per writer (:mod:`pipeline.actuator.signing`); the signature is a
+Control: Ed25519 per writer (:mod:`pipeline.io.trust`); the signature is a
 fixed-format schema field, so a malformed one does not decode (a dead letter) and a
 verifier handed one anyway gets a reason, never an exception; every service holds
 only the private key of its own role and public keys of the others.
@@ -14,7 +14,9 @@ from datetime import timedelta
 
 import pytest
 
-from pipeline.actuator.signing import (
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import ROLES, load_settings
+from pipeline.io.trust import (
     SigningKey,
     check_command,
     public_keys,
@@ -22,9 +24,7 @@ from pipeline.actuator.signing import (
     signature_problem,
     signing_key,
 )
-from pipeline.errors import ConfigError
-from pipeline.settings import ROLES, load_settings
-from pipeline.up import signing_env
+from pipeline.tools.up import signing_env
 from schemas import Rejected, decode, encode
 from tests.factories import ROLE_KEYS, samples
 

@@ -1,6 +1,6 @@
 """Threats against the worker from whoever can write one of the topics it reads.
 
-Each test drives the real :class:`~pipeline.worker.state.WorkerCore` (the logic of
+Each test drives the real :class:`~pipeline.services.worker.state.WorkerCore` (the logic of
 ``stepguard worker`` without Faust) with what an attacker would publish.
 """
 
@@ -11,7 +11,7 @@ import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pipeline.worker.state import partition_for
+from pipeline.services.worker.state import partition_for
 from schemas import AlertKind, AlertState, CommandKind, Grade, encode
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY, job_controller_key
 from tests.security._helpers import (

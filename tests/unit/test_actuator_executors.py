@@ -1,25 +1,20 @@
-"""The executors that need no broker: dry-run, Slurm (fake scontrol), webhook."""
+"""The executors that need no broker: dry-run, webhook (Slurm: test_actuator_slurm.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 import threading
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pipeline.actuator.executors import (
+from pipeline.io.trust import check_command, sign
+from pipeline.services.actuator.executors import (
     DryRunExecutor,
     ExecutionError,
-    InvalidNodeName,
-    SlurmExecutor,
     WebhookExecutor,
-    validate_node_name,
 )
-from pipeline.actuator.signing import check_command, sign
 from schemas import (
     ActuatorMode,
     Command,
@@ -53,60 +48,6 @@ def test_dry_run_only_describes():
     assert detail.startswith("dry-run: would isolate") and "node-3" in detail
 
 
-# -- Slurm -------------------------------------------------------------------------------
-@pytest.fixture
-def fake_scontrol(tmp_path, monkeypatch):
-    """A ``scontrol`` on PATH that records its argv (one JSON list per line)."""
-    log = tmp_path / "argv.jsonl"
-    exe = tmp_path / "bin" / "scontrol"
-    exe.parent.mkdir()
-    exe.write_text(
-        "#!/usr/bin/env python3\nimport json, sys\n"
-        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "sys.exit(3 if any('fail' in a for a in sys.argv) else 0)\n"
-    )
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
-
-    def calls():
-        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-
-    return calls
-
-
-def test_slurm_drains_with_an_argument_list(fake_scontrol):
-    slurm = SlurmExecutor()
-    assert slurm.execute(command(summary="slow; `reboot` $(id)")) == "drained node-3"
-    [argv] = fake_scontrol()
-    assert argv[:3] == ["update", "NodeName=node-3", "State=DRAIN"]
-    assert argv[3].startswith("Reason=stepguard cmd-abc123: slow_ _reboot_ __id_")
-    assert slurm.resume("node-3") == "resumed node-3"
-    assert fake_scontrol()[1] == ["update", "NodeName=node-3", "State=RESUME"]
-
-
-@pytest.mark.parametrize(
-    "name", ["node1; rm -rf /", "-rf", "", "a" * 64, "node 1", "n$(id)", "../etc", "nöde"]
-)
-def test_malicious_or_odd_node_names_run_nothing(fake_scontrol, name):
-    with pytest.raises(InvalidNodeName):
-        SlurmExecutor().execute(command(targets=("node-1", name)))
-    with pytest.raises(InvalidNodeName):
-        SlurmExecutor().resume(name)
-    assert fake_scontrol() == []  # all or nothing: not even the valid node-1
-
-
-def test_node_name_rule():
-    assert validate_node_name("gpu-a100.rack-3_n017") == "gpu-a100.rack-3_n017"
-    assert validate_node_name("a" * 63) == "a" * 63
-
-
-def test_slurm_failure_is_an_execution_error(fake_scontrol, tmp_path):
-    with pytest.raises(ExecutionError, match="exited 3"):
-        SlurmExecutor().execute(command(targets=("fail-node",)))
-    with pytest.raises(ExecutionError, match="failed"):
-        SlurmExecutor(scontrol=str(tmp_path / "missing")).execute(command())
-
-
 # -- webhook -----------------------------------------------------------------------------
 @pytest.fixture
 def receiver():
@@ -118,8 +59,11 @@ def receiver():
             body = self.rfile.read(int(self.headers["Content-Length"]))
             state["bodies"].append(json.loads(body))
             code = state["statuses"].pop(0) if state["statuses"] else 200
+            reply = state.pop("reply", b"")
             self.send_response(code)
+            self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
+            self.wfile.write(reply)
 
         def log_message(self, *args):
             pass
@@ -139,9 +83,49 @@ def test_webhook_posts_an_alertmanager_payload(receiver):
     [body] = receiver["bodies"]
     assert body["version"] == "4" and body["status"] == "firing"
     [a] = body["alerts"]
-    assert a["labels"]["alertname"] == "stepguard_isolate" and a["labels"]["nodes"] == "node-3"
-    assert a["fingerprint"] == "cmd-abc123" and a["annotations"]["summary"] == "node-3 slow"
-    assert a["startsAt"].startswith("2026-11-29T12:00:00") and a["endsAt"] > a["startsAt"]
+    assert a["labels"]["alertname"] == "stepguard_isolate" and a["labels"]["node"] == "node-3"
+    assert a["labels"]["job"] == "job-1" and "job_id" not in a["labels"]
+    assert a["labels"]["severity"] == "critical"  # no grade (an older actuator): critical
+    assert a["fingerprint"] == "cmd-abc123/node-3" and a["annotations"]["summary"] == "node-3 slow"
+    assert a["startsAt"].startswith("2026-11-29T12:00:00") and a["status"] == "firing"
+    assert a["endsAt"] == "0001-01-01T00:00:00Z"  # no end while firing
+
+
+def test_webhook_severity_is_the_alerts_grade_and_one_alert_per_node(receiver):
+    from schemas import Grade
+
+    hook = WebhookExecutor([receiver["url"]], retries=0)
+    hook.execute(command(grade=Grade.WARNING, targets=("node-3", "node-4")))
+    hook.execute(command(kind=CommandKind.NOTIFY, grade=Grade.CRITICAL, targets=()))
+    first, second = receiver["bodies"]
+    assert [(a["labels"]["node"], a["labels"]["severity"]) for a in first["alerts"]] == [
+        ("node-3", "warning"), ("node-4", "warning"),
+    ]  # fmt: skip
+    [notify] = second["alerts"]
+    assert notify["labels"]["severity"] == "critical" and "node" not in notify["labels"]
+
+
+def test_webhook_sends_the_resolved_message_once_the_command_expired(receiver):
+    hook = WebhookExecutor([receiver["url"]], retries=0)
+    hook.execute(command())
+    hook.tick(T0 + timedelta(seconds=299))
+    assert len(receiver["bodies"]) == 1
+    hook.tick(T0 + timedelta(seconds=300))
+    hook.tick(T0 + timedelta(seconds=900))  # once
+    assert len(receiver["bodies"]) == 2
+    resolved = receiver["bodies"][1]
+    [a] = resolved["alerts"]
+    assert resolved["status"] == "resolved" and a["status"] == "resolved"
+    assert a["endsAt"] == (T0 + timedelta(seconds=300)).isoformat()
+    assert a["labels"] == receiver["bodies"][0]["alerts"][0]["labels"]
+    assert hook.open == {}
+
+
+def test_webhook_keeps_the_receivers_reason_on_a_refusal(receiver):
+    receiver["statuses"].append(400)
+    receiver["reply"] = b"json: cannot unmarshal object into Go value of type models.PostableAlerts"
+    with pytest.raises(ExecutionError, match="HTTP 400: json: cannot unmarshal object"):
+        WebhookExecutor([receiver["url"]], retries=0).execute(command())
 
 
 def test_webhook_retries_server_errors_then_gives_up(receiver):
@@ -190,7 +174,7 @@ def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
     assert summary.startswith(f"waiting for approval: {held.action_id}")
     assert "hardware critical on node node-3 rank 5, firing for 90s" in summary
     assert f"stepguard approve {held.action_id}" in summary
-    assert a["labels"]["nodes"] == "node-3" and a["endsAt"] > a["startsAt"]
+    assert a["labels"]["node"] == "node-3" and a["labels"]["severity"] == "critical"
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kafka.errors import KafkaTimeoutError
 
-import pipeline.listener as listener_module
-from pipeline.actuator.signing import FinishedCommands, sign
-from pipeline.listener import CommandListener
-from pipeline.settings import load_settings
+import pipeline.client.listener as listener_module
+from pipeline.client.listener import CommandListener
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import FinishedCommands, sign
 from schemas import ActuatorMode, Command, CommandKind
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, key_settings
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.errors import ConfigError
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
 from pipeline.policy import Policy, PolicyParams, action_id
-from pipeline.settings import load_settings
 from schemas import (
     ActionState,
     ActuatorMode,
@@ -77,6 +77,14 @@ def test_critical_with_a_spare_replaces_the_node_at_the_next_checkpoint():
     cmd = out.commands[0]
     assert cmd.mode is ActuatorMode.AUTO and cmd.reason == ("fp-node3-a",)
     assert cmd.expires_at == T0 + timedelta(seconds=300) and cmd.signature is None
+
+
+def test_commands_and_hold_notices_carry_the_grade_of_their_alert():
+    out = auto().on_alert(alert(grade=Grade.CRITICAL), T0)
+    assert out.commands and {c.grade for c in out.commands} == {Grade.CRITICAL}
+    held = auto(mode=ActuatorMode.APPROVE).on_alert(alert(grade=Grade.CRITICAL), T0)
+    [notice] = held.commands
+    assert notice.kind is CommandKind.NOTIFY and notice.grade is Grade.CRITICAL
 
 
 def test_replayed_and_repeated_updates_issue_nothing_twice():
@@ -553,8 +561,8 @@ def test_params_from_settings_and_validation():
         "pipeline.policy.guardrails",
         "pipeline.policy.ledger",
         "pipeline.policy.memory",
-        "pipeline.actuator.signing",
-        "pipeline.actuator.executors",
+        "pipeline.io.trust",
+        "pipeline.services.actuator.executors",
     ],
 )
 def test_docstring_examples_run(module):
@@ -776,7 +784,7 @@ def test_the_hard_cap_bounds_an_alert_storm_within_the_horizon():
 def test_control_mode_for_options_become_action_modes():
     import typer
 
-    from pipeline.actuator.cli import _action_modes
+    from pipeline.cli.actuator import _action_modes
 
     assert _action_modes(None) is None
     assert _action_modes(["replace_at_checkpoint=auto", "restart = default"]) == {
@@ -788,8 +796,8 @@ def test_control_mode_for_options_become_action_modes():
 
 
 def test_pending_header_folds_only_signed_fresh_control_changes():
-    from pipeline.actuator.cli import fold_control, modes_line
-    from pipeline.actuator.signing import SigningKey, sign
+    from pipeline.cli.actuator import fold_control, modes_line
+    from pipeline.io.trust import SigningKey, sign
 
     op, other = SigningKey.generate("op-1"), SigningKey.generate("intruder")
     base = PolicyParams(mode=ActuatorMode.APPROVE)
@@ -890,3 +898,24 @@ def test_an_episode_read_back_after_a_restart_still_confirms_from_progress():
     assert after.on_alert(warning, T0 + timedelta(seconds=6)).note == "duplicate"
     out = after.on_progress("job-1", 125, T0 + timedelta(seconds=30), T0 + timedelta(seconds=30))
     assert CommandKind.ISOLATE in [c.kind for c in out.commands]
+
+
+# -- what the metrics count (issue 24: actions_total stayed empty in auto mode) -----------
+def test_an_action_carried_out_at_once_is_reported_as_issued_with_its_mode():
+    """Auto mode publishes commands and no action record: the outcome still names the
+    action (``actions_total{state="issued"}``), once; approve mode's APPROVED record is
+    the count there, so an approved action is not also ``issued``."""
+    p = auto()
+    out = p.on_alert(alert(), T0)
+    aid = action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
+    assert out.records == [] and len(out.commands) == 3
+    assert [(i.action_id, i.mode) for i in out.issued] == [(aid, ActuatorMode.AUTO)]
+    assert p.on_alert(alert(seq=1, step=101), T0).issued == []  # nothing twice
+    gated = auto(mode=ActuatorMode.APPROVE)
+    held = gated.on_alert(alert(), T0)
+    assert held.issued == [] and [r.state for r in held.records] == [ActionState.HELD]
+    approval = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="op", ts=T0,
+                        held_at=T0)  # fmt: skip
+    approved = gated.on_approval(approval, T0)
+    assert approved.commands and approved.issued == []
+    assert ActionState.APPROVED in [r.state for r in approved.records]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.archive.backend import bind_params, read_only_problem
-from pipeline.archive.queries import QUERIES
-from pipeline.errors import ArchiveError
+from pipeline.io.errors import ArchiveError
+from pipeline.services.archive.backend import bind_params, read_only_problem
+from pipeline.services.archive.queries import QUERIES
 
 
 def test_bind_params_types_every_placeholder_and_refuses_text_for_numbers():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.archive.archiver import remove_stale_scratch
+from pipeline.services.archive.archiver import remove_stale_scratch
 
 
 def _dead_pid() -> int:

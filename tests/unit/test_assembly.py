@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.assembly import StepAssembler
+from detectors.assembly import StepAssembler
 from tests.factories import step_telemetry
 
 

@@ -8,28 +8,26 @@ import json
 import pytest
 
 from detectors.config import MonitorConfig
-from pipeline.calibrate import (
+from pipeline.io.detector_config import (
+    config_from_overrides,
+    load_detector_config,
+    overrides_of,
+    write_detector_config,
+)
+from pipeline.io.errors import ConfigError
+from pipeline.tools.calibrate.archive import ArchivedJob, Label
+from pipeline.tools.calibrate.grid import (
     DEFAULT_GRID,
     PointResult,
-    Update,
     calibrate,
     diff_settings,
     expand_grid,
     load_grid,
     pareto_front,
     recommend,
-    replay,
-    score_job,
 )
-from pipeline.calibrate_archive import ArchivedJob, Label
-from pipeline.calibrate_settings import (
-    config_from_overrides,
-    load_detector_config,
-    overrides_of,
-    write_detector_config,
-)
-from pipeline.errors import ConfigError
-from pipeline.simulator import Scenario, simulate
+from pipeline.tools.calibrate.replay import Update, replay, score_job
+from pipeline.tools.simulator import Scenario, simulate
 
 
 def _job(labels, full=False, frames=(), health=(), job_id="j"):
@@ -237,8 +235,8 @@ def test_calibrate_scores_the_running_settings_first_and_reports_refused_points(
 def test_calibrate_command_refuses_contradictory_options_before_reading(kw, match):
     from rich.console import Console
 
-    from pipeline.calibrate_cmd import run_calibrate
-    from pipeline.settings import Settings
+    from pipeline.io.settings import Settings
+    from pipeline.tools.calibrate.command import run_calibrate
 
     with pytest.raises(ConfigError, match=match):
         run_calibrate(Settings(), Console(quiet=True), **kw)

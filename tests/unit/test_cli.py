@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.app import app
 
 runner = CliRunner()
 
@@ -57,7 +57,7 @@ def test_score_series_names_the_bad_cell(tmp_path):
 
 def test_bad_setting_fails_fast_naming_the_variable(monkeypatch):
     monkeypatch.setenv("STEPGUARD_KAFKA_BOOTSTRAP", "not-a-host-port")
-    from pipeline.cli import main
+    from pipeline.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         monkeypatch.setattr("sys.argv", ["stepguard", "topics"])
@@ -66,8 +66,8 @@ def test_bad_setting_fails_fast_naming_the_variable(monkeypatch):
 
 
 def test_unknown_demo_scenario_is_a_clear_error():
-    from pipeline.errors import ConfigError
-    from pipeline.simulator import find_scenario
+    from pipeline.io.errors import ConfigError
+    from pipeline.tools.simulator import find_scenario
 
     with pytest.raises(ConfigError, match="--scenario"):
         find_scenario("no_such_scenario")
@@ -103,7 +103,7 @@ _WIDE = (
 @pytest.mark.parametrize("argv", [["query", "command_outcomes", "--job", "j"], ["sql", "SELECT 1"]])
 def test_query_and_sql_tables_fit_80_columns_and_hide_nothing(monkeypatch, argv):
     fake = _Rows(*_WIDE)
-    monkeypatch.setattr("pipeline.archive.client.open_reader", lambda _settings: fake)
+    monkeypatch.setattr("pipeline.services.archive.client.open_reader", lambda _settings: fake)
     monkeypatch.setenv("COLUMNS", "80")
     result = runner.invoke(app, argv, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
@@ -117,7 +117,7 @@ def test_query_and_sql_tables_fit_80_columns_and_hide_nothing(monkeypatch, argv)
 def test_too_many_columns_print_one_block_per_row(monkeypatch):
     cols = [f"column_{i}" for i in range(30)]
     fake = _Rows(cols, [tuple(range(30))])
-    monkeypatch.setattr("pipeline.archive.client.open_reader", lambda _settings: fake)
+    monkeypatch.setattr("pipeline.services.archive.client.open_reader", lambda _settings: fake)
     result = runner.invoke(app, ["sql", "SELECT *"], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -133,7 +133,7 @@ def test_json_lines_are_strict_json_with_times_and_nan(monkeypatch):
     fake = _Rows(
         ["ts", "loss", "nodes", "n"], [(t, float("nan"), ["a", "b"], None), (t, 1.5, [], 3)]
     )
-    monkeypatch.setattr("pipeline.archive.client.open_reader", lambda _settings: fake)
+    monkeypatch.setattr("pipeline.services.archive.client.open_reader", lambda _settings: fake)
     result = runner.invoke(app, ["sql", "--json", "SELECT *"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines()]

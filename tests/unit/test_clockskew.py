@@ -1,4 +1,4 @@
-"""The clock-skew rule (pipeline/clockskew.py) and the exporters that apply it, without a
+"""The clock-skew rule (pipeline/io/clockskew.py) and the exporters that apply it, without a
 broker: a step or health report dated beyond the wall clock + STEPGUARD_MAX_CLOCK_SKEW_S
 is not published, it is counted and one warning per interval says why, and the
 training loop goes on."""
@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.clockskew import FutureGate, future_dated, seconds_ahead
-from pipeline.exporters import StepExporter
-from pipeline.exporters.dcgm import run_dcgm_exporter
-from pipeline.exporters.health import run_health_exporter
-from pipeline.exporters.node import NodeAggregator
-from pipeline.settings import load_settings
+from pipeline.agents.dcgm import run_dcgm_exporter
+from pipeline.agents.health import run_health_exporter
+from pipeline.agents.node import NodeAggregator
+from pipeline.client import StepExporter
+from pipeline.io.clockskew import FutureGate, future_dated, seconds_ahead
+from pipeline.io.settings import load_settings
 from schemas import JobEvent, JobEventKind, NodeHealth
 from tests.unit.test_dcgm import exposition
 from tests.unit.test_exporter import FakeNvml
@@ -47,7 +47,7 @@ def test_the_gate_counts_every_drop_and_warns_once_per_interval(caplog):
     mono = [0.0]
     gate = FutureGate(60.0, "exporter j/n", interval_s=30.0, clock=lambda: 1000.0,
                       monotonic=lambda: mono[0])  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="pipeline.clockskew"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.io.clockskew"):
         assert gate.admit(1050.0)
         assert [gate.admit(5000.0, "ts_end") for _ in range(3)] == [False] * 3
         mono[0] = 31.0
@@ -95,10 +95,30 @@ def test_the_step_exporter_drops_a_future_dated_record_and_the_loop_goes_on(capl
                             announce_start=False, max_clock_skew_s=300.0)  # fmt: skip
     now = time.time()
     with caplog.at_level(logging.WARNING):
-        assert not exporter.record_step(1, 0, 1.0, 0.8, 0.1, 0.1, ts_end=now * 1000)  # ms
-        assert not exporter.record_step(1, 1, 1.0, 0.8, 0.1, 0.1, ts_start=now + 3600)
-        assert exporter.record_step(1, 2, 1.0, 0.8, 0.1, 0.1, ts_end=now + 5)  # within skew
-        assert exporter.record_step(2, 0, 1.0, 0.8, 0.1, 0.1)  # the default: now
+        assert not exporter.record_step(
+            1,
+            0,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.1,
+            data_wait_s=0.1,
+            ts_end=now * 1000,
+        )  # ms
+        assert not exporter.record_step(
+            1,
+            1,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.1,
+            data_wait_s=0.1,
+            ts_start=now + 3600,
+        )
+        assert exporter.record_step(
+            1, 2, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1, ts_end=now + 5
+        )  # within skew
+        assert exporter.record_step(
+            2, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, data_wait_s=0.1
+        )  # the default: now
     stats = exporter.close()
     assert [(r.step, r.rank) for r in sent.records] == [(1, 2), (2, 0)]
     assert (stats.future_dated, stats.recorded, stats.dropped) == (2, 2, 0)
@@ -112,7 +132,15 @@ def test_direct_exporters_take_the_skew_from_settings():
     exporter = StepExporter.direct(s, job_id="j", node="n0", register_atexit=False,
                                    announce_start=False)  # fmt: skip
     try:
-        assert not exporter.record_step(0, 0, 1.0, 0.8, 0.1, 0.1, ts_end=time.time() + 60)
+        assert not exporter.record_step(
+            0,
+            0,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.1,
+            data_wait_s=0.1,
+            ts_end=time.time() + 60,
+        )
     finally:
         stats = exporter.close(timeout=1, reason=None)
     assert stats.future_dated == 1

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.compare import POLICIES, compare, run_policy
-from pipeline.simulator import Scenario
+from pipeline.cli.app import app
+from pipeline.tools.compare import POLICIES, compare, run_policy
+from pipeline.tools.simulator import Scenario
 
 
 def _scenario(faults, **kw) -> Scenario:

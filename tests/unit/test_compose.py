@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def _acl_principals() -> set[str]:
 #: service -> the principal it must use (topics runs once, as the admin)
 SERVICE_PRINCIPALS = {
     "worker": "worker", "actuator": "actuator", "archiver": "archiver",
-    "simulator": "simulator", "topics": "admin",
+    "simulator": "simulator", "topics": "admin", "alertmanager-bridge": "alertmanager",
 }  # fmt: skip
 
 
@@ -103,7 +103,8 @@ def test_each_kafka_service_has_its_own_principal_and_password(compose):
             assert password.startswith(f"${{KAFKA_PASSWORD_{principal.upper()}:?"), name
     # the long-running services never share a principal
     running = [services[n]["environment"]["STEPGUARD_KAFKA_SASL_USERNAME"]
-               for n in ("worker", "actuator", "archiver", "simulator")]  # fmt: skip
+               for n in ("worker", "actuator", "archiver", "simulator",
+                         "alertmanager-bridge")]  # fmt: skip
     assert len(set(running)) == len(running)
 
 
@@ -135,3 +136,15 @@ def test_the_broker_authenticates_and_authorises_every_client(compose):
     assert env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
     assert set(env["KAFKA_SUPER_USERS"].split(";")) == {"User:admin", "User:CN=stepguard-broker"}
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+
+
+def test_alert_episodes_reach_the_alertmanager_container_through_the_bridge(compose):
+    services = compose["services"]
+    am = services["alertmanager"]
+    assert "--cluster.listen-address=" in am["command"] and "healthcheck" in am
+    assert "./deploy/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in am["volumes"]
+    assert (ROOT / "deploy" / "alertmanager.yml").is_file()
+    bridge = services["alertmanager-bridge"]
+    assert bridge["command"] == ["alertmanager"]
+    assert bridge["environment"]["STEPGUARD_ALERTMANAGER_URL"] == "http://alertmanager:9093"
+    assert bridge["depends_on"]["alertmanager"]["condition"] == "service_healthy"

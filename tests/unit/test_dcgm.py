@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeline.exporters.dcgm import DcgmError, DcgmScraper, run_dcgm_exporter
-from pipeline.settings import load_settings
+from pipeline.agents.dcgm import DcgmError, DcgmScraper, run_dcgm_exporter
+from pipeline.io.settings import load_settings
 from schemas import NodeHealth
 
 LABELS = (
@@ -318,7 +318,7 @@ def test_bad_arguments_are_named(kwargs, name):
 def test_stepguard_export_health_from_dcgm_command():
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     with Exporter([exposition()]) as ex:
         result = CliRunner().invoke(
@@ -330,7 +330,7 @@ def test_stepguard_export_health_from_dcgm_command():
 
 
 def test_a_scraped_downtrained_link_and_a_drain_xid_reach_the_detector():
-    from detectors.hardware import HardwareDetector
+    from detectors.hardware.health import HardwareDetector
 
     bodies = [exposition()] * 3 + [exposition(width1=8, xid1=79)]
     hw = HardwareDetector()

@@ -1,9 +1,9 @@
 """How the demo scores alerts against the simulator's truth (``match_alerts``), and what
-it tells the services it starts (pure helpers of ``pipeline.demo``)."""
+it tells the services it starts (pure helpers of ``pipeline.tools.demo``)."""
 
 from __future__ import annotations
 
-from pipeline.demo import match_alerts
+from pipeline.tools.demo_summary import match_alerts
 from schemas import AlertKind, AlertState, FaultKind, FaultTruth
 from tests.factories import samples
 
@@ -51,7 +51,7 @@ def test_a_job_hang_during_a_slow_node_is_still_a_false_alert():
 
 def test_the_job_is_back_dated_by_what_the_speed_up_gains():
     # the helper stepguard simulate shares (tests/unit/test_simulator_closed_loop.py)
-    from pipeline.simulator import back_dating_s, find_scenario
+    from pipeline.tools.simulator import back_dating_s, find_scenario
 
     sc = find_scenario("ci_smoke")
     expected = sc.steps * sc.nominal_step_s * 1.25
@@ -61,9 +61,9 @@ def test_the_job_is_back_dated_by_what_the_speed_up_gains():
 
 
 def test_actuator_runs_auto_with_the_spares_and_guard_times_divided_by_the_speed():
-    from pipeline.demo import _actuator_env
-    from pipeline.settings import load_settings
-    from pipeline.simulator import SimulatedJob, find_scenario
+    from pipeline.io.settings import load_settings
+    from pipeline.tools.demo import _actuator_env
+    from pipeline.tools.simulator import SimulatedJob, find_scenario
 
     settings = load_settings({})
     job = SimulatedJob(find_scenario("ci_smoke"))
@@ -80,8 +80,8 @@ def test_actuator_runs_auto_with_the_spares_and_guard_times_divided_by_the_speed
 
 
 def test_children_get_the_demo_topics_and_the_callers_archive(tmp_path):
-    from pipeline.demo import _base_env
-    from pipeline.settings import load_settings
+    from pipeline.io.settings import load_settings
+    from pipeline.tools.demo import _base_env
 
     s = load_settings({}, topic_prefix="x.", consumer_group="g", chdb_path=tmp_path / "a")
     env = _base_env(s, {"PATH": "/bin", "STEPGUARD_CLICKHOUSE_DSN": "clickhouse://h/db"}, "r1")

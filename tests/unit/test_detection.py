@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from detectors.frame import StepFrame
-from pipeline import statecodec
-from pipeline.detection import JobDetection
-from pipeline.errors import CapacityError
-from pipeline.simulator import Scenario, simulate
+from detectors.job import JobDetection
+from pipeline.io import statecodec
+from pipeline.io.errors import CapacityError
+from pipeline.tools.simulator import Scenario, simulate
 from schemas import (
     ActuatorMode,
     Alert,

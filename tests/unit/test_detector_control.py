@@ -1,4 +1,4 @@
-"""Signed detector settings on the control topic (pipeline/worker/control.py): what a
+"""Signed detector settings on the control topic (pipeline/services/worker/control.py): what a
 worker applies to new jobs and what it refuses (signature, replay, future, invalid)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from detectors.config import MonitorConfig
-from pipeline.actuator.signing import SigningKey, canonical, sign, signature_problem
-from pipeline.worker.control import DetectorControl
+from pipeline.io.trust import SigningKey, canonical, sign, signature_problem
+from pipeline.services.worker.control import DetectorControl
 from schemas import ActuatorMode, ControlMessage, encode
 from tests.factories import OPERATOR_KEY
 
@@ -128,9 +128,9 @@ def test_a_control_message_signed_before_detector_settings_existed_still_verifie
 def test_calibrate_apply_needs_a_broker_and_the_operator_key_before_it_replays():
     from rich.console import Console
 
-    from pipeline.calibrate_cmd import run_calibrate
-    from pipeline.errors import ConfigError
-    from pipeline.settings import load_settings
+    from pipeline.io.errors import ConfigError
+    from pipeline.io.settings import load_settings
+    from pipeline.tools.calibrate.command import run_calibrate
 
     with pytest.raises(ConfigError, match="STEPGUARD_KAFKA_BOOTSTRAP"):
         run_calibrate(load_settings({}), Console(quiet=True), jobs=["a"], apply=True)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from detectors.divergence import DivergenceDetector
+from detectors.training.divergence import DivergenceDetector
 
 
 def trained(n=30):

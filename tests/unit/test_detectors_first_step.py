@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from detectors.engine import JobMonitor, MonitorConfig
-from detectors.first_step import node_outliers, warmup_outliers
 from detectors.frame import StepFrame
+from detectors.steps.first_step import node_outliers, warmup_outliers
 from schemas import AlertKind
 
 WARMUP = MonitorConfig().warmup_steps

@@ -3,7 +3,7 @@
 import pytest
 
 from detectors.base import Finding
-from detectors.grading import EpisodeState, GradePolicy, Grader, Transition, advance
+from detectors.grading.grader import EpisodeState, GradePolicy, Grader, Transition, advance
 from schemas import AlertKind, AlertState, Grade, RecommendedAction
 
 POLICY = GradePolicy(

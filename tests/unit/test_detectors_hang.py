@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from detectors.hang import HangDetector, HealthPresence, MissingRanks
+from detectors.hang.detector import HangDetector, HealthPresence, MissingRanks
 
 
 def test_hang_score_is_silence_in_median_step_times():
@@ -88,7 +88,7 @@ def test_invalid_arguments_are_named(cls, kwargs, name):
 
 
 def test_a_relaunch_is_not_a_hang_and_restarts_step_numbers():
-    from detectors.hang import HangDetector
+    from detectors.hang.detector import HangDetector
 
     h = HangDetector(factor=2.5, window=10, min_steps=3)
     for step in range(10):
@@ -102,7 +102,7 @@ def test_a_relaunch_is_not_a_hang_and_restarts_step_numbers():
 
 
 def test_a_silent_node_is_named_only_while_most_of_the_fleet_reports():
-    from detectors.hang import HealthPresence
+    from detectors.hang.detector import HealthPresence
 
     p = HealthPresence(factor=1.5)
     for i in range(10):

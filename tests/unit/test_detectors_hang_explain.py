@@ -5,7 +5,7 @@ import pytest
 
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
-from detectors.hang import HangDetector
+from detectors.hang.detector import HangDetector
 from schemas import AlertKind
 
 STEP = 0.25  # ordinary step time (s)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.hang import HangDetector
+from detectors.hang.detector import HangDetector
 
 FACTOR = 2.5  # the engine's hang_factor
 BASE = 0.4  # ordinary step time (s)

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from detectors.hardware import FATAL_XIDS, HardwareDetector
+from detectors.hardware.health import FATAL_XIDS, HardwareDetector
 from schemas import GpuHealth, NodeHealth
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -4,7 +4,7 @@ row remapping, drain XIDs and clock reasons, scored and graded through JobMonito
 from datetime import UTC, datetime, timedelta
 
 from detectors.engine import JobMonitor
-from detectors.hardware import FATAL_XIDS, HardwareDetector
+from detectors.hardware.health import FATAL_XIDS, HardwareDetector
 from schemas import GpuHealth, NodeHealth
 from schemas.alerts import Grade, RecommendedAction
 
@@ -168,7 +168,7 @@ def test_version_1_report_without_link_fields_scores_as_before():
 
 
 def test_a_detector_restored_from_a_state_older_than_v2_keeps_working():
-    from pipeline import statecodec
+    from pipeline.io import statecodec
 
     hw = HardwareDetector()
     for i in range(8):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from detectors.frame import StepFrame
-from detectors.peer import PeerDetector
+from detectors.steps.peer import PeerDetector
 
 
 def sync_frame(compute, data=None, pp_stage=None, step=0):

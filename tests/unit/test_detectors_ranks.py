@@ -9,8 +9,8 @@ import pytest
 
 from detectors.engine import JobMonitor
 from detectors.frame import StepFrame
-from detectors.ranks import RankIndex
-from pipeline import statecodec
+from detectors.steps.ranks import RankIndex
+from pipeline.io import statecodec
 from schemas import AlertKind
 from schemas.telemetry import MAX_RANKS_PER_JOB
 

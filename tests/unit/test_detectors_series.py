@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.series import DAY, SeriesScorer, score_series
+from detectors.series.scorer import DAY, SeriesScorer, score_series
 
 START = 1767571200.0  # a Monday, 00:00 UTC
 

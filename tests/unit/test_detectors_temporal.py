@@ -5,7 +5,7 @@ import pytest
 from river import stats
 
 from detectors._stats import EWArrays
-from detectors.temporal import RankBaselines
+from detectors.steps.temporal import RankBaselines
 
 
 def run(b, series, scale=0.01):

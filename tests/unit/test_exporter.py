@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.embedded import free_port
-from pipeline.exporters import RankRecord, StepBatcher, StepExporter
-from pipeline.exporters.health import NvmlReader, NvmlUnavailable, run_health_exporter
-from pipeline.settings import load_settings
+from pipeline.agents.health import NvmlReader, NvmlUnavailable, run_health_exporter
+from pipeline.client import RankRecord, StepBatcher, StepExporter
+from pipeline.io.embedded import free_port
+from pipeline.io.settings import load_settings
 from schemas import EndReason, JobEvent, NodeHealth, Phase, StepTelemetry
 
 
@@ -63,7 +63,15 @@ def test_exporter_keeps_the_loop_running_when_the_broker_is_down():
         dead, job_id="j", node="n0", ranks_per_node=8, queue_size=1000, register_atexit=False
     )
     accepted = sum(
-        exporter.record_step(step, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank)
+        exporter.record_step(
+            step,
+            rank,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.15,
+            data_wait_s=0.05,
+            local_rank=rank,
+        )
         for step in range(2000)
         for rank in range(8)
     )
@@ -79,7 +87,9 @@ def test_exporter_to_a_missing_aggregator_counts_drops(tmp_path):
         tmp_path / "nobody.sock", job_id="j", node="n0", register_atexit=False
     )
     for rank in range(8):
-        assert exporter.record_step(0, rank, 1.0, 0.8, 0.15, 0.05)
+        assert exporter.record_step(
+            0, rank, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.15, data_wait_s=0.05
+        )
     stats = exporter.close()
     assert stats.dropped_send == 8 and stats.sent == 0
 
@@ -93,7 +103,16 @@ def test_exporter_sends_records_to_the_aggregator_socket(tmp_path):
         path, job_id="j", node="n3", register_atexit=False, run="attempt-1"
     )
     for rank in range(8):
-        exporter.record_step(5, rank, 1.0, 0.8, 0.15, 0.05, local_rank=rank, loss=float("nan"))
+        exporter.record_step(
+            5,
+            rank,
+            step_time_s=1.0,
+            compute_s=0.8,
+            comm_wait_s=0.15,
+            data_wait_s=0.05,
+            local_rank=rank,
+            loss=float("nan"),
+        )
     exporter.flush()
     with exporter.phase("checkpoint", expected_s=30.0):
         exporter.flush()

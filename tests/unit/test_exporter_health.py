@@ -1,6 +1,6 @@
 """The NVML exporter's link and memory-repair readings (NodeHealth v2), on a fake NVML."""
 
-from pipeline.exporters.health import NvmlReader
+from pipeline.agents.health import NvmlReader
 from tests.unit.test_exporter import FakeNvml
 
 

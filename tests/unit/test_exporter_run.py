@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import socket
 
-from pipeline.exporters import StepBatcher, StepExporter
-from pipeline.exporters.batcher import WIRE_FIELDS
-from pipeline.exporters.node import NodeAggregator
-from pipeline.settings import load_settings
+from pipeline.agents.node import NodeAggregator
+from pipeline.client import StepBatcher, StepExporter
+from pipeline.client.batcher import WIRE_FIELDS
+from pipeline.io.settings import load_settings
 from tests.unit.test_exporter import rec
 
 
@@ -39,7 +39,7 @@ def test_the_run_travels_through_the_node_aggregator(tmp_path):
     exporter = StepExporter.to_aggregator(
         path, job_id="j", node="n0", register_atexit=False, run="attempt-2", announce_start=False
     )
-    exporter.record_step(5, 0, 1.0, 0.8, 0.15, 0.05)
+    exporter.record_step(5, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.15, data_wait_s=0.05)
     exporter.flush()
     exporter.close()
     (row,) = json.loads(server.recv(65536))

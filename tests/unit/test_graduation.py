@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.archive.rows import rows_for
-from pipeline.graduation import GraduationRules, graduation_report
+from pipeline.io.trust import SigningKey, sign
 from pipeline.policy import Policy, PolicyParams
+from pipeline.services.archive.rows import rows_for
+from pipeline.tools.calibrate.graduation import GraduationRules, graduation_report
 from schemas import (
     ActuatorMode,
     Alert,
@@ -196,7 +196,7 @@ def test_rules_are_validated():
 def test_cli_calibrate_actions_prints_the_report_and_the_control_command(
     archive, monkeypatch, tmp_path
 ):
-    from pipeline import graduation
+    from pipeline.tools.calibrate import graduation
 
     h = History()
     for _ in range(3):
@@ -211,7 +211,7 @@ def test_cli_calibrate_actions_prints_the_report_and_the_control_command(
             pass
 
     monkeypatch.setattr(graduation, "_open", lambda settings: Shared())
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     out = tmp_path / "g.json"
     result = CliRunner().invoke(
@@ -226,7 +226,7 @@ def test_cli_calibrate_actions_prints_the_report_and_the_control_command(
 
 
 def test_cli_calibrate_actions_refuses_replay_options():
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     result = CliRunner().invoke(app, ["calibrate", "--actions", "--apply"])
     assert result.exit_code != 0 and "--actions" in result.output

@@ -9,6 +9,8 @@ lazy import hides a cycle rather than removing it. Importing ``a.b.c`` also runs
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -16,9 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "detectors", "schemas")
-SERVICE_CLIS = ("pipeline.actuator.cli", "pipeline.worker.cli")
+SERVICE_CLIS = ("pipeline.cli.actuator", "pipeline.cli.worker", "pipeline.cli.alertmanager")
 #: ``python -m`` entry points: nothing imports them, so they close no loop.
-ENTRY_POINTS = {"pipeline.__main__", "pipeline.worker.__main__"}
+ENTRY_POINTS = {"pipeline.__main__", "pipeline.services.worker.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -82,23 +84,146 @@ def _reachable(start: str) -> set[str]:
     return seen
 
 
+#: The floors, lowest first: a module may import its own floor and the floors below it,
+#: never one above it nor a sibling on the same level (``client`` and ``policy`` both stand
+#: on ``io`` and know nothing of each other).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("schemas",),
+    ("detectors",),
+    ("pipeline.io",),
+    ("pipeline.client", "pipeline.policy"),
+    ("pipeline.agents",),
+    ("pipeline.services",),
+    ("pipeline.tools",),
+    ("pipeline.cli",),
+)
+#: ``python -m`` entry points: nothing imports them, so they may reach any floor.
+FLOOR_EXEMPT = {"pipeline", *ENTRY_POINTS}
+#: What training code imports must not load these (a training node installs only the client).
+HEAVY = ("faust", "aiokafka", "chdb", "clickhouse_driver", "matplotlib", "numpy", "yaml", "river")
+
+
+def _floor(module: str) -> tuple[int, str] | None:
+    for level, names in enumerate(FLOORS):
+        for floor in names:
+            if module == floor or module.startswith(floor + "."):
+                return level, floor
+    return None
+
+
+def _ancestors(module: str) -> set[str]:
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def test_every_module_stands_on_a_floor():
+    homeless = [m for m in _sources() if _floor(m) is None and m not in FLOOR_EXEMPT]
+    assert not homeless, f"modules outside every floor: {homeless}"
+
+
 def test_the_graph_sees_lazy_imports():
-    # pipeline.cli imports the demo inside a command function
-    assert "pipeline.demo" in _graph()["pipeline.cli"]
-    assert set(SERVICE_CLIS) <= _graph()["pipeline.cli"]
+    # the command line imports the demo inside a command function
+    assert "pipeline.tools.demo" in _graph()["pipeline.cli.app"]
+    assert set(SERVICE_CLIS) <= _graph()["pipeline.cli.app"]
+
+
+def test_no_import_runs_up_a_floor_or_across_to_a_sibling():
+    wrong = []
+    for name, deps in _graph().items():
+        if name in FLOOR_EXEMPT:
+            continue
+        here = _floor(name)
+        assert here is not None
+        for dep in deps - _ancestors(name):
+            there = _floor(dep)
+            if there is None:
+                continue  # the top package ``pipeline`` itself
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1]):
+                wrong.append(f"{name} ({here[1]}) -> {dep} ({there[1]})")
+    assert not wrong, "imports running up the floors:\n" + "\n".join(sorted(wrong))
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), ignoring the
+    edge from a module to the packages above it (importing ``a.b`` runs ``a``)."""
+    graph = {m: sorted(d - _ancestors(m)) for m, d in _graph().items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    assert not _cycles(), f"import cycles: {_cycles()}"
+
+
+def test_the_cycle_check_sees_a_cycle(monkeypatch):
+    graph = dict(_graph())
+    graph["detectors.signals"] = graph["detectors.signals"] | {"detectors.frame"}
+    graph["detectors.frame"] = graph["detectors.frame"] | {"detectors.signals"}
+    monkeypatch.setattr(sys.modules[__name__], "_graph", lambda: graph)
+    assert ["detectors.frame", "detectors.signals"] in _cycles()
+
+
+def test_the_floor_check_sees_an_import_running_up():
+    assert _floor("pipeline.client.exporter") < _floor("pipeline.services.worker.app")
+    assert _floor("pipeline.services.worker") < _floor("pipeline.tools.up")
+    assert _floor("pipeline.client")[0] == _floor("pipeline.policy")[0]
 
 
 def test_only_entry_points_import_the_command_line():
-    importers = {m for m, deps in _graph().items() if "pipeline.cli" in deps}
-    assert importers <= ENTRY_POINTS, (
-        f"{sorted(importers - ENTRY_POINTS)} import pipeline.cli; shared CLI helpers "
-        "belong in pipeline.cliutil"
-    )
+    importers = {
+        m
+        for m, deps in _graph().items()
+        if _floor(m) != _floor("pipeline.cli")
+        and any(_floor(d) == _floor("pipeline.cli") for d in deps)
+    }
+    assert importers <= ENTRY_POINTS, f"{sorted(importers - ENTRY_POINTS)} import pipeline.cli"
 
 
-@pytest.mark.parametrize("module", [*SERVICE_CLIS, "pipeline.cliutil"])
+@pytest.mark.parametrize("module", [*SERVICE_CLIS, "pipeline.cli.util"])
 def test_service_clis_never_lead_back_to_the_command_line(module):
-    assert "pipeline.cli" not in _reachable(module)
+    assert "pipeline.cli.app" not in _reachable(module)
+
+
+def test_importing_the_client_loads_nothing_heavy():
+    # in a fresh interpreter: what ``import pipeline.client`` really runs, third-party
+    # imports of the modules it reaches included
+    code = (
+        "import sys, pipeline.client, pipeline.client.listener\n"
+        f"print(sorted({{m.partition('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]", f"import pipeline.client loads {out}"
 
 
 def test_no_module_imports_another_packages_private_module():

@@ -12,9 +12,10 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from pipeline.embedded import free_port
-from pipeline.errors import ConfigError
-from pipeline.metrics import serve_metrics
+from pipeline.io.embedded import free_port
+from pipeline.io.errors import ConfigError
+from pipeline.io.metrics import serve_metrics
+from pipeline.io.settings import load_settings
 
 
 @pytest.fixture
@@ -26,8 +27,9 @@ def busy_port():
 
 
 def test_a_busy_port_names_the_setting_and_the_port(busy_port):
+    settings = load_settings({}, archiver_metrics_port=busy_port)
     with pytest.raises(ConfigError) as info:
-        serve_metrics(CollectorRegistry(), busy_port, "archiver_metrics_port")
+        serve_metrics(CollectorRegistry(), settings, "archiver_metrics_port")
     text = str(info.value)
     assert f"STEPGUARD_ARCHIVER_METRICS_PORT={busy_port}" in text and "in use" in text
     assert "\n" not in text
@@ -36,11 +38,51 @@ def test_a_busy_port_names_the_setting_and_the_port(busy_port):
 def test_port_zero_serves_nothing_and_a_free_port_serves_the_registry():
     reg = CollectorRegistry()
     Counter("stepguard_x", "x", registry=reg).inc(3)
-    serve_metrics(reg, 0, "worker_metrics_port")  # nothing to see, nothing raised
+    off = load_settings({}, worker_metrics_port=0)
+    assert serve_metrics(reg, off, "worker_metrics_port") is None  # nothing, nothing raised
     port = free_port()
-    serve_metrics(reg, port, "worker_metrics_port")
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        assert "stepguard_x_total 3.0" in resp.read().decode()
+    server = serve_metrics(reg, load_settings({}, worker_metrics_port=port), "worker_metrics_port")
+    assert server is not None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            assert "stepguard_x_total 3.0" in resp.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _non_loopback_address() -> str | None:
+    """An address of this host other than loopback (the one a default route uses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for UDP connect
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+def test_metrics_bind_loopback_by_default_and_the_setting_changes_it():
+    """Outside a container nothing but this host can scrape (issue 22/24): the
+    default listens on 127.0.0.1; STEPGUARD_METRICS_BIND_ADDRESS=0.0.0.0 opens it."""
+    assert load_settings({}).metrics_bind_address == "127.0.0.1"
+    reg = CollectorRegistry()
+    port = free_port()
+    server = serve_metrics(reg, load_settings({}, worker_metrics_port=port), "worker_metrics_port")
+    assert server is not None
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        other = _non_loopback_address()
+        if other is not None:  # the endpoint is not reachable on the host's own address
+            with pytest.raises(OSError):
+                socket.create_connection((other, port), timeout=2).close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    env = {"STEPGUARD_METRICS_BIND_ADDRESS": "0.0.0.0", "STEPGUARD_WORKER_METRICS_PORT": "0"}
+    assert load_settings(env).metrics_bind_address == "0.0.0.0"
+    with pytest.raises(ConfigError, match="STEPGUARD_METRICS_BIND_ADDRESS"):
+        load_settings({"STEPGUARD_METRICS_BIND_ADDRESS": "everywhere"})
 
 
 @pytest.mark.parametrize(
@@ -50,6 +92,7 @@ def test_port_zero_serves_nothing_and_a_free_port_serves_the_registry():
         (["actuator"], "STEPGUARD_ACTUATOR_METRICS_PORT"),
         (["executor", "dry-run"], "STEPGUARD_EXECUTOR_METRICS_PORT"),
         (["archiver"], "STEPGUARD_ARCHIVER_METRICS_PORT"),
+        (["alertmanager"], "STEPGUARD_ALERTMANAGER_METRICS_PORT"),
     ],
 )
 def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_path):
@@ -76,8 +119,8 @@ def test_a_service_on_a_busy_port_exits_with_one_line(argv, var, busy_port, tmp_
 
 
 def test_up_gives_every_service_its_own_metrics_port_and_sums_their_counters(tmp_path):
-    from pipeline.settings import load_settings
-    from pipeline.up import UpOptions, build_plan, parse_metrics
+    from pipeline.io.settings import load_settings
+    from pipeline.tools.up import UpOptions, build_plan, parse_metrics
 
     settings = load_settings({}, state_dir=tmp_path)
     p = build_plan(settings, UpOptions(workers=2, scenario="ci_smoke"), {"PATH": "/bin"},

@@ -3,7 +3,7 @@
 Every module of ``pipeline/``, ``detectors/`` and ``schemas/`` is read with ``ast``:
 none imports a serialiser that executes what it reads (pickle and its relatives), and
 none calls ``eval``/``exec``/``compile`` or numpy's pickle-enabled loaders. State that
-crosses a broker goes through :mod:`pipeline.statecodec` instead.
+crosses a broker goes through :mod:`pipeline.io.statecodec` instead.
 """
 
 from __future__ import annotations

@@ -7,9 +7,17 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.errors import ConfigError
-from pipeline.plan import POLICIES, RULES, Rates, load_rates, plan_one, sweep, young_interval_s
+from pipeline.cli.app import app
+from pipeline.io.errors import ConfigError
+from pipeline.tools.plan import (
+    POLICIES,
+    RULES,
+    Rates,
+    load_rates,
+    plan_one,
+    sweep,
+    young_interval_s,
+)
 
 NO_FAULTS = {"crash_per_gpu_hour": 0.0, "straggler_per_gpu_hour": 0.0,
              "false_replace_per_node_day": 0.0}  # fmt: skip
@@ -78,7 +86,7 @@ def test_false_alarms_cost_active_and_not_hybrid():
 
 
 def test_plan_uses_the_rules_compare_plays():
-    from pipeline import compare
+    from pipeline.tools import compare
 
     assert compare.POLICIES == POLICIES
     assert not RULES["passive"].detects and RULES["passive"].relaunch_on_timeout

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from detectors.series import SeriesScorer
-from pipeline.cli import app
-from pipeline.series import (
+from detectors.series.scorer import SeriesScorer
+from pipeline.cli.app import app
+from pipeline.tools.series import (
     SeriesInputError,
     SeriesOptions,
     count_lines,
@@ -94,7 +94,7 @@ def test_parse_time_reads_iso_and_epoch_and_refuses_row_numbers():
 
 def test_progress_reaches_the_end_of_the_file(tmp_path, monkeypatch):
     path = write_csv(tmp_path, ["ts", "a"], [(i, i % 7) for i in range(500)])
-    from pipeline import series
+    from pipeline.tools import series
 
     seen = []
     monkeypatch.setattr(series, "count_lines", lambda lines, cb: (seen.append(1), lines)[1])

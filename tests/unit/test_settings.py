@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import ConfigError
-from pipeline.kafka import client_config
-from pipeline.settings import load_settings
+from pipeline.io.errors import ConfigError
+from pipeline.io.kafka import client_config
+from pipeline.io.settings import load_settings
 
 
 def test_defaults_choose_the_embedded_archive():

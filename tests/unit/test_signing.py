@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.actuator.signing import (
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import ROLES, load_settings
+from pipeline.io.trust import (
     SigningKey,
     canonical,
     check_command,
@@ -18,8 +20,6 @@ from pipeline.actuator.signing import (
     signature_problem,
     signing_key,
 )
-from pipeline.errors import ConfigError
-from pipeline.settings import ROLES, load_settings
 from schemas import (
     ActuatorMode,
     Approval,
@@ -164,6 +164,22 @@ def test_a_signature_made_before_job_nodes_existed_still_verifies():
     assert check_command(back, BOTH, T0) is None
 
 
+def test_the_grade_is_signed_when_set_and_older_signatures_still_verify():
+    from schemas import ActionRecord, ActionState, Grade
+
+    graded = sign(command(grade=Grade.WARNING), NEW)
+    assert check_command(graded, BOTH, T0) is None
+    forged = graded.model_copy(update={"grade": Grade.INFO})
+    assert check_command(forged, BOTH, T0) == "bad signature"
+    # signed before the field existed: neither the command nor the commands an action
+    # record carries had a "grade" key in their signed bytes
+    assert b'"grade"' not in canonical(command())
+    record = ActionRecord(action_id="act-0001", state=ActionState.HELD, job_id="job-1",
+                          mode=ActuatorMode.APPROVE, commands=(command(),), reason=("fp-1",),
+                          ts=T0)  # fmt: skip
+    assert b'"grade"' not in canonical(record) and b'"job_nodes":null' in canonical(record)
+
+
 # -- keys in settings ------------------------------------------------------------------------
 def test_keys_load_from_settings_by_role():
     s = load_settings({}, **key_settings())
@@ -202,7 +218,7 @@ def test_ephemeral_keys_fill_only_the_roles_without_a_key():
 
 
 def test_keys_generate_prints_a_pair_that_loads_and_verifies():
-    from pipeline.cli import app
+    from pipeline.cli.app import app
 
     res = CliRunner().invoke(app, ["keys", "generate", "--role", "worker", "--key-id", "w-7"])
     assert res.exit_code == 0, res.output

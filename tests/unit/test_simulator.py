@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from detectors.frame import PHASE_CODES, StepFrame
-from pipeline.simulator import (
+from pipeline.tools.simulator import (
     Scenario,
     ScenarioError,
     SimEvent,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from detectors.frame import StepFrame
-from pipeline.simulator import Scenario, load_suite, node_name
+from pipeline.tools.simulator import Scenario, load_suite, node_name
 from schemas import (
     Alert,
     AlertKind,

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.simulator import (
+from pipeline.tools.simulator import (
     RUN_MARGIN,
     SimulatedJob,
     back_dating_s,
     find_scenario,
     start_from_now,
 )
-from pipeline.simulator.closed_loop import at_step_boundary
-from pipeline.simulator.control import JobController
+from pipeline.tools.simulator.closed_loop import at_step_boundary
+from pipeline.tools.simulator.control import JobController
 from schemas import ActuatorMode, Command, CommandKind, CommandStatus
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

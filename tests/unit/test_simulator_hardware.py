@@ -1,6 +1,6 @@
 """The simulator's silent hardware faults (issue 16 item 2): what the node reports."""
 
-from pipeline.simulator import Scenario, SimulatedJob
+from pipeline.tools.simulator import Scenario, SimulatedJob
 
 
 def reports(faults, steps=60, nodes=4, **kw):

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline import statecodec
-from pipeline.assembly import StepAssembler
-from pipeline.fastdecode import decode_step
-from pipeline.statecodec import StateFormatError, dumps, loads
+from detectors.assembly import StepAssembler
+from pipeline.io import statecodec
+from pipeline.io.fastdecode import decode_step
+from pipeline.io.statecodec import StateFormatError, dumps, loads
 from schemas import AlertKind, encode
 from tests.factories import step_telemetry
 
@@ -90,7 +90,7 @@ def _blob(tree: object, *, length: int | None = None, flags: int = 1) -> bytes:
         (pickle.dumps(_Payload()), "bad magic"),
         (_blob({"#": "o", "id": 0, "c": "subprocess.Popen", "f": {}}), "not a state class"),
         (_blob({"#": "o", "id": 0, "c": "os.system", "f": {}}), "not a state class"),
-        (_blob({"#": "e", "c": "pipeline.assembly.StepAssembler", "v": 1}), "not an enum"),
+        (_blob({"#": "e", "c": "detectors.assembly.StepAssembler", "v": 1}), "not an enum"),
         (_blob({"#": "a", "id": 0, "dt": "|O", "sh": [1], "b": b"\x00" * 8}), "not allowed"),
         (_blob({"#": "a", "id": 0, "dt": "<f8", "sh": [10**6], "b": b"\x00" * 8}), "buffer"),
         (_blob({"#": "r", "id": 7}), "unknown object"),
@@ -101,7 +101,7 @@ def _blob(tree: object, *, length: int | None = None, flags: int = 1) -> bytes:
         (_blob({"#": "t", "v": [1]}, flags=4), "unknown state flags"),
         (
             _blob(
-                {"#": "o", "id": 0, "c": "pipeline.assembly.StepAssembler", "f": {"lag steps": 1}}
+                {"#": "o", "id": 0, "c": "detectors.assembly.StepAssembler", "f": {"lag steps": 1}}
             ),
             "bad field name",
         ),

@@ -9,21 +9,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from pipeline.actuator.signing import sign
-from pipeline.status import (
-    AlertFilter,
+from pipeline.io.duration import parse_duration
+from pipeline.io.trust import sign
+from pipeline.tools.alerts import AlertFilter, alert_line, alerts_filter, signature_mark
+from pipeline.tools.status import (
     HeldRow,
     ServiceRow,
     StatusSnapshot,
-    alert_line,
-    alerts_filter,
     held_from,
     incidents_from,
     jobs_from,
-    parse_since,
     render_status,
     services_from_up,
-    signature_mark,
 )
 from schemas import (
     ActionRecord,
@@ -136,7 +133,7 @@ def test_filters_job_least_grade_and_age():
         alerts_filter(job=None, grade="loud", since=None)
     with pytest.raises(ValueError, match="--since"):
         alerts_filter(job=None, grade=None, since="5 minutes")
-    assert parse_since("90s") == timedelta(seconds=90) and parse_since("1d").days == 1
+    assert parse_duration("90s") == timedelta(seconds=90) and parse_duration("1d").days == 1
 
 
 def test_services_from_up_json_live_and_gone():
@@ -175,3 +172,25 @@ def test_the_status_tables_fit_80_columns():
         "gpu-node-0000,gpu-node-0001,gpu-node-0002,+3" in out.replace("\n", "").replace(" ", "")
         or "+3" in out
     )
+
+
+def test_markup_in_job_ids_nodes_and_paths_is_shown_as_text_never_parsed():
+    """Issue 22 item 14: a job id ``[/x]`` made rich raise MarkupError, and
+    ``[link=...]`` put a link into the operator's terminal. Every string is text."""
+    link = "[link=https://evil.example/]job[/link]"
+    snap = StatusSnapshot(
+        at=T0, bootstrap="127.0.0.1:9092", services_from="[bold]/x/up.json",
+        services=[ServiceRow("[/x]", "[red]running", 1, 0, 5.0, None, {})],
+        jobs=jobs_from([step_telemetry(job="[/x]"), step_telemetry(job=link)], [], T0),
+        incidents=incidents_from([alert(job="[/x]", node="[link=https://e.example/]n[/link]",
+                                        incident="[/i]")]),
+        held=[HeldRow("[/a]", link, "isolate['[/n]']", "slow", T0, 100.0)],
+        notes=["[/note]"],
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=200, color_system=None, record=True)
+    console.print(render_status(snap, 500))
+    out = console.export_text()
+    for literal in ("[/x]", link, "[bold]/x/up.json", "[red]running", "[/a]", "[/i]",
+                    "isolate['[/n]']", "[/note]"):  # fmt: skip
+        assert literal in out, (literal, out)
+    assert not [s for s in console._record_buffer if s.style is not None and s.style.link]

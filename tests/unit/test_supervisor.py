@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.supervisor import (
+from pipeline.tools.supervisor import (
     Backoff,
     ProcessGroup,
     ServiceSpec,
@@ -257,8 +257,8 @@ def test_stop_one_stops_a_service_for_good_and_leaves_the_others_running():
 def test_docstring_examples():
     import doctest
 
-    import pipeline.supervisor
-    import pipeline.up
+    import pipeline.tools.supervisor
+    import pipeline.tools.up
 
-    for module in (pipeline.supervisor, pipeline.up):
+    for module in (pipeline.tools.supervisor, pipeline.tools.up):
         assert doctest.testmod(module).failed == 0

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pipeline.errors import ConfigError
-from pipeline.settings import load_settings
-from pipeline.supervisor import Supervisor
-from pipeline.up import MetricsBoard, UpOptions, build_plan, status_table
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_settings
+from pipeline.tools.supervisor import Supervisor
+from pipeline.tools.up import MetricsBoard, UpOptions, build_plan, status_table
 
 
 def plan(tmp_path: Path, **kw: object):
@@ -58,6 +58,27 @@ def test_a_configured_broker_is_used_not_started(tmp_path):
     assert p.bootstrap == "k:9092" and p.broker_flavor == "kafka"
 
 
+def test_the_alertmanager_bridge_runs_only_with_an_alertmanager(tmp_path):
+    assert "alertmanager" not in {s.name for s in plan(tmp_path).specs}
+    settings = load_settings({}, state_dir=tmp_path, alertmanager_url="http://u:pw@am:9093")
+    p = build_plan(settings, UpOptions(), {}, python="py")
+    bridge = {s.name: s for s in p.specs}["alertmanager"]
+    assert bridge.argv[3:] == ("alertmanager",) and bridge.after == ("topics",)
+    assert bridge.env["STEPGUARD_ALERTMANAGER_URL"] == "http://u:pw@am:9093"
+    assert bridge.env["STEPGUARD_ALERTMANAGER_METRICS_PORT"] == str(bridge.metrics_port)
+    assert (
+        bridge.env["STEPGUARD_WORKER_PUBLIC_KEYS"] and bridge.env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]
+    )
+    assert not [k for k in bridge.env if k.endswith("_PRIVATE_KEY")]
+    assert "alert episodes go to Alertmanager at http://am:9093" in p.notes  # no password
+    # --durable: the Alertmanager scripts/alertmanager.sh started
+    settings = load_settings({}, state_dir=tmp_path)
+    durable = build_plan(settings, UpOptions(durable=True), {}, python="py",
+                         alertmanager_url="http://127.0.0.1:19094")  # fmt: skip
+    [spec] = [s for s in durable.specs if s.name == "alertmanager"]
+    assert spec.env["STEPGUARD_ALERTMANAGER_URL"] == "http://127.0.0.1:19094"
+
+
 def test_a_busy_base_port_is_one_clear_error(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,8 +107,8 @@ def test_up_writes_the_jobs_controller_key_where_only_the_user_reads_it(tmp_path
     Now the job gets a key of its own role, bound to its job, in a 0600 file."""
     import stat
 
-    from pipeline.actuator.signing import job_controller_key_id, signing_key
-    from pipeline.up import JOB_ENV_FILE, write_job_env
+    from pipeline.io.trust import job_controller_key_id, signing_key
+    from pipeline.tools.up import JOB_ENV_FILE, write_job_env
 
     p = plan(tmp_path, scenario="ci_smoke")
     assert list(p.job_env) == ["STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY"]
@@ -101,3 +122,25 @@ def test_up_writes_the_jobs_controller_key_where_only_the_user_reads_it(tmp_path
     public = {s.name: s.env.get("STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS", "") for s in p.specs}
     assert key.public_text() in public["worker-1"]
     assert plan(tmp_path).job_env == {}  # no job: no controller key
+
+
+def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
+    """A scraped endpoint closes its connections first, so after a stop its port holds
+    TIME_WAIT sockets for a minute; the services bind with SO_REUSEADDR, and so must
+    up's check (`up --base-port` again right after a stop with Prometheus)."""
+    import socket
+
+    from pipeline.tools.up import _port_free
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        conn, _ = server.accept()
+        conn.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.recv(1)
+        client.close()
+        assert not _port_free(port)  # still listening
+    assert _port_free(port)

@@ -9,8 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from pipeline.actuator.signing import SigningKey, sign
-from pipeline.worker.state import CoreTopics, JobState, WorkerCore, partition_for
+from pipeline.io.trust import SigningKey, sign
+from pipeline.services.worker.state import CoreTopics, JobState, WorkerCore, partition_for
 from schemas import (
     ActuatorMode,
     AlertKind,
@@ -235,7 +235,7 @@ def test_bad_arguments_are_named(kw):
 def test_a_long_checkpoint_step_is_not_a_hang_for_the_worker():
     """A checkpoint save that takes many step times ends with a completed step: the
     worker scores the step before it looks at the hang clock."""
-    from pipeline.simulator import Scenario, SimulatedJob
+    from pipeline.tools.simulator import Scenario, SimulatedJob
 
     sc = Scenario(name="ckpt", nodes=4, steps=80, warmup_steps=5, checkpoint_every=40,
                   checkpoint_s=8.0)  # fmt: skip

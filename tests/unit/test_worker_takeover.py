@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pipeline.worker.state import CoreTopics, WorkerCore
+from pipeline.services.worker.state import CoreTopics, WorkerCore
 from schemas import AlertKind, AlertState, GpuHealth, NodeHealth, encode
 from tests.unit.test_worker_state import T0, Clock, step_msg
 

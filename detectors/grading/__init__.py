@@ -1,0 +1,1 @@
+"""Grading: episodes with hysteresis, and the grader that turns scores into alerts."""

@@ -1,0 +1,1 @@
+"""Hang and presence: a job or node that stops reporting."""

@@ -1,0 +1,372 @@
+"""Hangs: a job that stops completing steps.
+
+:class:`HangDetector`: a job that completes no step within ``factor`` times its
+median step time is hung, unless a long step it learned to expect (a periodic
+checkpoint or eval) or a phase the job announced is due: then the silence is measured
+against that step's own duration (:mod:`detectors.steps.long_steps`). Measured on event
+time: :meth:`HangDetector.score` takes ``now`` (the worker calls it from
+``tick(now)`` when no data arrives).
+
+Missing ranks and silent nodes live in :mod:`detectors.hang.presence`; their classes are
+re-exported here.
+
+Examples
+--------
+>>> h = HangDetector(factor=3.0, min_steps=3)
+>>> for i in range(5):
+...     h.learn_step(i, ts=100.0 + i)
+>>> h.median_step_time, h.score(104.5), h.score(107.5)
+(1.0, 0.5, 3.5)
+>>> h.explain(107.5)
+(1.0, 'no step completed for 3.5 median step times (1.000s)')
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from detectors.base import check_positive
+from detectors.hang.presence import HealthPresence, MissingRanks
+from detectors.steps.long_steps import AnnouncedPhases, PeriodicLongSteps
+
+__all__ = ["HangDetector", "HealthPresence", "MissingRanks"]
+
+
+class HangDetector:
+    """Time since the last completed step, in units of the step time it may take.
+
+    Normally that is the median step time: a job silent for ``factor`` median step
+    times is hung. Two kinds of step may legitimately take much longer, and the silence
+    before them is measured against their own duration instead, so that a healthy job
+    is not restarted at every checkpoint:
+
+    - **Periodic long steps** (checkpoint saves, eval steps), learned. A completed
+      step is *long* when its interval is at least ``long_ratio`` median step times
+      (its duration: the interval from the step before to its end). Two long steps
+      ``g`` steps apart make a candidate period ``g`` whose next long step is due
+      ``g`` steps later; a period is confirmed when it comes and dropped when due
+      steps pass without one. Its *typical duration* is the longest of its last
+      eight long steps (:class:`~detectors.steps.long_steps.PeriodicLongSteps`).
+    - **Announced phases** (:meth:`announce`): the exporter says a long phase starts
+      (``"checkpoint"``, ``"eval"``, ...), perhaps with its expected duration. Its
+      expected duration is the larger of the announced one and the longest of its last
+      eight announced runs; with neither, ``phase_steps`` median step times. The next
+      completed step ends the announcement and records its duration
+      (:class:`~detectors.steps.long_steps.AnnouncedPhases`).
+
+    While such a step is due (the step after :attr:`last_step` is at a learned
+    position, or a phase is announced), the job may stay silent for ``long_margin``
+    times its typical or expected duration (but never less than ``factor`` median
+    step times) before the score reaches ``factor``. :attr:`expected_step_time` is
+    that allowance divided by ``factor``, so the score keeps its scale: elapsed time
+    over the median step time whenever no long step is due, exactly as before. The
+    price: a hang that starts right where a long step is due is flagged after
+    ``long_margin`` x its typical duration instead of ``factor`` median step times.
+
+    The median step time is taken over ordinary intervals: a long step that a
+    learned period or an announcement explains is not learned into it. An
+    unexplained long step still is, as before, so that a job that really became
+    slower (a new regime) moves the median instead of being called hung forever; for
+    the same reason a long step right after another long one is never paired into a
+    period (a run of long steps is a slower job, not a periodic phase).
+
+    Parameters
+    ----------
+    factor
+        Score at which the job counts as hung (the grading threshold uses it).
+    window
+        Number of recent step intervals the median is taken over.
+    min_steps
+        Intervals needed before a median exists; until then the score is neutral (0).
+    long_ratio
+        An interval of at least this many median step times is a long step (> 1).
+    long_margin
+        A due long step or announced phase may last this many times its typical or
+        expected duration before it scores ``factor`` (>= 1).
+    tolerance
+        Steps a periodic long step may come early or late and still match its period.
+    phase_steps
+        Expected duration, in median step times, of an announced phase whose
+        duration was neither announced nor learned before (20; with ``long_margin``
+        1.5 the job may then stay silent for 30 median step times).
+    max_periods
+        Periods (candidates included) kept at once; a new candidate replaces the
+        oldest unconfirmed one when the table is full.
+
+    Examples
+    --------
+    A job with 1 s steps saves a 10 s checkpoint every 20 steps. Two checkpoints
+    teach the period; at the third one the silence is measured against 1.5 x 10 s:
+
+    >>> h = HangDetector(factor=2.5, min_steps=3)
+    >>> ts = 0.0
+    >>> for step in range(60):
+    ...     ts += 10.0 if step % 20 == 19 else 1.0
+    ...     h.learn_step(step, ts)
+    >>> h.learned_periods, h.median_step_time
+    ({20: 10.0}, 1.0)
+    >>> h.score(ts + 3.0)  # step 60 is ordinary: 3 median step times, a hang
+    3.0
+    >>> for step in range(60, 79):
+    ...     ts += 1.0
+    ...     h.learn_step(step, ts)
+    >>> h.expected_step_time, h.score(ts + 12.0), h.score(ts + 15.0)  # step 79 saves
+    (6.0, 2.0, 2.5)
+    >>> h.explain(ts + 15.0)
+    (10.0, 'no step completed for 15.0s, 1.5 x the 10.0s a long step every 20 steps ...')
+
+    An announced phase with no known duration may take 1.5 x 20 median step times;
+    the next step ends it, and its duration is what the next one may take:
+
+    >>> ts += 10.0
+    >>> h.learn_step(79, ts)
+    >>> h.announce("eval", ts)
+    >>> h.expected_step_time, h.score(ts + 30.0)
+    (12.0, 2.5)
+    >>> ts += 4.0
+    >>> h.learn_step(80, ts)
+    >>> h.announce("eval", ts)
+    >>> h.expected_step_time, h.score(ts + 6.0)  # 1.5 x 4 s allowed
+    (2.4, 2.5)
+    """
+
+    def __init__(
+        self,
+        factor: float = 3.0,
+        window: int = 50,
+        min_steps: int = 5,
+        *,
+        long_ratio: float = 2.0,
+        long_margin: float = 1.5,
+        tolerance: int = 1,
+        phase_steps: float = 20.0,
+        max_periods: int = 8,
+    ) -> None:
+        check_positive("factor", factor)
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
+        if min_steps < 1:
+            raise ValueError(f"min_steps must be >= 1, got {min_steps!r}")
+        if not (math.isfinite(long_ratio) and long_ratio > 1):
+            raise ValueError(f"long_ratio must be > 1, got {long_ratio!r}")
+        if not (math.isfinite(long_margin) and long_margin >= 1):
+            raise ValueError(f"long_margin must be >= 1, got {long_margin!r}")
+        if tolerance < 0:
+            raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
+        check_positive("phase_steps", phase_steps)
+        if max_periods < 1:
+            raise ValueError(f"max_periods must be >= 1, got {max_periods!r}")
+        self.factor = factor
+        self.window = window
+        self.min_steps = min_steps
+        self.long_ratio = long_ratio
+        self.long_margin = long_margin
+        self.tolerance = tolerance
+        self.phase_steps = phase_steps
+        self.max_periods = max_periods
+        self._intervals = np.zeros(window)
+        self._count = 0
+        self.last_step: int | None = None
+        self.last_ts: float | None = None
+        self._in_grace = False
+        self._last_long = False  # whether the last completed step was long
+        self._periods = PeriodicLongSteps(tolerance, max_periods)
+        self._phases = AnnouncedPhases()
+
+    @property
+    def median_step_time(self) -> float | None:
+        """Median of the recent ordinary step intervals, or None while warming up."""
+        if self._count < self.min_steps:
+            return None
+        return float(np.median(self._intervals[: min(self._count, self.window)]))
+
+    @property
+    def learned_periods(self) -> dict[int, float]:
+        """Confirmed periods (in steps) and the typical duration of their long steps."""
+        return self._periods.learned
+
+    @property
+    def phase(self) -> str | None:
+        """The announced phase in progress, or None."""
+        return self._phases.phase
+
+    @property
+    def expected_step_time(self) -> float | None:
+        """The step time the silence is measured in (None while warming up): the
+        median, or the allowance of a due long step or announced phase over
+        ``factor``."""
+        med = self.median_step_time
+        if med is None or med <= 0:
+            return None
+        long = self._long_step(med)
+        if long is None:
+            return med  # exactly today's scale when nothing long is due
+        return long[0] / self.factor
+
+    def score(self, now: float) -> float:
+        """Elapsed time since the last step over :attr:`expected_step_time` (0 if
+        unknown); reads state only."""
+        expected = self.expected_step_time
+        if expected is None or self.last_ts is None:
+            return 0.0
+        # no real step takes under a nanosecond: a subnormal median must not overflow
+        return max(0.0, now - self.last_ts) / max(expected, 1e-9)
+
+    def explain(self, now: float) -> tuple[float, str]:
+        """What the silence at event time ``now`` is measured against: the baseline in
+        seconds (the median step time, or the time since the last step that the due
+        long step or announced phase is expected to take) and a sentence saying so;
+        reads state only."""
+        med = self.median_step_time or 0.0
+        long = None if med <= 0 or self.last_ts is None else self._long_step(med)
+        if long is None or self.last_ts is None:
+            h = self.score(now)
+            return med, f"no step completed for {h:.1f} median step times ({med:.3f}s)"
+        _, expected, what = long
+        silence = now - self.last_ts
+        return expected, (
+            f"no step completed for {silence:.1f}s, {silence / expected:.1f} x the "
+            f"{expected:.1f}s {what} (median step {med:.3f}s)"
+        )
+
+    def _long_step(self, med: float) -> tuple[float, float, str] | None:
+        """The due long step or announced phase that allows the job the longest silence,
+        if longer than ``factor`` median step times: that allowance, the silence it is
+        expected to take, and what it is (``"a checkpoint takes here"``)."""
+        found: list[tuple[float, float, str]] = []
+        due = None if self.last_step is None else self._periods.due(self.last_step + 1)
+        if due is not None and due[1] > 0:
+            period, duration = due
+            what = f"a long step every {period} steps takes here"
+            found.append((self.long_margin * duration, duration, what))
+        if self.phase is not None and self.last_ts is not None:
+            expected = self._phases.expected_s()
+            budget = self.phase_steps * med if expected is None else expected
+            since = self._phases.started - self.last_ts
+            name = ("an " if self.phase[:1].lower() in tuple("aeiou") else "a ") + self.phase
+            what = f"{name} takes here" if expected else f"allowed for {name} of unknown length"
+            found.append((since + self.long_margin * budget, max(since, 0.0) + budget, what))
+        best = max(found, default=None)
+        return best if best is not None and best[0] > self.factor * med else None
+
+    def announce(
+        self,
+        phase: str,
+        ts: float,
+        expected_s: float | None = None,
+        after_step: int | None = None,
+    ) -> None:
+        """The job starts a long ``phase`` (checkpoint, eval, ...) at event time ``ts``,
+        expected to last ``expected_s`` seconds if known, right after step
+        ``after_step`` (if known: only a later step ends the phase).
+
+        Until the next step completes, the silence is measured against the phase's
+        expected duration (see the class notes). An announcement older than the last
+        completed step is ignored: the step it announced has already completed.
+        """
+        if expected_s is not None:
+            check_positive("expected_s", expected_s)
+        if self.last_ts is not None and ts < self.last_ts and not self._in_grace:
+            return
+        self._phases.announce(phase, ts, expected_s, after_step)
+
+    #: class defaults: state written before relaunches were learned reads them here
+    _relaunch_at: float | None = None
+    _relaunch_started: float | None = None
+    _old_last_step: int | None = None
+    #: how long the job's recent relaunches took (seconds, newest last)
+    relaunch_durations: tuple[float, ...] = ()
+
+    def restart(
+        self, ts: float, grace_steps: float, min_s: float = 0.0, margin: float = 1.5
+    ) -> None:
+        """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
+        start again and the relaunch itself is not a hang for the longest of
+        ``grace_steps`` median step times, ``min_s`` seconds and ``margin`` times the
+        longest of the job's recent relaunches (:attr:`relaunch_durations`). The grace
+        runs from the relaunch: a step of the old run still in flight (it started
+        before ``ts``) does not end it. The learned step-time median and periods are
+        kept; an announced phase ends.
+
+        >>> h = HangDetector(factor=2.5, min_steps=3)
+        >>> for step in range(10):
+        ...     h.learn_step(step, ts=100.0 + step, ts_start=99.0 + step)
+        >>> h.restart(109.5, grace_steps=5, min_s=10.0)
+        >>> h.learn_step(10, ts=110.0, ts_start=109.0)  # in flight: the old run's
+        >>> h.score(119.0)  # still inside the relaunch grace (10 s from 109.5)
+        0.0
+        >>> h.learn_step(9, ts=121.5, ts_start=120.5)  # the new run's first step
+        >>> h.relaunch_durations
+        (12.0,)
+        """
+        med = self.median_step_time or 0.0
+        learned = margin * max(self.relaunch_durations, default=0.0)
+        if not self._in_grace:  # a second call (the relaunch carried out) keeps these
+            self._old_last_step = self.last_step
+            self._relaunch_started = ts
+        self._relaunch_at = ts
+        self.last_step = None
+        self.last_ts = ts + max(grace_steps * med, min_s, learned)
+        self._in_grace = True
+        self._phases.cancel()
+
+    def _of_the_old_run(self, step: int, ts: float, ts_start: float | None) -> bool:
+        """Whether a step completing during a relaunch grace is a straggler of the run
+        before the relaunch: it started before the relaunch (or, with no start time,
+        it continues the old run's numbering and ended within a step time of it)."""
+        at = self._relaunch_at
+        if at is None:
+            return False
+        if ts_start is not None and 0 < ts_start < ts:
+            return ts_start < at
+        old, med = self._old_last_step, self.median_step_time or 0.0
+        return old is not None and step > old and ts <= at + med
+
+    def learn_step(self, step: int, ts: float, ts_start: float | None = None) -> None:
+        """A step completed at event time ``ts``. A repeated or older step number is
+        ignored, unless it is newer in event time: then the job resumed from a
+        checkpoint (restart or rollback) and step numbers start again."""
+        if self._in_grace and self._of_the_old_run(step, ts, ts_start):
+            self._old_last_step = max(step, self._old_last_step or step)
+            return  # the old run's last step in flight: the relaunch has not begun
+        if self.last_step is not None and step <= self.last_step:
+            if self.last_ts is None or ts <= self.last_ts:
+                return
+            self.last_step = None  # relaunched: count from here
+        self._periods.rewind(step)
+        if self.last_step is None:
+            self._last_long = False
+        gap = None if self.last_step is None else step - self.last_step
+        if self.last_ts is not None and gap is not None:
+            interval = (ts - self.last_ts) / gap
+        elif ts_start is not None and ts_start < ts:
+            interval = ts - ts_start
+        else:
+            interval = None
+        med = self.median_step_time
+        is_long = (
+            gap == 1
+            and interval is not None
+            and med is not None
+            and interval >= self.long_ratio * med
+        )
+        explained = self._phases.end(ts, step)
+        if is_long and interval is not None:
+            isolated = not self._last_long
+            explained = self._periods.learn(step, interval, isolated=isolated) or explained
+        self._last_long = is_long
+        self._periods.expire(step)
+        if interval is not None and interval > 0 and not (is_long and explained):
+            self._intervals[self._count % self.window] = interval
+            self._count += 1
+        self.last_step = step
+        if self._in_grace:  # the first step of the new run ends the grace
+            if self._relaunch_started is not None and ts > self._relaunch_started:
+                took = ts - self._relaunch_started  # learned: the next grace allows it
+                self.relaunch_durations = (*self.relaunch_durations[-3:], took)
+            self.last_ts, self._in_grace = ts, False
+            self._relaunch_at = self._relaunch_started = self._old_last_step = None
+        else:
+            self.last_ts = ts if self.last_ts is None else max(ts, self.last_ts)

@@ -1,0 +1,1 @@
+"""Hardware: GPU health rules and state, links, NIC flaps."""

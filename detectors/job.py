@@ -1,0 +1,461 @@
+"""The one detection core: a job's records in, graded alerts and state out.
+
+Every driver of detection goes through :class:`JobDetection`: the worker's agents
+(``stepguard worker``, via :mod:`pipeline.services.worker.state`), ``stepguard demo``,
+``stepguard compare``, the detection benchmarks and the tests. It knows nothing of
+brokers, partitions, offsets or wall clocks: drivers decode records, call it, and send
+what it returns. The pure detectors stay in :mod:`detectors`; this module only decides
+*in which order* they see a job's records.
+
+Ordering policy
+---------------
+Records of one job reach a driver out of event-time order (steps and health travel on
+different topics and partitions; a node's telemetry of one step arrives as several
+messages). The core restores one order, on event time:
+
+1. **Steps are assembled first.** Per-node step messages become one frame per step
+   (:class:`~detectors.assembly.StepAssembler`: complete when every recent node has
+   reported it, or forced out ``lag_steps`` steps later; a step number seen again
+   with a newer event time is a relaunch).
+2. **Health waits for the steps to pass it.** A health report is held until a frame
+   ends at or after its event time, and is then processed just before that frame;
+   or until a :meth:`~JobDetection.tick` reaches its event time (the job is stalled:
+   the report is processed and the clock checked at the report's own time). A report
+   therefore cannot make a job look hung while its steps are still in flight.
+3. **A frame is scored, then the clock is checked at its end time.** A long step
+   that just ended (a checkpoint save) is progress, not a hang.
+4. **Ticks check the clock** at an event time the driver estimates (the worker:
+   newest step time plus the wall time since it arrived). A tick never goes back in
+   time.
+5. **Lifecycle events** take effect when they are read: an announced long phase
+   (checkpoint, evaluation) gives the clock the phase's expected duration until the
+   next step completes; an end resolves every open episode ("job ended: <reason>")
+   and makes the job :attr:`~JobDetection.ended`: drivers then drop its state.
+6. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
+   starts its relaunch grace at the current event time (the job goes quiet while it
+   relaunches); the executor's SUCCEEDED result for a RESTART or ROLLBACK starts it
+   again (the relaunch is done, the new run is starting). Step numbers going back
+   with a newer event time are a relaunch too (rule 1).
+
+Everything kept is bounded: held health and remembered commands (``max_held_health``,
+``max_commands``: beyond them the oldest report is processed at once, the oldest
+command forgotten) and the ranks of the job (``max_ranks``: a message that would add
+more is refused with :class:`~detectors.errors.CapacityError` before anything grows).
+
+Examples
+--------
+>>> from pipeline.tools.simulator import Scenario, simulate
+>>> sc = Scenario.model_validate({"name": "ex", "nodes": 8, "steps": 80, "seed": 1,
+...     "faults": [{"kind": "straggler", "node": 3, "gpu": 2, "onset_step": 40,
+...                 "magnitude": 0.3}]})
+>>> det = JobDetection(sc.job)
+>>> alerts = []
+>>> for ev in simulate(sc):
+...     for h in ev.health:
+...         alerts += det.on_health(h)
+...     if ev.frame is not None:
+...         for msg in ev.frame.to_messages():
+...             alerts += det.on_step(msg).alerts
+...     alerts += det.tick(ev.ts)
+>>> alerts += det.flush()
+>>> sorted({(a.kind.value, a.node) for a in alerts if a.state.value == "firing"})
+[('straggler', 'node-0003')]
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+import numpy as np
+
+from detectors.assembly import StepAssembler
+from detectors.engine import JobMonitor, MonitorConfig
+from detectors.errors import CapacityError
+from detectors.frame import NodeStep, StepFrame
+from schemas import (
+    Alert,
+    AlertKind,
+    AlertState,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
+    Evidence,
+    Grade,
+    JobEvent,
+    JobEventKind,
+    NodeHealth,
+    RecommendedAction,
+    episode_fingerprint,
+)
+from schemas.commands import RELAUNCHING
+from schemas.telemetry import MAX_RANKS_PER_JOB
+
+__all__ = ["Detected", "Detectors", "JobDetection"]
+
+#: Commands whose SUCCEEDED result means the job was relaunched just now.
+_RELAUNCHED = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK})
+#: most nodes remembered as having sent steps of one job (oldest first out)
+MAX_STEP_NODES = 4096
+
+
+class Detectors(Protocol):
+    """What the core drives: :class:`~detectors.engine.JobMonitor`, or a stand-in with
+    the same calls (the detection benchmark scores oracles and baselines this way)."""
+
+    def process_step(self, frame: StepFrame) -> list[Alert]: ...
+    def process_health(self, msg: NodeHealth) -> list[Alert]: ...
+    def tick(self, now: float) -> list[Alert]: ...
+    def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None: ...
+    def announce_phase(
+        self, phase: str, ts: float, expected_s: float | None, after_step: int | None = None
+    ) -> None: ...
+    def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]: ...
+
+
+@dataclass(slots=True)
+class Detected:
+    """What one step message caused: alert updates and the frames it completed."""
+
+    alerts: list[Alert] = field(default_factory=list)
+    frames: list[StepFrame] = field(default_factory=list)
+
+
+class JobDetection:
+    """Detection of one job, broker-free and deterministic.
+
+    Parameters
+    ----------
+    job_id
+        The job; records of other jobs are refused with ``ValueError``.
+    config
+        Detector thresholds (:class:`~detectors.engine.MonitorConfig` defaults).
+    monitor
+        Detectors to drive instead of a new :class:`~detectors.engine.JobMonitor`
+        (benchmarks and tests that vary them); ``config`` must then be omitted.
+    lag_steps
+        A step is assembled without its missing nodes once a message ``lag_steps``
+        steps later arrived.
+    max_held_health
+        Health reports held while ahead of the steps; the oldest is processed at
+        once beyond it.
+    max_commands
+        Relaunching commands remembered to match their results.
+    max_ranks
+        Distinct ranks the job may have (at most the schema's ``MAX_RANKS_PER_JOB``).
+
+    The whole object is plain data: :mod:`pipeline.io.statecodec` writes and reads it
+    (the worker stores it in its changelog).
+    """
+
+    #: class default: state written before the setting existed reads it from here
+    max_result_age_s: float = 600.0
+
+    def __init__(
+        self,
+        job_id: str,
+        config: MonitorConfig | None = None,
+        *,
+        monitor: Detectors | None = None,
+        lag_steps: int = 2,
+        max_held_health: int = 4096,
+        max_commands: int = 256,
+        max_ranks: int = MAX_RANKS_PER_JOB,
+        max_result_age_s: float = 600.0,
+    ) -> None:
+        if monitor is not None and config is not None:
+            raise ValueError("give either config or monitor, not both")
+        if max_held_health < 0:
+            raise ValueError(f"max_held_health must be >= 0, got {max_held_health!r}")
+        if max_commands < 1:
+            raise ValueError(f"max_commands must be >= 1, got {max_commands!r}")
+        if not 1 <= max_ranks <= MAX_RANKS_PER_JOB:
+            raise ValueError(f"max_ranks must be in [1, {MAX_RANKS_PER_JOB}], got {max_ranks!r}")
+        self.job_id = job_id
+        self.monitor: Detectors = monitor if monitor is not None else JobMonitor(job_id, config)
+        self.assembler = StepAssembler(lag_steps)
+        self.max_held_health = max_held_health
+        self.max_commands = max_commands
+        self.max_ranks = max_ranks
+        if not max_result_age_s > 0:
+            raise ValueError(f"max_result_age_s must be positive, got {max_result_age_s!r}")
+        #: a result dated this long before the job's event time is not acted on
+        self.max_result_age_s = max_result_age_s
+        #: why the job ended (an END event, or "abandoned"); None while it runs
+        self.ended: str | None = None
+        self._ranks = np.zeros(0, dtype=bool)
+        self._n_ranks = 0
+        #: the newest event time the core has processed (frames, health, ticks)
+        self.now: float | None = None
+        #: frames processed, and relaunches carried out (results, :meth:`relaunched`)
+        self.frames = 0
+        self.relaunches = 0
+        self._held: list[tuple[float, int, NodeHealth]] = []
+        self._seq = 0  #: arrival order of held reports (ties on event time)
+        self._commands: OrderedDict[str, Command] = OrderedDict()
+        #: nodes that sent steps of the job, oldest first (at most MAX_STEP_NODES)
+        self._step_nodes: OrderedDict[str, None] = OrderedDict()
+        self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
+        #: commands whose SUCCEEDED result was acted on (once each; at most max_commands)
+        self._acted: OrderedDict[str, None] = OrderedDict()
+
+    # -- inputs ------------------------------------------------------------------------
+    def on_step(self, msg: NodeStep) -> Detected:
+        """One node's telemetry of one step: the alerts of the frames it completed."""
+        self._check_job(msg.job_id)
+        self._count_ranks(msg)
+        out = Detected()
+        for frame in self.assembler.add(msg):
+            out.alerts += self.on_frame(frame)
+            out.frames.append(frame)
+        return out
+
+    def on_frame(self, frame: StepFrame) -> list[Alert]:
+        """One assembled step (rules 2 and 3): held health up to its end time, the
+        step, then the clock at its end time."""
+        self._check_job(frame.job_id)
+        self._saw_nodes(frame.nodes)
+        alerts = self._release_health(frame.ts, tick=False)
+        alerts += self.monitor.process_step(frame)
+        alerts += self.monitor.tick(frame.ts)
+        self._advance(frame.ts)
+        self.frames += 1
+        return self._stamp(alerts)
+
+    def on_health(self, msg: NodeHealth) -> list[Alert]:
+        """A node's health report: held until the steps or a tick pass its event time
+        (rule 2). Returns what an overflow of the hold released (usually nothing)."""
+        if msg.job_id is not None:
+            self._check_job(msg.job_id)
+        self._seq += 1
+        heapq.heappush(self._held, (msg.ts.timestamp(), self._seq, msg))
+        alerts: list[Alert] = []
+        while len(self._held) > self.max_held_health:
+            hts, _, h = heapq.heappop(self._held)
+            alerts += self._health(hts, h, tick=True)
+        return self._stamp(alerts)
+
+    def on_command(self, cmd: Command, now: float | None = None) -> list[Alert]:
+        """A command for the job: a relaunching one starts the relaunch grace at event
+        time ``now`` (default: the core's current event time) (rule 5)."""
+        self._check_job(cmd.job_id)
+        if cmd.kind not in RELAUNCHING:
+            return []
+        self._remember(self._commands, cmd.command_id, cmd)
+        self._grace(now, cmd.targets)
+        orphan = self._orphans.pop(cmd.command_id, None)
+        return self.on_result(orphan) if orphan is not None else []
+
+    def on_result(self, result: CommandResult) -> list[Alert]:
+        """The job controller's result (drivers pass only results its own job's
+        controller signed): a RESTART or ROLLBACK carried out restarts the grace now,
+        and the episodes of the nodes it left out resolve (they left the job). A result
+        that arrives before its command waits for it. Acted on once per command (a
+        replayed result changes nothing) and only while fresh: one dated more than
+        ``max_result_age_s`` before the job's event time is ignored."""
+        self._check_job(result.job_id)
+        cmd = self._commands.get(result.command_id)
+        if cmd is None:
+            self._remember(self._orphans, result.command_id, result)
+            return []
+        if result.status is not CommandStatus.SUCCEEDED or cmd.kind not in _RELAUNCHED:
+            return []
+        acted = self._acted_results()
+        if result.command_id in acted:
+            return []  # once per command: a replay does not restart the grace
+        if self.now is not None and result.ts.timestamp() < self.now - self.max_result_age_s:
+            return []
+        self._remember(acted, result.command_id, None)
+        self.relaunched(removed_nodes=cmd.targets)
+        # the nodes it left out are out of the job: their episodes end with them
+        at = self.now if self.now is not None else result.ts.timestamp()
+        why = f"{', '.join(cmd.targets)} left the job ({cmd.kind.value} {cmd.command_id})"
+        return [a for node in cmd.targets for a in self.monitor.close(why, at, node=node)]
+
+    def relaunched(self, now: float | None = None, removed_nodes: Iterable[str] = ()) -> None:
+        """The job relaunches at event time ``now`` (default: the current event time),
+        perhaps without ``removed_nodes``: step numbers may repeat and its silence is
+        not a hang for the relaunch grace."""
+        self._grace(now, removed_nodes)
+        self.relaunches += 1
+
+    def resume(self, at: float) -> None:
+        """The pipeline, not the job, was away until about event time ``at`` (this state
+        was restored from a snapshot after a takeover, or the broker was unreachable):
+        the health reports it delayed are not silence, so silent nodes are judged from
+        ``at`` on (:meth:`~detectors.hang.presence.HealthPresence.resume`). The hang clock
+        is the driver's: it keeps running from the job's last step (see
+        :meth:`pipeline.services.worker.state.WorkerCore._resume`)."""
+        if isinstance(self.monitor, JobMonitor):
+            self.monitor.presence.resume(at)
+
+    def on_lifecycle(self, event: JobEvent) -> list[Alert]:
+        """A lifecycle event of the job (rule 5); returns the episodes an end resolved."""
+        self._check_job(event.job_id)
+        ts = event.ts.timestamp()
+        if event.kind is JobEventKind.PHASE and event.phase is not None:
+            self.monitor.announce_phase(event.phase.value, ts, event.expected_s, event.step)
+            return []
+        if event.kind is JobEventKind.END and event.reason is not None and self.ended is None:
+            self.ended = event.reason.value
+            return self.monitor.close(f"job ended: {self.ended}", max(ts, self.now or ts))
+        return []
+
+    def abandon(self, now: float, idle_s: float) -> list[Alert]:
+        """The job went silent for ``idle_s`` seconds without an end: resolve its open
+        episodes and say so in one INFO notice (a RESOLVED update of its own, so that
+        nothing stays open downstream once the state is dropped)."""
+        why = f"job abandoned: no record for {idle_s:.0f}s and no end or relaunch"
+        alerts = self.monitor.close(why, now) if self.ended is None else []
+        self.ended = "abandoned"
+        at = datetime.fromtimestamp(now, UTC)
+        step = max(self.last_step, 0)
+        alerts.append(
+            Alert(
+                fingerprint=episode_fingerprint(
+                    self.job_id, "abandoned", None, None, round(now * 1000)
+                ),
+                seq=0,
+                kind=AlertKind.MISSING,
+                grade=Grade.INFO,
+                state=AlertState.RESOLVED,
+                job_id=self.job_id,
+                step=step,
+                started_at=at,
+                ts=at,
+                evidence=Evidence(
+                    metric="seconds_idle",
+                    value=idle_s,
+                    deviation=0.0,
+                    detail=f"last step {self.last_step}; its detector state is dropped",
+                ),
+                recommended_action=RecommendedAction.NONE,
+                summary=why,
+            )
+        )
+        return alerts
+
+    def tick(self, now: float) -> list[Alert]:
+        """The clock at event time ``now`` (rule 4): held health up to ``now``, then
+        hangs and silent nodes. A tick at or behind the current event time does
+        nothing (that time was checked already)."""
+        if self.now is not None and now <= self.now:
+            return []
+        alerts = self._release_health(now, tick=True)
+        if self.now is None or now > self.now:  # not ticked there by a report already
+            alerts += self.monitor.tick(now)
+            self._advance(now)
+        return self._stamp(alerts)
+
+    def flush(self) -> list[Alert]:
+        """End of input: every buffered step, then every held report."""
+        alerts: list[Alert] = []
+        for frame in self.assembler.flush():
+            alerts += self.on_frame(frame)
+        return self._stamp(alerts + self._release_health(float("inf"), tick=True))
+
+    def in_steps(self, node: str) -> bool:
+        """Whether ``node`` sent steps of this job (the most recent
+        :data:`MAX_STEP_NODES` nodes are remembered)."""
+        return node in self._nodes_in_steps()
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def held_health(self) -> int:
+        """Health reports waiting for the steps to pass their event time."""
+        return len(self._held)
+
+    @property
+    def last_step(self) -> int:
+        """The last step the job completed (-1 before the first)."""
+        return self.monitor.last_step if isinstance(self.monitor, JobMonitor) else -1
+
+    # -- internals ---------------------------------------------------------------------
+    def _check_job(self, job_id: str) -> None:
+        if job_id != self.job_id:
+            raise ValueError(f"record of job {job_id!r} given to detection of {self.job_id!r}")
+
+    def _count_ranks(self, msg: NodeStep) -> None:
+        """Refuse a message that would take the job beyond ``max_ranks`` ranks."""
+        ranks = np.fromiter((s.rank for s in msg.samples), dtype=np.int64)
+        if ranks.size == 0:
+            return
+        top = int(ranks.max())
+        if top >= MAX_RANKS_PER_JOB:
+            raise CapacityError(f"rank {top} is beyond the schema's {MAX_RANKS_PER_JOB}")
+        if top >= self._ranks.shape[0]:
+            grown = np.zeros(min(MAX_RANKS_PER_JOB, max(top + 1, 2 * self._ranks.shape[0])), bool)
+            grown[: self._ranks.shape[0]] = self._ranks
+            self._ranks = grown
+        new = int(np.count_nonzero(~self._ranks[ranks]))
+        if self._n_ranks + new > self.max_ranks:
+            raise CapacityError(
+                f"job {self.job_id} would have {self._n_ranks + new} ranks, over "
+                f"STEPGUARD_MAX_RANKS_PER_JOB={self.max_ranks}"
+            )
+        self._ranks[ranks] = True
+        self._n_ranks += new
+
+    def _acted_results(self) -> OrderedDict[str, None]:
+        acted: OrderedDict[str, None] | None = self.__dict__.get("_acted")
+        if acted is None:  # a snapshot from before this set existed
+            acted = self._acted = OrderedDict()
+        return acted
+
+    def _nodes_in_steps(self) -> OrderedDict[str, None]:
+        # a snapshot written before this set existed has none: start one
+        nodes: OrderedDict[str, None] | None = self.__dict__.get("_step_nodes")
+        if nodes is None:
+            nodes = self._step_nodes = OrderedDict()
+        return nodes
+
+    def _saw_nodes(self, names: Iterable[str]) -> None:
+        nodes = self._nodes_in_steps()
+        new = [n for n in names if n not in nodes]
+        for node in new:
+            nodes[node] = None
+        while len(nodes) > MAX_STEP_NODES:
+            nodes.popitem(last=False)
+
+    def _stamp(self, alerts: list[Alert]) -> list[Alert]:
+        """Say on each alert naming a node whether that node sent steps of the job (the
+        actuator isolates only such members; a health report can name any node)."""
+        nodes = self._nodes_in_steps()
+        return [
+            a if a.node is None else a.model_copy(update={"node_in_steps": a.node in nodes})
+            for a in alerts
+        ]
+
+    def _grace(self, now: float | None, removed_nodes: Iterable[str]) -> None:
+        at = now if now is not None else self.now
+        if at is not None:  # before the first record there is no clock to give grace on
+            self.monitor.restarted(at, removed_nodes=removed_nodes)
+
+    def _advance(self, ts: float) -> None:
+        if self.now is None or ts > self.now:
+            self.now = ts
+
+    def _release_health(self, until: float, *, tick: bool) -> list[Alert]:
+        alerts: list[Alert] = []
+        while self._held and self._held[0][0] <= until:
+            hts, _, h = heapq.heappop(self._held)
+            alerts += self._health(hts, h, tick=tick)
+        return alerts
+
+    def _health(self, hts: float, msg: NodeHealth, *, tick: bool) -> list[Alert]:
+        alerts = self.monitor.process_health(msg)
+        if tick and (self.now is None or hts >= self.now):
+            alerts += self.monitor.tick(hts)
+            self._advance(hts)
+        return alerts
+
+    def _remember(self, into: OrderedDict, key: str, value: object) -> None:  # type: ignore[type-arg]
+        into[key] = value
+        into.move_to_end(key)
+        while len(into) > self.max_commands:
+            into.popitem(last=False)

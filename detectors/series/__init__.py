@@ -1,0 +1,1 @@
+"""Metric series: the causal series scorer, its seasonal profiles and calibration."""

@@ -1,0 +1,1 @@
+"""Step-time detectors: peers, ranks, slowdowns, long steps, first steps, temporal baselines."""

@@ -1,0 +1,1 @@
+"""Training health: loss and gradient-norm divergence."""

@@ -1,0 +1,398 @@
+"""Subcommands of ``stepguard`` owned by the actuator and its executors.
+
+:mod:`pipeline.cli.app` adds :data:`commands` to the ``stepguard`` command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipeline.cli.util import console, err, stop_event
+from pipeline.io.settings import Role, Settings, load_settings
+from pipeline.io.trust import PublicKeys
+from pipeline.policy import PolicyParams
+from schemas import (
+    ActionRecord,
+    ActionState,
+    ActuatorMode,
+    Approval,
+    ApprovalDecision,
+    ControlMessage,
+    RecommendedAction,
+)
+
+__all__ = [
+    "actuator",
+    "approve",
+    "commands",
+    "control",
+    "executor",
+    "keys",
+    "pending",
+    "reject",
+    "resume_node",
+]
+
+commands = typer.Typer()
+
+
+def _nodes(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _action_modes(pairs: list[str] | None) -> dict[str, str] | None:
+    """``KIND=MODE`` options as a control message's ``action_modes`` (``None``: none)."""
+    if not pairs:
+        return None
+    kinds = [k.value for k in RecommendedAction]
+    modes = [m.value for m in ActuatorMode] + ["default"]
+    out: dict[str, str] = {}
+    for pair in pairs:
+        kind, sep, mode = pair.partition("=")
+        kind, mode = kind.strip(), mode.strip()
+        if not sep or kind not in kinds or mode not in modes:
+            raise typer.BadParameter(
+                f"--mode-for {pair!r}: expected KIND=MODE, KIND one of {', '.join(kinds)}, "
+                f"MODE one of {', '.join(modes)}"
+            )
+        out[kind] = mode
+    return out
+
+
+def fold_control(
+    params: PolicyParams, messages: Iterable[ControlMessage], keys: PublicKeys
+) -> tuple[PolicyParams, int]:
+    """``params`` after every control change signed by one of ``keys``, newer than the
+    last one applied and not applied before (the actuator's own rules); also the number
+    of changes ignored."""
+    from pipeline.io.trust import signature_problem
+
+    last: datetime | None = None
+    seen: set[str] = set()
+    ignored = 0
+    for msg in messages:
+        fresh = last is None or msg.ts > last
+        if signature_problem(msg, keys) is not None or msg.change_id in seen or not fresh:
+            ignored += 1
+            continue
+        params, last = params.with_control(msg), msg.ts
+        seen.add(msg.change_id)
+    return params, ignored
+
+
+def running_params(settings: Settings) -> tuple[PolicyParams, int]:
+    """The actuator's mode and overrides as it has them: the settings folded with the
+    control topic (:func:`fold_control`)."""
+    from pipeline.io.kafka import create_topics, read_back
+    from pipeline.io.trust import public_keys
+
+    create_topics(settings, ["control"])
+    messages = (rec.message for rec in read_back(settings, "control"))
+    return fold_control(
+        PolicyParams.from_settings(settings),
+        (m for m in messages if isinstance(m, ControlMessage)),
+        public_keys(settings, "operator"),
+    )
+
+
+def modes_line(params: PolicyParams) -> str:
+    """``mode approve; overrides: replace_at_checkpoint=auto`` (pending's header)."""
+    over = ", ".join(f"{k.value}={m.value}" for k, m in params.action_modes)
+    text = f"actuator mode {params.mode.value}; per-kind overrides: {over or 'none'}"
+    if params.mode is ActuatorMode.OBSERVE and over:
+        text += " (observe stops every kind)"
+    return text
+
+
+def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
+    """Sign with the operator's key (STEPGUARD_OPERATOR_PRIVATE_KEY) and publish."""
+    from pipeline.io.kafka import control_producer, create_topics, publish, registry_of
+    from pipeline.io.trust import sign, signing_key
+
+    signed = sign(msg, signing_key(settings, "operator", f"`stepguard {logical}`"))
+    create_topics(settings, [logical])
+    producer = control_producer(settings)
+    try:
+        publish(producer, registry_of(settings), logical, signed).get(timeout=30)
+    finally:
+        producer.close()
+
+
+@commands.command()
+def actuator(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every action.")] = False,
+    crash_after_publish: Annotated[bool, typer.Option(hidden=True)] = False,
+) -> None:
+    """Run the actuator: decisions in, signed commands out.
+
+    The mode comes from STEPGUARD_ACTUATOR_MODE and changes at runtime with
+    `stepguard control --mode ...`.
+    """
+    from pipeline.io.metrics import ActuatorMetrics, serve_metrics
+    from pipeline.services.actuator.service import Actuator
+
+    if verbose:
+        logging.getLogger("pipeline.services.actuator").setLevel(logging.INFO)
+    settings = load_settings()
+    metrics = ActuatorMetrics()
+    serve_metrics(metrics.registry, settings, "actuator_metrics_port")
+    act = Actuator(settings, crash_after_publish=crash_after_publish, metrics=metrics)
+    err.print(
+        f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
+        f"already issued, {len(act.policy.held)} held; consuming {settings.kafka_bootstrap}"
+    )
+    stop = stop_event()
+    try:
+        stats = act.run(stop.is_set)
+    finally:
+        act.close()
+    err.print(
+        f"actuator stopped: {stats.consumed} inputs, {stats.commands} commands, "
+        f"{stats.records} action records, {stats.alerts} guardrail alerts"
+    )
+
+
+def _expired(rec: ActionRecord, settings: Settings, now: datetime) -> bool:
+    """Expired, or held past the hold TTL (the actuator expires it when it next runs)."""
+    from pipeline.policy import EXPIRED
+
+    if rec.state is ActionState.HELD:
+        return (now - rec.ts).total_seconds() >= settings.hold_ttl_s
+    return rec.state is ActionState.CANCELLED and rec.detail.startswith(EXPIRED)
+
+
+def _still_held(
+    settings: Settings, action_id: str, now: datetime
+) -> tuple[str | None, ActionRecord | None]:
+    """Why ``action_id`` cannot be decided now (read back from the actions topic), and
+    its latest record."""
+    from pipeline.services.actuator.records import latest_actions
+
+    rec = latest_actions(settings).get(action_id)
+    return _why_not_held(rec, action_id, settings, now), rec
+
+
+def _why_not_held(
+    rec: ActionRecord | None, action_id: str, settings: Settings, now: datetime
+) -> str | None:
+    if rec is None:
+        return f"no action {action_id} (see `stepguard pending`)"
+    since = rec.ts.isoformat(timespec="seconds")
+    if _expired(rec, settings, now):
+        return (
+            f"action {action_id} expired: held since {since} and not decided within "
+            f"{settings.hold_ttl_s:.0f}s"
+        )
+    if rec.state is not ActionState.HELD:
+        who = f" by {rec.by}" if rec.by else ""
+        what = f": {rec.detail}" if rec.detail else ""
+        return f"action {action_id} is already {rec.state.value}{who} at {since}{what}"
+    return None
+
+
+def _decide(action_id: str, decision: ApprovalDecision, by: str, reason: str) -> None:
+    settings = load_settings()
+    now = datetime.now(UTC)
+    problem, rec = _still_held(settings, action_id, now)
+    if problem is not None or rec is None:
+        err.print(f"{decision.value} refused: {problem}; nothing was sent")
+        raise typer.Exit(1)
+    # bound to this hold: the approval decides nothing else, replayed or not
+    msg = Approval(action_id=action_id, decision=decision, by=by, reason=reason, ts=now,
+                   held_at=rec.ts)  # fmt: skip
+    _send_signed(settings, "approvals", msg)
+
+
+@commands.command()
+def approve(
+    action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
+    by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
+    reason: Annotated[str, typer.Option(help="Why.")] = "",
+) -> None:
+    """Approve a held action; the actuator issues its commands (guardrails re-checked).
+
+    Exits 1 without sending anything when the action is unknown, expired or already
+    decided.
+    """
+    _decide(action_id, ApprovalDecision.APPROVE, by, reason)
+    console.print(f"approved {action_id}")
+
+
+@commands.command()
+def reject(
+    action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
+    reason: Annotated[str, typer.Option(help="Why (kept as a calibration label).")],
+    by: Annotated[str, typer.Option(help="Who rejects.")] = "cli",
+) -> None:
+    """Reject a held action; nothing is issued and the decision is archived.
+
+    Exits 1 without sending anything when the action is unknown, expired or already
+    decided.
+    """
+    _decide(action_id, ApprovalDecision.REJECT, by, reason)
+    console.print(f"rejected {action_id}")
+
+
+@commands.command()
+def pending(
+    all_states: Annotated[bool, typer.Option("--all", help="Every action, not only held.")] = False,
+) -> None:
+    """List held actions (rebuilt from the actions topic)."""
+    from pipeline.services.actuator.records import latest_actions
+
+    settings = load_settings()
+    now = datetime.now(UTC)
+    params, ignored = running_params(settings)
+    err.print(modes_line(params) + (f" ({ignored} unsigned or stale control changes ignored)"
+                                    if ignored else ""))  # fmt: skip
+    records = latest_actions(settings)
+    table = Table("state", "job", "commands", "summary", "since")
+    table.add_column("action id", no_wrap=True, min_width=28)  # to copy into `approve`
+    shown = 0
+    for rec in records.values():
+        state = "expired" if _expired(rec, settings, now) else rec.state.value
+        if not all_states and state != "held":
+            continue
+        shown += 1
+        kinds = " ".join(f"{c.kind.value}{list(c.targets) or ''}" for c in rec.commands)
+        table.add_row(state, rec.job_id, kinds, rec.summary,
+                      rec.ts.isoformat(timespec="seconds"), rec.action_id)  # fmt: skip
+    console.print(table)
+    err.print(f"{shown} action(s)")
+
+
+@commands.command()
+def control(
+    mode: Annotated[ActuatorMode | None, typer.Option(help="observe | approve | auto")] = None,
+    warning_confirm_steps: Annotated[int | None, typer.Option(min=1)] = None,
+    warning_confirm_s: Annotated[float | None, typer.Option(min=0.001)] = None,
+    stale_alert_s: Annotated[float | None, typer.Option(min=0.001)] = None,
+    max_isolations: Annotated[int | None, typer.Option(min=0)] = None,
+    max_isolation_pct: Annotated[float | None, typer.Option(min=0, max=100)] = None,
+    window_s: Annotated[float | None, typer.Option(min=0.001)] = None,
+    cooldown_s: Annotated[float | None, typer.Option(min=0)] = None,
+    no_spare_policy: Annotated[str | None, typer.Option(help="checkpoint | alert")] = None,
+    spares: Annotated[str | None, typer.Option(help="Comma-separated; replaces the pool.")] = None,
+    job_id: Annotated[str | None, typer.Option("--job", help="Job whose size follows.")] = None,
+    job_nodes: Annotated[int | None, typer.Option(min=1, help="Node count of --job.")] = None,
+    reset_breaker: Annotated[bool, typer.Option(help="Close open circuit breakers.")] = False,
+    mode_for: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KIND=MODE: a mode for one action kind (e.g. replace_at_checkpoint=auto, "
+            "restart=approve; MODE default removes it). Repeatable."
+        ),
+    ] = None,
+    by: Annotated[str, typer.Option(help="Who changes it.")] = "cli",
+    reason: Annotated[str, typer.Option(help="Why (archived with the change).")] = "",
+) -> None:
+    """Change the running actuator's mode (globally or per action kind) and thresholds
+    (signed, archived, no restart)."""
+    msg = ControlMessage(
+        change_id=uuid.uuid4().hex, mode=mode, warning_confirm_steps=warning_confirm_steps,
+        warning_confirm_s=warning_confirm_s, stale_alert_s=stale_alert_s,
+        guard_max_isolations=max_isolations, guard_max_isolation_pct=max_isolation_pct,
+        guard_window_s=window_s, guard_node_cooldown_s=cooldown_s,
+        no_spare_policy=no_spare_policy,  # type: ignore[arg-type]
+        spare_nodes=None if spares is None else _nodes(spares),
+        job_id=job_id, job_nodes=job_nodes, reset_breaker=reset_breaker,
+        action_modes=_action_modes(mode_for),  # type: ignore[arg-type]
+        by=by, reason=reason, ts=datetime.now(UTC),
+    )  # fmt: skip
+    _send_signed(load_settings(), "control", msg)
+    console.print(f"control change {msg.change_id} sent")
+
+
+class KeysAction(StrEnum):
+    GENERATE = "generate"
+
+
+@commands.command("keys")
+def keys(
+    action: Annotated[KeysAction, typer.Argument(help="generate: print a new key pair")],
+    role: Annotated[
+        Role, typer.Option(help="actuator | worker | operator | executor | job_controller")
+    ] = "actuator",
+    key_id: Annotated[str | None, typer.Option(help="Default: <role>-<date>.")] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(help="job_controller: the job the key signs for (its key id binds it)."),
+    ] = None,
+) -> None:
+    """Print a new Ed25519 key pair as two environment lines.
+
+    The PRIVATE_KEY line goes to the one service (or person) that signs; the
+    PUBLIC_KEYS line to every service that verifies (append it to the old key while
+    rotating: the first key listed does not matter, every one verifies). A job
+    controller's key signs for one job (``--job``): its key id is derived from it.
+    """
+    from pipeline.io.trust import SigningKey, job_controller_key_id
+
+    kid = key_id or f"{role}-{datetime.now(UTC):%Y%m%d}"
+    if role == "job_controller":
+        if not job:
+            err.print("[red]error:[/] --role job_controller needs --job (the key signs for it)")
+            raise typer.Exit(2)
+        kid = job_controller_key_id(job, key_id or f"{datetime.now(UTC):%Y%m%d}")
+    try:
+        key = SigningKey.generate(kid)
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    prefix = f"STEPGUARD_{role.upper()}"
+    print(f"{prefix}_PRIVATE_KEY={key.private_text()}")
+    print(f"{prefix}_PUBLIC_KEYS={key.public_text()}")
+
+
+@commands.command()
+def executor(
+    kind: Annotated[str, typer.Argument(help="dry-run | slurm | webhook")] = "dry-run",
+) -> None:
+    """Run one executor on the commands topic (results go to the results topic)."""
+    from pipeline.io.metrics import ExecutorMetrics, serve_metrics
+    from pipeline.services.actuator.executors import ExecutorRunner, make_executor
+
+    settings = load_settings()
+    # one INFO line per command it answers (id, kind, job, targets, result)
+    logging.getLogger("pipeline.services.actuator.executors").setLevel(logging.INFO)
+    metrics = ExecutorMetrics()
+    serve_metrics(metrics.registry, settings, "executor_metrics_port")
+    runner = ExecutorRunner(settings, make_executor(kind, settings), metrics=metrics)
+    err.print(f"executor {kind}: {len(runner.done)} commands already done")
+    stop = stop_event()
+    try:
+        runner.run(stop.is_set)
+    finally:
+        runner.close()
+
+
+@commands.command("resume-node")
+def resume_node(
+    node: Annotated[str, typer.Argument(help="Slurm node to put back.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Resume it even if someone else drained it (logged).")
+    ] = False,
+) -> None:
+    """Put a node stepguard drained back into service (`scontrol update ... State=RESUME`).
+
+    A node drained, downed or failed by someone else (its reason does not begin with
+    ``stepguard:``) is left alone unless ``--force`` is given.
+    """
+    from pipeline.services.actuator.executors import ExecutionError
+    from pipeline.services.actuator.slurm import SlurmExecutor
+
+    logging.getLogger("pipeline.services.actuator.slurm").setLevel(logging.INFO)
+    try:
+        done = SlurmExecutor(load_settings().slurm_scontrol).resume(node, force=force)
+    except ExecutionError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    console.print(done.describe())

@@ -1,0 +1,740 @@
+"""The ``stepguard`` command line: every service and tool is a subcommand.
+
+The worker and actuator own their subcommands (:mod:`pipeline.cli.worker`,
+:mod:`pipeline.cli.actuator`); this module adds them, and is the only one that imports
+them. Helpers all of them share are in :mod:`pipeline.cli.util`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipeline.cli import actuator as actuator_cli
+from pipeline.cli import alertmanager as alertmanager_cli
+from pipeline.cli import worker as worker_cli
+from pipeline.cli.util import console, err, missing_extra, stop_event
+from pipeline.io.errors import StepguardError
+from pipeline.io.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="stepguard",
+    help="Keeps large training jobs alive: detect slow/failing nodes, act safely, archive.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+archive_app = typer.Typer(help="The ClickHouse archive: migrations and maintenance.")
+app.add_typer(archive_app, name="archive")
+schemas_app = typer.Typer(help="Message contracts: JSON Schemas.")
+app.add_typer(schemas_app, name="schemas")
+
+
+def _settings() -> Settings:
+    return load_settings()
+
+
+@app.command()
+def demo(
+    scenario: Annotated[
+        str, typer.Option(help="Demo or suite scenario name, or a YAML path.")
+    ] = "default",
+    nodes: Annotated[
+        int | None, typer.Option(min=1, help="Override the scenario's node count.")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(min=10, help="Override the step count.")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the summary as JSON here.")
+    ] = None,
+    speed: Annotated[
+        float, typer.Option(min=0.01, help="Play the job's time x SPEED in real time.")
+    ] = 8.0,
+    workers: Annotated[int, typer.Option(min=1, max=16, help="Detection worker processes.")] = 1,
+) -> None:
+    """Play a simulated job with injected faults against the production services
+    (those `stepguard up` runs: embedded Tansu broker, worker, actuator in auto mode,
+    dry-run executor, archiver on chDB) in accelerated real time, and summarise.
+
+    Uses STEPGUARD_KAFKA_BOOTSTRAP / STEPGUARD_CLICKHOUSE_DSN instead when they are set.
+    """
+    from pipeline.tools.demo import run_demo
+    from pipeline.tools.demo_summary import print_summary, write_json
+    from pipeline.tools.simulator import find_scenario, resize_scenario
+
+    settings = _settings()
+    sc = find_scenario(scenario)
+    if nodes is not None or steps is not None:
+        sc = resize_scenario(sc, nodes, steps)
+    err.print(
+        f"[bold]stepguard demo[/]: {sc.name}: {sc.nodes} nodes x {sc.gpus_per_node} GPUs, "
+        f"{sc.steps} steps, {len(sc.faults)} faults/traps"
+    )
+    summary = run_demo(settings, sc, console=err, speed=speed, workers=workers)
+    print_summary(summary, console)
+    if json_path is not None:
+        write_json(summary, json_path)
+        err.print(f"summary written to {json_path}")
+
+
+@app.command()
+def compare(
+    scenario: Annotated[
+        str, typer.Option(help="Demo or suite scenario name, or a YAML path.")
+    ] = "default",
+    nodes: Annotated[int | None, typer.Option(min=1, help="Resize the job.")] = None,
+    approval_delay_s: Annotated[
+        float, typer.Option(min=0, help="Hybrid: modelled human approval delay.")
+    ] = 300.0,
+    comm_timeout_steps: Annotated[
+        float, typer.Option(min=1, help="Passive: collective timeout, in step times.")
+    ] = 30.0,
+    sweep_checkpoint: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated checkpoint intervals (steps) to sweep."),
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    plot_path: Annotated[Path | None, typer.Option("--plot", help="Save a PNG here.")] = None,
+) -> None:
+    """The same fault trace under passive, active and hybrid policies: goodput, lost
+    GPU-hours, time to remedy, restarts, false isolations, checkpoint overhead."""
+    from pipeline.tools import compare as cmp
+    from pipeline.tools.simulator import find_scenario, resize_scenario
+
+    sc = find_scenario(scenario)
+    if nodes is not None:
+        sc = resize_scenario(sc, nodes, None)
+    intervals: list[int | None] = [None]
+    if sweep_checkpoint:
+        try:
+            intervals = [int(x) for x in sweep_checkpoint.split(",") if x.strip()]
+        except ValueError as exc:
+            raise typer.BadParameter("expected integers, e.g. 50,100,200") from exc
+    results: dict[str, dict[str, cmp.PolicyResult]] = {}
+    for every in intervals:
+        run = sc if every is None else sc.model_copy(update={"checkpoint_every": every})
+        label = f"checkpoint every {run.checkpoint_every or 'never'}"
+        err.print(f"{run.name}: {label} ...")
+        results[label] = cmp.compare(
+            run, approval_delay_s=approval_delay_s, comm_timeout_steps=comm_timeout_steps
+        )
+    columns = ("setting", "policy", "goodput", "lost GPU-h", "MTTR s", "unremedied",
+               "restarts", "isol.", "false isol.", "ckpts", "ckpt s")  # fmt: skip
+    table = Table(*columns)
+    for label, by_policy in results.items():
+        for r in by_policy.values():
+            table.add_row(
+                label, r.policy, f"{r.goodput:.3f}", f"{r.lost_gpu_hours:.2f}",
+                "" if r.mttr_s is None else f"{r.mttr_s:.0f}", str(r.unremedied_faults),
+                str(r.restarts), str(r.isolations), str(r.false_isolations),
+                str(r.checkpoints), f"{r.checkpoint_overhead_s:.0f}",
+            )  # fmt: skip
+    console.print(table)
+    if json_path is not None:
+        first = next(iter(results.values()))
+        payload = {p: r.to_json() for p, r in first.items()}
+        payload["sweep"] = {k: {p: r.to_json() for p, r in v.items()} for k, v in results.items()}
+        payload["scenario"] = sc.name
+        json_path.write_text(json.dumps(payload, indent=2) + "\n")
+        err.print(f"written {json_path}")
+    if plot_path is not None:
+        cmp.plot(results, plot_path)
+        err.print(f"plot saved to {plot_path}")
+
+
+@app.command()
+def plan(
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the job.")] = 1024,
+    days: Annotated[float, typer.Option(min=0.01, help="Job length (wall days).")] = 21.0,
+    checkpoint_s: Annotated[
+        float, typer.Option(min=1, help="Checkpoint interval today (wall seconds).")
+    ] = 300.0,
+    rates: Annotated[
+        Path | None, typer.Option(help="JSON/TOML fault rates and delays (see README).")
+    ] = None,
+    sweep_gpus: Annotated[
+        str | None, typer.Option(help="Comma-separated scales, e.g. 64,512,4096,16384.")
+    ] = None,
+    sweep_days: Annotated[
+        str | None, typer.Option(help="Job lengths for the sweep (default: 7,DAYS,60).")
+    ] = None,
+    replicates: Annotated[int, typer.Option(min=2, help="Monte-Carlo replicates.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    plot_path: Annotated[Path | None, typer.Option("--plot", help="Save a PNG here.")] = None,
+) -> None:
+    """Monte-Carlo of a job's faults under passive, active and hybrid policies: lost
+    GPU-hours and goodput with 95% CIs, the best checkpoint interval beside Young/Daly,
+    the spare pool; --sweep-gpus says which policy wins at which scale."""
+    from pipeline.tools.plan_run import run_plan
+
+    def numbers(text: str | None, kind: type) -> list:
+        try:
+            return [kind(x) for x in (text or "").split(",") if x.strip()]
+        except ValueError as exc:
+            raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from exc
+
+    g = numbers(sweep_gpus, int)
+    d = numbers(sweep_days, float) or (sorted({7.0, days, 60.0}) if g else [])
+    if any(x < 1 for x in g) or any(x <= 0 for x in d):
+        raise typer.BadParameter("sweep GPUs must be >= 1 and days > 0")
+    try:
+        run_plan(
+            console, err, gpus=gpus, days=days, checkpoint_s=checkpoint_s, rates_path=rates,
+            sweep_gpus=g, sweep_days=d, replicates=replicates, seed=seed,
+            json_path=json_path, plot_path=plot_path,
+        )  # fmt: skip
+    except (StepguardError, ValueError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def calibrate(
+    job: Annotated[list[str] | None, typer.Option(help="Job id (repeat for more).")] = None,
+    since: Annotated[str | None, typer.Option(help="Every job with steps since, e.g. 30d.")] = None,
+    grid: Annotated[
+        Path | None, typer.Option(help="JSON/TOML grid: setting -> values (default grid).")
+    ] = None,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Publish the recommended settings as a control message signed with "
+            "STEPGUARD_OPERATOR_PRIVATE_KEY: every worker builds new jobs' detectors "
+            "with them, the actuator takes a changed confirmation.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the difference from the running settings.")
+    ] = False,
+    write_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-config",
+            "--out",
+            help="Also write the recommended detector settings to this file (what "
+            "STEPGUARD_DETECTOR_CONFIG names).",
+        ),
+    ] = None,
+    plot_path: Annotated[
+        Path | None, typer.Option("--plot", help="Pareto plot PNG (default STATE_DIR/...).")
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Every result as JSON.")] = None,
+    processes: Annotated[int | None, typer.Option(min=1, help="Worker processes.")] = None,
+    labels: Annotated[
+        str, typer.Option(help="Label sources: truth,label,approval,outcome.")
+    ] = "truth,label,approval,outcome",
+    max_rank_steps: Annotated[
+        int, typer.Option(min=1, help="Most rank-steps loaded (~80 B each, per process).")
+    ] = 10_000_000,
+    actions: Annotated[
+        bool,
+        typer.Option(
+            "--actions",
+            help="Report approvals and outcomes per action kind and "
+            "recommend the kinds ready for auto (no replay).",
+        ),
+    ] = False,
+    min_approvals: Annotated[int, typer.Option(min=0, help="--actions: approvals needed.")] = 5,
+    max_rejections: Annotated[int, typer.Option(min=0, help="--actions: rejections allowed.")] = 0,
+    min_success: Annotated[
+        float, typer.Option(min=0, max=1, help="--actions: share of commands that succeeded.")
+    ] = 0.95,
+) -> None:
+    """Replay archived jobs through the detectors under a grid of settings; precision,
+    recall, F1 and delay per setting and kind against the labels, the Pareto front and
+    the recommended settings."""
+    if actions:
+        from pipeline.tools.calibrate.graduation import GraduationRules, run_graduation
+
+        if apply or dry_run or grid is not None:
+            raise typer.BadParameter("--actions reports the history of the actions; it "
+                                     "takes no --apply, --dry-run or --grid")  # fmt: skip
+
+        rules = GraduationRules(min_approvals=min_approvals, max_rejections=max_rejections,
+                                min_success=min_success)  # fmt: skip
+        run_graduation(_settings(), console, since=_since_arg(since), jobs=job or (),
+                       rules=rules, json_path=json_path)  # fmt: skip
+        return
+    from pipeline.tools.calibrate.command import run_calibrate
+
+    run_calibrate(
+        _settings(), console, jobs=job or (), since=since, grid_path=grid, apply=apply,
+        dry_run=dry_run, write_config=write_config, plot=plot_path, json_path=json_path,
+        processes=processes,
+        sources=[s.strip() for s in labels.split(",") if s.strip()],
+        max_rank_steps=max_rank_steps,
+    )  # fmt: skip
+
+
+def _since_arg(since: str | None) -> datetime | None:
+    from pipeline.io.duration import parse_duration
+
+    if since is None:
+        return None
+    try:
+        return datetime.now(UTC) - parse_duration(since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from exc
+
+
+@app.command()
+def label(
+    incident: Annotated[str, typer.Argument(help="Incident id (stepguard query incidents).")],
+    verdict: Annotated[
+        bool, typer.Option("--true/--false", help="A real fault, or a false alarm.")
+    ],
+    note: Annotated[str, typer.Option(help="Why.")] = "",
+    by: Annotated[str | None, typer.Option(help="Who (default: the login name).")] = None,
+) -> None:
+    """Archive a verdict on an incident; stepguard calibrate learns from it."""
+    import getpass
+
+    from pipeline.tools.calibrate.command import label_command
+
+    label_command(
+        _settings(), incident, verdict, by=by or getpass.getuser(), note=note, console=console
+    )
+
+
+@app.command()
+def broker(
+    port: Annotated[int | None, typer.Option(help="Port; default: a free one.")] = None,
+) -> None:
+    """Run the embedded Tansu broker in the foreground (development; Ctrl-C stops it)."""
+    from pipeline.io.embedded import TansuBroker
+
+    settings = _settings()
+    with TansuBroker(log_dir=settings.state_dir / "tansu", port=port) as b:
+        console.print(f"STEPGUARD_KAFKA_BOOTSTRAP={b.bootstrap}")
+        console.print("STEPGUARD_BROKER_FLAVOR=tansu")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+@app.command()
+def topics() -> None:
+    """Create every stepguard topic with its partition count (idempotent)."""
+    from pipeline.io.kafka import create_topics
+
+    created = create_topics(_settings())
+    table = Table("logical", "topic")
+    for logical, name in created.items():
+        table.add_row(logical, name)
+    console.print(table)
+
+
+@app.command()
+def up(
+    scenario: Annotated[
+        str | None,
+        typer.Option(help="Also play this scenario as a job (own job id, times from now)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Detection worker processes.")] = 2,
+    speed: Annotated[float, typer.Option(min=0.01, help="Scenario time x SPEED.")] = 1.0,
+    durable: Annotated[
+        bool,
+        typer.Option(help="Run Apache Kafka (scripts/kafka.sh, data kept), not in-memory Tansu."),
+    ] = False,
+    base_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1024, max=65503, help="Broker and metrics ports from here on (default: free ones)."
+        ),
+    ] = None,
+    prometheus: Annotated[
+        bool | None,
+        typer.Option(
+            "--prometheus/--no-prometheus",
+            help="Run Prometheus (Debian's `prometheus` on PATH) with stepguard's alerting "
+            "rules, scraping every service (default: with --durable when installed).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Start and supervise the production services as child processes (docker-compose
+    without Docker): broker, topics, workers, actuator, executor, archiver.
+
+    A table shows each service; logs go to .stepguard/logs/<service>.log and
+    .stepguard/up.json; Ctrl-C stops everything (the broker last). A crashed service
+    is restarted with backoff (1 s doubling to 30 s).
+    """
+    import os
+
+    from pipeline.tools.up import UpOptions, run_up
+
+    options = UpOptions(
+        scenario=scenario,
+        workers=workers,
+        speed=speed,
+        durable=durable,
+        base_port=base_port,
+        prometheus=prometheus,
+    )
+    raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
+
+
+@app.command()
+def status(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Refresh in place.")] = False,
+    every: Annotated[float, typer.Option(min=0.5, help="Seconds between refreshes.")] = 2.0,
+    window: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Records read from the end of each partition.")
+    ] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+) -> None:
+    """Services, jobs (last step and its age), firing incidents and held actions, read
+    from the broker (up.json too while `stepguard up` runs); no archive access needed."""
+    from pipeline.tools.status import run_status
+
+    run_status(_settings(), console, follow=follow, every_s=every, window=window,
+               as_json=as_json, stop=stop_event())  # fmt: skip
+
+
+@app.command()
+def alerts(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new ones.")] = False,
+    last: Annotated[int, typer.Option(min=0, max=100_000, help="Start with the last N.")] = 20,
+    since: Annotated[
+        str | None, typer.Option(help="Only alerts dated within this age (30s, 10m, 2h, 1d).")
+    ] = None,
+    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    grade: Annotated[
+        str | None, typer.Option(help="Least grade: info | warning | critical.")
+    ] = None,
+    window: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Records read from the end of each partition.")
+    ] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="The messages as JSON lines.")] = False,
+) -> None:
+    """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
+    evidence, recommended action, incident. Alerts no worker key signed are marked."""
+    from pipeline.tools.alerts import alerts_filter, follow_alerts
+
+    try:
+        keep = alerts_filter(job=job, grade=grade, since=since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    follow_alerts(_settings(), console, last=last, keep=keep, follow=follow, as_json=as_json,
+                  stop=stop_event().is_set, window=window)  # fmt: skip
+
+
+@app.command()
+def archiver(
+    max_batch: Annotated[int, typer.Option(min=1, help="Messages per batch, at most.")] = 20000,
+    max_wait_s: Annotated[float, typer.Option(min=0.05, help="Seconds per batch, at most.")] = 1.0,
+    decode_processes: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Processes decoding the steps topic (0: in this process). "
+            "Default: one per core but one, at most 4.",
+        ),
+    ] = None,
+    progress_s: Annotated[
+        float, typer.Option(min=0, help="Seconds between progress lines (0: none).")
+    ] = 30.0,
+) -> None:
+    """Archive every topic into ClickHouse; offsets are committed after each insert."""
+    from pipeline.io.metrics import ArchiverMetrics, serve_metrics
+    from pipeline.services.archive import migrate, open_backend
+    from pipeline.services.archive.archiver import Archiver, ArchiverStats, default_decode_processes
+    from pipeline.services.archive.serve import query_socket_path
+
+    settings = _settings()
+    metrics = ArchiverMetrics()
+    serve_metrics(metrics.registry, settings, "archiver_metrics_port")
+    backend = open_backend(settings)
+    migrate(backend)
+    stop = stop_event()
+    if decode_processes is None:
+        decode_processes = default_decode_processes()
+    # on chDB the archiver owns the directory: it answers `stepguard sql/query/report`
+    query_socket = None if settings.clickhouse_dsn else query_socket_path(settings.chdb_path)
+    service = Archiver(
+        settings, backend, max_batch=max_batch, max_wait_s=max_wait_s,
+        decode_processes=decode_processes, metrics=metrics, query_socket=query_socket,
+    )  # fmt: skip
+    err.print(
+        f"archiving {settings.kafka_bootstrap} -> {backend.name}:{backend.database} "
+        f"({decode_processes} decode processes)"
+    )
+    if query_socket is not None:
+        err.print(f"read-only queries (stepguard sql/query/report) answered on {query_socket}")
+    last = (time.monotonic(), 0)
+
+    def progress(stats: ArchiverStats) -> None:
+        nonlocal last
+        now = time.monotonic()
+        rate = (stats.rows - last[1]) / max(now - last[0], 1e-9)
+        last = (now, stats.rows)
+        err.print(
+            f"{time.strftime('%H:%M:%S')} archived {stats.messages:,} messages as "
+            f"{stats.rows:,} rows ({rate:,.0f} rows/s), {stats.dead_letters:,} dead letters",
+            soft_wrap=True,
+        )
+
+    try:
+        stats = service.run(stop.is_set, progress if progress_s else None, progress_s or 30.0)
+    finally:
+        service.close()
+        backend.close()
+    err.print(f"archived {stats.messages} messages as {stats.rows} rows in {stats.batches} batches")
+
+
+@archive_app.command("migrate")
+def archive_migrate() -> None:
+    """Apply the numbered SQL migrations not yet recorded in the archive."""
+    from pipeline.services.archive import migrate, open_backend
+
+    backend = open_backend(_settings())
+    try:
+        applied = migrate(backend)
+    finally:
+        backend.close()
+    console.print(f"{backend.name}:{backend.database}: applied {applied or 'nothing (up to date)'}")
+
+
+@archive_app.command("prune")
+def archive_prune(
+    older_than: Annotated[str, typer.Option(help="Age such as 30d or 12h.")] = "30d",
+    dry_run: Annotated[bool, typer.Option(help="Only list what would be dropped.")] = False,
+) -> None:
+    """Drop whole daily partitions older than the given age from every archive table."""
+    from pipeline.io.duration import parse_duration
+    from pipeline.services.archive import open_backend
+    from pipeline.services.archive.retention import prune
+
+    try:
+        age = parse_duration(older_than)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
+    backend = open_backend(_settings())
+    try:
+        dropped = prune(backend, age, dry_run=dry_run)
+    finally:
+        backend.close()
+    verb = "would drop" if dry_run else "dropped"
+    console.print(f"{verb} {len(dropped)} partition(s): {dropped}")
+
+
+@app.command()
+def query(
+    name: Annotated[str, typer.Argument(help="Query name; see --help for the list.")],
+    job: Annotated[str, typer.Option(help="Job id.")] = "",
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per row (JSON lines), no table.")
+    ] = False,
+) -> None:
+    """Run a named analyst query: rank_slowdown, incident_timeline, detection_delay,
+    lost_gpu_hours, top_nodes, incidents, job_runs, command_outcomes.
+
+    On chDB it reads through the archiver while one runs. The table fits the terminal
+    (long cells wrap); --json prints JSON lines for scripts."""
+    from pipeline.services.archive.client import open_reader, print_rows
+    from pipeline.services.archive.queries import QUERIES, run_query
+
+    if name not in QUERIES:
+        raise typer.BadParameter(f"unknown query; known: {sorted(QUERIES)}", param_hint="NAME")
+    backend = open_reader(_settings())
+    try:
+        cols, rows = run_query(backend, name, job=job or "none", limit=limit)
+    finally:
+        backend.close()
+    if not as_json:
+        err.print(QUERIES[name].answers)
+    print_rows(cols, rows, console, as_json=as_json)
+
+
+@app.command()
+def report(
+    job: Annotated[str, typer.Option(help="Job id.")],
+    incident: Annotated[str | None, typer.Option(help="One episode fingerprint.")] = None,
+    out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("report.html"),
+) -> None:
+    """An HTML post-mortem (plots, timeline, commands) of a job from the archive (on
+    chDB through the archiver while one runs)."""
+    from pipeline.services.archive.client import open_reader
+    from pipeline.tools.report import render_report
+
+    backend = open_reader(_settings())
+    try:
+        result = render_report(backend, job, out, incident)
+    finally:
+        backend.close()
+    console.print(result.text)
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="A SQL query for the archive.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per row (JSON lines), no table.")
+    ] = False,
+) -> None:
+    """Run one read-only query on the configured archive (server or chDB), print a table
+    that fits the terminal, or JSON lines with --json.
+
+    The server runs it with ``readonly=1``; on chDB only one SELECT, SHOW, DESCRIBE,
+    EXPLAIN or WITH statement is accepted, and while an archiver runs it goes through
+    the archiver (chDB allows one process per directory)."""
+    from pipeline.services.archive.client import open_reader, print_rows
+
+    backend = open_reader(_settings())
+    try:
+        cols, rows = backend.query(query, readonly=True)
+    finally:
+        backend.close()
+    print_rows(cols, rows, console, as_json=as_json)
+    err.print(f"{len(rows)} rows")
+
+
+@app.command("score-series")
+def score_series_cmd(
+    file: Annotated[str, typer.Argument(help="CSV path, or - for stdin.")],
+    time_column: Annotated[
+        str | None, typer.Option(help="Timestamp column; default: the first column.")
+    ] = None,
+    columns: Annotated[
+        str | None, typer.Option(help="Comma-separated columns to score; default: all others.")
+    ] = None,
+    season: Annotated[
+        str,
+        typer.Option(help="auto (a day and a week, when timestamps allow), none, or SECONDS."),
+    ] = "auto",
+    output: Annotated[
+        str, typer.Option("--format", help="csv (time,score) or plain (one score per line).")
+    ] = "csv",
+    explain: Annotated[
+        bool,
+        typer.Option(help="csv: add the column, kind (spike/shift/drift/variance), season."),
+    ] = False,
+    warmup: Annotated[int, typer.Option(min=3, help="Values a column needs first.")] = 10,
+    rarity: Annotated[
+        float, typer.Option(min=1.0001, help="A score of 0.5 means as rare as 1 row in this.")
+    ] = 1e4,
+    progress: Annotated[
+        bool | None,
+        typer.Option(help="Progress on stderr; default: for files over 1 MiB on a terminal."),
+    ] = None,
+) -> None:
+    """Score an exported metric series, strictly causally: one calibrated anomaly score
+    in [0, 1] per row (0.5 = as rare as 1 row in --rarity on any series), printed as
+    each row is read. Spikes, level shifts, drifts and variance changes, per column."""
+    from pipeline.tools.series import SeriesInputError, run_score_series
+
+    try:
+        run_score_series(
+            file,
+            time_column=time_column,
+            columns=columns,
+            season=season,
+            output=output,
+            explain=explain,
+            warmup=warmup,
+            rarity=rarity,
+            progress=progress,
+        )
+    except SeriesInputError as exc:
+        err.print(f"score-series: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+@schemas_app.command("export")
+def schemas_export() -> None:
+    """Rewrite the committed JSON Schemas from the models (after a model change)."""
+    from schemas.jsonschemas import write_all
+
+    for path in write_all():
+        console.print(str(path))
+
+
+@schemas_app.command("check")
+def schemas_check() -> None:
+    """Fail when a committed JSON Schema differs from its model."""
+    from schemas import MESSAGE_MODELS
+    from schemas.jsonschemas import SCHEMA_DIR, render
+
+    stale = [
+        m.kind_name
+        for m in MESSAGE_MODELS
+        if not (SCHEMA_DIR / f"{m.kind_name}.json").exists()
+        or (SCHEMA_DIR / f"{m.kind_name}.json").read_text() != render(m)
+    ]
+    if stale:
+        err.print(f"stale schemas: {stale}; run `stepguard schemas export`")
+        raise typer.Exit(1)
+    console.print("schemas up to date")
+
+
+@app.command()
+def scenarios() -> None:
+    """List the scenario suite (faults, traps, sizes)."""
+    from pipeline.tools.simulator import load_suite
+
+    table = Table("name", "nodes", "steps", "faults and traps")
+    for s in load_suite():
+        table.add_row(s.name, str(s.nodes), str(s.steps), ", ".join(f.kind.value for f in s.faults))
+    console.print(table)
+
+
+# The services own their subcommands; they sit at the top level beside these.
+for _service in (worker_cli.commands, actuator_cli.commands, alertmanager_cli.commands):
+    app.registered_commands.extend(_service.registered_commands)
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # kafka-python 3 warns whenever one of its own tasks holds its I/O loop > 100 ms:
+    # advice to its developers, noise in a busy 2-core demo; errors still show
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+    # secrets of the settings (DSN, passwords, keys, webhook URLs) never reach a log
+    # line or an error this process prints
+    from rich.markup import escape
+
+    from pipeline.io.redact import RedactingFilter, redact, settings_secrets
+
+    def secrets() -> list[str]:
+        try:
+            return settings_secrets(load_settings())
+        except StepguardError:  # invalid settings: their errors quote no values
+            return []
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter(secrets))
+    try:
+        app()
+    except StepguardError as exc:
+        err.print(f"[red]error:[/] {escape(redact(str(exc), secrets()))}")
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # a command whose extra is not installed: one line
+        line = missing_extra(exc)
+        if line is None:
+            raise
+        err.print(f"[red]error:[/] {escape(line)}")
+        sys.exit(2)
+    except Exception:  # an unexpected failure: its traceback, with secrets masked
+        import traceback
+
+        sys.stderr.write(redact(traceback.format_exc(), secrets()))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Subcommands of ``stepguard`` owned by the worker and the exporters.
+
+:mod:`pipeline.cli.app` adds :data:`commands` to the ``stepguard`` command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from pipeline.cli.util import err
+from pipeline.io.settings import load_settings
+
+if TYPE_CHECKING:
+    from schemas import Command
+
+__all__ = ["commands", "export_health", "export_node", "run_job_id", "simulate", "worker"]
+
+commands = typer.Typer()
+
+
+@commands.command()
+def worker(
+    loglevel: Annotated[str, typer.Option(help="Faust/worker log level.")] = "warning",
+) -> None:
+    """Run the detection worker (Faust): steps + health in, graded alerts out.
+
+    Start several in the same STEPGUARD_CONSUMER_GROUP to share partitions.
+    """
+    from pipeline.services.worker.runner import run_worker
+
+    run_worker(load_settings(), loglevel=loglevel)
+
+
+@commands.command()
+def simulate(
+    scenario: Annotated[str, typer.Argument(help="Scenario name (suite/demo) or YAML path.")],
+    speed: Annotated[
+        float, typer.Option(min=0.001, help="Play event time x SPEED in real time.")
+    ] = 1.0,
+    max_speed: Annotated[bool, typer.Option("--max", help="Publish as fast as possible.")] = False,
+    truth: Annotated[bool, typer.Option(help="Also publish the ground truth.")] = True,
+    lifecycle: Annotated[
+        bool, typer.Option(help="Publish the job's start and end (lifecycle topic).")
+    ] = True,
+    announce_phases: Annotated[
+        bool, typer.Option(help="Announce each checkpoint and eval step when it starts.")
+    ] = False,
+    job_id: Annotated[
+        str | None,
+        typer.Option(
+            help="Job id (default: the scenario's with a random suffix, new every run, "
+            "so runs never mix in the archive)."
+        ),
+    ] = None,
+    from_now: Annotated[
+        bool,
+        typer.Option(
+            "--from-now/--scenario-time",
+            help="Date events by the wall clock (default; faster than real time the last "
+            "step is dated about when it is played, never ahead), or by the scenario's "
+            "own start time (reproducible runs).",
+        ),
+    ] = True,
+    control: Annotated[
+        bool,
+        typer.Option(
+            "--control",
+            help="Act on the job's commands (a CommandListener as its job controller): "
+            "isolations, checkpoints and restarts change what is played next. Needs "
+            "STEPGUARD_ACTUATOR_PUBLIC_KEYS and STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY (its "
+            "results are signed with the job's controller key).",
+        ),
+    ] = False,
+) -> None:
+    """Play a scenario to the broker (steps, health, truth, lifecycle) in real time x
+    SPEED."""
+    from pipeline.tools.simulator import find_scenario, start_from_now
+    from pipeline.tools.simulator.player import play
+
+    settings = load_settings()
+    sc = find_scenario(scenario)
+    pace = None if max_speed else speed
+    update: dict[str, object] = {"job_id": job_id or run_job_id(sc.job)}
+    if from_now:
+        update["start_time"] = start_from_now(sc, pace)
+    sc = sc.model_copy(update=update)
+    err.print(f"simulate {sc.name} as job {sc.job}: {sc.nodes} nodes, {sc.steps} steps -> "
+              f"{settings.kafka_bootstrap}")  # fmt: skip
+    if control:
+        from pipeline.tools.simulator import SimulatedJob
+        from pipeline.tools.simulator.closed_loop import play_with_controller
+        from pipeline.tools.simulator.control import JobController
+
+        controller = JobController(SimulatedJob(sc))
+        stats = play_with_controller(
+            settings, controller, speed=pace, truth=truth, lifecycle=lifecycle,
+            announce_phases=announce_phases, on_command=_print_command,
+        )  # fmt: skip
+        for step, kind, detail in controller.applied:
+            err.print(f"job applied at step {step}: {kind} {detail}".rstrip())
+    else:
+        stats = play(
+            settings, sc, speed=pace, truth=truth, lifecycle=lifecycle,
+            announce_phases=announce_phases,
+        )  # fmt: skip
+    err.print(
+        f"published {stats.steps} steps: {stats.step_messages} step messages, "
+        f"{stats.health_messages} health reports, {stats.truth_messages} truth; "
+        f"{stats.wall_s:.1f} s"
+    )
+
+
+def _print_command(step: int, cmd: Command) -> None:
+    err.print(f"step {step}: {cmd.kind.value} {list(cmd.targets)} ({cmd.command_id})")
+
+
+def run_job_id(base: str) -> str:
+    """A job id of its own for one run of a scenario: ``<base>-<6 hex digits>``.
+
+    >>> import re
+    >>> bool(re.fullmatch(r"ci_smoke-[0-9a-f]{6}", run_job_id("ci_smoke")))
+    True
+    """
+    import secrets
+
+    return f"{base[:240]}-{secrets.token_hex(3)}"
+
+
+@commands.command("export-health")
+def export_health(
+    node: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
+    job_id: Annotated[str | None, typer.Option(help="Job running on this node.")] = None,
+    interval: Annotated[float, typer.Option(min=0.5, help="Seconds between reports.")] = 10.0,
+    once: Annotated[bool, typer.Option(help="One report, then exit.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print reports as JSON instead of sending.")
+    ] = False,
+    from_dcgm: Annotated[
+        str | None,
+        typer.Option(
+            "--from-dcgm",
+            metavar="URL",
+            help="Scrape a running dcgm-exporter (e.g. http://localhost:9400/metrics) "
+            "instead of reading NVML; nodes come from its Hostname label.",
+        ),
+    ] = None,
+) -> None:
+    """Read GPU health through NVML (or a dcgm-exporter) and publish NodeHealth reports."""
+    import socket
+
+    from pipeline.agents.dcgm import run_dcgm_exporter
+    from pipeline.agents.health import run_health_exporter
+
+    if from_dcgm is not None:
+        code = run_dcgm_exporter(
+            load_settings(), from_dcgm, node=node or socket.gethostname(), job_id=job_id,
+            interval_s=interval, once=once, dry_run=dry_run,
+        )  # fmt: skip
+        raise typer.Exit(code)
+    code = run_health_exporter(
+        load_settings(), node=node, job_id=job_id, interval_s=interval, once=once,
+        dry_run=dry_run,
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
+@commands.command("export-node")
+def export_node(
+    socket_path: Annotated[Path, typer.Option("--socket", help="Unix socket to listen on.")],
+    ranks_per_node: Annotated[int, typer.Option(min=1, help="Local ranks per step.")] = 8,
+    node: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
+) -> None:
+    """Node aggregator: local ranks send over a Unix socket, one message per step."""
+    from pipeline.agents.node import run_node_aggregator
+
+    run_node_aggregator(load_settings(), socket_path, ranks_per_node=ranks_per_node, node=node)

@@ -1,0 +1,18 @@
+"""The actuator: confirmed alerts become signed, idempotent commands within guardrails.
+
+- :mod:`~pipeline.policy` — the pure decision logic (episodes, modes,
+  guardrails, spare pool);
+- :mod:`~pipeline.services.actuator.service` — the Kafka loop (``stepguard actuator``);
+- :mod:`~pipeline.io.trust` — Ed25519 signatures (per role) and command checks;
+- :mod:`~pipeline.services.actuator.executors` — dry-run and webhook executors and the
+  runner that feeds every executor;
+- :mod:`~pipeline.services.actuator.slurm` — the Slurm executor (drains it owns, resumes,
+  requeues); :mod:`~pipeline.services.actuator.base` — what every executor shares.
+
+The job-controller executor lives in :mod:`pipeline.client.listener` (imported by training
+code).
+"""
+
+from pipeline.policy import Outcome, Policy, PolicyParams, action_id
+
+__all__ = ["Outcome", "Policy", "PolicyParams", "action_id"]

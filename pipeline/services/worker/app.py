@@ -1,0 +1,573 @@
+"""The Faust app of ``stepguard worker``, built from Settings.
+
+Topology (``P`` = partitions of the steps topic)::
+
+    steps  (key job)  ───────────────────────────────┐
+    health (key node) ─► route_health ───┐            │
+    commands, results ─► route_command/_result ─► jobs (internal, key job, P partitions)
+    lifecycle (key job) ─► route_lifecycle ┘           │
+    timer (every tick interval) ─► tick records ─────┘        │
+                                                              ▼
+                                 job agent: WorkerCore ─► decisions, deadletter
+                                       │
+                                       └─► table "monitors" (changelog, P partitions)
+    control (no group, from the start) ─► ControlReader thread ─► new jobs' thresholds
+
+The job agent reads the steps topic and the internal jobs topic together, so Faust
+assigns partition ``p`` of both, and of the table's changelog, to the same worker: a
+job's steps, its health and its ticks all meet the one process holding its state.
+Agent bodies stay thin; the logic lives in :class:`~pipeline.services.worker.state.WorkerCore`.
+The control topic is read outside the consumer group, by every worker, for the signed
+detector settings ``stepguard calibrate --apply`` sends (:mod:`pipeline.services.worker.control`).
+
+Every Faust setting is passed explicitly and Faust gets an empty environment, so
+variables such as ``BROKER_URL`` never change the worker behind our back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka.admin import ConfigResource, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+from pipeline.io.detector_config import load_detector_config
+from pipeline.io.errors import BrokerError
+from pipeline.io.kafka import client_config, consumer_config, create_topics, registry_of
+from pipeline.io.settings import Settings
+from pipeline.io.trust import public_keys, sign, signing_key
+from pipeline.services.worker.control import ControlReader, DetectorControl
+from pipeline.services.worker.metrics import WorkerMetrics
+from pipeline.services.worker.state import KIND_HEADER, CoreTopics, Forward, Handled, WorkerCore
+from schemas import Alert, DeadLetter, Rejected, encode
+
+__all__ = ["WorkerApp", "build_app", "prepare_topics"]
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "monitors"
+
+
+def _app_id(settings: Settings) -> str:
+    return f"{settings.consumer_group}.worker"
+
+
+def jobs_topic_name(settings: Settings) -> str:
+    """The internal topic carrying health re-keyed by job and timer ticks."""
+    return f"{registry_of(settings).name('steps')}.worker-jobs.{settings.consumer_group}"
+
+
+def changelog_topic_name(settings: Settings) -> str:
+    return f"{_app_id(settings)}-{TABLE_NAME}-changelog"
+
+
+def prepare_topics(settings: Settings) -> int:
+    """Create the registry's topics and the worker's internal ones; return ``P``.
+
+    Internal topics get exactly the steps topic's partition count (co-partitioning),
+    created here with kafka-python rather than left to Faust or auto-creation.
+    """
+    create_topics(settings)
+    steps = registry_of(settings).name("steps")
+    consumer = KafkaConsumer(**client_config(settings))
+    try:
+        parts = None
+        for _ in range(50):
+            parts = consumer.partitions_for_topic(steps)
+            if parts:
+                break
+            time.sleep(0.1)
+    finally:
+        consumer.close()
+    if not parts:
+        raise BrokerError(f"topic {steps} has no partitions")
+    n = len(parts)
+    admin = KafkaAdminClient(**client_config(settings))
+    try:
+        existing = set(admin.list_topics())
+        new = [
+            NewTopic(name, num_partitions=n, replication_factor=1, topic_configs=cfg)
+            for name, cfg in (
+                (jobs_topic_name(settings), {}),
+                (changelog_topic_name(settings), _changelog_config(settings)),
+            )
+            if name not in existing
+        ]
+        if new:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics(new)
+        changelog = changelog_topic_name(settings)
+        if changelog in existing:  # maybe created with the broker's ~1 MB message limit
+            try:
+                admin.alter_configs(
+                    [ConfigResource("TOPIC", changelog, configs=_changelog_config(settings))]
+                )
+            except KafkaError as exc:
+                log.warning("could not raise max.message.bytes of %s: %s", changelog, exc)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot create worker topics: {exc}") from exc
+    finally:
+        admin.close()
+    return n
+
+
+def _changelog_config(settings: Settings) -> dict[str, str]:
+    """Compacted, and taking a whole job's snapshot (brokers default to ~1 MB, which a
+    job of ~7k ranks already exceeds)."""
+    return {
+        "cleanup.policy": "compact",
+        "max.message.bytes": str(settings.worker_max_snapshot_bytes),
+    }
+
+
+def _credentials(settings: Settings) -> Any:
+    proto = settings.kafka_security_protocol
+    context = None
+    if proto in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(
+            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None
+        )
+        if settings.kafka_ssl_certfile:
+            context.load_cert_chain(
+                str(settings.kafka_ssl_certfile),
+                str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+            )
+    if proto.startswith("SASL"):
+        password = settings.kafka_sasl_password
+        return faust.SASLCredentials(
+            username=settings.kafka_sasl_username,
+            password=password.get_secret_value() if password else None,
+            mechanism=settings.kafka_sasl_mechanism,
+            ssl_context=context,
+        )
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
+
+
+@dataclass
+class WorkerApp:
+    """The Faust app plus the objects its agents share."""
+
+    app: faust.App
+    core: WorkerCore
+    metrics: WorkerMetrics
+    settings: Settings
+    n_partitions: int
+    #: reads the signed detector settings on the control topic (start it with the app)
+    control: ControlReader | None = None
+
+
+def build_app(
+    settings: Settings, n_partitions: int, metrics: WorkerMetrics | None = None
+) -> WorkerApp:
+    """A configured Faust app with the worker's agents, table and timer."""
+    if not settings.kafka_bootstrap:
+        raise BrokerError("STEPGUARD_KAFKA_BOOTSTRAP is not set")
+    # every alert is signed (the actuator acts on nothing else); relaunch commands are
+    # obeyed only when the actuator signed them
+    alert_key = signing_key(settings, "worker", "the worker (it signs its alerts)")
+    command_keys = public_keys(settings, "actuator", "the worker (it verifies commands)")
+    # ... and a relaunch counts as carried out only when the job's own controller signed
+    # its result (an executor's, a dry run's "would restart" included, never counts)
+    result_keys = public_keys(settings, "job_controller")
+    if not result_keys:
+        log.warning("no STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS: command results are ignored "
+                    "(a relaunch's grace runs its course)")  # fmt: skip
+    tansu = settings.is_tansu
+    session = (
+        min(settings.worker_session_timeout_s, 6.0)
+        if tansu
+        else (settings.worker_session_timeout_s)
+    )
+    extra: dict[str, Any] = {}
+    if tansu:
+        # ListOffsets is exact only with one record per batch (docs/backends.md): without it
+        # changelog recovery stops early and the table loses updates.
+        extra["producer_max_batch_size"] = 1
+    creds = _credentials(settings)
+    if creds is not None:
+        extra["broker_credentials"] = creds
+    app = faust.App(
+        _app_id(settings),
+        env={},
+        broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
+        store=settings.worker_store,
+        datadir=str(settings.worker_data_dir),
+        autodiscover=False,
+        web_enabled=False,
+        topic_partitions=n_partitions,
+        topic_replication_factor=1,
+        topic_allow_declare=True,
+        table_standby_replicas=0,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=session,
+        broker_heartbeat_interval=max(0.5, session / 6),
+        broker_rebalance_timeout=max(2 * session, 20.0),
+        broker_commit_interval=1.0,
+        stream_wait_empty=False,  # records held for the next snapshot stay unacked
+        processing_guarantee="at_least_once",
+        producer_acks=1 if tansu else -1,
+        producer_max_request_size=max(8 * 1024 * 1024, settings.worker_max_snapshot_bytes),
+        consumer_max_fetch_size=max(8 * 1024 * 1024, settings.worker_max_snapshot_bytes),
+        **extra,
+    )
+    # Faust's consumer long-polls 1.5 s: a partition left out of the fetch in flight
+    # (it still had buffered records when the fetch went out) waits that long for new
+    # data, which was most of a step's latency at 16k ranks (p50 0.6 s, p99 1.5 s)
+    app.transport.Consumer = _LowLatencyConsumer
+    metrics = metrics or WorkerMetrics()
+    registry = registry_of(settings)
+    names = CoreTopics(
+        steps=registry.name("steps"), health=registry.name("health"),
+        jobs=jobs_topic_name(settings), commands=registry.name("commands"),
+        lifecycle=registry.name("lifecycle"), results=registry.name("results"),
+    )  # fmt: skip
+    core = WorkerCore(
+        names,
+        n_partitions,
+        snapshot_steps=settings.worker_snapshot_steps,
+        snapshot_interval_s=settings.worker_snapshot_interval_s,
+        max_message_bytes=settings.worker_max_message_bytes,
+        max_snapshot_bytes=settings.worker_max_snapshot_bytes,
+        max_jobs=settings.worker_max_jobs,
+        job_idle_ttl_s=settings.job_idle_ttl_s,
+        max_ranks_per_job=settings.max_ranks_per_job,
+        max_clock_skew_s=settings.max_clock_skew_s,
+        # a live pipeline delivers the worker's own ticks every interval
+        blind_after_s=max(5 * settings.worker_tick_interval_s, 3.0),
+        command_keys=command_keys,
+        result_keys=result_keys,
+        executor_keys=public_keys(settings, "executor"),
+        # thresholds of new jobs: `stepguard calibrate --apply` writes this file
+        monitor_config=load_detector_config(settings.detector_config),
+    )
+    raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
+                           "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip
+    job_inputs = app.topic(names.steps, names.jobs, **raw)
+    health_in = app.topic(names.health, **raw)
+    commands_in = app.topic(names.commands, **raw)
+    lifecycle_in = app.topic(names.lifecycle, **raw)
+    results_in = app.topic(names.results, **raw)
+    jobs_out = app.topic(names.jobs, partitions=n_partitions, **raw)
+    decisions = app.topic(registry.name("decisions"), **raw)
+    deadletter = app.topic(registry.name("deadletter"), **raw)
+    table = app.Table(
+        TABLE_NAME, default=None, partitions=n_partitions, key_type=bytes, value_type=bytes,
+    )  # fmt: skip
+    # the job's state under its id (statecodec bytes, never pickle), both raw
+    # (Faust would pick JSON here)
+    table.key_serializer = table.value_serializer = "raw"
+
+    last_read: dict[tuple[str, int], int] = {}
+
+    def load(job_id: str) -> bytes | None:
+        blob: bytes | None = table.get(job_id.encode())
+        return blob
+
+    async def publish(out: Handled) -> None:
+        for alert in out.alerts:
+            await send_alert(alert)
+        for letter in out.dead_letters:
+            await send_dead(letter)
+        if out.rank_steps:
+            metrics.rank_steps.inc(out.rank_steps)
+            metrics.steps.inc(out.steps)
+            wall = time.time()
+            for ts in out.step_ts:
+                metrics.step_latency.observe(max(0.0, wall - ts))
+
+    async def send_alert(alert: Alert) -> None:
+        signed = sign(alert, alert_key)
+        await decisions.send(key=alert.job_id.encode(), value=encode(signed))
+        metrics.alerts.labels(alert.grade.value, alert.state.value).inc()
+
+    async def send_dead(letter: DeadLetter) -> None:
+        log.warning(
+            "dead letter from %s[%d]@%d: %s",
+            letter.source_topic, letter.partition, letter.offset, letter.error,
+        )  # fmt: skip
+        await deadletter.send(key=letter.source_topic.encode(), value=encode(letter))
+        metrics.dead_letters.labels(letter.stage).inc()
+
+    records_children: dict[str, Any] = {}
+
+    def records_of(topic: str) -> Any:
+        """The per-topic child of the records counter (labels() costs a lock per call)."""
+        child = records_children.get(topic)
+        if child is None:
+            child = records_children[topic] = metrics.records.labels(topic)
+        return child
+
+    async def forward(routed: Forward, kind: bytes) -> None:
+        """Re-key a health report or command to its job's partition of the jobs topic."""
+        await jobs_out.send(
+            key=routed.job_id.encode(), value=routed.value, partition=routed.partition,
+            headers=[(KIND_HEADER, kind)],
+        )  # fmt: skip
+
+    @app.agent(job_inputs, name="stepguard.worker.jobs")
+    async def jobs_agent(stream: Any) -> None:
+        async for event in stream.noack().events():
+            msg = event.message
+            started = time.perf_counter()
+            try:
+                if msg.topic == names.steps:
+                    out = core.handle_step(
+                        msg.partition, msg.offset, msg.key, msg.value, event, load
+                    )
+                else:
+                    kind = _header(msg.headers, KIND_HEADER)
+                    out = core.handle_job_record(
+                        msg.partition, msg.offset, msg.key, msg.value, kind, event, load
+                    )
+                await publish(out)
+                if out.tombstone and out.job_id is not None:
+                    # the job ended: a tombstone in the compacted changelog
+                    with contextlib.suppress(KeyError):
+                        del table[out.job_id.encode()]
+                elif out.snapshot is not None and out.job_id is not None:
+                    table[out.job_id.encode()] = out.snapshot
+                    metrics.snapshots.inc()
+                for held in out.release:
+                    held.ack()
+            except Exception:  # never let one record kill the agent (Faust acks it)
+                log.exception("worker failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+                event.ack()
+            records_of(msg.topic).inc()
+            last_read[(msg.topic, msg.partition)] = msg.offset
+            metrics.process_seconds.observe(time.perf_counter() - started)
+            metrics.jobs.set(len(core.jobs))
+            for name, value in core.counts().items():
+                metrics.state_events.labels(name).set(value)
+
+    def router(
+        topic: Any, what: str, route: Callable[..., Forward | Rejected | None],
+        on_none: Callable[[], None] = lambda: None,
+    ) -> None:  # fmt: skip
+        """An agent that re-keys one topic's records to their job's partition of the
+        jobs topic (header ``what``); bad records are dead letters, per record."""
+
+        async def agent(stream: Any) -> None:
+            async for event in stream.events():
+                msg = event.message
+                try:
+                    routed = route(msg.partition, msg.offset, msg.key, msg.value)
+                    if isinstance(routed, Rejected):
+                        await send_dead(routed.letter)
+                    elif routed is None:
+                        on_none()
+                    else:
+                        await forward(routed, what.encode())
+                except Exception:
+                    log.exception("%s routing failed on %s[%d]@%d", what, msg.topic,
+                                  msg.partition, msg.offset)  # fmt: skip
+                records_of(msg.topic).inc()
+                last_read[(msg.topic, msg.partition)] = msg.offset
+
+        app.agent(topic, name=f"stepguard.worker.{what}")(agent)
+
+    router(health_in, "health", core.route_health, metrics.unrouted_health.inc)
+    router(commands_in, "command", core.route_command)
+    router(results_in, "result", core.route_result)
+    router(lifecycle_in, "lifecycle", core.route_lifecycle)
+
+    watchdog = RecoveryWatchdog(settings.worker_recovery_timeout_s)
+
+    @app.timer(interval=settings.worker_tick_interval_s, name="stepguard.worker.tick")
+    async def tick_jobs() -> None:
+        busy = app.rebalancing or not app.tables.recovery.completed.is_set()
+        stalled = watchdog.check(busy)
+        if stalled is not None:
+            # Faust's changelog recovery can wait forever for records after a
+            # rebalance ("No event received for active tp"); a fresh process recovers
+            log.critical(
+                "table recovery has not completed for %.0fs "
+                "(STEPGUARD_WORKER_RECOVERY_TIMEOUT_S): exiting for a restart", stalled,
+            )  # fmt: skip
+            logging.shutdown()
+            os._exit(RECOVERY_STALLED_EXIT)
+        if busy:
+            return
+        owned = _owned(app, names.steps)
+        for key, blob in list(table.items()):
+            if blob is not None:
+                with contextlib.suppress(Exception):
+                    core.adopt(key.decode(), blob, owned)
+        # a partition with unread steps is *our* backlog, not a silent job: no tick
+        behind = _lagging(app, names.steps, last_read)
+        for job_id in list(core.jobs):
+            rec = core.tick_record(job_id)
+            if rec is None or rec[0] not in owned or rec[0] in behind:
+                continue
+            partition, value = rec
+            await jobs_out.send(
+                key=job_id.encode(), value=value, partition=partition,
+                headers=[(KIND_HEADER, b"tick")],
+            )  # fmt: skip
+        _update_lag(app, metrics, last_read, skip=changelog_topic_name(settings))
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
+        dropped = core.drop_partitions({tp.partition for tp in revoked if tp.topic in
+                                        (names.steps, names.jobs)})  # fmt: skip
+        if dropped:
+            log.info("rebalance: dropped %d cached jobs", dropped)
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
+        mine = [tp for tp in assigned if tp.topic in (names.steps, names.jobs)]
+        metrics.assigned.set(len(mine))
+        log.info("rebalance: own %d partitions of %s and %s", len(mine), names.steps,
+                 names.jobs)  # fmt: skip
+
+    del jobs_agent, tick_jobs, on_revoked, on_assigned
+    return WorkerApp(app, core, metrics, settings, n_partitions,
+                     control=_control_reader(settings, core, metrics))  # fmt: skip
+
+
+def _control_reader(settings: Settings, core: WorkerCore, metrics: WorkerMetrics) -> ControlReader:
+    """The reader of signed detector settings: every worker reads the whole control
+    topic (no consumer group) and builds new jobs' detectors from the latest change."""
+    keys = public_keys(settings, "operator")
+    if not keys:
+        log.warning("no STEPGUARD_OPERATOR_PUBLIC_KEYS: detector settings sent on the "
+                    "control topic (stepguard calibrate --apply) are refused")  # fmt: skip
+    control = DetectorControl(
+        keys, core.monitor_config or load_detector_config(None),
+        max_clock_skew_s=settings.max_clock_skew_s, max_age_s=settings.control_max_age_s,
+    )  # fmt: skip
+
+    def on_change(config: Any) -> None:
+        core.monitor_config = config  # read when a new job's detectors are built
+
+    def on_record() -> None:
+        for name, value in control.counts().items():
+            metrics.state_events.labels(name).set(value)
+
+    return ControlReader(
+        control, lambda: KafkaConsumer(**consumer_config(settings, None)),
+        registry_of(settings).name("control"), on_change=on_change, on_record=on_record,
+    )  # fmt: skip
+
+
+#: Exit status of a worker whose table recovery stalled (EX_TEMPFAIL: restart it).
+RECOVERY_STALLED_EXIT = 75
+
+
+class RecoveryWatchdog:
+    """How long the worker has been rebalancing or recovering without a break.
+
+    >>> t = [0.0]
+    >>> w = RecoveryWatchdog(10.0, clock=lambda: t[0])
+    >>> w.check(True), t.__setitem__(0, 9.0), w.check(True)
+    (None, None, None)
+    >>> t[0] = 10.5; w.check(True)
+    10.5
+    >>> w.check(False), w.check(True)  # recovered: the clock starts again
+    (None, None)
+    """
+
+    def __init__(self, timeout_s: float, clock: Any = time.monotonic) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._since: float | None = None
+
+    def check(self, recovering: bool) -> float | None:
+        """Seconds stalled when over the timeout, else None."""
+        if not recovering:
+            self._since = None
+            return None
+        now = self.clock()
+        if self._since is None:
+            self._since = now
+        stalled = now - self._since
+        return stalled if stalled > self.timeout_s else None
+
+
+#: Broker-side wait of the worker's fetches (Faust hard-codes 1,500 ms).
+FETCH_MAX_WAIT_MS = 50
+
+
+class _LowLatencyConsumerThread(AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        if hasattr(consumer, "_fetch_max_wait_ms"):  # aiokafka 0.8-0.14: read by start()
+            consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        else:
+            log.warning("cannot shorten the consumer's fetch wait: steps may wait 1.5 s")
+        return consumer
+
+
+class _LowLatencyConsumer(AIOKafkaConsumer):
+    """Faust's aiokafka consumer with a short fetch wait (see ``FETCH_MAX_WAIT_MS``)."""
+
+    def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
+        return _LowLatencyConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+def _header(headers: Any, name: str) -> str:
+    if not headers:
+        return ""
+    items = headers.items() if isinstance(headers, dict) else headers
+    for k, v in items:
+        if k == name:
+            return v.decode() if isinstance(v, bytes) else str(v)
+    return ""
+
+
+def _owned(app: faust.App, steps_topic: str) -> set[int]:
+    try:
+        return {tp.partition for tp in app.consumer.assignment() if tp.topic == steps_topic}
+    except Exception:  # consumer not started yet
+        return set()
+
+
+def _lagging(app: faust.App, topic: str, read: dict[Any, int]) -> set[int]:
+    """Partitions of ``topic`` whose highwater is beyond what the agent has read."""
+    out: set[int] = set()
+    try:
+        for tp in app.consumer.assignment():
+            if tp.topic != topic:
+                continue
+            hw = app.consumer.highwater(tp)
+            if hw is not None and hw > read.get((tp.topic, tp.partition), -1) + 1:
+                out.add(tp.partition)
+    except Exception:  # consumer not started: tick nothing rather than guess
+        return set(range(1 << 16))
+    return out
+
+
+def _update_lag(
+    app: faust.App, metrics: WorkerMetrics, read: dict[Any, int], skip: str = ""
+) -> None:
+    """consumer_lag = highwater - (last offset read + 1), per owned partition of the
+    topics the agents read (not ``skip``: the table's changelog, which Faust reads
+    only while recovering, so it never shows a lag of 0)."""
+    try:
+        assignment = app.consumer.assignment()
+        for tp in assignment:
+            if tp.topic == skip:
+                continue
+            hw = app.consumer.highwater(tp)
+            if hw is None:
+                continue
+            lag = max(0, hw - (read.get((tp.topic, tp.partition), -1) + 1))
+            metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+    except Exception:  # metrics must never break the timer (consumer not started yet)
+        return

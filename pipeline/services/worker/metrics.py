@@ -1,0 +1,79 @@
+"""Prometheus metrics of ``stepguard worker`` (served on ``worker_metrics_port``).
+
+==========================================  =============================================
+Metric                                      Meaning
+==========================================  =============================================
+stepguard_worker_records_total{topic}       records consumed (rate: events/s)
+stepguard_worker_rank_steps_total           rank-steps scored (ranks x completed steps)
+stepguard_worker_steps_total                job steps completed and scored
+stepguard_worker_alerts_total{grade,state}  alert updates published
+stepguard_worker_dead_letters_total{stage}  records sent to the dead-letter topic
+stepguard_worker_unrouted_health_total      health reports naming no job (not scored)
+stepguard_worker_consumer_lag{topic,partition}  highwater - next offset to read
+stepguard_worker_process_seconds            handler time per record
+stepguard_worker_step_latency_seconds       wall time at scoring - event time of step end
+stepguard_worker_snapshots_total            detector snapshots written to the table
+stepguard_worker_jobs                       jobs held by this process
+stepguard_worker_assigned_partitions        steps + job-topic partitions owned
+==========================================  =============================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pipeline.io.metrics import serve_metrics, service_registry
+from pipeline.io.settings import Settings
+
+__all__ = ["WorkerMetrics"]
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25,
+    1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+class WorkerMetrics:
+    """The worker's metrics in their own registry (tests build several)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = reg = service_registry(registry)
+        p = "stepguard_worker_"
+        self.records = Counter(p + "records", "Records consumed.", ["topic"], registry=reg)
+        self.rank_steps = Counter(p + "rank_steps", "Rank-steps scored.", registry=reg)
+        self.steps = Counter(p + "steps", "Job steps scored.", registry=reg)
+        self.alerts = Counter(
+            p + "alerts", "Alert updates published.", ["grade", "state"], registry=reg
+        )
+        self.dead_letters = Counter(
+            p + "dead_letters", "Records dead-lettered.", ["stage"], registry=reg
+        )
+        self.unrouted_health = Counter(
+            p + "unrouted_health", "Health reports without a job id.", registry=reg
+        )
+        self.lag = Gauge(
+            p + "consumer_lag", "Records not yet read.", ["topic", "partition"], registry=reg
+        )
+        self.process_seconds = Histogram(
+            p + "process_seconds", "Handler time per record.", registry=reg,
+            buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1, 1.0),
+        )  # fmt: skip
+        self.step_latency = Histogram(
+            p + "step_latency_seconds", "Scoring wall time minus step-end event time.",
+            registry=reg, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.snapshots = Counter(p + "snapshots", "Snapshots written.", registry=reg)
+        self.jobs = Gauge(p + "jobs", "Jobs held by this process.", registry=reg)
+        self.state_events = Gauge(
+            p + "state_events", "Since start: snapshots unreadable or oversized, records "
+            "refused for a capacity limit or of an ended run.", ["event"], registry=reg,
+        )  # fmt: skip
+        self.assigned = Gauge(
+            p + "assigned_partitions", "Steps + job-topic partitions owned.", registry=reg
+        )
+
+    def serve(self, settings: Settings) -> None:
+        """Expose ``/metrics`` on ``worker_metrics_port`` (0: do nothing) and
+        ``metrics_bind_address``; a port in use is a
+        :class:`~pipeline.io.errors.ConfigError` naming STEPGUARD_WORKER_METRICS_PORT."""
+        serve_metrics(self.registry, settings, "worker_metrics_port")

@@ -1,0 +1,121 @@
+"""``stepguard simulate``: play a scenario to the broker in (scaled) real time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from detectors.frame import PHASES
+from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
+from pipeline.io.settings import Settings
+from pipeline.tools.simulator import Scenario, SimulatedJob
+from schemas import EndReason, JobEvent, JobEventKind, Phase
+
+__all__ = ["PlayStats", "play"]
+
+
+@dataclass
+class PlayStats:
+    steps: int = 0
+    step_messages: int = 0
+    health_messages: int = 0
+    truth_messages: int = 0
+    wall_s: float = 0.0
+
+
+def play(
+    settings: Settings,
+    scenario: Scenario,
+    *,
+    speed: float | None = 1.0,
+    truth: bool = True,
+    stop_after_step: int | None = None,
+    lifecycle: bool = True,
+    announce_phases: bool = False,
+    job: SimulatedJob | None = None,
+    on_event: Callable[[SimulatedJob], None] | None = None,
+) -> PlayStats:
+    """Publish the scenario's steps and health; ``speed=None`` means as fast as possible.
+
+    With ``lifecycle`` the job's START comes first and its END (completed) last, as
+    training code's exporter publishes them; with ``announce_phases`` every checkpoint
+    and eval step is announced when it starts (``StepExporter.phase``).
+    ``stop_after_step`` ends the playback after that step without an end (the job goes
+    silent, as a hung job does).
+
+    Closed loop: pass the ``job`` to play and ``on_event``, called after each event is
+    published, applies the commands that arrived meanwhile (isolate, restart, ...) to
+    it, so the next events show their effect.
+    """
+    if speed is not None and speed <= 0:
+        raise ValueError("speed must be positive (or None for --max)")
+    create_topics(settings)
+    registry = registry_of(settings)
+    producer = make_producer(settings)
+    stats = PlayStats()
+    t0 = time.monotonic()
+    start_ts = scenario.start_ts
+    try:
+        if truth:
+            for t in scenario.truth():
+                publish(producer, registry, "truth", t)
+                stats.truth_messages += 1
+        if lifecycle:
+            publish(producer, registry, "lifecycle", _event(scenario, JobEventKind.START, start_ts))
+        last_ts, last_step, stopped = start_ts, 0, False
+        sim = job if job is not None else SimulatedJob(scenario)
+        for ev in sim.events():
+            if announce_phases and ev.frame is not None and ev.frame.n_ranks:
+                phase = Phase(PHASES[int(ev.frame.phase[0])])
+                if phase in (Phase.CHECKPOINT, Phase.EVAL):
+                    _wait(t0, ev.frame.ts_start - start_ts, speed)
+                    ann = _event(scenario, JobEventKind.PHASE, ev.frame.ts_start, last_step,
+                                 phase=phase)  # fmt: skip
+                    publish(producer, registry, "lifecycle", ann)
+                    producer.flush()
+            _wait(t0, ev.ts - start_ts, speed)
+            if ev.frame is not None:
+                for m in ev.frame.to_messages():
+                    publish(producer, registry, "steps", m)
+                    stats.step_messages += 1
+                stats.steps += 1
+            for h in ev.health:
+                publish(producer, registry, "health", h)
+                stats.health_messages += 1
+            last_ts, last_step = ev.ts, max(ev.step, 0)
+            if on_event is not None:
+                on_event(sim)
+            if stop_after_step is not None and ev.step >= stop_after_step:
+                stopped = True
+                break
+        if lifecycle and not stopped:
+            end = _event(scenario, JobEventKind.END, last_ts, last_step, reason=EndReason.COMPLETED)
+            publish(producer, registry, "lifecycle", end)
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=10)
+    stats.wall_s = time.monotonic() - t0
+    return stats
+
+
+def _wait(t0: float, offset_s: float, speed: float | None) -> None:
+    if speed is not None:
+        delay = t0 + offset_s / speed - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _event(
+    scenario: Scenario,
+    kind: JobEventKind,
+    ts: float,
+    step: int | None = None,
+    **fields: Any,
+) -> JobEvent:
+    return JobEvent(
+        job_id=scenario.job, kind=kind, ts=datetime.fromtimestamp(ts, UTC), step=step,
+        source="simulator", **fields,
+    )  # fmt: skip

@@ -1,0 +1,443 @@
+"""Scenario configuration: a job, its noise model and the faults and traps injected.
+
+A scenario is a YAML file in ``pipeline/tools/simulator/scenarios/``. Every field has a
+default, so a scenario only states what differs from an ordinary healthy job.
+
+Examples
+--------
+>>> s = Scenario.model_validate({"name": "demo", "nodes": 2, "steps": 20,
+...     "faults": [{"kind": "straggler", "node": 1, "gpu": 3, "onset_step": 5,
+...                 "magnitude": 0.2}]})
+>>> s.n_ranks, s.dp, s.faults[0].fault_id
+(16, 2, 'straggler-0')
+>>> t = s.truth()[0]
+>>> t.node, t.rank, t.onset_step, t.end_step
+('node-0001', 11, 5, None)
+>>> round(s.faults[0].slowdown_at(4), 3), round(s.faults[0].slowdown_at(5), 3)
+(0.0, 0.2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from pipeline.io.errors import ConfigError
+from schemas.truth import FaultKind, FaultTruth
+
+__all__ = [
+    "JOB_STOPPING_KINDS",
+    "SCENARIO_DIR",
+    "TRAP_KINDS",
+    "FaultSpec",
+    "Scenario",
+    "ScenarioError",
+    "Shape",
+    "load_suite",
+    "node_name",
+]
+
+#: Where the bundled scenario suite lives.
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+#: Fault kinds that are normal behaviour and must not alert.
+TRAP_KINDS: frozenset[FaultKind] = frozenset(
+    {
+        FaultKind.STAGE_IMBALANCE,
+        FaultKind.CLUSTER_SLOWDOWN,
+        FaultKind.DIURNAL_TEMPERATURE,
+        FaultKind.SINGLE_STEP_BLIP,
+    }
+)
+
+#: Faults that stop the whole job (synchronous training: nobody completes a step).
+JOB_STOPPING_KINDS: frozenset[FaultKind] = frozenset(
+    {FaultKind.CRASH, FaultKind.ECC_STORM, FaultKind.HANG}
+)
+
+
+#: Allowed ``variant`` per kind (None: the first named one).
+_VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
+    FaultKind.STAGE_IMBALANCE: (None, "pipeline", "sequence_length"),
+    FaultKind.CLUSTER_SLOWDOWN: (None, "storage", "compute", "power_cap"),
+    FaultKind.PCIE_DOWNTRAIN: (None, "width", "gen"),
+    FaultKind.ROW_REMAP: (None, "pending", "failure"),
+    FaultKind.CLOCK_THROTTLE: (None, "thermal", "hw_slowdown", "power_cap"),
+}
+
+
+class ScenarioError(ConfigError):
+    """A scenario file or definition is invalid; the message names the file/field."""
+
+
+class Shape(StrEnum):
+    """How a slowdown evolves after onset."""
+
+    STEP = "step"  #: full magnitude at once
+    LINEAR = "linear"  #: linear ramp to the magnitude over ``ramp_steps``
+    EXP = "exp"  #: exponential creep (slow start, fast end) over ``ramp_steps``
+
+
+def node_name(index: int) -> str:
+    """The name of the node in slot ``index`` at the start of a job."""
+    return f"node-{index:04d}"
+
+
+class FaultSpec(BaseModel):
+    """One injected fault or trap.
+
+    Meaning of ``magnitude`` per kind:
+
+    ==================== =====================================================================
+    straggler            fractional compute slowdown (0.2: +20 %)
+    degradation          slowdown reached at the end of the ramp (``shape``, ``ramp_steps``)
+    thermal              fractional SM-clock loss (compute grows by 1/(1-m) - 1)
+    nic_flap             seconds added to a step when the NIC flaps (``probability`` per step)
+    data_stall           seconds of data-loader wait added on the rank
+    ecc_storm            peak corrected-ECC errors per health report; the uncorrectable
+                         error, XID 48 and crash come ``duration_steps`` (30) after onset
+    crash                unused; the node dies at ``onset_step`` and the job hangs
+    hang                 unused; the job hangs ``duration_steps`` nominal steps (10)
+    divergence           loss spike factor; NaN ``duration_steps`` steps after onset
+    stage_imbalance      extra compute of the heaviest stage (``variant: pipeline``) or
+                         the sigma of per-step replica noise (``sequence_length``)
+    cluster_slowdown     seconds of data wait on every rank (``storage``), fractional
+                         compute slowdown of every rank (``compute``), or SM-clock loss
+                         of every GPU under a facility power cap (``power_cap``: clock
+                         reason ``sw_power_cap`` everywhere, compute 1/(1-m) - 1 slower)
+    pcie_downtrain       the GPU's (or node's) PCIe link trained to ``magnitude`` lanes
+                         (``width``, default 8 of 16) or generation (``gen``, default 4
+                         of 5); step times do not move
+    nvlink_down          NVLink links down (default 1) with a burst of CRC/replay errors
+    row_remap            a row remap pending (XID 63, ``pending``) or failed (XID 64,
+                         ``failure``) from onset on
+    drain_xid            the XID ``magnitude`` (e.g. 79, 94, 95, 119, 120, 74) once
+    clock_throttle       fractional SM-clock loss with the clock reason of ``variant``
+                         (``thermal``: sw_thermal_slowdown, +8 C; ``hw_slowdown``;
+                         ``power_cap``: sw_power_cap on this GPU or node alone)
+    diurnal_temperature  amplitude in degrees C over ``period_s``
+    single_step_blip     fractional compute slowdown for exactly one step
+    ==================== =====================================================================
+
+    A flapping NIC slows the collectives of the whole job (everyone's comm wait rises
+    with the step time, as synchronous training requires); the node itself is named by
+    its NIC error and retransmit counters in NodeHealth.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: FaultKind
+    fault_id: str | None = Field(default=None, description="Default: '<kind>-<index>'.")
+    node: NonNegativeInt | None = Field(default=None, description="Node slot at job start.")
+    gpu: NonNegativeInt | None = Field(default=None, description="Local GPU; None: node.")
+    onset_step: NonNegativeInt = 0
+    duration_steps: PositiveInt | None = Field(default=None, description="None: to the end.")
+    magnitude: float = 0.0
+    shape: Shape = Shape.STEP
+    ramp_steps: PositiveInt | None = None
+    probability: float = Field(default=0.3, ge=0.0, le=1.0)
+    variant: str | None = None
+    period_s: float = Field(default=600.0, gt=0)
+    factors: tuple[float, ...] | None = None
+    hang_steps: PositiveInt = Field(
+        default=60,
+        description="crash/ecc_storm: how long (nominal steps) the job hangs before the "
+        "scenario ends, unless the job is restarted.",
+    )
+    detail: str = ""
+
+    @property
+    def is_trap(self) -> bool:
+        return self.kind in TRAP_KINDS
+
+    @property
+    def end_step(self) -> int | None:
+        """Last step the fault is active (inclusive), None while it lasts to the end."""
+        if self.kind in (FaultKind.CRASH, FaultKind.ECC_STORM, FaultKind.DIVERGENCE):
+            return None
+        if self.kind in (FaultKind.HANG, FaultKind.SINGLE_STEP_BLIP):
+            return self.onset_step
+        if self.duration_steps is None:
+            return None
+        return self.onset_step + self.duration_steps - 1
+
+    @property
+    def crash_step(self) -> int:
+        """crash: the step that never completes; ecc_storm: the step of the XID 48."""
+        if self.kind == FaultKind.ECC_STORM:
+            return self.onset_step + (self.duration_steps or 30)
+        return self.onset_step
+
+    def active(self, step: int) -> bool:
+        end = self.end_step
+        return step >= self.onset_step and (end is None or step <= end)
+
+    def slowdown_at(self, step: int) -> float:
+        """Fractional compute slowdown this fault causes at ``step`` (0 when none).
+
+        Used by the simulator and by the benchmark to report the slowdown a
+        degradation had reached when it was detected.
+        """
+        if not self.active(step):
+            return 0.0
+        m = self.magnitude
+        if self.kind == FaultKind.THERMAL:
+            ramp = min(1.0, (step - self.onset_step + 1) / float(self.ramp_steps or 10))
+            loss = min(m * ramp, 0.9)
+            return 1.0 / (1.0 - loss) - 1.0
+        if self.kind == FaultKind.CLOCK_THROTTLE:
+            return 1.0 / (1.0 - min(m, 0.9)) - 1.0
+        if self.kind not in (
+            FaultKind.STRAGGLER,
+            FaultKind.DEGRADATION,
+            FaultKind.SINGLE_STEP_BLIP,
+        ):
+            return 0.0
+        if self.shape == Shape.STEP:
+            return m
+        ramp = self.ramp_steps or self.duration_steps or 200
+        x = min(1.0, (step - self.onset_step) / float(ramp))
+        if self.shape == Shape.LINEAR:
+            return m * x
+        k = 4.0  # exponential creep: e^(kx)-1 normalised to reach m at x=1
+        return m * (math.exp(k * x) - 1.0) / (math.exp(k) - 1.0)
+
+
+class Scenario(BaseModel):
+    """A seeded, fully specified simulated training job.
+
+    Topology: ``nodes`` x ``gpus_per_node`` ranks, ``rank = node * gpus + gpu``;
+    tensor parallelism ``tp`` inside a node, ``pp`` pipeline stages, and
+    ``dp = ranks / (tp * pp)`` data-parallel replicas (``dp_group`` is the replica
+    index, replicas are laid out contiguously: rank = (dp * pp + stage) * tp + t).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    seed: int = 0
+    job_id: str | None = Field(default=None, description="Default: the scenario name.")
+    nodes: PositiveInt
+    gpus_per_node: PositiveInt = 8
+    tp: PositiveInt = 8
+    pp: PositiveInt = 1
+    steps: PositiveInt = 300
+    start_time: AwareDatetime = datetime(2026, 1, 1, tzinfo=UTC)
+    health_interval_steps: PositiveInt = 10
+    warmup_steps: NonNegativeInt = 10
+    warmup_extra: NonNegativeFloat = 1.0
+    eval_every: NonNegativeInt = 0
+    eval_factor: float = Field(default=2.0, ge=1.0)
+    checkpoint_every: NonNegativeInt = 0
+    checkpoint_s: NonNegativeFloat = 6.0
+    base_compute_s: float = Field(default=0.9, gt=0)
+    compute_noise: NonNegativeFloat = 0.015
+    rank_spread: NonNegativeFloat = 0.01
+    jitter_prob: float = Field(default=2e-5, ge=0, le=1)
+    data_wait_s: NonNegativeFloat = 0.01
+    collective_s: NonNegativeFloat = 0.06
+    tick_fraction: float = Field(default=0.25, gt=0, le=1)
+    spares: NonNegativeInt = 4
+    loss_start: float = Field(default=10.0, gt=0)
+    loss_floor: float = Field(default=2.0, gt=0)
+    loss_tau_steps: float = Field(default=400.0, gt=0)
+    faults: tuple[FaultSpec, ...] = ()
+
+    @field_validator("faults")
+    @classmethod
+    def _name_faults(cls, faults: tuple[FaultSpec, ...]) -> tuple[FaultSpec, ...]:
+        """Give every fault an id ('<kind>-<index>') so truth and simulator agree."""
+        return tuple(
+            f if f.fault_id else f.model_copy(update={"fault_id": f"{f.kind.value}-{i}"})
+            for i, f in enumerate(faults)
+        )
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        if self.gpus_per_node % self.tp:
+            raise ValueError(f"tp={self.tp} must divide gpus_per_node={self.gpus_per_node}")
+        if self.n_ranks % (self.tp * self.pp):
+            raise ValueError(f"ranks={self.n_ranks} not divisible by tp*pp={self.tp * self.pp}")
+        ids = set()
+        for f in self.faults:
+            fid = f.fault_id or ""
+            if fid in ids:
+                raise ValueError(f"duplicate fault_id {fid!r}")
+            ids.add(fid)
+            if f.node is not None and f.node >= self.nodes:
+                raise ValueError(f"fault {fid}: node {f.node} >= nodes={self.nodes}")
+            if f.gpu is not None and f.gpu >= self.gpus_per_node:
+                raise ValueError(f"fault {fid}: gpu {f.gpu} >= {self.gpus_per_node}")
+            needs_node = f.kind in (
+                FaultKind.STRAGGLER,
+                FaultKind.DEGRADATION,
+                FaultKind.THERMAL,
+                FaultKind.NIC_FLAP,
+                FaultKind.DATA_STALL,
+                FaultKind.ECC_STORM,
+                FaultKind.CRASH,
+                FaultKind.SINGLE_STEP_BLIP,
+                FaultKind.PCIE_DOWNTRAIN,
+                FaultKind.NVLINK_DOWN,
+                FaultKind.ROW_REMAP,
+                FaultKind.DRAIN_XID,
+                FaultKind.CLOCK_THROTTLE,
+            )
+            if needs_node and f.node is None:
+                raise ValueError(f"fault {fid}: kind {f.kind.value} needs a node")
+            needs_gpu = (FaultKind.DATA_STALL, FaultKind.ECC_STORM, FaultKind.ROW_REMAP,
+                         FaultKind.DRAIN_XID)  # fmt: skip
+            if f.kind in needs_gpu and f.gpu is None:
+                raise ValueError(f"fault {fid}: kind {f.kind.value} needs a gpu")
+            allowed = _VARIANTS.get(f.kind, (None,))
+            if f.variant not in allowed:
+                raise ValueError(f"fault {fid}: variant {f.variant!r} not in {allowed}")
+            if f.onset_step >= self.steps:
+                raise ValueError(f"fault {fid}: onset_step beyond steps={self.steps}")
+        return self
+
+    # -- derived topology -------------------------------------------------------------
+    @property
+    def n_ranks(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def dp(self) -> int:
+        return self.n_ranks // (self.tp * self.pp)
+
+    @property
+    def job(self) -> str:
+        return self.job_id or self.name
+
+    @property
+    def start_ts(self) -> float:
+        return self.start_time.timestamp()
+
+    @property
+    def stage_factors(self) -> tuple[float, ...]:
+        """Per-stage compute factor (pipeline imbalance trap), 1.0 when balanced."""
+        for f in self.faults:
+            if f.kind == FaultKind.STAGE_IMBALANCE and (f.variant or "pipeline") == "pipeline":
+                if f.factors is not None:
+                    if len(f.factors) != self.pp:
+                        raise ScenarioError(f"{self.name}: factors needs {self.pp} entries")
+                    return f.factors
+                m = f.magnitude
+                out = [1.0] * self.pp
+                if self.pp > 1:
+                    out[0] = 1.0 + 0.5 * m  # embedding
+                    out[-1] = 1.0 + m  # output layer + loss
+                else:
+                    out[0] = 1.0 + m
+                return tuple(out)
+        return (1.0,) * self.pp
+
+    @property
+    def nominal_step_s(self) -> float:
+        """A healthy train step: the slowest stage's compute plus waits, plus noise."""
+        slowest = self.base_compute_s * max(self.stage_factors)
+        return slowest * (1.0 + 3.0 * self.compute_noise) + self.data_wait_s + self.collective_s
+
+    @property
+    def has_faults(self) -> bool:
+        return any(not f.is_trap for f in self.faults)
+
+    @property
+    def is_trap_only(self) -> bool:
+        return not self.has_faults
+
+    # -- ground truth -----------------------------------------------------------------
+    def truth(self) -> list[FaultTruth]:
+        """One FaultTruth per injected fault or trap."""
+        out = []
+        for f in self.faults:
+            rank = None
+            if f.node is not None and f.gpu is not None:
+                rank = f.node * self.gpus_per_node + f.gpu
+            detail = f.detail
+            if not detail:
+                bits = [f"shape={f.shape.value}"] if f.kind == FaultKind.DEGRADATION else []
+                if f.variant:
+                    bits.append(f"variant={f.variant}")
+                if f.kind == FaultKind.ECC_STORM:
+                    bits.append(f"uncorrectable+xid48 at step {self._crash_step(f)}")
+                detail = ", ".join(bits)
+            out.append(
+                FaultTruth(
+                    scenario=self.name,
+                    job_id=self.job,
+                    fault_id=f.fault_id or "",
+                    kind=f.kind,
+                    is_trap=f.is_trap,
+                    node=node_name(f.node) if f.node is not None else None,
+                    rank=rank,
+                    onset_step=f.onset_step,
+                    end_step=f.end_step,
+                    magnitude=f.magnitude,
+                    detail=detail,
+                )
+            )
+        return out
+
+    @staticmethod
+    def _crash_step(f: FaultSpec) -> int:
+        return f.crash_step
+
+    # -- loading ----------------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Scenario:
+        """Load one scenario; errors name the file."""
+        p = Path(path)
+        try:
+            data: Any = yaml.safe_load(p.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ScenarioError(f"{p}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{p}: expected a mapping at top level")
+        data.setdefault("name", p.stem)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ScenarioError(f"{p}: {exc}") from exc
+
+
+def load_suite(
+    directory: str | Path | None = None, names: Sequence[str] | None = None
+) -> list[Scenario]:
+    """Every ``*.yaml`` scenario in ``directory`` (default: the bundled suite), by name.
+
+    ``names`` keeps only the scenarios with those names (in the order given).
+    """
+    d = Path(directory) if directory is not None else SCENARIO_DIR
+    suite = [Scenario.from_yaml(p) for p in sorted(d.glob("*.yaml"))]
+    seen: set[str] = set()
+    for s in suite:
+        if s.name in seen:
+            raise ScenarioError(f"{d}: duplicate scenario name {s.name!r}")
+        seen.add(s.name)
+    if names is None:
+        return suite
+    by_name = {s.name: s for s in suite}
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise ScenarioError(f"unknown scenario(s): {', '.join(missing)}")
+    return [by_name[n] for n in names]

@@ -1,0 +1,816 @@
+"""``stepguard up``: the production services as supervised child processes.
+
+docker-compose without Docker, for a laptop or a single head node. One process per
+service, each the same ``stepguard <service>`` command docker-compose runs:
+
+==================  ==========================================================  ==========
+service             command                                                     stop tier
+==================  ==========================================================  ==========
+broker              ``stepguard broker --port P`` (embedded Tansu, in memory)   last
+topics              ``stepguard topics`` (one-shot; again after a broker restart)
+worker-1..N         ``stepguard worker``: own metrics port and data directory    2
+actuator            ``stepguard actuator``                                      3
+executor-dry-run    ``stepguard executor dry-run``                              3
+archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
+alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
+                    or with ``--durable``)
+simulate            ``stepguard simulate S --control`` (with ``--scenario``)     first
+==================  ==========================================================  ==========
+
+With ``STEPGUARD_KAFKA_BOOTSTRAP`` set, no broker is started; with ``--durable``
+Apache Kafka runs through ``scripts/kafka.sh start --keep-data`` (data kept across
+runs), and, unless ``STEPGUARD_ALERTMANAGER_URL`` names one, Alertmanager through
+``scripts/alertmanager.sh start --keep-data`` (silences kept; its state under
+``<state dir>/alertmanager``, its receiver ``ALERTMANAGER_WEBHOOK_URL``). Each service
+logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json`` holds each
+service's state, pid and restarts (rewritten every second), and
+``<state dir>/up.env`` the variables another shell needs to reach this stack;
+``<state dir>/job-controller.env`` (mode 0600) the job controller's private key of the
+job (the training job's CommandListener signs its results with it).
+
+The decisions live in :mod:`pipeline.tools.supervisor`; this module builds the plan, spawns
+processes, probes readiness, scrapes the Prometheus endpoints and draws the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.io.embedded import free_port, probe_kafka
+from pipeline.io.errors import ConfigError, EmbeddedServiceError
+from pipeline.io.settings import ENV_PREFIX, Settings
+from pipeline.tools.prometheus import prometheus_for_up
+from pipeline.tools.supervisor import ProcessGroup, ServiceSpec, ServiceState, Supervisor
+
+if TYPE_CHECKING:
+    from pipeline.io.settings import Role
+
+__all__ = [
+    "JOB_ENV_FILE",
+    "STATUS_FILE",
+    "Plan",
+    "PopenSpawner",
+    "UpOptions",
+    "build_plan",
+    "child_env",
+    "run_up",
+    "signing_env",
+    "start_group",
+    "write_job_env",
+]
+
+STATUS_FILE = "up.json"
+ENV_FILE = "up.env"
+#: next to up.env, mode 0600: the training job's own signing key (its controller's)
+JOB_ENV_FILE = "job-controller.env"
+MEMORY_ONLY = (
+    "the embedded Tansu broker keeps topics in memory only: stopping `up` (or a broker "
+    "restart) loses every topic, offset and consumer group; use --durable (Apache Kafka "
+    "through scripts/kafka.sh, data kept) or STEPGUARD_KAFKA_BOOTSTRAP for a real broker"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpOptions:
+    """``stepguard up`` arguments."""
+
+    scenario: str | None = None
+    workers: int = 2
+    speed: float = 1.0
+    durable: bool = False
+    base_port: int | None = None
+    grace_s: float = 10.0
+    #: run Prometheus with the shipped rules (pipeline/tools/prometheus); None: with
+    #: ``durable`` when a ``prometheus`` binary is on PATH
+    prometheus: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        if self.speed <= 0:
+            raise ValueError("speed must be positive")
+        if self.base_port is not None and not 1024 <= self.base_port <= 65535 - 32:
+            raise ValueError("base_port must be in 1024..65503")
+
+
+@dataclass
+class Plan:
+    """Everything ``up`` will run, decided before anything starts."""
+
+    specs: list[ServiceSpec]
+    bootstrap: str
+    broker_flavor: str
+    state_dir: Path
+    job_id: str | None = None
+    notes: list[str] = field(default_factory=list)
+    #: variables another shell needs to reach this stack (no secrets)
+    shell_env: dict[str, str] = field(default_factory=dict)
+    #: the job controller's private key of ``job_id`` (a secret: written to
+    #: :data:`JOB_ENV_FILE`, readable by the user only)
+    job_env: dict[str, str] = field(default_factory=dict)
+
+
+# -- environment of the children --------------------------------------------------------
+
+
+#: which keys each kind of child needs: the private key it signs with (if any), and
+#: the roles whose public keys it verifies with
+_KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
+    "actuator": ("actuator", ("actuator", "worker", "operator")),
+    # acts on its job's controller's results; applies operator-signed detector settings
+    "worker": ("worker", ("actuator", "job_controller", "executor", "operator")),
+    "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
+    # the job's CommandListener: signs its results with its job's controller key (a
+    # training process never holds the executors' key)
+    "simulate": ("job_controller", ("actuator", "job_controller")),
+    # verifies what it archives as signed (pipeline.services.archive.trust): alerts, commands,
+    # action records, approvals, control changes and command results
+    "archiver": (None, ("actuator", "worker", "operator", "executor", "job_controller")),
+    # the Alertmanager bridge: worker-signed alerts, the actuator's guardrails and holds
+    "alertmanager": (None, ("actuator", "worker")),
+}
+
+
+def signing_env(
+    settings: Settings, run_id: str, job: str | None = None
+) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """The signing-key variables of each kind of child, and notes for the person.
+
+    Every role that has no private key configured (actuator: commands, worker: alerts)
+    gets a fresh Ed25519 key pair for this run; a configured private key adds its own
+    public key to its role's list, so children that only verify need nothing more.
+    The job controller's key is bound to ``job`` (its key id,
+    :func:`~pipeline.io.trust.job_controller_key_id`); without a job none is
+    made. A child gets only the private key it signs with (:data:`_KEY_NEEDS`); kind
+    ``job`` holds what the training job needs (its controller's private key, written
+    to a file only the user can read). The one place that knows how keys are configured.
+    """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from pipeline.io.settings import ROLES
+    from pipeline.io.trust import SigningKey, job_controller_key_id
+
+    private: dict[Role, str] = {}
+    public: dict[Role, str] = {}
+    made = []
+    for role in ROLES:
+        pair = settings.private_key(role)
+        own: SigningKey | None = None
+        if pair is not None:
+            own = SigningKey(pair[0], Ed25519PrivateKey.from_private_bytes(pair[1]))
+        elif role == "job_controller":
+            if job is not None:  # bound to its job
+                own = SigningKey.generate(job_controller_key_id(job, f"up-{run_id}"[:30]))
+                made.append("job controller")
+        elif role != "operator":  # operators sign in their own shell, with their own key
+            own = SigningKey.generate(f"up-{run_id}-{role}")
+            made.append(role)
+        listed = getattr(settings, f"{role}_public_keys")
+        if own is not None:
+            private[role] = own.private_text()
+            listed = ",".join(x for x in (own.public_text(), listed) if x)
+        public[role] = listed
+    by_kind: dict[str, dict[str, str]] = {}
+    for kind, (signs, verifies) in _KEY_NEEDS.items():
+        env = {f"{ENV_PREFIX}{r.upper()}_PUBLIC_KEYS": public[r] for r in verifies if public[r]}
+        if signs is not None and signs in private:
+            env[f"{ENV_PREFIX}{signs.upper()}_PRIVATE_KEY"] = private[signs]
+        by_kind[kind] = env
+    by_kind["job"] = by_kind["simulate"]  # what a real training job of ``job`` needs
+    notes = []
+    if made:
+        notes.append(f"ephemeral {' and '.join(made)} signing keys for this run")
+    if not public["operator"]:
+        notes.append(
+            "no STEPGUARD_OPERATOR_PUBLIC_KEYS: approve/reject/control are refused "
+            "(`stepguard keys generate --role operator`, then restart up)"
+        )
+    return by_kind, notes
+
+
+def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one child: the inherited one (PATH, HOME, the configured
+    ``STEPGUARD_*``) less every private key, unbuffered output, then ``overrides`` (a
+    child gets back only the private key it signs with)."""
+    env = {k: v for k, v in base.items() if not k.endswith("_PRIVATE_KEY")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(overrides)
+    return env
+
+
+# -- plan -------------------------------------------------------------------------------
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on ``port``. SO_REUSEADDR as the servers themselves bind: a port
+    whose last connections linger in TIME_WAIT (a scraper's, after a stop) is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class _Ports:
+    """Ports for the broker and the metrics endpoints: free ones, or consecutive ones
+    from ``base`` (stable for a Prometheus scrape config), each checked free now."""
+
+    def __init__(self, base: int | None) -> None:
+        self.next = base
+
+    def take(self, what: str) -> int:
+        if self.next is None:
+            return free_port()
+        port, self.next = self.next, self.next + 1
+        if not _port_free(port):
+            raise ConfigError(
+                f"port {port} ({what}) is in use; stop what holds it or choose another --base-port"
+            )
+        return port
+
+
+def _metrics_ready(port: int) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    return probe
+
+
+def _broker_ready(port: int) -> Callable[[], bool]:
+    return lambda: probe_kafka("127.0.0.1", port, timeout=0.5)
+
+
+def build_plan(
+    settings: Settings,
+    options: UpOptions,
+    base_env: Mapping[str, str],
+    *,
+    bootstrap: str | None = None,
+    python: str = sys.executable,
+    run_id: str | None = None,
+    alertmanager_url: str | None = None,
+) -> Plan:
+    """The services to run; ``bootstrap`` is an already running broker and
+    ``alertmanager_url`` an already running Alertmanager (``--durable``)."""
+    run_id = run_id or secrets.token_hex(4)
+    state = settings.state_dir
+    logs = state / "logs"
+    ports = _Ports(options.base_port)
+    cmd = (python, "-m", "pipeline")
+    notes: list[str] = []
+    common: dict[str, str] = {f"{ENV_PREFIX}STATE_DIR": str(state)}
+    if f"{ENV_PREFIX}CHDB_PATH" not in base_env and settings.clickhouse_dsn is None:
+        common[f"{ENV_PREFIX}CHDB_PATH"] = str(state / "archive")
+    job_id = None
+    if options.scenario is not None:
+        job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
+    keys, key_notes = signing_env(settings, run_id, job_id)
+    notes += key_notes
+
+    specs: list[ServiceSpec] = []
+    after_broker: tuple[str, ...] = ()
+    if bootstrap is None and settings.kafka_bootstrap:
+        bootstrap, flavor = settings.kafka_bootstrap, settings.broker_flavor
+        notes.append(f"broker: {bootstrap} (STEPGUARD_KAFKA_BOOTSTRAP, {flavor})")
+    elif bootstrap is not None:
+        flavor = "kafka"
+        notes.append(f"broker: Apache Kafka on {bootstrap} (durable, scripts/kafka.sh)")
+    else:
+        port = ports.take("broker")
+        bootstrap, flavor = f"127.0.0.1:{port}", "tansu"
+        argv = (*cmd, "broker", "--port", str(port))
+        specs.append(ServiceSpec("broker", argv, stop_tier=9, ready=_broker_ready(port)))
+        after_broker = ("broker",)
+        notes.append(MEMORY_ONLY)
+    common |= {f"{ENV_PREFIX}KAFKA_BOOTSTRAP": bootstrap, f"{ENV_PREFIX}BROKER_FLAVOR": flavor}
+    topics = ServiceSpec("topics", (*cmd, "topics"), one_shot=True, restart="on-failure")
+    specs.append(replace(topics, after=after_broker))
+    after_topics = ("topics",)
+
+    extra: dict[str, dict[str, str]] = {
+        "actuator": keys["actuator"],
+        "executor-dry-run": keys["executor"],
+        "simulate": keys["simulate"],
+        "archiver": keys["archiver"],
+    }
+    if options.scenario is not None:
+        extra["actuator"] = extra["actuator"] | scenario_env
+        notes += scenario_notes
+
+    workers = []
+    for i in range(1, options.workers + 1):
+        name = f"worker-{i}"
+        port = ports.take(f"{name} metrics")
+        env = {
+            f"{ENV_PREFIX}WORKER_METRICS_PORT": str(port),
+            f"{ENV_PREFIX}WORKER_DATA_DIR": str(state / name),
+        }
+        extra[name] = env | keys["worker"]
+        ready = _metrics_ready(port)
+        worker = ServiceSpec(name, (*cmd, "worker"), after=after_topics, stop_tier=2)
+        specs.append(replace(worker, metrics_port=port, ready=ready))
+        workers.append(name)
+    # every service its own metrics port (two of a kind on one host never collide)
+    services = (
+        ("actuator", (*cmd, "actuator"), "ACTUATOR", 3),
+        ("executor-dry-run", (*cmd, "executor", "dry-run"), "EXECUTOR", 3),
+        ("archiver", (*cmd, "archiver", "--progress-s", "10"), "ARCHIVER", 4),
+    )
+    for name, argv, var, tier in services:
+        port = ports.take(f"{name} metrics")
+        extra[name] = extra[name] | {f"{ENV_PREFIX}{var}_METRICS_PORT": str(port)}
+        specs.append(ServiceSpec(name, argv, after=after_topics, stop_tier=tier, metrics_port=port))
+    am_url = alertmanager_url or settings.alertmanager
+    if am_url:
+        from pipeline.io.redact import url_origin
+
+        port = ports.take("alertmanager metrics")
+        extra["alertmanager"] = keys["alertmanager"] | {
+            f"{ENV_PREFIX}ALERTMANAGER_URL": am_url,
+            f"{ENV_PREFIX}ALERTMANAGER_METRICS_PORT": str(port),
+        }
+        bridge = ServiceSpec("alertmanager", (*cmd, "alertmanager"), after=after_topics,
+                             stop_tier=3, metrics_port=port)  # fmt: skip
+        specs.append(bridge)
+        notes.append(f"alert episodes go to Alertmanager at {url_origin(am_url)}")
+    if options.scenario is not None:
+        argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
+                "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
+        after = (*workers, "actuator", "executor-dry-run")
+        port = ports.take("simulate (job controller) metrics")
+        extra["simulate"] = extra["simulate"] | {f"{ENV_PREFIX}LISTENER_METRICS_PORT": str(port)}
+        simulate = ServiceSpec("simulate", argv, one_shot=True, restart="never", after=after)
+        specs.append(replace(simulate, metrics_port=port))
+
+    prometheus = prometheus_for_up(
+        options.prometheus, durable=options.durable, folder=state / "prometheus",
+        take_port=ports.take, ports={s.name: s.metrics_port for s in specs if s.metrics_port},
+        notes=notes, alertmanagers=_alertmanager_target(am_url),
+    )  # fmt: skip
+    if prometheus is not None:
+        specs.append(prometheus[0])
+    final = [
+        replace(
+            spec,
+            env=child_env(base_env, common | extra.get(spec.name, {})),
+            log_path=str(logs / f"{spec.name}.log"),
+        )
+        for spec in specs
+    ]
+    shell = {
+        f"{ENV_PREFIX}KAFKA_BOOTSTRAP": bootstrap,
+        f"{ENV_PREFIX}BROKER_FLAVOR": flavor,
+        f"{ENV_PREFIX}STATE_DIR": str(state),
+    }
+    for var in ("TOPIC_PREFIX", "CONSUMER_GROUP", "CHDB_PATH"):
+        value = common.get(ENV_PREFIX + var, base_env.get(ENV_PREFIX + var))
+        if value:
+            shell[ENV_PREFIX + var] = value
+    # public keys are not secrets: `stepguard alerts` in another shell verifies with them
+    for env in keys.values():
+        shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
+    if prometheus is not None:
+        shell["PROMETHEUS_URL"] = prometheus[1]
+    job_env = {k: v for k, v in keys["job"].items() if k.endswith("_PRIVATE_KEY")}
+    return Plan(final, bootstrap, flavor, state, job_id, notes, shell, job_env)
+
+
+def _alertmanager_target(url: str | None) -> tuple[str, ...]:
+    """``host:port`` of an Alertmanager URL, for Prometheus's ``alertmanagers`` (its own
+    health alerts go where the episodes go).
+
+    >>> _alertmanager_target("http://127.0.0.1:19094"), _alertmanager_target(None)
+    (('127.0.0.1:19094',), ())
+    """
+    if not url:
+        return ()
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (f"{parts.hostname}:{port}",)
+
+
+def _scenario_env(
+    name: str, base_env: Mapping[str, str], run_id: str
+) -> tuple[str, dict[str, str], list[str]]:
+    """The job id of the played scenario, and the actuator settings it needs."""
+    from pipeline.tools.simulator import SimulatedJob, find_scenario
+
+    sc = find_scenario(name)
+    job_id = f"{sc.job}-{run_id}"
+    env: dict[str, str] = {f"{ENV_PREFIX}GUARD_JOB_NODES": str(sc.nodes)}
+    notes = [f"scenario {sc.name}: job {job_id}, {sc.nodes} nodes, {sc.steps} steps"]
+    if f"{ENV_PREFIX}ACTUATOR_MODE" not in base_env:
+        env[f"{ENV_PREFIX}ACTUATOR_MODE"] = "auto"
+        notes.append("actuator in auto mode for the simulated job (STEPGUARD_ACTUATOR_MODE)")
+    if f"{ENV_PREFIX}SPARE_NODES" not in base_env:
+        env[f"{ENV_PREFIX}SPARE_NODES"] = ",".join(SimulatedJob(sc).spare_pool)
+    return job_id, env, notes
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """Linux: children get SIGTERM if ``up`` itself dies (SIGKILL), so none is orphaned."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return preexec
+
+
+class PopenSpawner:
+    """Starts a service as a child process in its own session (Ctrl-C reaches only
+    ``up``, which stops the children in order), its output appended to its log."""
+
+    def __init__(self, cwd: Path | None = None) -> None:
+        self.cwd = cwd
+        self._preexec = _parent_death_signal()
+
+    def spawn(self, spec: ServiceSpec) -> subprocess.Popen[bytes]:
+        log_path = Path(spec.log_path or os.devnull)
+        if spec.log_path:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            stamp = datetime.now(UTC).isoformat(timespec="seconds")
+            log.write(f"--- {stamp} stepguard up: {' '.join(spec.argv[2:])}\n".encode())
+            log.flush()
+            return subprocess.Popen(
+                list(spec.argv), env=dict(spec.env), cwd=self.cwd, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=self._preexec,  # noqa: PLW1509 - a single prctl call
+            )  # fmt: skip
+
+
+# -- metrics ----------------------------------------------------------------------------
+
+
+@dataclass
+class ServiceMetrics:
+    records: float | None = None  # counter
+    records_per_s: float | None = None
+    lag: float | None = None
+    alerts: float | None = None
+    commands: float | None = None
+    at: float = 0.0
+
+
+#: what each column sums, over whichever of these a service serves (pipeline/io/metrics.py)
+_SUMS = {
+    "records": (
+        "stepguard_worker_records_total", "stepguard_actuator_inputs_total",
+        "stepguard_executor_consumed_total", "stepguard_archiver_messages_total",
+        "stepguard_alertmanager_inputs_total",
+    ),
+    "lag": ("stepguard_worker_consumer_lag", "stepguard_archiver_consumer_lag"),
+    "alerts": ("stepguard_worker_alerts_total", "stepguard_actuator_alerts_total"),
+    "commands": ("stepguard_actuator_commands_total", "stepguard_executor_commands_total"),
+}  # fmt: skip
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sums of the samples the table shows, from a Prometheus text exposition.
+
+    >>> parse_metrics('a 1\\nstepguard_worker_records_total{topic="s"} 5.0\\n'
+    ...               'stepguard_worker_records_total{topic="h"} 2\\n')
+    {'records': 7.0}
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, names in _SUMS.items():
+            if name in names:
+                with contextlib.suppress(ValueError):
+                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def scrape(port: int, timeout: float = 0.5) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+            return parse_metrics(r.read().decode(errors="replace"))
+    except OSError:
+        return None
+
+
+class MetricsBoard:
+    """The latest scrape of every service that has a metrics port (rates between
+    scrapes), refreshed every ``every_s`` in a background thread."""
+
+    def __init__(self, ports: Mapping[str, int], every_s: float = 2.0) -> None:
+        self.ports = dict(ports)
+        self.every_s = every_s
+        self.latest: dict[str, ServiceMetrics] = {n: ServiceMetrics() for n in ports}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="up-metrics", daemon=True)
+
+    def start(self) -> MetricsBoard:
+        if self.ports:
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for name, port in self.ports.items():
+                self.update(name, scrape(port), time.monotonic())
+
+    def update(self, name: str, values: dict[str, float] | None, now: float) -> None:
+        prev = self.latest.get(name, ServiceMetrics())
+        if values is None:
+            self.latest[name] = ServiceMetrics(at=now)
+            return
+        cur = ServiceMetrics(
+            records=values.get("records"), lag=values.get("lag"), alerts=values.get("alerts"),
+            commands=values.get("commands"), at=now,
+        )  # fmt: skip
+        if prev.records is not None and cur.records is not None and now > prev.at:
+            cur.records_per_s = max(0.0, (cur.records - prev.records) / (now - prev.at))
+        self.latest[name] = cur
+
+
+# -- status -----------------------------------------------------------------------------
+
+
+def _fmt_uptime(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _num(v: float | None, fmt: str = "{:,.0f}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+_STATE_STYLE = {
+    ServiceState.RUNNING: "green",
+    ServiceState.STARTING: "yellow",
+    ServiceState.BACKOFF: "red",
+    ServiceState.FAILED: "bold red",
+    ServiceState.DONE: "dim",
+}
+
+
+def status_table(sup: Supervisor, board: MetricsBoard, now: float, title: str) -> Table:
+    table = Table(title=title, title_justify="left", expand=False, pad_edge=False)
+    for col in ("service", "state", "pid", "rst", "uptime"):
+        table.add_column(col, no_wrap=True)
+    for col in ("rec/s", "lag", "alerts", "cmd"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for name, s in sup.services.items():
+        m = board.latest.get(name, ServiceMetrics())
+        state = s.state.value
+        if s.state is ServiceState.BACKOFF and s.restart_at is not None:
+            state = f"restart in {max(0.0, s.restart_at - now):.0f}s"
+        elif s.state in (ServiceState.FAILED, ServiceState.DONE) and s.last_exit:
+            state = f"{state} ({s.last_exit})"
+        table.add_row(
+            name, Text(state, style=_STATE_STYLE.get(s.state, "")), str(s.pid or ""),
+            str(s.restarts), _fmt_uptime(s.uptime(now)) if s.pid else "",
+            _num(m.records_per_s), _num(m.lag), _num(m.alerts), _num(m.commands),
+        )  # fmt: skip
+    return table
+
+
+def status_document(plan: Plan, sup: Supervisor, now: float, started: datetime) -> dict[str, Any]:
+    """What ``up.json`` holds: enough for a script (or a test) to find every child."""
+    return {
+        "pid": os.getpid(),
+        "started": started.isoformat(timespec="seconds"),
+        "bootstrap": plan.bootstrap,
+        "broker_flavor": plan.broker_flavor,
+        "job_id": plan.job_id,
+        "stopping": sup.stopping,
+        "services": {
+            name: {
+                "state": s.state.value,
+                "pid": s.pid,
+                "restarts": s.restarts,
+                "uptime_s": round(s.uptime(now), 1),
+                "last_exit": s.last_exit,
+                "metrics_port": s.spec.metrics_port,
+                "log": s.spec.log_path,
+            }
+            for name, s in sup.services.items()
+        },
+    }
+
+
+def write_job_env(path: Path, env: Mapping[str, str]) -> None:
+    """Write the job's secret variables to ``path``, readable by the user only (the
+    file is created 0600 before anything is written to it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
+    tmp.replace(path)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+# -- run --------------------------------------------------------------------------------
+
+
+def _kafka_script() -> Path:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "kafka.sh"
+    if not script.is_file():
+        raise ConfigError(f"--durable needs scripts/kafka.sh from a clone ({script} missing)")
+    return script
+
+
+def _start_durable_kafka(log: Path, console: Console) -> str:
+    script = _kafka_script()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"starting Apache Kafka (durable): {script} start --keep-data ...")
+    with log.open("ab") as out:
+        done = subprocess.run(
+            ["bash", str(script), "start", "--keep-data"], stdout=subprocess.PIPE,
+            stderr=out, check=False, timeout=900,
+        )  # fmt: skip
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    if done.returncode != 0 or not last.startswith("KAFKA_BOOTSTRAP="):
+        why = f"exit {done.returncode}"
+        raise EmbeddedServiceError(f"scripts/kafka.sh start failed ({why}); see {log}")
+    return last.partition("=")[2].strip()
+
+
+def _stop_durable_kafka(log: Path) -> None:
+    with log.open("ab") as out:
+        subprocess.run(
+            ["bash", str(_kafka_script()), "stop", "--keep-data"], stdout=out, stderr=out,
+            check=False, timeout=120,
+        )  # fmt: skip
+
+
+def _start_durable_alertmanager(state: Path, log: Path, console: Console) -> str:
+    """``scripts/alertmanager.sh start --keep-data``, its state under ``state``; the URL."""
+    script = _kafka_script().with_name("alertmanager.sh")
+    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
+    console.print(f"starting Alertmanager (durable): {script} start --keep-data ...")
+    with log.open("ab") as out:
+        done = subprocess.run(
+            ["bash", str(script), "start", "--keep-data"], stdout=subprocess.PIPE,
+            stderr=out, env=env, check=False, timeout=120,
+        )  # fmt: skip
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    if done.returncode != 0 or not last.startswith("ALERTMANAGER_URL="):
+        raise EmbeddedServiceError(
+            f"scripts/alertmanager.sh start failed (exit {done.returncode}); see {log}"
+        )
+    return last.partition("=")[2].strip()
+
+
+def _stop_durable_alertmanager(state: Path, log: Path) -> None:
+    script = _kafka_script().with_name("alertmanager.sh")
+    env = os.environ | {"ALERTMANAGER_STATE_DIR": str(state.resolve())}
+    with log.open("ab") as out:
+        subprocess.run(
+            ["bash", str(script), "stop", "--keep-data"], stdout=out, stderr=out, env=env,
+            check=False, timeout=60,
+        )  # fmt: skip
+
+
+def run_up(
+    settings: Settings,
+    options: UpOptions,
+    base_env: Mapping[str, str],
+    console: Console,
+    stop: threading.Event,
+) -> int:
+    """Start the plan, supervise until ``stop`` is set, then stop everything in order.
+
+    Returns the exit code of ``stepguard up`` (0 after a clean stop).
+    """
+    state = settings.state_dir
+    logs = state / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        durable_bootstrap = None
+        if options.durable and not settings.kafka_bootstrap:
+            durable_bootstrap = _start_durable_kafka(logs / "kafka.log", console)
+            stack.callback(_stop_durable_kafka, logs / "kafka.log")
+        durable_am = None
+        if options.durable and not settings.alertmanager:
+            am_log, am_state = logs / "alertmanager-server.log", state / "alertmanager"
+            durable_am = _start_durable_alertmanager(am_state, am_log, console)
+            stack.callback(_stop_durable_alertmanager, am_state, am_log)
+        plan = build_plan(settings, options, base_env, bootstrap=durable_bootstrap,
+                          alertmanager_url=durable_am)  # fmt: skip
+        for note in plan.notes:
+            console.print(f"[bold]up[/]: {note}")
+        _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
+        if plan.job_env:
+            write_job_env(state / JOB_ENV_FILE, plan.job_env)
+            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
+                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+        console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
+        return _supervise(plan, options, console, stop)
+    return 0  # pragma: no cover - the with block returns
+
+
+def start_group(
+    plan: Plan, on_event: Callable[[str, str], None]
+) -> tuple[Supervisor, ProcessGroup, MetricsBoard]:
+    """The supervisor, the process group that runs it, and the metrics board of a
+    plan: what ``up`` and ``stepguard demo`` drive (call ``group.tick()`` in a loop,
+    ``group.stop()`` and ``board.close()`` at the end). Nothing is spawned yet."""
+    sup = Supervisor(plan.specs)
+    group = ProcessGroup(sup, PopenSpawner(), on_event=on_event)
+    ports = {s.name: s.metrics_port for s in plan.specs if s.metrics_port}
+    return sup, group, MetricsBoard(ports).start()
+
+
+def _supervise(plan: Plan, options: UpOptions, console: Console, stop: threading.Event) -> int:
+    live: Live | None = None
+
+    def event(name: str, text: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {name}: {text}"
+        (live.console if live is not None else console).print(line, highlight=False)
+
+    sup, group, board = start_group(plan, event)
+    started = datetime.now(UTC)
+    status_path = plan.state_dir / STATUS_FILE
+    title = f"stepguard up: {plan.bootstrap} ({plan.broker_flavor})"
+    if plan.job_id:
+        title += f", job {plan.job_id}"
+    title += "; Ctrl-C stops"
+    if console.is_terminal:
+        live = Live(console=console, auto_refresh=False, transient=False)
+        live.start()
+    try:
+        while not stop.is_set():
+            group.tick()
+            now = time.monotonic()
+            _write_atomic(status_path, json.dumps(status_document(plan, sup, now, started)))
+            if live is not None:
+                live.update(status_table(sup, board, now, title), refresh=True)
+            stop.wait(0.25)
+        event("up", "stopping (children first, the broker last)")
+        group.stop(grace_s=options.grace_s)
+    finally:
+        if group.procs:  # an error above: never leave children behind
+            group.stop(grace_s=options.grace_s)
+        board.close()
+        now = time.monotonic()
+        _write_atomic(status_path, json.dumps(status_document(plan, sup, now, started)))
+        if live is not None:
+            live.update(status_table(sup, board, now, title), refresh=True)
+            live.stop()
+    failed = [n for n, s in sup.services.items() if s.state is ServiceState.FAILED]
+    console.print(
+        "[bold]up[/]: stopped; restarts: "
+        + ", ".join(f"{n} {s.restarts}" for n, s in sup.services.items() if s.restarts)
+        if any(s.restarts for s in sup.services.values())
+        else "[bold]up[/]: stopped; no restarts"
+    )
+    if failed:
+        console.print(f"[bold]up[/]: failed: {', '.join(failed)} (see their logs)")
+    return 0

@@ -1,9 +1,0 @@
-"""``python -m pipeline.worker``: the same as ``stepguard worker``."""
-
-from pipeline.cli import main
-
-if __name__ == "__main__":
-    import sys
-
-    sys.argv = ["stepguard", "worker", *sys.argv[1:]]
-    main()
