@@ -95,6 +95,9 @@ class MonitorConfig:
     ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
     ``restart_grace_steps``         after :meth:`JobMonitor.restarted`, median step
                                     times allowed for the relaunch before a hang
+    ``restart_grace_min_s``         ... but never less than this many seconds (nor
+                                    less than 1.5 x the job's longest recent relaunch,
+                                    learned): a real relaunch takes seconds to minutes
     ``missing_steps``               steps a rank is absent while others report
     ``missing_forget_steps``        a rank absent longer left the job
     ``health_missing_factor``       node health silent for this many of its declared
@@ -175,6 +178,7 @@ class MonitorConfig:
     hang_window: int = 50
     hang_min_steps: int = 5
     restart_grace_steps: float = 20.0
+    restart_grace_min_s: float = 30.0
     missing_steps: int = 2
     missing_forget_steps: int = 50
     health_missing_factor: float = 2.5

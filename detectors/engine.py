@@ -357,11 +357,14 @@ class JobMonitor:
         checkpoint, perhaps with ``removed_nodes`` swapped for spares).
 
         Step numbers may repeat from here on, the relaunch is not a hang for
-        ``restart_grace_steps`` median step times, and removed nodes are no longer
+        ``restart_grace_steps`` median step times, ``restart_grace_min_s`` seconds or
+        1.5 x the job's longest recent relaunch, whichever is longest (from the
+        relaunch: a step of the old run in flight does not end it), and removed nodes are no longer
         expected to report health (their late reports are ignored until they appear in
         the job's steps again).
         """
-        self.hang.restart(now, self.config.restart_grace_steps)
+        cfg = self.config
+        self.hang.restart(now, cfg.restart_grace_steps, getattr(cfg, "restart_grace_min_s", 0.0))
         for node in removed_nodes:
             self.presence.forget(node)
             self.nodes.remove(node)

@@ -113,6 +113,8 @@ __all__ = ["Detected", "Detectors", "JobDetection"]
 
 #: Commands whose SUCCEEDED result means the job was relaunched just now.
 _RELAUNCHED = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK})
+#: most nodes remembered as having sent steps of one job (oldest first out)
+MAX_STEP_NODES = 4096
 
 
 class Detectors(Protocol):
@@ -169,6 +171,9 @@ class JobDetection:
     (the worker stores it in its changelog).
     """
 
+    #: class default: state written before the setting existed reads it from here
+    max_result_age_s: float = 600.0
+
     def __init__(
         self,
         job_id: str,
@@ -181,6 +186,7 @@ class JobDetection:
         max_ranks: int = MAX_RANKS_PER_JOB,
         max_nodes: int = MAX_NODES_PER_JOB,
         limits: LifecycleLimits | None = None,
+        max_result_age_s: float = 600.0,
     ) -> None:
         if monitor is not None and config is not None:
             raise ValueError("give either config or monitor, not both")
@@ -196,6 +202,10 @@ class JobDetection:
         self.max_held_health = max_held_health
         self.max_commands = max_commands
         self.max_ranks = max_ranks
+        if not max_result_age_s > 0:
+            raise ValueError(f"max_result_age_s must be positive, got {max_result_age_s!r}")
+        #: a result dated this long before the job's event time is not acted on
+        self.max_result_age_s = max_result_age_s
         #: why the job ended (an END event, or "abandoned"); None while it runs
         self.ended: str | None = None
         self.ended_at: float | None = None  #: event time of a confirmed end
@@ -211,7 +221,11 @@ class JobDetection:
         self._held: list[tuple[float, int, NodeHealth]] = []
         self._seq = 0  #: arrival order of held reports (ties on event time)
         self._commands: OrderedDict[str, Command] = OrderedDict()
+        #: nodes that sent steps of the job, oldest first (at most MAX_STEP_NODES)
+        self._step_nodes: OrderedDict[str, None] = OrderedDict()
         self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
+        #: commands whose SUCCEEDED result was acted on (once each; at most max_commands)
+        self._acted: OrderedDict[str, None] = OrderedDict()
 
     # -- inputs ------------------------------------------------------------------------
     def on_step(self, msg: NodeStep) -> Detected:
@@ -230,13 +244,14 @@ class JobDetection:
         step, then the clock at its end time."""
         self._check_job(frame.job_id)
         self.guard.learn(frame.nodes)
+        self._saw_nodes(frame.nodes)
         alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
         alerts += self._release_health(frame.ts, tick=False)
         alerts += self.monitor.process_step(frame)
         alerts += self.monitor.tick(frame.ts)
         self._advance(frame.ts)
         self.frames += 1
-        return alerts
+        return self._stamp(alerts)
 
     def on_health(self, msg: NodeHealth) -> list[Alert]:
         """A node's health report: held until the steps or a tick pass its event time
@@ -252,7 +267,7 @@ class JobDetection:
         while len(self._held) > self.max_held_health:
             hts, _, h = heapq.heappop(self._held)
             alerts += self._health(hts, h, tick=True)
-        return alerts
+        return self._stamp(alerts)
 
     def on_command(self, cmd: Command, now: float | None = None) -> list[Alert]:
         """A command for the job: a relaunching one starts the relaunch grace at event
@@ -266,9 +281,12 @@ class JobDetection:
         return self.on_result(orphan) if orphan is not None else []
 
     def on_result(self, result: CommandResult) -> list[Alert]:
-        """An executor's result: a RESTART or ROLLBACK carried out restarts the grace
-        now, and the episodes of the nodes it left out resolve (they left the job). A
-        result that arrives before its command waits for it."""
+        """The job controller's result (drivers pass only results its own job's
+        controller signed): a RESTART or ROLLBACK carried out restarts the grace now,
+        and the episodes of the nodes it left out resolve (they left the job). A result
+        that arrives before its command waits for it. Acted on once per command (a
+        replayed result changes nothing) and only while fresh: one dated more than
+        ``max_result_age_s`` before the job's event time is ignored."""
         self._check_job(result.job_id)
         cmd = self._commands.get(result.command_id)
         if cmd is None:
@@ -276,6 +294,12 @@ class JobDetection:
             return []
         if result.status is not CommandStatus.SUCCEEDED or cmd.kind not in _RELAUNCHED:
             return []
+        acted = self._acted_results()
+        if result.command_id in acted:
+            return []  # once per command: a replay does not restart the grace
+        if self.now is not None and result.ts.timestamp() < self.now - self.max_result_age_s:
+            return []
+        self._remember(acted, result.command_id, None)
         self.relaunched(removed_nodes=cmd.targets)
         # the nodes it left out are out of the job: their episodes end with them
         at = self.now if self.now is not None else result.ts.timestamp()
@@ -363,7 +387,7 @@ class JobDetection:
                 alerts += self.monitor.tick(now)
             self._advance(now)
         end = self.guard.due(now)
-        return alerts + (self._end(end) if end is not None else [])
+        return self._stamp(alerts + (self._end(end) if end is not None else []))
 
     def flush(self) -> list[Alert]:
         """End of input: every buffered step, then every held report, then a pending
@@ -373,7 +397,12 @@ class JobDetection:
             alerts += self.on_frame(frame)
         alerts += self._release_health(float("inf"), tick=True)
         end, self.guard.ending = self.guard.ending, None
-        return alerts + (self._end(end) if end is not None else [])
+        return self._stamp(alerts + (self._end(end) if end is not None else []))
+
+    def in_steps(self, node: str) -> bool:
+        """Whether ``node`` sent steps of this job (the most recent
+        :data:`MAX_STEP_NODES` nodes are remembered)."""
+        return node in self._nodes_in_steps()
 
     # -- state -------------------------------------------------------------------------
     @property
@@ -411,6 +440,36 @@ class JobDetection:
             )
         self._ranks[ranks] = True
         self._n_ranks += new
+
+    def _acted_results(self) -> OrderedDict[str, None]:
+        acted: OrderedDict[str, None] | None = self.__dict__.get("_acted")
+        if acted is None:  # a snapshot from before this set existed
+            acted = self._acted = OrderedDict()
+        return acted
+
+    def _nodes_in_steps(self) -> OrderedDict[str, None]:
+        # a snapshot written before this set existed has none: start one
+        nodes: OrderedDict[str, None] | None = self.__dict__.get("_step_nodes")
+        if nodes is None:
+            nodes = self._step_nodes = OrderedDict()
+        return nodes
+
+    def _saw_nodes(self, names: Iterable[str]) -> None:
+        nodes = self._nodes_in_steps()
+        new = [n for n in names if n not in nodes]
+        for node in new:
+            nodes[node] = None
+        while len(nodes) > MAX_STEP_NODES:
+            nodes.popitem(last=False)
+
+    def _stamp(self, alerts: list[Alert]) -> list[Alert]:
+        """Say on each alert naming a node whether that node sent steps of the job (the
+        actuator isolates only such members; a health report can name any node)."""
+        nodes = self._nodes_in_steps()
+        return [
+            a if a.node is None else a.model_copy(update={"node_in_steps": a.node in nodes})
+            for a in alerts
+        ]
 
     def _grace(self, now: float | None, removed_nodes: Iterable[str]) -> None:
         at = now if now is not None else self.now

@@ -116,6 +116,12 @@ class Alert(Message):
             "group_by), the ranks are listed inside."
         ),
     )
+    node_in_steps: bool | None = Field(
+        default=None,
+        description="Whether the worker saw ``node`` in the job's step records (None: not "
+        "said). Signed with the alert: the actuator isolates only nodes it knows as members "
+        "of the job from its steps.",
+    )
     key_id: KeyId | None = Field(default=None, description="The worker key that signed.")
     signature: Signature | None = None
 

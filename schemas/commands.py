@@ -165,6 +165,12 @@ class Approval(Message):
     by: str = Field(min_length=1, max_length=256)
     reason: str = ""
     ts: AwareDatetime
+    held_at: AwareDatetime | None = Field(
+        default=None,
+        description="When the hold it decides began (the HELD record's ts, as `stepguard "
+        "pending` lists it): the approval decides that one hold only, so a replay cannot "
+        "decide a later hold of the same action.",
+    )
     key_id: KeyId | None = None
     signature: Signature | None = None
 

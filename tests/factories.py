@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from pipeline.io.trust import SigningKey
+from pipeline.io.trust import SigningKey, job_controller_key_id
 from schemas import (
     ActionRecord,
     ActionState,
@@ -58,11 +58,30 @@ test_key.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
 #: one key per role, as a deployment has them
 ACTUATOR_KEY, WORKER_KEY, OPERATOR_KEY = test_key("act-1"), test_key("wrk-1"), test_key("op-1")
 EXECUTOR_KEY = test_key("exe-1")
+
+
+def job_controller_key(job: str) -> SigningKey:
+    """The test controller key of ``job`` (a job controller's key id binds it to its job)."""
+    return test_key(job_controller_key_id(job))
+
+
+JOB_CONTROLLER_KEY = job_controller_key("job-1")
+
+
+def job_controller_settings(job: str) -> dict[str, Any]:
+    """Settings updates that make a listener ``job``'s controller (its own key)."""
+    key = job_controller_key(job)
+    return {
+        "job_controller_private_key": SecretStr(key.private_text()),
+        "job_controller_public_keys": key.public_text(),
+    }
+
+
 ROLE_KEYS = {
     "actuator": ACTUATOR_KEY, "worker": WORKER_KEY, "operator": OPERATOR_KEY,
-    "executor": EXECUTOR_KEY,
+    "executor": EXECUTOR_KEY, "job_controller": JOB_CONTROLLER_KEY,
 }  # fmt: skip
-_ROLES = ("actuator", "worker", "operator", "executor")
+_ROLES = ("actuator", "worker", "operator", "executor", "job_controller")
 
 
 def key_settings(roles: tuple[str, ...] = _ROLES) -> dict[str, Any]:

@@ -272,21 +272,65 @@ class HangDetector:
             return
         self._phases.announce(phase, ts, expected_s, after_step)
 
-    def restart(self, ts: float, grace_steps: float) -> None:
+    #: class defaults: state written before relaunches were learned reads them here
+    _relaunch_at: float | None = None
+    _relaunch_started: float | None = None
+    _old_last_step: int | None = None
+    #: how long the job's recent relaunches took (seconds, newest last)
+    relaunch_durations: tuple[float, ...] = ()
+
+    def restart(
+        self, ts: float, grace_steps: float, min_s: float = 0.0, margin: float = 1.5
+    ) -> None:
         """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
-        start again and the relaunch itself, up to ``grace_steps`` median step times,
-        is not a hang. The learned step-time median and periods are kept; an announced
-        phase ends."""
+        start again and the relaunch itself is not a hang for the longest of
+        ``grace_steps`` median step times, ``min_s`` seconds and ``margin`` times the
+        longest of the job's recent relaunches (:attr:`relaunch_durations`). The grace
+        runs from the relaunch: a step of the old run still in flight (it started
+        before ``ts``) does not end it. The learned step-time median and periods are
+        kept; an announced phase ends.
+
+        >>> h = HangDetector(factor=2.5, min_steps=3)
+        >>> for step in range(10):
+        ...     h.learn_step(step, ts=100.0 + step, ts_start=99.0 + step)
+        >>> h.restart(109.5, grace_steps=5, min_s=10.0)
+        >>> h.learn_step(10, ts=110.0, ts_start=109.0)  # in flight: the old run's
+        >>> h.score(119.0)  # still inside the relaunch grace (10 s from 109.5)
+        0.0
+        >>> h.learn_step(9, ts=121.5, ts_start=120.5)  # the new run's first step
+        >>> h.relaunch_durations
+        (12.0,)
+        """
         med = self.median_step_time or 0.0
+        learned = margin * max(self.relaunch_durations, default=0.0)
+        if not self._in_grace:  # a second call (the relaunch carried out) keeps these
+            self._old_last_step = self.last_step
+            self._relaunch_started = ts
+        self._relaunch_at = ts
         self.last_step = None
-        self.last_ts = ts + grace_steps * med
+        self.last_ts = ts + max(grace_steps * med, min_s, learned)
         self._in_grace = True
         self._phases.cancel()
+
+    def _of_the_old_run(self, step: int, ts: float, ts_start: float | None) -> bool:
+        """Whether a step completing during a relaunch grace is a straggler of the run
+        before the relaunch: it started before the relaunch (or, with no start time,
+        it continues the old run's numbering and ended within a step time of it)."""
+        at = self._relaunch_at
+        if at is None:
+            return False
+        if ts_start is not None and 0 < ts_start < ts:
+            return ts_start < at
+        old, med = self._old_last_step, self.median_step_time or 0.0
+        return old is not None and step > old and ts <= at + med
 
     def learn_step(self, step: int, ts: float, ts_start: float | None = None) -> None:
         """A step completed at event time ``ts``. A repeated or older step number is
         ignored, unless it is newer in event time: then the job resumed from a
         checkpoint (restart or rollback) and step numbers start again."""
+        if self._in_grace and self._of_the_old_run(step, ts, ts_start):
+            self._old_last_step = max(step, self._old_last_step or step)
+            return  # the old run's last step in flight: the relaunch has not begun
         if self.last_step is not None and step <= self.last_step:
             if self.last_ts is None or ts <= self.last_ts:
                 return
@@ -318,7 +362,11 @@ class HangDetector:
             self._intervals[self._count % self.window] = interval
             self._count += 1
         self.last_step = step
-        if self._in_grace:  # the first step after a relaunch ends the grace
+        if self._in_grace:  # the first step of the new run ends the grace
+            if self._relaunch_started is not None and ts > self._relaunch_started:
+                took = ts - self._relaunch_started  # learned: the next grace allows it
+                self.relaunch_durations = (*self.relaunch_durations[-3:], took)
             self.last_ts, self._in_grace = ts, False
+            self._relaunch_at = self._relaunch_started = self._old_last_step = None
         else:
             self.last_ts = ts if self.last_ts is None else max(ts, self.last_ts)

@@ -169,11 +169,20 @@ def _expired(rec: ActionRecord, settings: Settings, now: datetime) -> bool:
     return rec.state is ActionState.CANCELLED and rec.detail.startswith(EXPIRED)
 
 
-def _still_held(settings: Settings, action_id: str, now: datetime) -> str | None:
-    """Why ``action_id`` cannot be decided now (read back from the actions topic)."""
+def _still_held(
+    settings: Settings, action_id: str, now: datetime
+) -> tuple[str | None, ActionRecord | None]:
+    """Why ``action_id`` cannot be decided now (read back from the actions topic), and
+    its latest record."""
     from pipeline.services.actuator.records import latest_actions
 
     rec = latest_actions(settings).get(action_id)
+    return _why_not_held(rec, action_id, settings, now), rec
+
+
+def _why_not_held(
+    rec: ActionRecord | None, action_id: str, settings: Settings, now: datetime
+) -> str | None:
     if rec is None:
         return f"no action {action_id} (see `stepguard pending`)"
     since = rec.ts.isoformat(timespec="seconds")
@@ -192,11 +201,13 @@ def _still_held(settings: Settings, action_id: str, now: datetime) -> str | None
 def _decide(action_id: str, decision: ApprovalDecision, by: str, reason: str) -> None:
     settings = load_settings()
     now = datetime.now(UTC)
-    problem = _still_held(settings, action_id, now)
-    if problem is not None:
+    problem, rec = _still_held(settings, action_id, now)
+    if problem is not None or rec is None:
         err.print(f"{decision.value} refused: {problem}; nothing was sent")
         raise typer.Exit(1)
-    msg = Approval(action_id=action_id, decision=decision, by=by, reason=reason, ts=now)
+    # bound to this hold: the approval decides nothing else, replayed or not
+    msg = Approval(action_id=action_id, decision=decision, by=by, reason=reason, ts=now,
+                   held_at=rec.ts)  # fmt: skip
     _send_signed(settings, "approvals", msg)
 
 
@@ -308,19 +319,29 @@ class KeysAction(StrEnum):
 def keys(
     action: Annotated[KeysAction, typer.Argument(help="generate: print a new key pair")],
     role: Annotated[
-        Role, typer.Option(help="actuator | worker | operator | executor")
+        Role, typer.Option(help="actuator | worker | operator | executor | job_controller")
     ] = "actuator",
     key_id: Annotated[str | None, typer.Option(help="Default: <role>-<date>.")] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(help="job_controller: the job the key signs for (its key id binds it)."),
+    ] = None,
 ) -> None:
     """Print a new Ed25519 key pair as two environment lines.
 
     The PRIVATE_KEY line goes to the one service (or person) that signs; the
     PUBLIC_KEYS line to every service that verifies (append it to the old key while
-    rotating: the first key listed does not matter, every one verifies).
+    rotating: the first key listed does not matter, every one verifies). A job
+    controller's key signs for one job (``--job``): its key id is derived from it.
     """
-    from pipeline.io.trust import SigningKey
+    from pipeline.io.trust import SigningKey, job_controller_key_id
 
     kid = key_id or f"{role}-{datetime.now(UTC):%Y%m%d}"
+    if role == "job_controller":
+        if not job:
+            err.print("[red]error:[/] --role job_controller needs --job (the key signs for it)")
+            raise typer.Exit(2)
+        kid = job_controller_key_id(job, key_id or f"{datetime.now(UTC):%Y%m%d}")
     try:
         key = SigningKey.generate(kid)
     except ValueError as exc:

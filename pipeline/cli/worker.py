@@ -72,8 +72,8 @@ def simulate(
             "--control",
             help="Act on the job's commands (a CommandListener as its job controller): "
             "isolations, checkpoints and restarts change what is played next. Needs "
-            "STEPGUARD_ACTUATOR_PUBLIC_KEYS and STEPGUARD_EXECUTOR_PRIVATE_KEY (its "
-            "results are signed).",
+            "STEPGUARD_ACTUATOR_PUBLIC_KEYS and STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY (its "
+            "results are signed with the job's controller key).",
         ),
     ] = False,
 ) -> None:

@@ -5,10 +5,13 @@ refuses unsigned, wrongly signed, expired or observe-mode ones and those issued 
 than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond its wall clock (a REFUSED result; the actuator's
 public keys ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify) and queues the rest; a
 record that does not decode (a malformed signature, say) is logged and skipped. The
-results it publishes are signed with the executor key
-(``STEPGUARD_EXECUTOR_PRIVATE_KEY``): the job controller is an executor, and the worker
-acts on a SUCCEEDED relaunch only when an executor key signed it. The training loop
-applies them at its next step boundary::
+results it publishes are signed with the job controller's key
+(``STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY``, bound to this job by its key id; never the
+executors' key): the worker acts on a SUCCEEDED relaunch only when the controller key of
+the command's own job signed it. The background thread sends its ACCEPTED and REFUSED
+results without waiting for the broker, and a Kafka error there is logged and counted
+(:attr:`CommandListener.send_failures`), never raised inside the training loop. The
+training loop applies the commands at its next step boundary::
 
     listener = CommandListener(settings, job_id="llm-7")
     listener.start()
@@ -24,10 +27,11 @@ or with callbacks (``on_checkpoint``, ``on_restart``, ``on_rollback``, ``on_stop
 reports SUCCEEDED, or FAILED when the callback raises.
 
 Commands this listener already carried out (a SUCCEEDED or FAILED result read back
-from the results topic at start, signed by an executor key) are skipped, so a
-restarted training process does not restart itself again; a result no executor key
+from the results topic at start, signed by this job's controller key) are skipped, so a
+restarted training process does not restart itself again; a result no such key
 signed is ignored (counted in ``unsigned_results``), so a forgery cannot pre-empt a
-command.
+command. What it remembers is bounded (``max_done``) and forgotten once the command
+has expired (it would be refused then anyway).
 
 Lifecycle: before it calls ``on_checkpoint`` the listener announces a checkpoint phase
 (the save that follows is not a hang); a STOP carried out announces the job's end
@@ -45,6 +49,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pipeline.io.clockskew import future_dated
+from pipeline.io.errors import ConfigError
 from pipeline.io.kafka import (
     assigned_consumer,
     control_producer,
@@ -56,10 +61,12 @@ from pipeline.io.kafka import (
 from pipeline.io.metrics import ExecutorMetrics, serve_metrics
 from pipeline.io.settings import ClientSettings
 from pipeline.io.trust import (
+    FinishedCommands,
     check_command,
+    job_controller_key_id,
     public_keys,
+    result_problem,
     sign,
-    signature_problem,
     signing_key,
 )
 from schemas import (
@@ -94,8 +101,9 @@ class CommandListener:
     ----------
     settings
         Broker, topic prefix, ``actuator_public_keys`` (to verify commands) and
-        ``executor_private_key`` (to sign results; :class:`~pipeline.io.errors.ConfigError`
-        naming the variable when it is not set).
+        ``job_controller_private_key`` (to sign results; its key id must be this job's,
+        :func:`~pipeline.io.trust.job_controller_key_id`;
+        :class:`~pipeline.io.errors.ConfigError` naming the variable otherwise).
     job_id
         Only commands for this job are considered.
     name
@@ -123,6 +131,7 @@ class CommandListener:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: ExecutorMetrics | None = None,
+        max_done: int = 65_536,
     ) -> None:
         #: results by kind and status, as an executor counts them (executor label:
         #: ``name``); served on STEPGUARD_LISTENER_METRICS_PORT when that is set
@@ -142,8 +151,18 @@ class CommandListener:
         self._clock = clock
         self._wall_clock = wall_clock
         self._keys = public_keys(settings, "actuator", "the command listener")
-        self._key = signing_key(settings, "executor", "the command listener (it signs results)")
-        self._result_keys = public_keys(settings, "executor")
+        self._key = signing_key(
+            settings, "job_controller", "the command listener (it signs results)"
+        )
+        if self._key.key_id.split(".", 1)[0] != job_controller_key_id(job_id):
+            raise ConfigError(
+                f"STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY (key {self._key.key_id}) is not job "
+                f"{job_id!r}'s controller key: `stepguard keys generate --role job_controller "
+                f"--job {job_id}` makes one (key id {job_controller_key_id(job_id)})"
+            )
+        self._result_keys = public_keys(settings, "job_controller")
+        #: results that could not be sent (a Kafka error: logged, never raised)
+        self.send_failures = 0
         #: results read back at start that no executor key signed (ignored)
         self.unsigned_results = 0
         self.registry = registry_of(settings)
@@ -152,7 +171,7 @@ class CommandListener:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._done: set[str] = set()
+        self._done = FinishedCommands(max_done)
         self._producer = control_producer(settings)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -169,13 +188,14 @@ class CommandListener:
                 or res.status not in _FINAL
             ):
                 continue
-            problem = signature_problem(res, self._result_keys)
+            problem = result_problem(res, self._result_keys, "job_controller")
             if problem is not None:  # a forged "succeeded" must not pre-empt a command
                 self.unsigned_results += 1
                 log.warning("ignoring result of %s at %s[%d]@%d: %s", res.command_id,
                             rec.topic, rec.partition, rec.offset, problem)  # fmt: skip
                 continue
-            self._done.add(res.command_id)
+            # remembered while its command could still be obeyed
+            self._done.add(res.command_id, self._forget_at(rec.timestamp_ms))
         self._thread = threading.Thread(target=self._run, name="stepguard-listener", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
@@ -243,17 +263,39 @@ class CommandListener:
             out.append(cmd)
 
     def report(self, cmd: Command, status: CommandStatus, detail: str = "") -> None:
-        """Publish the result of a command and wait for the broker's ack."""
-        self._send(cmd, status, detail)
+        """Publish the result of a command and wait (up to 30 s) for the broker's ack; a
+        Kafka error is logged and counted in :attr:`send_failures`, never raised."""
+        self._send(cmd, status, detail, wait=True)
 
     # -- internals ---------------------------------------------------------------------
-    def _send(self, cmd: Command, status: CommandStatus, detail: str) -> None:
+    def _forget_at(self, timestamp_ms: int) -> datetime:
+        """When a command answered at ``timestamp_ms`` (broker time; 0: now) has expired
+        for certain: the longest a command lives (a hold's notice lives hold_ttl_s),
+        plus the clock skew."""
+        s = self.settings
+        at = self._wall_clock().timestamp()
+        if timestamp_ms > 0:
+            at = min(at, timestamp_ms / 1000)
+        # the client's settings hold no TTLs: the services' defaults (a command lives
+        # command_ttl_s = 300 s, a hold's notice hold_ttl_s = 1800 s)
+        ttl = max(getattr(s, "command_ttl_s", 300.0), getattr(s, "hold_ttl_s", 1800.0))
+        ttl += s.max_clock_skew_s
+        return datetime.fromtimestamp(at + ttl, UTC)
+
+    def _send(self, cmd: Command, status: CommandStatus, detail: str, *, wait: bool) -> None:
         result = CommandResult(
             command_id=cmd.command_id, job_id=cmd.job_id, executor=self.name, status=status,
             detail=detail[:2000], ts=self._clock(),
         )  # fmt: skip
         signed = sign(result, self._key)
-        publish(self._producer, self.registry, "results", signed).get(timeout=30)
+        try:
+            future = publish(self._producer, self.registry, "results", signed)
+            if wait:
+                future.get(timeout=30)
+            else:
+                future.add_errback(self._send_failed, cmd.command_id, status)
+        except Exception as exc:
+            self._send_failed(cmd.command_id, status, exc)
         self.metrics.commands.labels(self.name, cmd.kind.value, status.value).inc()
         if status is CommandStatus.REFUSED:
             self.metrics.refused.labels(self.name).inc()
@@ -262,6 +304,10 @@ class CommandListener:
         log.log(level, "%s: command %s %s job=%s targets=%s -> %s: %s", self.name,
                 cmd.command_id, cmd.kind.value, cmd.job_id, ",".join(cmd.targets) or "-",
                 status.value, result.detail)  # fmt: skip
+
+    def _send_failed(self, command_id: str, status: CommandStatus, exc: BaseException) -> None:
+        self.send_failures += 1
+        log.error("could not send the %s result of %s: %r", status.value, command_id, exc)
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -286,7 +332,12 @@ class CommandListener:
                             log.warning("undecodable command at %s[%d]@%d: %s", tp.topic,
                                         tp.partition, rec.offset, cmd.error)  # fmt: skip
                             continue
-                        self._offer(cmd)
+                        try:
+                            self._offer(cmd)
+                        except Exception:  # one command never stops the listener
+                            log.exception("command at %s[%d]@%d not handled", tp.topic,
+                                          tp.partition, rec.offset)  # fmt: skip
+                self._done.expire(self._wall_clock())
         except BaseException as exc:
             self._error = exc
             log.exception("command listener stopped")
@@ -303,10 +354,10 @@ class CommandListener:
         if problem is not None:
             # not remembered: a forgery must not pre-empt the genuine command's id
             log.warning("refusing %s %s: %s", cmd.kind.value, cmd.command_id, problem)
-            self._send(cmd, CommandStatus.REFUSED, problem)
+            self._send(cmd, CommandStatus.REFUSED, problem, wait=False)
             return
-        self._done.add(cmd.command_id)
+        self._done.add_command(cmd, self.settings.max_clock_skew_s, now)
         if cmd.kind is CommandKind.NOTIFY:
             return  # for people, not for the training loop
-        self._send(cmd, CommandStatus.ACCEPTED, "queued for the next step boundary")
+        self._send(cmd, CommandStatus.ACCEPTED, "queued for the next step boundary", wait=False)
         self._queue.put(cmd)

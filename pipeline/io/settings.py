@@ -54,9 +54,16 @@ STEPGUARD_WORKER_PRIVATE_KEY / _PUBLIC_KEYS  the same for alerts (workers sign, 
                               actuator verifies)
 STEPGUARD_OPERATOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for approvals and control
                               messages (operators sign, the actuator verifies)
-STEPGUARD_EXECUTOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for command results (executors
-                              and the job controller's CommandListener sign; executors'
-                              and listeners' start-up read-back and workers verify)
+STEPGUARD_EXECUTOR_PRIVATE_KEY / _PUBLIC_KEYS  the same for executors' command results
+                              (executors sign; their start-up read-back verifies)
+STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY / _PUBLIC_KEYS  the same for the training job's
+                              CommandListener (its results; workers act on a relaunch
+                              only when its own job's controller key signed it); the key
+                              id binds the key to one job (``stepguard keys generate
+                              --role job_controller --job J``; ``up`` writes it to
+                              ``<state dir>/job-controller.env``, mode 0600)
+STEPGUARD_RESULT_MAX_AGE_S    a result older than this is not acted on
+STEPGUARD_CONTROL_MAX_AGE_S   an approval or control change older than this is refused
 STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
 STEPGUARD_GUARD_*             actuator guardrails (see the field docs below)
 STEPGUARD_SPARE_NODES         comma-separated spare pool
@@ -119,9 +126,11 @@ _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 _KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # schemas._base.KEY_ID_PATTERN
 
 #: Who signs: the actuator (commands, action records), workers (alerts), operators
-#: (approvals, control), executors (command results).
-Role = Literal["actuator", "worker", "operator", "executor"]
-ROLES: tuple[Role, ...] = ("actuator", "worker", "operator", "executor")
+#: (approvals, control), executors (command results), job controllers (the training
+#: job's CommandListener: the results of its own job's commands; a job controller's key
+#: is bound to one job by its key id, :func:`pipeline.io.trust.job_controller_key_id`).
+Role = Literal["actuator", "worker", "operator", "executor", "job_controller"]
+ROLES: tuple[Role, ...] = ("actuator", "worker", "operator", "executor", "job_controller")
 
 
 def parse_keys(text: str) -> list[tuple[str, bytes]]:
@@ -220,10 +229,12 @@ class KeySettings(BaseSettings):
     operator_public_keys: str = ""
     executor_private_key: SecretStr | None = None
     executor_public_keys: str = ""
+    job_controller_private_key: SecretStr | None = None
+    job_controller_public_keys: str = ""
 
     @field_validator(
         "actuator_private_key", "worker_private_key", "operator_private_key",
-        "executor_private_key",
+        "executor_private_key", "job_controller_private_key",
     )  # fmt: skip
     @classmethod
     def _check_private_key(cls, value: SecretStr | None) -> SecretStr | None:
@@ -241,7 +252,7 @@ class KeySettings(BaseSettings):
 
     @field_validator(
         "actuator_public_keys", "worker_public_keys", "operator_public_keys",
-        "executor_public_keys",
+        "executor_public_keys", "job_controller_public_keys",
     )  # fmt: skip
     @classmethod
     def _check_public_keys(cls, value: str) -> str:
@@ -353,6 +364,12 @@ class Settings(ClientSettings):
     #: ``replace_at_checkpoint=auto,restart=approve``); control --mode-for changes it
     actuator_action_modes: str = ""
     command_ttl_s: float = Field(default=300.0, gt=0)
+    #: a command result older than this (its ``ts`` behind the job's event time) is not
+    #: acted on; one dated beyond the clock + max_clock_skew_s neither
+    result_max_age_s: float = Field(default=600.0, gt=0)
+    #: an approval or control change dated longer ago than this is refused (even when
+    #: no newer one is left on the topic); judged against when it reached the topic
+    control_max_age_s: float = Field(default=3600.0, gt=0)
     #: a WARNING episode must persist this many steps before it confirms
     warning_confirm_steps: int = Field(default=20, ge=1)
     #: alerts older than this (event time vs newest seen) are ignored

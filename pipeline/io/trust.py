@@ -3,9 +3,16 @@ action record or a command result.
 
 Each kind of writer has its own key pair (:data:`~pipeline.io.settings.ROLES`): the actuator
 signs commands, action records and its guardrail alerts, workers sign alerts,
-operators sign approvals and control messages, executors sign command results.
-Whoever only verifies holds public keys only, so an executor or a training process
-that can check a command cannot forge one.
+operators sign approvals and control messages, executors sign their command results,
+and a job controller (the training job's listener) signs the results of its own job's
+commands. Whoever only verifies holds public keys only, so an executor or a training
+process that can check a command cannot forge one; a training process never holds the
+executor's key.
+
+A job controller's key is bound to one job by its key id
+(:func:`job_controller_key_id`: ``jc-`` and a hash of the job id, optionally
+``.suffix`` for rotation), so :func:`result_problem` refuses a result of one job signed
+by another job's controller.
 
 The signed bytes are the canonical JSON of the model without its ``key_id`` and
 ``signature`` fields (keys sorted, no whitespace, the JSON-mode dump pydantic sends on
@@ -41,11 +48,13 @@ Examples
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from cryptography.exceptions import InvalidSignature
@@ -73,10 +82,13 @@ from schemas import (
 )
 
 __all__ = [
+    "FinishedCommands",
     "PublicKeys",
     "SigningKey",
     "canonical",
     "check_command",
+    "job_controller_key_id",
+    "result_problem",
     "ephemeral_keys",
     "public_keys",
     "sign",
@@ -91,7 +103,9 @@ PublicKeys = Mapping[str, Ed25519PublicKey]
 _UNSIGNED = {"key_id", "signature"}
 #: optional fields added after signing began: signed only when set, so a signature made
 #: before they existed still verifies
-_SIGNED_WHEN_SET = ("job_nodes", "detector_settings", "cause", "incident", "grade")
+_SIGNED_WHEN_SET = (
+    "job_nodes", "detector_settings", "cause", "incident", "grade", "node_in_steps", "held_at",
+)  # fmt: skip
 #: the same for the commands an action record carries (``job_nodes`` was signed there
 #: as null before, so only fields added since)
 _NESTED_SIGNED_WHEN_SET = ("cause", "incident", "grade")
@@ -197,6 +211,9 @@ def canonical(message: Signable) -> bytes:
             for name in _NESTED_SIGNED_WHEN_SET:
                 if name in cmd and cmd[name] is None:
                     del cmd[name]
+        alert = data.get("alert")
+        if isinstance(alert, dict) and alert.get("node_in_steps", False) is None:
+            del alert["node_in_steps"]  # added since: a record signed before still verifies
     if isinstance(message, Approval) and message.schema_version == 1:
         data["command_id"] = data.pop("action_id")
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -248,3 +265,87 @@ def check_command(command: Command, keys: PublicKeys, now: datetime) -> str | No
         if outside:
             return f"targets {outside[:5]} are not nodes of job {command.job_id}"[:300]
     return None
+
+
+def job_controller_key_id(job_id: str, suffix: str = "") -> str:
+    """The key id of ``job_id``'s controller key (``suffix``: a rotation tag).
+
+    >>> job_controller_key_id("llm-7")
+    'jc-...'
+    >>> job_controller_key_id("llm-7", "2") == job_controller_key_id("llm-7") + ".2"
+    True
+    """
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:24]
+    return f"jc-{digest}" + (f".{suffix}" if suffix else "")
+
+
+def result_problem(result: CommandResult, keys: PublicKeys, role: Role) -> str | None:
+    """Why a command result must not be acted on as ``role``'s, or ``None``: signed by
+    one of ``keys`` and, for a job controller, by the controller key of the result's
+    own job. Freshness and once-per-command are the caller's (it knows the clock and
+    what it already acted on). Never raises.
+
+    >>> from datetime import UTC, datetime
+    >>> from schemas import CommandResult, CommandStatus
+    >>> res = CommandResult(command_id="cmd-1", job_id="a", executor="job-controller",
+    ...                     status=CommandStatus.SUCCEEDED, ts=datetime(2026, 1, 1, tzinfo=UTC))
+    >>> a, b = (SigningKey.generate(job_controller_key_id(j)) for j in "ab")
+    >>> keys = a.verifier() | b.verifier()
+    >>> result_problem(sign(res, a), keys, "job_controller") is None
+    True
+    >>> result_problem(sign(res, b), keys, "job_controller")
+    "key jc-... is not job 'a''s controller key"
+    """
+    problem = signature_problem(result, keys)
+    if problem is not None or role != "job_controller":
+        return problem
+    key_id = str(result.key_id)
+    if key_id.split(".", 1)[0] != job_controller_key_id(result.job_id):
+        return f"key {key_id} is not job {result.job_id[:100]!r}'s controller key"
+    return None
+
+
+class FinishedCommands:
+    """The ids of commands already carried out (or answered), each forgotten once its
+    command can no longer be obeyed anyway (expired, plus the clock skew), and at most
+    ``max_size`` of them (oldest first out, counted in :attr:`evicted`).
+
+    >>> from datetime import UTC, datetime, timedelta
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> done = FinishedCommands(max_size=2)
+    >>> done.add("cmd-1", t + timedelta(seconds=60))
+    >>> "cmd-1" in done, len(done)
+    (True, 1)
+    >>> done.expire(t + timedelta(seconds=61)); "cmd-1" in done
+    False
+    """
+
+    def __init__(self, max_size: int = 65_536) -> None:
+        if max_size < 1:
+            raise ValueError("max_size must be >= 1")
+        self.max_size = max_size
+        self.evicted = 0
+        self._until: OrderedDict[str, datetime] = OrderedDict()
+
+    def add(self, command_id: str, until: datetime) -> None:
+        """Remember ``command_id`` until ``until`` (when its command has expired)."""
+        self._until[command_id] = max(until, self._until.get(command_id, until))
+        self._until.move_to_end(command_id)
+        while len(self._until) > self.max_size:
+            self._until.popitem(last=False)
+            self.evicted += 1
+
+    def add_command(self, cmd: Command, skew_s: float, now: datetime) -> None:
+        """Remember ``cmd`` until it expires (plus ``skew_s``)."""
+        self.add(cmd.command_id, (cmd.expires_at or now) + timedelta(seconds=skew_s))
+
+    def expire(self, now: datetime) -> None:
+        """Forget every id whose command has expired by ``now``."""
+        for cid in [c for c, until in self._until.items() if until <= now]:
+            del self._until[cid]
+
+    def __contains__(self, command_id: object) -> bool:
+        return command_id in self._until
+
+    def __len__(self) -> int:
+        return len(self._until)

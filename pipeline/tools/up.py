@@ -24,7 +24,9 @@ runs), and, unless ``STEPGUARD_ALERTMANAGER_URL`` names one, Alertmanager throug
 ``<state dir>/alertmanager``, its receiver ``ALERTMANAGER_WEBHOOK_URL``). Each service
 logs to ``<state dir>/logs/<service>.log``; ``<state dir>/up.json`` holds each
 service's state, pid and restarts (rewritten every second), and
-``<state dir>/up.env`` the variables another shell needs to reach this stack.
+``<state dir>/up.env`` the variables another shell needs to reach this stack;
+``<state dir>/job-controller.env`` (mode 0600) the job controller's private key of the
+job (the training job's CommandListener signs its results with it).
 
 The decisions live in :mod:`pipeline.tools.supervisor`; this module builds the plan, spawns
 processes, probes readiness, scrapes the Prometheus endpoints and draws the table.
@@ -228,7 +230,10 @@ def build_plan(
     common: dict[str, str] = {f"{ENV_PREFIX}STATE_DIR": str(state)}
     if f"{ENV_PREFIX}CHDB_PATH" not in base_env and settings.clickhouse_dsn is None:
         common[f"{ENV_PREFIX}CHDB_PATH"] = str(state / "archive")
-    keys, key_notes = signing_env(settings, run_id)
+    job_id = options.job  # a watched job's controller key is bound to it
+    if options.scenario is not None:
+        job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
+    keys, key_notes = signing_env(settings, run_id, job_id)
     notes += key_notes
 
     specs: list[ServiceSpec] = []
@@ -257,14 +262,11 @@ def build_plan(
         "simulate": keys["simulate"],
         "archiver": keys["archiver"],
     }
-    job_id = None
     if options.scenario is not None:
-        job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
         extra["actuator"] = extra["actuator"] | scenario_env
         notes += scenario_notes
     job_shell: dict[str, str] = {}
     if options.job is not None:
-        job_id = options.job
         actuator_env, job_shell, job_notes = _job_env(options, base_env)
         extra["actuator"] = extra["actuator"] | actuator_env
         notes += job_notes
@@ -343,13 +345,7 @@ def build_plan(
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     if prometheus is not None:
         shell["PROMETHEUS_URL"] = prometheus[1]
-    # the job's own controller (its CommandListener) signs its results with this key
-    # (issue 25: the job controller's own role, bound to the job, is signing_env's kind
-    # "job" once it lands; until then the key `simulate`, also a job controller, gets)
-    job_env = {}
-    if options.job is not None:
-        job_keys = keys.get("job", keys["simulate"])
-        job_env = {k: v for k, v in job_keys.items() if k.endswith("_PRIVATE_KEY")}
+    job_env = {k: v for k, v in keys["job"].items() if k.endswith("_PRIVATE_KEY")}
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
 
 
@@ -482,6 +478,10 @@ def run_up(
         for note in plan.notes:
             console.print(f"[bold]up[/]: {note}")
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
+        if plan.job_env:
+            write_job_env(state / JOB_ENV_FILE, plan.job_env)
+            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
+                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)

@@ -4,7 +4,6 @@ environment less every private key, and the variables of a job, scenario or Aler
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,32 +15,38 @@ from pipeline.io.settings import ENV_PREFIX, Role, Settings
 #: the roles whose public keys it verifies with
 _KEY_NEEDS: dict[str, tuple[Role | None, tuple[Role, ...]]] = {
     "actuator": ("actuator", ("actuator", "worker", "operator")),
-    # acts on executor-signed results; applies operator-signed detector settings
-    "worker": ("worker", ("actuator", "executor", "operator")),
+    # acts on its job's controller's results; applies operator-signed detector settings
+    "worker": ("worker", ("actuator", "job_controller", "executor", "operator")),
     "executor": ("executor", ("actuator", "executor")),  # signs results, reads its own
-    # the job's CommandListener: a job controller, it signs its results as an executor
-    "simulate": ("executor", ("actuator", "executor")),
+    # the job's CommandListener: signs its results with its job's controller key (a
+    # training process never holds the executors' key)
+    "simulate": ("job_controller", ("actuator", "job_controller")),
     # verifies what it archives as signed (pipeline.services.archive.trust): alerts, commands,
     # action records, approvals, control changes and command results
-    "archiver": (None, ("actuator", "worker", "operator", "executor")),
+    "archiver": (None, ("actuator", "worker", "operator", "executor", "job_controller")),
     # the Alertmanager bridge: worker-signed alerts, the actuator's guardrails and holds
     "alertmanager": (None, ("actuator", "worker")),
 }
 
 
-def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, str]], list[str]]:
+def signing_env(
+    settings: Settings, run_id: str, job: str | None = None
+) -> tuple[dict[str, dict[str, str]], list[str]]:
     """The signing-key variables of each kind of child, and notes for the person.
 
     Every role that has no private key configured (actuator: commands, worker: alerts)
     gets a fresh Ed25519 key pair for this run; a configured private key adds its own
     public key to its role's list, so children that only verify need nothing more.
-    A child gets only the private key it signs with (:data:`_KEY_NEEDS`). The one
-    place that knows how keys are configured.
+    The job controller's key is bound to ``job`` (its key id,
+    :func:`~pipeline.io.trust.job_controller_key_id`); without a job none is
+    made. A child gets only the private key it signs with (:data:`_KEY_NEEDS`); kind
+    ``job`` holds what the training job needs (its controller's private key, written
+    to a file only the user can read). The one place that knows how keys are configured.
     """
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from pipeline.io.settings import ROLES
-    from pipeline.io.trust import SigningKey
+    from pipeline.io.trust import SigningKey, job_controller_key_id
 
     private: dict[Role, str] = {}
     public: dict[Role, str] = {}
@@ -51,6 +56,10 @@ def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, st
         own: SigningKey | None = None
         if pair is not None:
             own = SigningKey(pair[0], Ed25519PrivateKey.from_private_bytes(pair[1]))
+        elif role == "job_controller":
+            if job is not None:  # bound to its job
+                own = SigningKey.generate(job_controller_key_id(job, f"up-{run_id}"[:30]))
+                made.append("job controller")
         elif role != "operator":  # operators sign in their own shell, with their own key
             own = SigningKey.generate(f"up-{run_id}-{role}")
             made.append(role)
@@ -62,9 +71,10 @@ def signing_env(settings: Settings, run_id: str) -> tuple[dict[str, dict[str, st
     by_kind: dict[str, dict[str, str]] = {}
     for kind, (signs, verifies) in _KEY_NEEDS.items():
         env = {f"{ENV_PREFIX}{r.upper()}_PUBLIC_KEYS": public[r] for r in verifies if public[r]}
-        if signs is not None:
+        if signs is not None and signs in private:
             env[f"{ENV_PREFIX}{signs.upper()}_PRIVATE_KEY"] = private[signs]
         by_kind[kind] = env
+    by_kind["job"] = by_kind["simulate"]  # what a real training job of ``job`` needs
     notes = []
     if made:
         notes.append(f"ephemeral {' and '.join(made)} signing keys for this run")
@@ -144,11 +154,10 @@ def write_job_env(path: Path, env: Mapping[str, str]) -> None:
     """Write the job's secret variables to ``path``, readable by the user only (the
     file is created 0600 before anything is written to it)."""
     tmp = path.with_name(path.name + ".tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write("".join(f"{k}={v}\n" for k, v in env.items()))
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
     tmp.replace(path)
 
 

@@ -28,7 +28,7 @@ from pipeline.io.kafka import (
     registry_of,
 )
 from pipeline.io.trust import SigningKey, check_command, sign, signature_problem
-from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner
+from pipeline.services.actuator.executors import DryRunExecutor, ExecutorRunner, WebhookExecutor
 from pipeline.services.actuator.service import Actuator
 from pipeline.services.actuator.slurm import SlurmExecutor
 from schemas import (
@@ -52,6 +52,7 @@ from schemas import (
 from tests.factories import (
     ACTUATOR_KEY,
     EXECUTOR_KEY,
+    OPERATOR_KEY,
     WORKER_KEY,
     key_env,
     key_settings,
@@ -100,6 +101,7 @@ def alert(fp="fp-node3-0001", node="node-3", seq=0, action=RecommendedAction.ISO
         state=AlertState.FIRING, job_id="job-1", node=node, step=100 + seq, started_at=now,
         ts=now, evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=action, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     )  # fmt: skip
 
 
@@ -760,3 +762,118 @@ def test_an_executor_refuses_a_target_outside_the_jobs_known_nodes(act_settings)
     assert results["cmd-outside"].status is CommandStatus.REFUSED
     assert "not nodes of job job-1" in results["cmd-outside"].detail
     assert results["cmd-inside"].status is CommandStatus.SUCCEEDED
+
+
+def test_a_webhook_receiver_answering_garbage_is_a_failed_result_and_the_executor_goes_on(
+    act_settings,
+):
+    """Issue 22 item 10: whatever the receiver makes the HTTP client raise
+    (BadStatusLine here) is a FAILED result with the error, and the consumer goes on."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 31511))
+    server.settimeout(30)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"garbage\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    hook = WebhookExecutor(["http://127.0.0.1:31511/hook"], timeout_s=5, retries=0)
+    first = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-hook-1")
+    second = signed_command(act_settings, CommandKind.CHECKPOINT, "cmd-hook-2")
+    send(act_settings, "commands", first, second)
+    runner = ExecutorRunner(act_settings, hook)
+    try:
+        for _ in range(50):
+            runner.poll_once(timeout_ms=200)
+            if "cmd-hook-2" in runner.done:
+                break
+    finally:
+        runner.close()
+        server.close()
+    got = wait_topic(act_settings, "results", lambda rs: len(rs) >= 2)
+    assert {(r.command_id, r.status) for r in got} == {
+        ("cmd-hook-1", CommandStatus.FAILED),
+        ("cmd-hook-2", CommandStatus.FAILED),
+    }
+    assert all("BadStatusLine" in r.detail for r in got)
+
+
+# -- issue 22 items 9 and 13 -----------------------------------------------------------------
+def test_an_old_signed_control_change_is_refused_even_with_no_newer_one_on_the_topic(
+    act_settings,
+):
+    """Issue 22 item 13: a 30-day-old operator-signed change was applied once the newer
+    ones had aged out of the topic (here none is left): changes have a maximum age."""
+    s = act_settings.model_copy(update={"actuator_mode": "observe"})
+    old = sign(ControlMessage(change_id="chg-old-auto", mode=ActuatorMode.AUTO, by="sre",
+                              ts=datetime.now(UTC) - timedelta(days=30)), OPERATOR_KEY)  # fmt: skip
+    act = Actuator(s)
+    try:
+        send(s, "control", old)
+        poll_until(act, 1)
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()
+    act = Actuator(s)  # read back at start: it reached the topic 30 days after its date
+    try:
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()
+
+
+def test_a_warning_firing_before_a_restart_confirms_after_it(act_settings):
+    """Issue 22 item 9: the actuator did not rebuild episodes when it restarted; alerts
+    are sent on transitions only, so a WARNING firing before the restart never
+    confirmed afterwards. The restarted actuator rebuilds it from the decisions topic
+    and confirms it from the job's progress."""
+    s = act_settings.model_copy(
+        update={
+            "actuator_mode": "auto",
+            "warning_confirm_steps": 20,
+            "warning_confirm_s": 10_000,
+            "spare_nodes": "spare-0",
+        }
+    )
+    now = datetime.now(UTC)
+    warning = alert("fp-warn-0001").model_copy(
+        update={
+            "grade": Grade.WARNING,
+            "step": 100,
+            "started_at": now,
+            "ts": now,
+            "kind": AlertKind.STRAGGLER,
+        }
+    )
+    act = Actuator(s)
+    try:
+        send(s, "decisions", warning)
+        poll_until(act, 1)
+        assert act.stats.commands == 0  # 0 steps: not confirmed
+    finally:
+        act.close()
+    act = Actuator(s)
+    try:
+        # the job goes on: another episode's update shows its progress (25 steps later)
+        progress = alert("fp-info-0001", node="node-4").model_copy(
+            update={
+                "grade": Grade.INFO,
+                "step": 125,
+                "recommended_action": RecommendedAction.NONE,
+                "ts": now + timedelta(seconds=30),
+            }
+        )
+        send(s, "decisions", progress)
+        poll_until(act, 1)
+        kinds = {c.kind for c in topic(s, "commands") if "fp-warn-0001" in c.reason}
+        assert CommandKind.ISOLATE in kinds, act.policy.memory()
+    finally:
+        act.close()

@@ -52,6 +52,7 @@ def _alert(job: str, node: str, ts: datetime) -> Alert:
         state=AlertState.FIRING, job_id=job, node=node, step=100, started_at=ts, ts=ts,
         evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=RecommendedAction.ISOLATE, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     ), WORKER_KEY)  # fmt: skip
 
 
@@ -120,7 +121,10 @@ def test_a_bad_record_on_every_topic_is_dead_lettered_and_the_good_ones_handled(
                 return [r for r in records if r.job_id == "job-1" and r.state is ActionState.HELD]
 
             (hold,) = held(_poll_until(act, s, "actions", held, "a hold"))
-            approved = sign(approval.model_copy(update={"action_id": hold.action_id}), OPERATOR_KEY)
+            approved = sign(
+                approval.model_copy(update={"action_id": hold.action_id, "held_at": hold.ts}),
+                OPERATOR_KEY,
+            )
             good.append(publish(send, registry, "approvals", approved).get(30))
         finally:
             send.close()

@@ -27,7 +27,14 @@ from schemas import (
     Grade,
     RecommendedAction,
 )
-from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_settings, step_telemetry, test_key
+from tests.factories import (
+    ACTUATOR_KEY,
+    WORKER_KEY,
+    job_controller_settings,
+    key_settings,
+    step_telemetry,
+    test_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +172,9 @@ def test_the_job_controller_serves_counts_and_logs_what_it_carries_out(act_setti
     from pipeline.io.embedded import free_port
 
     port = free_port()
-    s = act_settings.model_copy(update={"listener_metrics_port": port})
+    s = act_settings.model_copy(
+        update={"listener_metrics_port": port} | job_controller_settings("job-m")
+    )
     caplog.set_level(logging.INFO, logger="pipeline.client.listener")
     saved: list[int] = []
     listener = CommandListener(s, "job-m", on_checkpoint=lambda c, step: saved.append(step) or "ok")

@@ -292,9 +292,10 @@ def test_hang_detected_by_timer_while_no_steps_arrive(settings, workers, decisio
 
 def test_a_commanded_restart_is_not_a_hang_until_its_grace_runs_out(settings, workers, decisions):
     """The actuator's restart command reaches the worker through the commands topic:
-    the silence while the job relaunches is allowed for (restart_grace_steps = 20
-    median step times, ~20 s here) instead of raising a hang after 2.5 (~2.6 s, as in
-    the test above). A job that never comes back still hangs once the grace is over.
+    the silence while the job relaunches is allowed for (the longest of
+    restart_grace_steps = 20 median step times, ~20 s here, and restart_grace_min_s =
+    30 s) instead of raising a hang after 2.5 (~2.6 s, as in the test above). A job that
+    never comes back still hangs once the grace is over.
     Silence is read in event time from the alert, so a slow worker start cannot pass
     or fail it."""
     sc = scenario("relaunch", [], base_compute_s=1.0, collective_s=0.01, steps=100)

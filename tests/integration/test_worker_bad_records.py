@@ -37,7 +37,7 @@ from schemas import (
     JobEventKind,
     encode,
 )
-from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY
+from tests.factories import ACTUATOR_KEY, WORKER_KEY, job_controller_key
 from tests.integration.test_worker import Topic, Worker, firing, scenario
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,8 @@ def _command(job: str, cid: str, key=ACTUATOR_KEY) -> Command:
     return sign(cmd, key)
 
 
-def _result(job: str, cid: str, key=EXECUTOR_KEY) -> CommandResult:
+def _result(job: str, cid: str, key=None) -> CommandResult:
+    key = key or job_controller_key(job)
     res = CommandResult(command_id=cid, job_id=job, executor="job-controller",
                         status=CommandStatus.SUCCEEDED, ts=datetime.now(UTC))  # fmt: skip
     return sign(res, key)
@@ -119,7 +120,7 @@ def test_a_bad_record_on_every_topic_is_handled_and_the_good_ones_after_it_are_t
     dead = Topic(settings, "deadletter", DeadLetter)
     decisions = Topic(settings, "decisions", Alert)
     w = Worker(settings, tmp_path, "bad", worker_max_message_bytes="32768",
-               executor_public_keys=EXECUTOR_KEY.public_text())  # fmt: skip
+               job_controller_public_keys=job_controller_key(job).public_text())  # fmt: skip
     stack = contextlib.ExitStack()
     try:
         # the good records: a job with a straggler, a signed relaunch and its result

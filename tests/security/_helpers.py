@@ -19,7 +19,7 @@ from schemas import (
     StepTelemetry,
     encode,
 )
-from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, test_key
+from tests.factories import ACTUATOR_KEY, job_controller_key, test_key
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TOPICS = CoreTopics("steps", "health", "jobs", commands="commands", lifecycle="lifecycle",
@@ -64,10 +64,14 @@ def step_msg(step: int, node: int, job: str = "j") -> bytes:
     )
 
 
+#: the controller key of job ``j`` (what its training process signs results with)
+JOB_J_KEY = job_controller_key("j")
+
+
 def worker(clock: Clock | None = None, **kw: object) -> WorkerCore:
-    """A worker that holds the actuator's and the executors' public keys only."""
+    """A worker that holds the actuator's and the job controllers' public keys only."""
     args: dict[str, object] = {"command_keys": ACTUATOR_KEY.verifier(),
-                               "result_keys": EXECUTOR_KEY.verifier()}  # fmt: skip
+                               "result_keys": JOB_J_KEY.verifier()}  # fmt: skip
     if clock is not None:
         args["clock"] = clock
     return WorkerCore(TOPICS, 8, **(args | kw))  # type: ignore[arg-type]

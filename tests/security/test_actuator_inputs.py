@@ -11,6 +11,7 @@ from pipeline.io.kafka import control_producer, create_topics, publish, read_bac
 from pipeline.io.trust import sign
 from pipeline.services.actuator.service import Actuator
 from schemas import (
+    ActionState,
     ActuatorMode,
     Alert,
     AlertKind,
@@ -44,6 +45,7 @@ def alert(job: str, node: str, ts: datetime | None = None) -> Alert:
         state=AlertState.FIRING, job_id=job, node=node, step=100, started_at=ts, ts=ts,
         evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=RecommendedAction.ISOLATE, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     )  # fmt: skip
 
 
@@ -142,3 +144,108 @@ def test_a_replayed_or_older_control_message_is_not_applied(act_settings):
         assert again.policy.params.mode is ActuatorMode.OBSERVE and again.stats.refused == 2
     finally:
         again.close()
+
+
+def test_a_month_old_control_change_is_refused_with_no_newer_one_left(act_settings):
+    """Threat (issue 22 item 13): a 30-day-old operator-signed change was applied once
+    the newer ones had aged out of the topic. Here none is left: only its age refuses
+    it, live and in the next start-up rebuild."""
+    s = act_settings.model_copy(update={"actuator_mode": "observe"})
+    old = sign(ControlMessage(change_id="chg-month-old", mode=ActuatorMode.AUTO, by="sre",
+                              ts=datetime.now(UTC) - timedelta(days=30)), OPERATOR_KEY)  # fmt: skip
+    act = Actuator(s)
+    try:
+        send(s, "control", old)
+        consume(act, 1)
+        assert act.policy.params.mode is ActuatorMode.OBSERVE and act.stats.refused == 1
+    finally:
+        act.close()
+    again = Actuator(s)
+    try:
+        assert again.policy.params.mode is ActuatorMode.OBSERVE and again.stats.refused == 1
+    finally:
+        again.close()
+
+
+def test_a_health_alert_naming_a_node_outside_the_job_drains_nothing(act_settings):
+    """Threat (issue 22 item 3): one health report with a drain XID naming a node that
+    never sent a step of the job was graded, and the actuator added the alert's own node
+    to the job's nodes before planning, so the executors' target check always passed:
+    it signed an ISOLATE. Now the worker-signed alert says the node is not in the job's
+    steps, and the actuator only alerts."""
+    act = Actuator(act_settings)
+    try:
+        outsider = alert("job-1", "node-99").model_copy(update={"node_in_steps": False})
+        send(act_settings, "decisions", sign(outsider, WORKER_KEY))
+        consume(act, 1)
+    finally:
+        act.close()
+    kinds = [(r.message.kind, r.message.targets) for r in read_back(act_settings, "commands")]
+    assert kinds == [(CommandKind.NOTIFY, ("node-99",))] and isolated(act_settings) == set()
+
+
+def test_a_replayed_approval_decides_no_other_hold():
+    """Threat (issue 22): an approval was not bound to one hold: replayed once the first
+    hold's record had aged out of the actuator's memory, it approved a later hold of the
+    same action."""
+    from pipeline.policy import Policy, PolicyParams
+    from schemas import Approval, ApprovalDecision
+
+    p = Policy(PolicyParams(mode=ActuatorMode.APPROVE, spare_nodes=("spare-0",), hold_ttl_s=60,
+                            max_isolation_pct=100))  # fmt: skip
+    t0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    fired = alert("job-1", "node-3", t0).model_copy(update={"node_in_steps": True})
+    [first] = [r for r in p.on_alert(fired, t0).records if r.action_id]
+    approval = sign(Approval(action_id=first.action_id, decision=ApprovalDecision.APPROVE,
+                             by="sre", ts=t0, held_at=first.ts), OPERATOR_KEY)  # fmt: skip
+    p.on_tick(t0 + timedelta(seconds=61))  # expires undecided
+    later = t0 + timedelta(seconds=p.horizon_s + 100)
+    again = fired.model_copy(update={"seq": 1, "ts": later})
+    assert [r.state for r in p.on_alert(again, later).records] == [ActionState.HELD]
+    out = p.on_approval(approval, later)  # the old approval, replayed
+    assert out.commands == [] and out.note == "approval of another hold"
+
+
+def test_a_webhook_receiver_cannot_kill_the_executor_with_a_bad_status_line():
+    """Threat (issue 22 item 10): a malformed HTTP status line
+    (``http.client.BadStatusLine``) killed ``stepguard executor webhook``, again on every
+    restart. Now it is a failed post (a FAILED result), and the executor goes on."""
+    import socket
+    import threading
+
+    from pipeline.services.actuator.executors import ExecutionError, WebhookExecutor
+    from schemas import Command
+
+    server = socket.create_server(("127.0.0.1", 31512))
+    server.settimeout(10)
+
+    def serve():
+        for _ in range(2):
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 2OO WHATEVER\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    now = datetime.now(UTC)
+    cmd = Command(
+        command_id="cmd-hook",
+        kind=CommandKind.NOTIFY,
+        job_id="job-1",
+        reason=(),
+        mode=ActuatorMode.AUTO,
+        issued_at=now,
+        expires_at=now + timedelta(minutes=5),
+    )
+    hook = WebhookExecutor(["http://127.0.0.1:31512/hook"], timeout_s=5, retries=0)
+    try:
+        for _ in range(2):  # and again: nothing died
+            with pytest.raises(ExecutionError, match="BadStatusLine"):
+                hook.execute(cmd)
+    finally:
+        server.close()
+        thread.join(timeout=10)

@@ -69,7 +69,13 @@ from schemas import (
     TopicRegistry,
 )
 from tests.conftest import fresh_archive
-from tests.factories import WORKER_KEY, key_env, key_settings, step_telemetry
+from tests.factories import (
+    WORKER_KEY,
+    job_controller_settings,
+    key_env,
+    key_settings,
+    step_telemetry,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +90,7 @@ def _alert(node: str = "node-3") -> Alert:
         state=AlertState.FIRING, job_id=JOB, node=node, step=100, started_at=now, ts=now,
         evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=RecommendedAction.ISOLATE, summary=f"uncorrectable ECC on {node}",
+        node_in_steps=True,
     )  # fmt: skip
     return sign(alert, WORKER_KEY)
 
@@ -180,7 +187,7 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
         runner.close()
     saved: list[int] = []
     listener = CommandListener(
-        k.settings("listener", **key_settings()), JOB,
+        k.settings("listener", **(key_settings() | job_controller_settings(JOB))), JOB,
         on_checkpoint=lambda cmd, step: saved.append(step) or "saved",
     )  # fmt: skip
     with listener:

@@ -32,8 +32,9 @@ from schemas import (
     decode,
     encode,
 )
-from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY
+from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY, job_controller_key
 from tests.security._helpers import (
+    JOB_J_KEY,
     STEP_S,
     T0,
     Clock,
@@ -120,26 +121,68 @@ def test_a_forged_isolate_or_result_cannot_mute_a_nodes_health():
 
 
 def test_a_forged_job_controller_result_does_not_end_a_relaunchs_episodes():
-    """Threat: the job controller's results were unsigned, and the worker acted on any
-    SUCCEEDED result: a forged one for a real RESTART closed the episodes of the
-    nodes it names (and restarted the grace) before anything happened."""
-    core = worker()
+    """Threat: every training process held the executor private key, so it could sign
+    results for any job under any executor name, and the worker acted on any
+    executor-signed SUCCEEDED result: a forged one for a real RESTART closed the
+    episodes of the nodes it names (and restarted the grace) before anything happened;
+    a dry-run executor's "would restart" counted as a relaunch (issue 25 bug 3).
+
+    Control: only the result's own job's controller key counts (issue 22 item 4)."""
+    core = worker(result_keys=JOB_J_KEY.verifier() | EXECUTOR_KEY.verifier()
+                  | job_controller_key("other-job").verifier())  # fmt: skip
     feed(core, range(30))
     restart = make_command(CommandKind.RESTART, ("n5",), key=ACTUATOR_KEY)
     fwd = core.route_command(0, 1, b"j", encode(restart))
     core.handle_job_record(fwd.partition, 1, b"j", fwd.value, "command", token="c")
-    forged = [result(), result(key=WORKER_KEY), result(key=ACTUATOR_KEY),
-              result(key=impostor(EXECUTOR_KEY))]  # fmt: skip
-    assert [core.route_result(0, i, b"j", encode(r)) for i, r in enumerate(forged)] == [None] * 4
+    forged = [
+        result(),
+        result(key=WORKER_KEY),
+        result(key=ACTUATOR_KEY),
+        result(key=impostor(JOB_J_KEY)),
+        result(key=EXECUTOR_KEY),  # the key every training process used to hold
+        result(key=job_controller_key("other-job")),
+    ]  # another job's controller
+    assert [core.route_result(0, i, b"j", encode(r)) for i, r in enumerate(forged)] == [None] * 6
     # written straight to the worker's own job topic: refused there too
     out = core.handle_job_record(fwd.partition, 2, b"j", encode(result()), "result", token="r")
     assert out.alerts == [] and out.release == ["r"]
-    assert core.counts()["refused_result"] == 5
+    out = core.handle_job_record(fwd.partition, 3, b"j", encode(result(key=EXECUTOR_KEY)),
+                                 "result", token="r2")  # fmt: skip
+    assert out.alerts == [] and out.release == ["r2"]
+    assert core.counts()["refused_result"] == 8
     assert core.jobs["j"].detection.relaunches == 0
-    # the job controller's own result (an executor key) is acted on
-    signed = core.route_result(0, 9, b"j", encode(result(key=EXECUTOR_KEY)))
+    # the job's own controller's result is acted on, once
+    genuine = encode(result(key=JOB_J_KEY))
+    signed = core.route_result(0, 9, b"j", genuine)
     assert signed is not None
-    core.handle_job_record(signed.partition, 3, b"j", signed.value, "result", token="ok")
+    core.handle_job_record(signed.partition, 4, b"j", signed.value, "result", token="ok")
+    assert core.jobs["j"].detection.relaunches == 1
+    replay = core.route_result(0, 10, b"j", genuine)  # re-published: no second relaunch
+    core.handle_job_record(replay.partition, 5, b"j", replay.value, "result", token="again")
+    assert core.jobs["j"].detection.relaunches == 1
+
+
+def test_a_replayed_result_does_not_keep_a_hung_job_relaunching():
+    """Threat (issue 22 item 4): re-publishing one genuine SUCCEEDED result (no key
+    needed) restarted the relaunch grace each time: a hung job stayed "relaunching"."""
+    clock = Clock()
+    core = worker(clock)
+    feed(core, range(30))
+    restart = make_command(CommandKind.RESTART, key=ACTUATOR_KEY)
+    fwd = core.route_command(0, 1, b"j", encode(restart))
+    core.handle_job_record(fwd.partition, 1, b"j", fwd.value, "command", token="c")
+    genuine = encode(result(key=JOB_J_KEY))
+    first = core.route_result(0, 2, b"j", genuine)
+    core.handle_job_record(first.partition, 2, b"j", first.value, "result", token="r")
+    feed(core, range(0, 30), offset=5000)  # the relaunched run makes progress, then hangs
+    hangs = []
+    for i in range(40):  # the silence, with the genuine result replayed all along
+        clock.now += 2.0
+        again = core.route_result(0, 100 + i, b"j", genuine)
+        core.handle_job_record(again.partition, 100 + i, b"j", again.value, "result", token=i)
+        _, tick = core.tick_record("j")
+        hangs += core.handle_job_record(0, 200 + i, b"j", tick, "tick", token=i).alerts
+    assert AlertKind.HANG in [a.kind for a in hangs]
     assert core.jobs["j"].detection.relaunches == 1
 
 

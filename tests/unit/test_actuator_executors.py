@@ -175,3 +175,38 @@ def test_webhook_posts_a_held_action_as_waiting_for_approval(receiver):
     assert "hardware critical on node node-3 rank 5, firing for 90s" in summary
     assert f"stepguard approve {held.action_id}" in summary
     assert a["labels"]["node"] == "node-3" and a["labels"]["severity"] == "critical"
+
+
+@pytest.fixture
+def bad_status_receiver():
+    """A receiver that answers every request with a malformed HTTP status line."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 31510))
+    server.settimeout(10)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"garbage\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield "http://127.0.0.1:31510/hook"
+    stop.set()
+    server.close()
+    thread.join(timeout=10)
+
+
+def test_a_malformed_status_line_is_a_failed_post_not_an_exception(bad_status_receiver):
+    """Issue 22 item 10: http.client.BadStatusLine escaped the webhook executor and
+    killed `stepguard executor webhook` on every restart."""
+    hook = WebhookExecutor([bad_status_receiver], timeout_s=5, retries=1, sleep=lambda s: None)
+    with pytest.raises(ExecutionError, match="BadStatusLine"):
+        hook.execute(command())

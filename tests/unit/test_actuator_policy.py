@@ -34,11 +34,12 @@ RA = RecommendedAction
 def alert(
     fp="fp-node3-a", *, seq=0, grade=Grade.CRITICAL, state=AlertState.FIRING, node="node-3",
     step=100, ts=T0, started=T0, action=RA.REPLACE_AT_CHECKPOINT, kind=AlertKind.STRAGGLER,
-    job="job-1",
+    job="job-1", in_steps=True,
 ) -> Alert:  # fmt: skip
     return Alert(
         fingerprint=fp, seq=seq, kind=kind, grade=grade, state=state, job_id=job, node=node,
         rank=None, step=step, started_at=started, ts=ts,
+        node_in_steps=in_steps if node is not None else None,
         evidence=Evidence(metric="compute_s", value=0.5, deviation=9.0),
         recommended_action=action, summary=f"{kind.value} on {node}",
     )  # fmt: skip
@@ -415,7 +416,7 @@ def test_approve_mode_holds_until_approved():
     aid = out.records[0].action_id
     assert aid == action_id("fp-node3-a", RA.REPLACE_AT_CHECKPOINT, "node-3")
     assert [r.action_id for r in p.held] == [aid]
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     out = p.on_approval(ok, T0 + timedelta(seconds=5))
     assert [r.state for r in out.records] == [ActionState.APPROVED]
     assert [(a.state, a.evidence.detail) for a in out.alerts] == [
@@ -487,7 +488,7 @@ def test_held_action_of_a_kind_switched_to_observe_is_refused_on_approval():
     p = auto(mode=ActuatorMode.APPROVE)
     aid = p.on_alert(alert(), T0).records[0].action_id
     p.on_control(control(action_modes={"replace_at_checkpoint": "observe"}), T0)
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     out = p.on_approval(ok, T0)
     assert out.commands == [] and out.records[0].state is ActionState.REFUSED
 
@@ -496,7 +497,9 @@ def test_approve_mode_reject_and_notifications_need_no_approval():
     p = auto(mode=ActuatorMode.APPROVE)
     assert len(p.on_alert(alert("fp-inv-00001", action=RA.INVESTIGATE), T0).commands) == 1
     aid = p.on_alert(alert(), T0).records[0].action_id
-    no = Approval(action_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0)
+    no = Approval(
+        action_id=aid, decision=ApprovalDecision.REJECT, by="sre", reason="fp", ts=T0, held_at=T0
+    )
     out = p.on_approval(no, T0)
     assert out.commands == [] and out.records[0].state is ActionState.REJECTED
     assert out.records[0].detail == "fp" and out.records[0].by == "sre"
@@ -507,15 +510,15 @@ def test_resolved_episode_cancels_its_held_action():
     aid = p.on_alert(alert(), T0).records[0].action_id
     out = p.on_alert(alert(seq=1, state=AlertState.RESOLVED), T0)
     assert [(r.action_id, r.state) for r in out.records] == [(aid, ActionState.CANCELLED)]
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     assert p.on_approval(ok, T0).commands == []
 
 
 def test_approval_rechecks_the_guardrails():
     p = auto(mode=ActuatorMode.APPROVE, max_isolations=1)
     held = [p.on_alert(alert(f"fp-n{i}-0000", node=f"node-{i}"), T0).records[0] for i in range(2)]
-    ok = [Approval(action_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0)
-          for h in held]  # fmt: skip
+    ok = [Approval(action_id=h.action_id, decision=ApprovalDecision.APPROVE, by="s", ts=T0,
+                   held_at=T0) for h in held]  # fmt: skip
     assert len(p.on_approval(ok[0], T0).commands) == 3
     out = p.on_approval(ok[1], T0)
     assert out.commands == [] and out.records[0].state is ActionState.REFUSED
@@ -552,7 +555,15 @@ def test_params_from_settings_and_validation():
 
 
 @pytest.mark.parametrize(
-    "module", ["pipeline.policy", "pipeline.io.trust", "pipeline.services.actuator.executors"]
+    "module",
+    [
+        "pipeline.policy",
+        "pipeline.policy.guardrails",
+        "pipeline.policy.ledger",
+        "pipeline.policy.memory",
+        "pipeline.io.trust",
+        "pipeline.services.actuator.executors",
+    ],
 )
 def test_docstring_examples_run(module):
     import doctest
@@ -607,7 +618,7 @@ def test_a_hold_nobody_decides_expires_with_an_archived_record():
     assert expired.detail.startswith("expired") and expired.alert is not None
     assert [(a.state, a.seq) for a in out.alerts] == [(AlertState.RESOLVED, 1)]
     assert p.held == [] and p.on_tick(T0 + timedelta(seconds=1801)).records == []
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     late = p.on_approval(ok, T0 + timedelta(seconds=1802))
     assert late.commands == [] and late.note == "no such held action"
 
@@ -615,7 +626,7 @@ def test_a_hold_nobody_decides_expires_with_an_archived_record():
 def test_an_approval_after_the_ttl_finds_the_hold_expired_even_without_a_tick():
     p = auto(mode=ActuatorMode.APPROVE, hold_ttl_s=60)
     aid = p.on_alert(alert(), T0).records[0].action_id
-    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    ok = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0, held_at=T0)
     out = p.on_approval(ok, T0 + timedelta(seconds=61))
     assert out.commands == [] and [r.state for r in out.records] == [ActionState.CANCELLED]
     assert out.records[0].detail.startswith("expired")
@@ -827,6 +838,68 @@ def test_per_kind_modes_come_from_the_settings_and_bad_ones_are_named():
             load_settings({"STEPGUARD_ACTUATOR_ACTION_MODES": bad})
 
 
+def test_an_isolation_targets_only_a_node_the_jobs_steps_showed():
+    """Issue 22 item 3: the alert's own node is not added to the job's nodes before
+    planning. A health alert naming a node the job's steps never showed is an alert only;
+    a member's isolation carries the members (not the outsider) for the executors."""
+    p = auto()
+    outsider = alert("fp-outsider", node="node-99", kind=AlertKind.HARDWARE, in_steps=False)
+    out = p.on_alert(outsider, T0)
+    assert [(c.kind, c.targets) for c in out.commands] == [(CommandKind.NOTIFY, ("node-99",))]
+    assert p.spares == ["spare-0", "spare-1", "spare-2"]  # nothing taken from the job
+    member = alert("fp-member3", node="node-3", kind=AlertKind.HARDWARE)
+    [iso] = [c for c in p.on_alert(member, T0).commands if c.kind is CommandKind.ISOLATE]
+    assert iso.targets == ("node-3",) and iso.job_nodes == ("node-3",)
+    # a rank's alert is evidence of the steps too (its steps came from that node)
+    ranked = alert("fp-ranked4", node="node-4", in_steps=None).model_copy(update={"rank": 33})
+    assert CommandKind.ISOLATE in [c.kind for c in p.on_alert(ranked, T0).commands]
+
+
+def test_a_node_replacement_counts_for_the_relaunch_cooldown_of_restarts():
+    """Issue 25 bug 2: the relaunch cooldown ignored node-replacement restarts, so the
+    false hang of the relaunch after a replacement went through as a second RESTART."""
+    p = auto(relaunch_cooldown_s=300)
+    replaced = p.on_alert(alert("fp-node3-0001", node="node-3"), T0)
+    assert CommandKind.RESTART in [c.kind for c in replaced.commands]
+    hang = dict(node=None, action=RA.RESTART, kind=AlertKind.HANG)
+    again = p.on_alert(alert("fp-hang-0001", **hang), T0 + timedelta(seconds=20))
+    assert again.commands == [] and "relaunched 20s ago" in again.records[0].detail
+    later = p.on_alert(alert("fp-hang-0002", **hang), T0 + timedelta(seconds=400))
+    assert [c.kind for c in later.commands] == [CommandKind.RESTART]
+
+
+def test_an_approval_decides_only_the_hold_it_names():
+    """Issue 22: an approval was not bound to one hold: replayed once the action record
+    aged out, it approved a later hold of the same action."""
+    p = auto(mode=ActuatorMode.APPROVE, hold_ttl_s=60)
+    aid = p.on_alert(alert(), T0).records[0].action_id
+    unbound = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0)
+    assert p.on_approval(unbound, T0).note == "names no hold"
+    p.on_tick(T0 + timedelta(seconds=61))  # the first hold expires undecided
+    later = T0 + timedelta(seconds=p.horizon_s + 100)  # its record has aged out
+    again = p.on_alert(alert(seq=1, ts=later), later)  # the episode fires again: held
+    [rehold] = [r for r in again.records if r.state is ActionState.HELD]
+    old = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="sre", ts=T0,
+                   held_at=T0)  # the first hold's approval, replayed  # fmt: skip
+    assert p.on_approval(old, later).note == "approval of another hold"
+    ok = old.model_copy(update={"held_at": rehold.ts})
+    assert len(p.on_approval(ok, later).commands) == 3
+
+
+def test_an_episode_read_back_after_a_restart_still_confirms_from_progress():
+    """Issue 22 item 9: the actuator did not rebuild episodes when it restarted; alerts
+    are sent on transitions only, so a WARNING firing before the restart never
+    confirmed afterwards."""
+    warning = alert("fp-warn-0001", grade=Grade.WARNING, step=100)
+    before = auto(warning_confirm_steps=20, warning_confirm_s=10_000)
+    assert before.on_alert(warning, T0).commands == []  # not confirmed yet
+    after = auto(warning_confirm_steps=20, warning_confirm_s=10_000)  # a restarted actuator
+    after.restore_alert(warning, T0 + timedelta(seconds=5))
+    assert after.on_alert(warning, T0 + timedelta(seconds=6)).note == "duplicate"
+    out = after.on_progress("job-1", 125, T0 + timedelta(seconds=30), T0 + timedelta(seconds=30))
+    assert CommandKind.ISOLATE in [c.kind for c in out.commands]
+
+
 # -- what the metrics count (issue 24: actions_total stayed empty in auto mode) -----------
 def test_an_action_carried_out_at_once_is_reported_as_issued_with_its_mode():
     """Auto mode publishes commands and no action record: the outcome still names the
@@ -841,7 +914,8 @@ def test_an_action_carried_out_at_once_is_reported_as_issued_with_its_mode():
     gated = auto(mode=ActuatorMode.APPROVE)
     held = gated.on_alert(alert(), T0)
     assert held.issued == [] and [r.state for r in held.records] == [ActionState.HELD]
-    approval = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="op", ts=T0)
+    approval = Approval(action_id=aid, decision=ApprovalDecision.APPROVE, by="op", ts=T0,
+                        held_at=T0)  # fmt: skip
     approved = gated.on_approval(approval, T0)
     assert approved.commands and approved.issued == []
     assert ActionState.APPROVED in [r.state for r in approved.records]

@@ -307,3 +307,47 @@ def test_a_phase_announced_before_its_previous_step_completes_still_covers_the_p
     assert det.on_frame(after) == []
     assert firing(det.tick(after.ts + 10 * STEP_S), AlertKind.HANG) == []
     assert firing(det.tick(after.ts + 40 * STEP_S), AlertKind.HANG)  # 2x: a hang
+
+
+def test_alerts_say_whether_their_node_sent_steps_of_the_job() -> None:
+    """A health report can name any node; the alert says whether the job's steps showed
+    it (signed with the alert, the actuator isolates only such members)."""
+    det = JobDetection("job")
+    warm(det, 30)
+    det.on_health(health(2, det.now + 0.5, xid=(79,)))
+    det.on_health(health(99, det.now + 0.5, xid=(79,)))  # never sent a step of the job
+    got = firing(det.tick(det.now + 0.6), AlertKind.HARDWARE)
+    assert {(a.node, a.node_in_steps) for a in got} == {("node-2", True), ("node-99", False)}
+    assert det.in_steps("node-2") and not det.in_steps("node-99")
+    back = statecodec.loads(statecodec.dumps(det))
+    assert back.in_steps("node-2")
+
+
+def test_the_step_in_flight_at_a_restart_does_not_end_the_relaunch_grace() -> None:
+    """Issue 25 bug 1: the step that completed right after the RESTART still belonged to
+    the old run, ended the grace, and the save-and-relaunch was then scored as a hang
+    (answered with a second RESTART)."""
+    det = JobDetection("job")
+    warm(det, 30)
+    restart_at = det.now + 0.5  # step 30 is in flight (it started before this)
+    det.on_command(command(CommandKind.RESTART), now=restart_at)
+    assert det.on_frame(frame(30)) == []  # the old run's last step completes
+    assert firing(det.tick(det.now + 8 * STEP_S), AlertKind.HANG) == []  # still relaunching
+
+
+def test_a_result_is_acted_on_once_and_only_while_fresh() -> None:
+    """Issue 22 item 4: replaying one genuine SUCCEEDED result restarted the relaunch
+    grace each time (a hung job stayed "relaunching"); results had no freshness."""
+    det = JobDetection("job")
+    warm(det, 30)
+    det.on_command(command(CommandKind.RESTART, "cmd-r"))
+    done = result("cmd-r").model_copy(update={"ts": datetime.fromtimestamp(det.now, UTC)})
+    det.on_result(done)
+    assert det.relaunches == 1
+    det.on_result(done)  # replayed
+    assert det.relaunches == 1
+    det.on_command(command(CommandKind.RESTART, "cmd-s"))
+    old = done.model_copy(update={"command_id": "cmd-s",
+                                  "ts": datetime.fromtimestamp(det.now - 601, UTC)})  # fmt: skip
+    det.on_result(old)  # dated 10 minutes before the job's time: stale
+    assert det.relaunches == 1

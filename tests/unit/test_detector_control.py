@@ -137,3 +137,18 @@ def test_calibrate_apply_needs_a_broker_and_the_operator_key_before_it_replays()
     with pytest.raises(ConfigError, match="STEPGUARD_OPERATOR_PRIVATE_KEY"):
         run_calibrate(load_settings({}, kafka_bootstrap="127.0.0.1:1"), Console(quiet=True),
                       jobs=["a"], apply=True)  # fmt: skip
+
+
+def test_an_old_change_published_again_is_refused_once_newer_ones_aged_out():
+    """Issue 22 item 13: a 30-day-old operator-signed change was applied once the newer
+    ones had aged out of the topic (the replay defence is rebuilt only from what the
+    topic still holds). A change older than the maximum age when it reached the topic
+    is refused; one that was fresh when written is still applied on a later read-back."""
+    old = change("c-old", {"hang_factor": 9.0}, at=T0 - timedelta(days=30))
+    ctl = DetectorControl(OPERATOR_KEY.verifier(), MonitorConfig(), max_clock_skew_s=300.0,
+                          max_age_s=3600.0)  # fmt: skip
+    assert "old when it reached the topic" in (ctl.on_message(old, now=NOW, written=NOW) or "")
+    assert ctl.applied == 0 and ctl.config.hang_factor == MonitorConfig().hang_factor
+    fresh = change("c-new", {"hang_factor": 6.0}, at=T0)
+    later = NOW + 30 * 86400  # read back a month later: fresh when it was written
+    assert ctl.on_message(fresh, now=later, written=T0.timestamp() + 1) is None

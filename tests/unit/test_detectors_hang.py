@@ -115,3 +115,23 @@ def test_a_silent_node_is_named_only_while_most_of_the_fleet_reports():
         q.learn(f"n{i}", ts=0.0, interval_s=10.0)
     q.learn("n0", ts=20.0, interval_s=10.0)
     assert q.score(25.0) == {}  # nine quiet together: the feed lags, no node is named
+
+
+def test_the_relaunch_grace_has_a_floor_in_seconds_and_learns_the_jobs_relaunches():
+    """Issue 25 bug 2: 20 median step times (5 s at 0.25 s steps) is shorter than a
+    real relaunch (12.6 s): the relaunch was scored as a hang. The grace is at least
+    ``min_s`` and 1.5 x the job's longest recent relaunch."""
+    h = HangDetector(factor=2.5, min_steps=3)
+    for step in range(20):
+        h.learn_step(step, ts=100.0 + 0.25 * step, ts_start=99.75 + 0.25 * step)
+    t = 105.0
+    h.restart(t, grace_steps=20, min_s=10.0)
+    assert h.score(t + 10.0) == 0.0  # 40 median step times: not a hang yet
+    h.learn_step(5, ts=t + 9.0, ts_start=t + 8.75)  # the new run: it took 9 s
+    assert h.relaunch_durations == (9.0,)
+    for step in range(6, 20):
+        h.learn_step(step, ts=t + 9.0 + 0.25 * (step - 5))
+    t2 = t + 20.0
+    h.restart(t2, grace_steps=20, min_s=10.0)
+    assert h.score(t2 + 13.0) == 0.0  # 1.5 x 9 s learned: a 13 s relaunch is allowed
+    assert h.score(t2 + 16.0) > 2.5

@@ -42,9 +42,10 @@ def test_the_plan_runs_the_compose_services_with_their_own_ports_and_keys(tmp_pa
     assert private["actuator"] == ["STEPGUARD_ACTUATOR_PRIVATE_KEY"]
     assert private["worker-1"] == ["STEPGUARD_WORKER_PRIVATE_KEY"]
     assert private["executor-dry-run"] == ["STEPGUARD_EXECUTOR_PRIVATE_KEY"]
-    assert private["simulate"] == ["STEPGUARD_EXECUTOR_PRIVATE_KEY"]  # the job controller
+    # the training job signs as its own job's controller, never as an executor
+    assert private["simulate"] == ["STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY"]
     assert private["archiver"] == []
-    assert specs["worker-1"].env["STEPGUARD_EXECUTOR_PUBLIC_KEYS"]  # verifies results
+    assert specs["worker-1"].env["STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS"]  # verifies results
     assert specs["simulate"].env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]
     assert specs["actuator"].env["STEPGUARD_ACTUATOR_MODE"] == "auto"
     assert specs["broker"].stop_tier > max(s.stop_tier for s in p.specs if s.name != "broker")
@@ -132,6 +133,29 @@ def test_job_and_scenario_together_are_refused():
         UpOptions(job="j", scenario="ci_smoke")
     with pytest.raises(ValueError, match="describe a --job"):
         UpOptions(nodes="2")
+
+
+def test_up_writes_the_jobs_controller_key_where_only_the_user_reads_it(tmp_path):
+    """Issue 22 item 4 / 25: the listener could not sign results with up's keys (only
+    public keys went to up.env), and training processes were handed the executor's key.
+    Now the job gets a key of its own role, bound to its job, in a 0600 file."""
+    import stat
+
+    from pipeline.io.trust import job_controller_key_id, signing_key
+    from pipeline.tools.up import JOB_ENV_FILE, write_job_env
+
+    p = plan(tmp_path, scenario="ci_smoke")
+    assert list(p.job_env) == ["STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY"]
+    assert not any(k.endswith("_PRIVATE_KEY") for k in p.shell_env)  # up.env: no secret
+    path = tmp_path / JOB_ENV_FILE
+    write_job_env(path, p.job_env)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    name, _, value = path.read_text().strip().partition("=")
+    key = signing_key(load_settings({name: value}), "job_controller", "t")
+    assert key.key_id.split(".")[0] == job_controller_key_id("ci_smoke-r1")
+    public = {s.name: s.env.get("STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS", "") for s in p.specs}
+    assert key.public_text() in public["worker-1"]
+    assert plan(tmp_path).job_env == {}  # no job: no controller key
 
 
 def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():

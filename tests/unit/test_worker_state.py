@@ -31,7 +31,7 @@ from schemas import (
     StepTelemetry,
     encode,
 )
-from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY
+from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY, job_controller_key
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
@@ -461,7 +461,9 @@ def test_malformed_lifecycle_events_are_dead_lettered():
 
 
 def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
-    core = WorkerCore(TOPICS, 8, command_keys=COMMAND_KEYS, result_keys=EXECUTOR_KEY.verifier())
+    core = WorkerCore(
+        TOPICS, 8, command_keys=COMMAND_KEYS, result_keys=job_controller_key("j").verifier()
+    )
     feed(core, range(30))
     outs = [
         core.handle_step(
@@ -482,7 +484,9 @@ def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
     succeeded = failed.model_copy(update={"status": CommandStatus.SUCCEEDED})
     assert core.route_result(0, 1, b"j", encode(succeeded)) is None  # unsigned: ignored
     assert core.refused_results == 1
-    done = encode(sign(succeeded, EXECUTOR_KEY))  # an executor (the job controller) signed
+    assert core.route_result(0, 1, b"j", encode(sign(succeeded, EXECUTOR_KEY))) is None
+    assert core.refused_results == 2  # an executor's (a dry run's) result is no relaunch
+    done = encode(sign(succeeded, job_controller_key("j")))  # the job's own controller
     fwd = core.route_result(0, 1, b"j", done)
     out = core.handle_job_record(fwd.partition, 2, b"j", fwd.value, "result", token="r")
     assert {(a.node, a.state) for a in out.alerts} == {("n5", AlertState.RESOLVED)}

@@ -57,6 +57,7 @@ from pipeline.io.metrics import ExecutorMetrics
 from pipeline.io.redact import redact, url_origin, url_secrets
 from pipeline.io.settings import Settings
 from pipeline.io.trust import (
+    FinishedCommands,
     PublicKeys,
     check_command,
     public_keys,
@@ -242,6 +243,10 @@ class WebhookExecutor(Executor):
                     return error  # the receiver will not change its mind
             except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: InvalidURL
                 error = redact(str(getattr(exc, "reason", exc)), url_secrets(url))
+            except Exception as exc:
+                # makes the HTTP client raise: a failed post, never a dead executor
+                detail = f"{type(exc).__name__}: {exc}"[:300]
+                error = redact(detail, url_secrets(url))
             log.warning("webhook %s attempt %d failed: %s", url_origin(url), attempt + 1, error)
         return error
 
@@ -264,7 +269,10 @@ class ExecutorRunner:
     """Feed one executor from the commands topic; publish a result per command.
 
     Commands already answered by this executor (read back from the results topic at
-    start) are skipped, so a restart never runs a command twice. Results are signed
+    start) are skipped, so a restart never runs a command twice; each is forgotten once
+    its command has expired (it is refused then anyway), and at most ``max_done`` are
+    kept. Whatever an executor raises is a FAILED result with the error: the consumer
+    goes on. Results are signed
     with the executor key (``STEPGUARD_EXECUTOR_PRIVATE_KEY``) and only results an
     executor key signed count when read back: a forged "succeeded" cannot pre-empt a
     real command (those are counted in :attr:`unsigned_results` and logged).
@@ -280,6 +288,7 @@ class ExecutorRunner:
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: ExecutorMetrics | None = None,
+        max_done: int = 65_536,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -291,9 +300,11 @@ class ExecutorRunner:
         self._clock = clock
         create_topics(settings, ["commands", "results", "deadletter"])
         self._producer = control_producer(settings)
-        self.done: set[str] = set()
+        #: commands this executor answered, until they expire (bounded)
+        self.done = FinishedCommands(max_done)
         #: results read back that no executor key signed (ignored)
         self.unsigned_results = 0
+        ttl = max(settings.command_ttl_s, settings.hold_ttl_s) + settings.max_clock_skew_s
         for rec in read_back(settings, "results"):
             res = rec.message
             assert isinstance(res, CommandResult)
@@ -305,7 +316,8 @@ class ExecutorRunner:
                 log.warning("ignoring result of %s at %s[%d]@%d: %s", res.command_id,
                             rec.topic, rec.partition, rec.offset, problem)  # fmt: skip
                 continue
-            self.done.add(res.command_id)
+            written = min(clock().timestamp(), (rec.timestamp_ms or 1e15) / 1000)
+            self.done.add(res.command_id, datetime.fromtimestamp(written + ttl, UTC))
         self._consumer = assigned_consumer(
             settings,
             [self.registry.name("commands")],
@@ -326,13 +338,16 @@ class ExecutorRunner:
             status, detail = CommandStatus.REFUSED, problem
             log.warning("%s refused %s: %s", self.executor.name, cmd.command_id, problem)
         else:
-            self.done.add(cmd.command_id)
+            self.done.add_command(cmd, self.settings.max_clock_skew_s, now)
             try:
                 status, detail = CommandStatus.SUCCEEDED, self.executor.execute(cmd)
             except InvalidNodeName as exc:
                 status, detail = CommandStatus.REFUSED, str(exc)
             except ExecutionError as exc:
                 status, detail = CommandStatus.FAILED, str(exc)
+            except Exception as exc:  # an executor's bug is a FAILED result, not a crash
+                log.exception("%s failed on %s", self.executor.name, cmd.command_id)
+                status, detail = CommandStatus.FAILED, f"{type(exc).__name__}: {exc}"
         return CommandResult(
             command_id=cmd.command_id, job_id=cmd.job_id, executor=self.executor.name,
             status=status, detail=detail[:2000], ts=self._clock(),
@@ -351,6 +366,7 @@ class ExecutorRunner:
         for fut in futures:
             fut.get(timeout=30)
         self._consumer.commit()
+        self.done.expire(self._clock())
         self.executor.tick(self._clock())
         self.metrics.consumed.labels(self.executor.name).inc(n)
         return n

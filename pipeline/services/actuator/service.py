@@ -2,26 +2,30 @@
 
 Start-up rebuilds the state from the actuator's own output before consuming anything:
 the commands topic (issued ids, isolation ledger, cooldowns, spares used), the actions
-topic (held approvals and past decisions) and the control topic (mode and thresholds),
+topic (held approvals and past decisions), the decisions topic (the firing episodes of
+worker-signed alerts it had consumed, within the policy's horizon: a WARNING firing
+before the restart still confirms after it) and the control topic (mode and thresholds),
 each read to the end it had at start however long that takes, with progress logged
-(:func:`~pipeline.io.kafka.read_back`); what is past the policy's horizon is
-then forgotten. Only commands and action records signed by an actuator key are
-restored (others are counted, logged and ignored), and only control messages signed by
-an operator key, newer than the last one applied and with an unseen ``change_id`` are
-applied, in the rebuild as afterwards (a replayed old change is not applied again). The
-rebuild applies control state (mode, thresholds, spares) in order but never replays a
-one-shot action: a ``reset_breaker`` closes no breaker that tripped after it (breakers
-are reopened from the signed refusal that tripped them). Alerts count only when a
-worker key signed them. A decision, approval or control message dated more than
-``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond the actuator's clock is a dead letter (stage
-``clock``, its source coordinates; the message as decoded) and never reaches the policy;
-in the rebuild a control message is judged against the earlier of its broker time and
-now, so what was refused live is not applied after a restart. Then it consumes
-decisions, approvals and control messages;
-for each poll it lets time pass in the policy (holds expire, breakers close),
-publishes the signed commands, action records and guardrail alerts, waits for the
-broker's acks and only then commits the consumed offsets. A crash anywhere in between
-replays the poll, and the rebuilt issued-set turns the replay into nothing.
+(:func:`~pipeline.io.kafka.read_back`); what is past the policy's horizon is then
+forgotten. Only commands and action records signed by an actuator key are restored
+(others are counted, logged and ignored), and only control messages signed by an
+operator key, newer than the last one applied, with an unseen ``change_id`` and no older
+than ``STEPGUARD_CONTROL_MAX_AGE_S`` (live: against now; read back: against when it
+reached the topic, so an old change published again is refused even when every newer one
+has aged out of the topic) are applied, in the rebuild as afterwards (a replayed old
+change is not applied again). The rebuild applies control state (mode, thresholds,
+spares) in order but never replays a one-shot action: a ``reset_breaker`` closes no
+breaker that tripped after it (breakers are reopened from the signed refusal that
+tripped them). Alerts count only when a worker key signed them. A decision, approval or
+control message dated more than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond the actuator's
+clock is a dead letter (stage ``clock``, its source coordinates; the message as decoded)
+and never reaches the policy; in the rebuild a control message is judged against the
+earlier of its broker time and now, so what was refused live is not applied after a
+restart. Then it consumes decisions, approvals and control messages; for each poll it
+lets time pass in the policy (holds expire, breakers close), publishes the signed
+commands, action records and guardrail alerts, waits for the broker's acks and only then
+commits the consumed offsets. A crash anywhere in between replays the poll, and the
+rebuilt issued-set turns the replay into nothing.
 """
 
 from __future__ import annotations
@@ -148,12 +152,20 @@ class Actuator:
         self._evicted = 0
         #: records read back per topic at start
         self.rebuilt: dict[str, int] = {}
-        self._rebuild(rebuild_batch)
         self._consumer = assigned_consumer(
             settings,
             [self.registry.name(t) for t in ("decisions", "approvals", "control")],
             self._group,
         )
+        #: per decisions partition, the next offset the actuator has yet to consume:
+        #: only alerts before it are rebuilt (the rest are consumed, and decided, live)
+        decisions = self.registry.name("decisions")
+        self._decided_until = {
+            tp.partition: self._consumer.committed(tp) or 0
+            for tp in self._consumer.assignment()
+            if tp.topic == decisions
+        }
+        self._rebuild(rebuild_batch)
 
     def _rebuild(self, batch: int) -> None:
         def replay(logical: str, apply: Callable[[Decoded], object]) -> None:
@@ -166,6 +178,8 @@ class Actuator:
         replay("commands", self._restore_command)
         replay("actions", self._restore_record)
         now = self._clock()
+        # firing episodes (a WARNING still confirms after a restart), never acted on here
+        replay("decisions", lambda rec: self._restore_alert(rec, now))
         # state (mode, thresholds, spares) in order; one-shot actions not replayed
         replay("control", lambda rec: self._control(rec, now, replay=True))
         self.policy.prune(now, full=True)
@@ -203,6 +217,30 @@ class Actuator:
             return
         self.policy.restore_record(msg)
 
+    def _restore_alert(self, rec: Decoded, now: datetime) -> None:
+        """An alert read back from the decisions topic: its episode is rebuilt (first
+        step, last update) when a worker key signed it, the actuator had consumed it
+        (before its group's committed offset) and it reached the topic within the
+        policy's horizon; nothing is decided."""
+        msg = rec.message
+        if not isinstance(msg, Alert) or msg.kind is AlertKind.GUARDRAIL:
+            return
+        if rec.offset >= self._decided_until.get(rec.partition, 0):
+            return  # not consumed yet (or not committed before a crash): decided live
+        written = rec.timestamp_ms / 1000 if rec.timestamp_ms > 0 else now.timestamp()
+        if now.timestamp() - written > self.policy.horizon_s:
+            return
+        if signature_problem(msg, self._worker_keys) is None:
+            self.policy.restore_alert(msg, now)
+
+    def _too_old(self, ts: datetime, judged: datetime) -> str | None:
+        """Why an operator's message dated ``ts`` is too old at ``judged``, or None."""
+        age = (judged - ts).total_seconds()
+        limit = self.settings.control_max_age_s
+        if age <= limit:
+            return None
+        return f"dated {ts.isoformat()}, {age:.0f}s old (STEPGUARD_CONTROL_MAX_AGE_S={limit:.0f})"
+
     def _control(self, rec: Decoded, now: datetime, *, replay: bool = False) -> Outcome:
         msg = rec.message
         assert isinstance(msg, ControlMessage)
@@ -212,6 +250,13 @@ class Actuator:
         if replay and (late := self._replayed_from_the_future(rec, now)) is not None:
             return late
         problem = signature_problem(msg, self._operator_keys)
+        if problem is None:
+            # live: against now; read back: against when it reached the topic (a change
+            # old when it was applied stays applied; an old one published again is not)
+            judged = now
+            if replay and rec.timestamp_ms > 0:
+                judged = min(now, datetime.fromtimestamp(rec.timestamp_ms / 1000, UTC))
+            problem = self._too_old(msg.ts, judged)
         if problem is None and msg.change_id in self._control_ids:
             problem = f"change {msg.change_id} already applied (replay)"
         if problem is None and self._control_ts is not None and msg.ts <= self._control_ts:
@@ -285,7 +330,7 @@ class Actuator:
                 out.extend(self.policy.on_progress(msg.job_id, msg.step, msg.ts, now))
             return out
         if isinstance(msg, Approval):
-            problem = signature_problem(msg, self._operator_keys)
+            problem = signature_problem(msg, self._operator_keys) or self._too_old(msg.ts, now)
             if problem is not None:
                 self.stats.refused += 1
                 log.warning("ignoring approval of %s by %s: %s", msg.action_id, msg.by, problem)

@@ -181,10 +181,11 @@ def build_app(
     # obeyed only when the actuator signed them
     alert_key = signing_key(settings, "worker", "the worker (it signs its alerts)")
     command_keys = public_keys(settings, "actuator", "the worker (it verifies commands)")
-    # ... and a relaunch counts as carried out only when an executor signed its result
-    result_keys = public_keys(settings, "executor")
+    # ... and a relaunch counts as carried out only when the job's own controller signed
+    # its result (an executor's, a dry run's "would restart" included, never counts)
+    result_keys = public_keys(settings, "job_controller")
     if not result_keys:
-        log.warning("no STEPGUARD_EXECUTOR_PUBLIC_KEYS: command results are ignored "
+        log.warning("no STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS: command results are ignored "
                     "(a relaunch's grace runs its course)")  # fmt: skip
     tansu = settings.is_tansu
     session = (
@@ -260,6 +261,7 @@ def build_app(
         result_keys=result_keys,
         # what it writes for itself (jobs topic, changelog) opens only with its own key
         seal=Seal(derive_key(alert_key)),
+        executor_keys=public_keys(settings, "executor"),
         # thresholds of new jobs: `stepguard calibrate --apply` writes this file
         monitor_config=load_detector_config(settings.detector_config),
     )
@@ -468,7 +470,7 @@ def _control_reader(settings: Settings, core: WorkerCore, metrics: WorkerMetrics
                     "control topic (stepguard calibrate --apply) are refused")  # fmt: skip
     control = DetectorControl(
         keys, core.monitor_config or load_detector_config(None),
-        max_clock_skew_s=settings.max_clock_skew_s,
+        max_clock_skew_s=settings.max_clock_skew_s, max_age_s=settings.control_max_age_s,
     )  # fmt: skip
 
     def on_change(config: Any) -> None:

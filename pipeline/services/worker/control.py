@@ -16,7 +16,9 @@ the ``STEPGUARD_DETECTOR_CONFIG`` file it started from).
   (a replayed old change is not applied again; the actuator's rule),
 - it is not dated beyond the wall clock + ``STEPGUARD_MAX_CLOCK_SKEW_S`` (judged
   against the earlier of the record's broker time and now, so a change refused when
-  it was written is not applied once its time has come), and
+  it was written is not applied once its time has come), nor older than
+  ``STEPGUARD_CONTROL_MAX_AGE_S`` then (an old change published again is refused even
+  when every newer one has aged out of the topic), and
 - its settings are a valid :class:`~detectors.config.MonitorConfig` (names and values
   checked, the message's reason names the setting).
 
@@ -76,6 +78,9 @@ class DetectorControl:
         The settings new jobs get until a change is applied.
     max_clock_skew_s
         A change dated more than this beyond now is refused; None: no check.
+    max_age_s
+        A change dated more than this before it reached the topic (or before now) is
+        refused; None: no check.
     max_tracked
         Change ids remembered for replay refusal (the oldest forgotten first; the
         ``ts`` rule still refuses anything not newer than the last change applied).
@@ -88,12 +93,14 @@ class DetectorControl:
         *,
         max_clock_skew_s: float | None = None,
         max_tracked: int = 4096,
+        max_age_s: float | None = None,
     ) -> None:
         if max_tracked < 1:
             raise ValueError("max_tracked must be >= 1")
         self.keys = keys
         self.config = config
         self.max_clock_skew_s = max_clock_skew_s
+        self.max_age_s = max_age_s
         self.max_tracked = max_tracked
         self.last_ts: datetime | None = None
         self.last_change: str | None = None
@@ -142,6 +149,12 @@ class DetectorControl:
         if self.last_ts is not None and msg.ts <= self.last_ts:
             return f"not newer than the last change applied ({self.last_ts.isoformat()})"
         judged = now if written is None else min(now, written)
+        age = judged - msg.ts.timestamp()
+        if self.max_age_s is not None and age > self.max_age_s:
+            return (
+                f"dated {msg.ts.isoformat()}, {age:.0f}s old when it reached the topic "
+                f"(STEPGUARD_CONTROL_MAX_AGE_S={self.max_age_s:.0f})"
+            )
         return future_dated(msg.ts, self.max_clock_skew_s, now=judged, whose="the worker's")
 
     def on_record(

@@ -14,7 +14,6 @@ from typing import Any
 
 from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
-from pipeline.io.trust import signature_problem
 from pipeline.services.worker.records import (
     Handled,
     JobState,
@@ -150,7 +149,7 @@ class _JobRecords:
                      key=key)  # fmt: skip
         if isinstance(msg, Rejected):
             return Handled(release=[token])
-        if signature_problem(msg, self.result_keys) is not None:  # written to jobs directly
+        if self._result_problem(msg) is not None:  # written to jobs directly
             self.refused_results += 1
             return Handled(release=[token])
         st = self.jobs.get(msg.job_id)

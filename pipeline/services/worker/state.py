@@ -41,10 +41,11 @@ from detectors.engine import MonitorConfig
 from detectors.frame import NodeStep
 from detectors.job import JobDetection
 from detectors.job_guard import LifecycleLimits
+from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
 from pipeline.io.fastdecode import decode_step
 from pipeline.io.statecodec import StateFormatError
-from pipeline.io.trust import PublicKeys, check_command, signature_problem
+from pipeline.io.trust import PublicKeys, check_command, result_problem
 from pipeline.services.worker.job_records import _JobRecords
 from pipeline.services.worker.pending import PendingJobs
 from pipeline.services.worker.records import (
@@ -85,6 +86,11 @@ log = logging.getLogger(__name__)
 #: Header naming what a record on the worker's job topic carries:
 #: ``health`` | ``tick`` | ``command`` | ``result`` | ``lifecycle``.
 KIND_HEADER = "stepguard-kind"
+
+
+#: executors whose SUCCEEDED RESTART is a relaunch they carried out themselves (the
+#: Slurm executor requeues the job); a dry run's "would restart" never is
+RELAUNCHING_EXECUTORS = frozenset({"slurm"})
 
 
 class WorkerCore(_JobRecords):
@@ -133,11 +139,19 @@ class WorkerCore(_JobRecords):
         relaunch command is obeyed only when one of them signed it and it has not
         expired. None or empty: no command is obeyed.
     result_keys
-        The executors' public keys (``STEPGUARD_EXECUTOR_PUBLIC_KEYS``: executors and
-        job controllers sign their results): a SUCCEEDED result restarts a relaunch
-        grace and closes the episodes of the nodes it left out only when one of them
-        signed it, so a forged result for a real command id cannot end episodes early.
-        None or empty: no result is acted on (the relaunch grace runs its course).
+        The job controllers' public keys (``STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS``): a
+        SUCCEEDED result restarts a relaunch grace and closes the episodes of the nodes
+        it left out only when the controller key of the result's own job signed it
+        (:func:`~pipeline.io.trust.result_problem`), never an executor's (a
+        dry run's "would restart" is not a relaunch), and only when it is not dated
+        beyond the wall clock + ``max_clock_skew_s``; the detection core acts on it once
+        per command, and not when it is older than ``max_result_age_s`` of the job's
+        event time. None or empty: no result is acted on (the relaunch grace runs its
+        course).
+    executor_keys
+        The executors' public keys (``STEPGUARD_EXECUTOR_PUBLIC_KEYS``): a result they
+        signed counts as a relaunch only from an executor that relaunches jobs itself
+        (:data:`RELAUNCHING_EXECUTORS`: the Slurm executor's requeue), never a dry run's.
     max_nodes_per_job
         Distinct nodes per job; a message that would add more is dead-lettered.
     limits
@@ -175,6 +189,7 @@ class WorkerCore(_JobRecords):
         blind_after_s: float = 5.0,
         command_keys: PublicKeys | None = None,
         result_keys: PublicKeys | None = None,
+        executor_keys: PublicKeys | None = None,
         seal: Seal | None = None,
         max_nodes_per_job: int = MAX_NODES_PER_JOB,
         limits: LifecycleLimits | None = None,
@@ -227,6 +242,7 @@ class WorkerCore(_JobRecords):
         self.command_keys: PublicKeys = command_keys or {}
         self.refused_commands = 0  #: relaunch commands not obeyed (signature, expiry)
         self.result_keys: PublicKeys = result_keys or {}
+        self.executor_keys: PublicKeys = executor_keys or {}
         self.refused_results = 0  #: SUCCEEDED results no executor key signed (ignored)
         self.seal = seal
         self.unsealed = 0  #: internal records and snapshots the worker did not write
@@ -489,13 +505,26 @@ class WorkerCore(_JobRecords):
         )  # fmt: skip
         if isinstance(msg, Rejected) or msg.status is not CommandStatus.SUCCEEDED:
             return None
-        problem = signature_problem(msg, self.result_keys)
+        problem = self._result_problem(msg)
         if problem is not None:  # a forged success must not end a relaunch's episodes
             self.refused_results += 1
             log.warning("%s[%d]@%d: ignoring result of %s: %s", self.topics.results,
                         partition, offset, msg.command_id, problem)  # fmt: skip
             return None
         return self._to_job(msg.job_id, value, "result")
+
+    def _result_problem(self, msg: CommandResult) -> str | None:
+        """Why a result is not its job's controller's fresh word, or None."""
+        problem = result_problem(msg, self.result_keys, "job_controller")
+        if (
+            problem is not None
+            and msg.executor in RELAUNCHING_EXECUTORS
+            and result_problem(msg, self.executor_keys, "executor") is None
+        ):
+            problem = None  # an executor that relaunches jobs itself (a Slurm requeue)
+        if problem is None and self.max_clock_skew_s is not None:
+            problem = future_dated(msg.ts, self.max_clock_skew_s, now=time.time())
+        return problem
 
     def route_lifecycle(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None

@@ -73,8 +73,8 @@ def play_with_controller(
     ----------
     settings
         Broker, topics and keys: ``STEPGUARD_ACTUATOR_PUBLIC_KEYS`` verify commands,
-        ``STEPGUARD_EXECUTOR_PRIVATE_KEY`` signs the results (the job controller is an
-        executor).
+        ``STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY`` (this job's) signs the results (never the
+        executors' key).
     controller
         Applies commands to its job; its ``applied`` list says what the job did.
     speed
