@@ -95,6 +95,12 @@ QUICK = (
     "row_remap_64n",
     "drain_xid_128n_pp4",
     "clock_throttle_64n",
+    # issue 23's shapes: one slow step in k, a stage slowing mid-job, a noisier node, and
+    # health held back behind a checkpoint
+    "intermittent_every5_60pct_64n",
+    "stage_slowdown_mid_128n_pp4",
+    "trap_noisy_node_128n",
+    "trap_health_delay_ckpt_64n",
 )
 
 # Targets.

@@ -374,7 +374,7 @@ def test_the_actuator_puts_the_alerts_cause_and_incident_on_its_commands():
                                   detail="GPU 2: fatal XID 79"),
         recommended_action=RecommendedAction.REPLACE_AT_CHECKPOINT,
         summary="hardware (hw_fatal) on node-3 firing: GPU 2: fatal XID 79",
-        incident="1a2b3c4d5e6f7a8b9c0d1e2f",
+        incident="1a2b3c4d5e6f7a8b9c0d1e2f", node_in_steps=True,
     )  # fmt: skip
     [isolate] = [c for c in policy.on_alert(alert, NOW).commands if c.kind is CommandKind.ISOLATE]
     assert isolate.cause == "hardware: GPU 2: fatal XID 79"

@@ -28,6 +28,7 @@ from schemas import (
     JobEventKind,
     NodeHealth,
     Phase,
+    RecommendedAction,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
@@ -316,8 +317,14 @@ def test_alerts_say_whether_their_node_sent_steps_of_the_job() -> None:
     warm(det, 30)
     det.on_health(health(2, det.now + 0.5, xid=(79,)))
     det.on_health(health(99, det.now + 0.5, xid=(79,)))  # never sent a step of the job
-    got = firing(det.tick(det.now + 0.6), AlertKind.HARDWARE)
-    assert {(a.node, a.node_in_steps) for a in got} == {("node-2", True), ("node-99", False)}
+    alerts = det.tick(det.now + 0.6)
+    got = firing(alerts, AlertKind.HARDWARE)
+    assert {(a.node, a.node_in_steps) for a in got} == {("node-2", True)}
+    # the outsider's report reaches no detector (it is not a member): what it raises
+    # says so and recommends nothing the actuator could act on
+    outside = [a for a in alerts if a.node == "node-99"]
+    assert outside and all(a.node_in_steps is False for a in outside)
+    assert all(a.recommended_action is RecommendedAction.NONE for a in outside)
     assert det.in_steps("node-2") and not det.in_steps("node-99")
     back = statecodec.loads(statecodec.dumps(det))
     assert back.in_steps("node-2")

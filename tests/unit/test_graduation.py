@@ -32,13 +32,15 @@ from schemas import (
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 KEY = SigningKey.generate("actuator-test")
 OPERATOR = SigningKey.generate("operator-test")
+#: results count only signed (the archive keeps an unverified one as signed = 0)
+EXECUTOR = SigningKey.generate("executor-test")
 
 
 def _alert(i: int, kind: AlertKind, action: RecommendedAction, job: str) -> Alert:
     return Alert(
         fingerprint=f"fp-{kind.value}-{i:04d}", seq=0, kind=kind, grade=Grade.CRITICAL,
         state=AlertState.FIRING, job_id=job, node=f"node-{i}", step=10, started_at=T0,
-        ts=T0 + timedelta(minutes=i),
+        ts=T0 + timedelta(minutes=i), node_in_steps=True,  # a member: the policy may act
         evidence=Evidence(metric="compute_s", value=1, deviation=9), recommended_action=action,
     )  # fmt: skip
 
@@ -70,16 +72,17 @@ class History:
         if decision is None:
             return
         when = now + timedelta(seconds=latency_s)
-        ap = Approval(action_id=held.action_id, decision=decision, by="sre", ts=when)
+        ap = Approval(action_id=held.action_id, decision=decision, by="sre", ts=when,
+                      held_at=held.ts)  # fmt: skip
         out = self.policy.on_approval(ap, when)
         self.messages += [sign(ap, OPERATOR), *(sign(r, KEY) for r in out.records)]
         for cmd in out.commands:
             self.messages.append(sign(cmd, KEY))
             if outcome is not None and cmd.kind is not CommandKind.NOTIFY:
-                self.messages.append(CommandResult(
+                self.messages.append(sign(CommandResult(
                     command_id=cmd.command_id, job_id=cmd.job_id, executor="dry-run",
                     status=outcome, ts=when + timedelta(seconds=5),
-                ))  # fmt: skip
+                ), EXECUTOR))  # fmt: skip
 
     def store(self, backend) -> None:
         pairs = [(m, int(T0.timestamp() * 1000)) for m in self.messages]
