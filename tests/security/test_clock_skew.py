@@ -48,7 +48,7 @@ from schemas import (
     RecommendedAction,
 )
 from tests.factories import ACTUATOR_KEY, OPERATOR_KEY, WORKER_KEY, key_settings
-from tests.unit.test_exporter import FakeNvml
+from tests.unit.pipeline.client.test_exporter import FakeNvml
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _load(name: str) -> ModuleType:

@@ -19,8 +19,8 @@ from pipeline.client import StepExporter
 from pipeline.io.clockskew import FutureGate, future_dated, seconds_ahead
 from pipeline.io.settings import load_settings
 from schemas import JobEvent, JobEventKind, NodeHealth
-from tests.unit.test_dcgm import exposition
-from tests.unit.test_exporter import FakeNvml
+from tests.unit.pipeline.agents.test_dcgm import exposition
+from tests.unit.pipeline.client.test_exporter import FakeNvml
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 

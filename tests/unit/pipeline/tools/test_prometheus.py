@@ -175,7 +175,7 @@ def test_compose_runs_prometheus_with_the_shipped_files_and_opens_the_endpoints(
     """docker-compose's Prometheus mounts the shipped scrape config and rules (paths
     that exist in the repository), and the stepguard services listen on 0.0.0.0 there:
     loopback inside a container would be unreachable."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[4]
     compose = yaml.safe_load((root / "docker-compose.yml").read_text())
     prom = compose["services"]["prometheus"]
     mounts = {m.split(":")[1]: m.split(":")[0] for m in prom["volumes"] if m.startswith("./")}

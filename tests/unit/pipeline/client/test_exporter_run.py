@@ -11,7 +11,7 @@ from pipeline.agents.node import NodeAggregator
 from pipeline.client import StepBatcher, StepExporter
 from pipeline.client.batcher import WIRE_FIELDS
 from pipeline.io.settings import load_settings
-from tests.unit.test_exporter import rec
+from tests.unit.pipeline.client.test_exporter import rec
 
 
 def test_the_batcher_writes_the_records_run_into_the_message():

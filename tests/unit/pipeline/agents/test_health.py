@@ -1,7 +1,7 @@
 """The NVML exporter's link and memory-repair readings (NodeHealth v2), on a fake NVML."""
 
 from pipeline.agents.health import NvmlReader
-from tests.unit.test_exporter import FakeNvml
+from tests.unit.pipeline.client.test_exporter import FakeNvml
 
 
 class LinkFakeNvml(FakeNvml):

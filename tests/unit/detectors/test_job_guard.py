@@ -22,7 +22,7 @@ from schemas import (
     RecommendedAction,
     StepTelemetry,
 )
-from tests.unit.test_detection import STEP_S, firing, frame, health, lifecycle, warm
+from tests.unit.detectors.test_job import STEP_S, firing, frame, health, lifecycle, warm
 
 
 def _lifecycle_alerts(alerts):

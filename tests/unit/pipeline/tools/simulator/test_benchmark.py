@@ -24,7 +24,7 @@ from schemas import (
     episode_fingerprint,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[5]
 
 
 @pytest.fixture(scope="module")

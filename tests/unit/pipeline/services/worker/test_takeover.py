@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from pipeline.services.worker.state import CoreTopics, WorkerCore
 from schemas import AlertKind, AlertState, GpuHealth, NodeHealth, encode
-from tests.unit.test_worker_state import T0, Clock, step_msg
+from tests.unit.pipeline.services.worker.test_state import T0, Clock, step_msg
 
 TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
 NODES = 8

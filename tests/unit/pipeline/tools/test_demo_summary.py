@@ -50,7 +50,7 @@ def test_a_job_hang_during_a_slow_node_is_still_a_false_alert():
 
 
 def test_the_job_is_back_dated_by_what_the_speed_up_gains():
-    # the helper stepguard simulate shares (tests/unit/test_simulator_closed_loop.py)
+    # the helper stepguard simulate shares (tests/unit/pipeline/tools/simulator/test_closed_loop.py)
     from pipeline.tools.simulator import back_dating_s, find_scenario
 
     sc = find_scenario("ci_smoke")

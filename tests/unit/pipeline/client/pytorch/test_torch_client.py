@@ -138,7 +138,7 @@ def test_the_helper_command_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.client.pytorch.relaunch", "--", sys.executable, "-c",
          "import sys; sys.exit(4)"], capture_output=True, check=False, timeout=60,
-        cwd=Path(__file__).parents[2],
+        cwd=Path(__file__).parents[5],
     )  # fmt: skip
     assert done.returncode == 4, done.stderr
 
