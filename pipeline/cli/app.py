@@ -581,7 +581,7 @@ def main() -> None:
         line = missing_extra(exc)
         if line is None:
             raise
-        err.print(f"[red]error:[/] {escape(line)}")
+        sys.stderr.write(f"error: {line}\n")  # one line, never wrapped
         sys.exit(2)
     except Exception:  # an unexpected failure: its traceback, with secrets masked
         import traceback
