@@ -28,15 +28,15 @@ __all__ = ["parse_duration"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
-#: Longest span accepted: ten years (a timedelta overflows far beyond this anyway).
-_MAX_S = 10 * 365 * 86400
+#: Longest span accepted: a century (a timedelta overflows far beyond this anyway).
+_MAX_S = 100 * 365 * 86400
 
 
 def parse_duration(text: str) -> timedelta:
     """A number and a unit (s, m, h, d, w) as a :class:`~datetime.timedelta`.
 
     Raises :class:`ValueError` (the caller names its option) for anything else, a
-    negative or non-finite number, or more than ten years.
+    negative or non-finite number, or more than a century.
     """
     m = _DURATION.match(text.strip().lower())
     seconds = float(m.group(1)) * _UNITS[m.group(2)] if m else math.nan

@@ -272,6 +272,7 @@ def run_demo(
         UpOptions(workers=workers, grace_s=10.0),
         env,
         run_id=run,
+        job=job_id,  # the demo plays the job: its controller key is made for it
     )
     actuator_env = _actuator_env(settings, job, speed)
     specs = []
@@ -285,9 +286,12 @@ def run_demo(
             nice = ("nice", "-n", "10") if shutil.which("nice") else ()
             specs.append(replace(spec, argv=(*nice, *spec.argv)))
     plan.specs = specs
-    # the job controller is an executor: it verifies commands and signs its results
-    # (it judges them on the wall clock, as the actuator dates them)
-    job_settings = load_settings(next(s.env for s in plan.specs if s.name == "executor-dry-run"))
+    # the job's controller verifies commands with the actuator's public keys (as an
+    # executor does) and signs its results with its own job's key, never an executor's
+    # (it judges commands on the wall clock, as the actuator dates them)
+    executor_env = next(s.env for s in plan.specs if s.name == "executor-dry-run")
+    job_env = {k: v for k, v in executor_env.items() if not k.endswith("_PRIVATE_KEY")}
+    job_settings = load_settings(job_env | plan.job_env)
     # the archiver's own keys (every signing role's public keys): what it verifies
     archive_settings = load_settings(next(s.env for s in plan.specs if s.name == "archiver"))
     registry = registry_of(job_settings)

@@ -218,9 +218,11 @@ def build_plan(
     python: str = sys.executable,
     run_id: str | None = None,
     alertmanager_url: str | None = None,
+    job: str | None = None,
 ) -> Plan:
     """The services to run; ``bootstrap`` is an already running broker and
-    ``alertmanager_url`` an already running Alertmanager (``--durable``)."""
+    ``alertmanager_url`` an already running Alertmanager (``--durable``); ``job`` the
+    job a caller plays itself (the demo), whose controller key the plan then makes."""
     run_id = run_id or secrets.token_hex(4)
     state = settings.state_dir
     logs = state / "logs"
@@ -230,7 +232,7 @@ def build_plan(
     common: dict[str, str] = {f"{ENV_PREFIX}STATE_DIR": str(state)}
     if f"{ENV_PREFIX}CHDB_PATH" not in base_env and settings.clickhouse_dsn is None:
         common[f"{ENV_PREFIX}CHDB_PATH"] = str(state / "archive")
-    job_id = options.job  # a watched job's controller key is bound to it
+    job_id = options.job or job  # a watched job's controller key is bound to it
     if options.scenario is not None:
         job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
     keys, key_notes = signing_env(settings, run_id, job_id)

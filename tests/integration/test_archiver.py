@@ -93,8 +93,10 @@ def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(
     big_unicode = big_unicode.model_copy(
         update={"samples": (big_unicode.samples[0].model_copy(update={"local_rank": 70_000}),)}
     )
-    gpu = GpuHealth(index=70_000, temperature_c=50, power_w=300, sm_clock_mhz=1400,
-                    utilization_pct=90)  # fmt: skip
+    # the schema refuses a GPU index the archive cannot store: a hostile writer's record
+    # (built here without validation) is dead-lettered, the rest stored
+    gpu = GpuHealth.model_construct(index=70_000, temperature_c=50, power_w=300,
+                                    sm_clock_mhz=1400, utilization_pct=90)  # fmt: skip
     health = NodeHealth(node="n0", ts=T0, gpus=(gpu,))
     fine_health = NodeHealth(node="n1", ts=T0, gpus=(gpu.model_copy(update={"index": 1}),))
     for msg in (*good, big_rank, too_old, big_unicode):
@@ -107,7 +109,12 @@ def test_rows_the_table_refuses_become_dead_letters_and_the_rest_is_stored(
                         decode_processes=decode_processes)  # fmt: skip
     try:
         letters = _archive_until(
-            archiver, archive, f"SELECT count() FROM {db}.dead_letters WHERE stage = 'archive'", 4
+            # the schema's bounds now refuse these at decode; past them, the archive's
+            # column types would (stage 'archive'): either way a dead letter each
+            archiver,
+            archive,
+            f"SELECT count() FROM {db}.dead_letters",
+            4,
         )
     finally:
         archiver.close()

@@ -32,7 +32,7 @@ from schemas import (
     CommandStatus,
 )
 from tests.conftest import TEST_CLICKHOUSE, _missing
-from tests.factories import ACTUATOR_KEY, OPERATOR_KEY
+from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, OPERATOR_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -110,8 +110,9 @@ def test_approvals_rejections_and_outcomes_become_labels_and_a_label_outranks_th
         # an unsigned command is nobody's word: neither replayed nor a label
         Command(command_id="cmd-ops-2", kind=CommandKind.RESTART, job_id="ops",
                 targets=(alerts[0].node,), reason=(fp,), mode=ActuatorMode.AUTO, issued_at=t0),
-        CommandResult(command_id="cmd-ops-1", job_id="ops", executor="dry-run",
-                      status=CommandStatus.SUCCEEDED, ts=t0),
+        # results count only when signed (an executor's key here)
+        sign(CommandResult(command_id="cmd-ops-1", job_id="ops", executor="dry-run",
+                           status=CommandStatus.SUCCEEDED, ts=t0), EXECUTOR_KEY),
     )  # fmt: skip
     job = load_job(archive, "ops")
     assert [(x.source, x.truth) for x in job.labels] == [("approval", False)]
@@ -140,9 +141,9 @@ def test_calibration_recovers_the_planted_slowdown_threshold(archive):
     jobs = archived_jobs(archive, since=datetime(2025, 12, 1, tzinfo=UTC))
     assert sorted(j.job_id for j in jobs) == ["benign-030", "benign-035", "fault-08", "fault-10"]
     thresholds = [0.02, 0.03, 0.05, 0.065, 0.1]
-    grid = {
-        "straggler_warning,degradation_warning,straggler_exit": [
-            [t, t, min(0.025, t / 2)] for t in thresholds
+    grid = {  # the straggler family's thresholds together (the intermittent score too)
+        "straggler_warning,degradation_warning,straggler_exit,intermittent_warning": [
+            [t, t, min(0.025, t / 2), t] for t in thresholds
         ]
     }
     result = calibrate(jobs, grid, processes=2)

@@ -106,6 +106,7 @@ def _alert(fp: str) -> Alert:
         state=AlertState.FIRING, job_id="job-m", node="node-3", step=100, started_at=now,
         ts=now, evidence=Evidence(metric="ecc_uncorrected", value=1, deviation=1),
         recommended_action=RecommendedAction.ISOLATE, summary="uncorrectable ECC on node-3",
+        node_in_steps=True,  # a member of the job: the actuator may isolate it
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from pipeline.cli.app import app
 from pipeline.io.errors import ArchiveError
 from pipeline.io.redact import url_origin
 from pipeline.io.settings import load_settings
+from pipeline.io.trust import FinishedCommands
 from pipeline.services.actuator.executors import ExecutorRunner, WebhookExecutor
 from pipeline.services.archive import open_backend, rows_for
 from schemas import ActuatorMode, Command, CommandKind, CommandStatus
@@ -48,7 +49,7 @@ def test_an_unreachable_webhook_names_only_its_origin(archive, caplog, monkeypat
     # the runner's own checks (signatures, topics) are tested elsewhere: here only
     # what it makes of a failing webhook
     runner = ExecutorRunner.__new__(ExecutorRunner)
-    runner.executor, runner.done, runner._keys = executor, set(), []
+    runner.executor, runner.done, runner._keys = executor, FinishedCommands(100), []
     runner._clock = lambda: datetime.now(UTC)
     runner.settings = load_settings({})
     monkeypatch.setattr(executors, "check_command", lambda *_a: None)

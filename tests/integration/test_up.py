@@ -53,6 +53,8 @@ class Up:
             "STEPGUARD_TOPIC_PREFIX": self.prefix,
             "STEPGUARD_CONSUMER_GROUP": f"g{uuid.uuid4().hex[:10]}",
             "STEPGUARD_WORKER_TICK_INTERVAL_S": "0.5",
+            # an end takes effect once no step contradicts it for this long (issue 22)
+            "STEPGUARD_END_CONFIRM_S": "5",
             # observe: nothing isolates the straggler, so its episode stays open until
             # the job's end resolves it (an alert that comes after the worker restart)
             "STEPGUARD_ACTUATOR_MODE": "observe",
