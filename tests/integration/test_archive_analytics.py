@@ -16,7 +16,7 @@ from pipeline.tools.demo import run_demo
 from pipeline.tools.report import render_report
 from pipeline.tools.simulator import find_scenario
 from tests.conftest import fresh_archive, fresh_settings
-from tests.factories import samples
+from tests.factories import EXECUTOR_KEY, JOB_CONTROLLER_KEY, samples
 
 pytestmark = pytest.mark.integration
 
@@ -197,10 +197,10 @@ def _timeline_archive(archive):
                     "detail": f"{executor} {status}", "ts": t0 + timedelta(seconds=seconds)}
         )  # fmt: skip
 
-    results = [
-        result("job-controller", CommandStatus.ACCEPTED, 4),
-        result("job-controller", CommandStatus.SUCCEEDED, 5),
-        result("slurm", CommandStatus.FAILED, 6),
+    results = [  # signed by their writers' roles: the archive counts only signed results
+        sign(result("job-controller", CommandStatus.ACCEPTED, 4), JOB_CONTROLLER_KEY),
+        sign(result("job-controller", CommandStatus.SUCCEEDED, 5), JOB_CONTROLLER_KEY),
+        sign(result("slurm", CommandStatus.FAILED, 6), EXECUTOR_KEY),
         result("slurm", CommandStatus.REFUSED, 4, cid="cmd-forged"),
     ]
     messages = [alert, forged_alert, held, approved, expired, approval, command, forged,
