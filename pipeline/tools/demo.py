@@ -285,7 +285,7 @@ def run_demo(
             # the archive may lag and catch up; detection and the closed loop may not
             nice = ("nice", "-n", "10") if shutil.which("nice") else ()
             specs.append(replace(spec, argv=(*nice, *spec.argv)))
-    plan.specs = specs
+    planned, plan.specs = plan.specs, specs  # the archiver's keys even when it is not run
     # the job's controller verifies commands with the actuator's public keys (as an
     # executor does) and signs its results with its own job's key, never an executor's
     # (it judges commands on the wall clock, as the actuator dates them)
@@ -293,7 +293,7 @@ def run_demo(
     job_env = {k: v for k, v in executor_env.items() if not k.endswith("_PRIVATE_KEY")}
     job_settings = load_settings(job_env | plan.job_env)
     # the archiver's own keys (every signing role's public keys): what it verifies
-    archive_settings = load_settings(next(s.env for s in plan.specs if s.name == "archiver"))
+    archive_settings = load_settings(next(s.env for s in planned if s.name == "archiver"))
     registry = registry_of(job_settings)
     # the demo's topics are its own and thrown away: no word on keeping them
     notes = [n for n in plan.notes if not n.startswith(("no STEPGUARD_OPERATOR", MEMORY_ONLY))]
