@@ -40,7 +40,6 @@ from schemas import (
     CommandKind,
     DeadLetter,
     Grade,
-    RecommendedAction,
     decode,
     encode,
 )
@@ -153,7 +152,9 @@ class Topic:
             if pred(self.items):
                 return self.items
         tail = worker.tail() if worker is not None else ""
-        pytest.fail(f"timed out waiting for {what}; got {self.describe()}\n{tail}")
+        pytest.fail(
+            f"timed out waiting for {what}; got {len(self.items)}: {self.describe()}\n{tail}"
+        )
 
     def describe(self) -> list:
         return [
@@ -589,16 +590,12 @@ def test_broker_restart_is_ridden_out_by_worker_and_exporter(tmp_path):
             firing(AlertKind.STRAGGLER, "node-0005", Grade.CRITICAL), 90, "straggler", w
         )
         assert w.proc.poll() is None, w.tail()
-        # nothing else: the outage itself is no hang and no straggler. A lifecycle notice
-        # (an end or phase the job's own records contradicted, reordered by the outage) may
-        # come: a WARNING that recommends nothing (see the issue-22 note: to be looked at)
-        kinds = {(a.kind, a.node) for a in items if a.kind is not AlertKind.LIFECYCLE}
-        assert kinds == {(AlertKind.STRAGGLER, "node-0005")}, decisions.describe()
-        assert all(
-            a.grade is not Grade.CRITICAL and a.recommended_action is RecommendedAction.NONE
-            for a in items
-            if a.kind is AlertKind.LIFECYCLE
-        ), decisions.describe()
+        # nothing else: the outage itself is no hang, no straggler and no lifecycle notice
+        # (the end, held back with the steps, still comes after the job's last step)
+        kinds = {(a.kind, a.node) for a in items}
+        assert kinds == {(AlertKind.STRAGGLER, "node-0005")}, [
+            (a.kind.value, a.node, a.summary) for a in items
+        ]
         assert w.metric("stepguard_worker_rank_steps_total") >= 8 * sc.nodes * (sc.steps - 2)
     finally:
         decisions.close()
@@ -682,7 +679,8 @@ def test_a_worker_over_its_job_cap_dead_letters_the_extra_job(settings, workers,
             time.sleep(0.05)  # polling the worker's metrics endpoint, bounded
         assert w.metric("stepguard_worker_jobs") == 1, w.tail()
         play(settings, second, speed=None, lifecycle=False)  # ... the second one comes
-        letters = dead.wait(lambda xs: len(xs) >= second.nodes * second.steps, 60, "cap", w)
+        # 2 s here; bounded well above what a loaded CI machine needs
+        letters = dead.wait(lambda xs: len(xs) >= second.nodes * second.steps, 180, "cap", w)
     finally:
         dead.close()
     assert {d.stage for d in letters} == {"limit"}

@@ -279,7 +279,11 @@ class Scenario(BaseModel):
     tp: PositiveInt = 8
     pp: PositiveInt = 1
     steps: PositiveInt = 300
-    start_time: AwareDatetime = datetime(2026, 1, 1, tzinfo=UTC)
+    start_time: AwareDatetime = Field(
+        default_factory=lambda: datetime.now(UTC).replace(microsecond=0),
+        description="When step 0 starts. Default: now (a scenario is dated from the moment "
+        "it is made; the same object always plays the same records).",
+    )
     health_interval_steps: PositiveInt = 10
     health_interval_s: float | None = Field(
         default=None,
