@@ -15,7 +15,12 @@ measured in the same run:
   time; alert when score < 0.7, naming that rank. No peer groups, no temporal
   baseline, no health data.
 
-Matching. A FIRING alert update matches a fault when it names the fault's node (or a
+Matching. A stage slowing mid-job (``stage_slowdown``) is structural: it is matched by
+a job-level INFO ``imbalance`` alert (recommending ``rebalance``), and nothing else; the
+same notice in a job built with a slower stage (a ``stage_imbalance`` trap of the
+pipeline variant) is true advice, counted as neutral, never as a trap alert.
+
+A FIRING alert update matches a fault when it names the fault's node (or a
 rank on it) and its step lies in ``[onset, end + grace]`` (grace 20 steps; faults
 without an end last to the end of the run). While no step completes (hang, crash) an
 update's step is the step in progress. Faults of the whole job match by kind: a hang
@@ -354,6 +359,8 @@ def _matches(u: Update, f: FaultSpec, run: Run) -> bool:
         return u.node is None and u.kind in ("hang", "missing")
     if f.kind == FaultKind.DIVERGENCE:
         return u.kind == "divergence"
+    if f.kind == FaultKind.STAGE_SLOWDOWN:  # structural: one INFO rebalance for the job
+        return u.kind == "imbalance" and u.node is None and u.grade == "info"
     return _names_node(u, f, run.scenario.gpus_per_node)
 
 
@@ -362,6 +369,19 @@ def _neutral(u: Update, f: FaultSpec, run: Run) -> bool:
     if f.kind not in (FaultKind.CRASH, FaultKind.ECC_STORM) or u.node is not None:
         return False
     return u.kind in ("hang", "missing") and u.step >= f.crash_step
+
+
+def _advised(us: Sequence[Update], s: Scenario) -> bool:
+    """A job-level INFO rebalance notice in a job whose pipeline stages differ by
+    construction (a ``stage_imbalance`` of the pipeline variant): true advice, the
+    finding the design asks for, so neither a detection nor a false positive."""
+    structural = any(
+        f.kind == FaultKind.STAGE_IMBALANCE and (f.variant or "pipeline") == "pipeline"
+        for f in s.faults
+    )
+    return structural and all(
+        u.kind == "imbalance" and u.node is None and u.grade == "info" for u in us
+    )
 
 
 def score(run: Run, method: str) -> ScenarioScore:
@@ -429,7 +449,7 @@ def score(run: Run, method: str) -> ScenarioScore:
         if kinds:
             for k in kinds:
                 tp[k] += 1
-        elif any(_neutral(u, f, run) for f in faults for u in us):
+        elif any(_neutral(u, f, run) for f in faults for u in us) or _advised(us, s):
             neutral += 1
         else:
             fp += 1

@@ -70,6 +70,13 @@ class MonitorConfig:
     ``nic_z`` / ``nic_spike``       comm-wait excess of a node's ranks that is a spike
     ``nic_window``                  steps the spike fraction is counted over
     ``nic_warning`` / ``nic_exit``  spike fraction to fire / to resolve
+    ``imbalance_info``              a pipeline stage's mean compute gap over the other
+                                    stages (fraction) for an INFO ``rebalance`` notice
+                                    (:mod:`detectors.steps.imbalance`); never an isolation
+    ``imbalance_exit``              ... resolves below this (and ends the "since" streak)
+    ``imbalance_alpha``             EW weight of one step in a stage's mean gap
+    ``imbalance_min_steps``         TRAIN steps learned before the gap is scored, and
+                                    steps at or above ``imbalance_info`` before firing
     Temporal baselines
     ``warmup_steps``                TRAIN steps a rank learns before it is scored
     ``baseline_alpha``              EW weight of the per-rank baselines (slow);
@@ -161,6 +168,10 @@ class MonitorConfig:
     nic_window: int = 20
     nic_warning: float = 0.25
     nic_exit: float = 0.1
+    imbalance_info: float = 0.10
+    imbalance_exit: float = 0.05
+    imbalance_alpha: float = 0.05
+    imbalance_min_steps: int = 20
     warmup_steps: int = 20
     baseline_alpha: float = 0.005
     baseline_alpha_up: float = 0.005
@@ -215,6 +226,7 @@ class MonitorConfig:
         for name in (
             "min_group_size",
             "nic_window",
+            "imbalance_min_steps",
             "warmup_steps",
             "hang_window",
             "hang_min_steps",
@@ -230,7 +242,7 @@ class MonitorConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if not 0 < self.node_fraction <= 1:
             raise ValueError(f"node_fraction must be in (0, 1], got {self.node_fraction!r}")
-        for name in ("baseline_alpha", "baseline_alpha_up"):
+        for name in ("baseline_alpha", "baseline_alpha_up", "imbalance_alpha"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
         if self.div_warmup > self.div_window:
@@ -323,6 +335,15 @@ def grade_policies(config: MonitorConfig) -> dict[str, GradePolicy]:
             hold_obs=hold,
             cooloff_obs=cool,
             actions=(_A.INVESTIGATE, _A.REPLACE_AT_CHECKPOINT, _A.ISOLATE),
+        ),
+        "imbalance": GradePolicy(
+            AlertKind.IMBALANCE,
+            enter=(cfg.imbalance_info, None, None),
+            exit=cfg.imbalance_exit,
+            min_obs=(cfg.imbalance_min_steps, 1, 1),
+            hold_obs=cfg.imbalance_min_steps,
+            cooloff_obs=cool,
+            actions=(_A.REBALANCE, _A.REBALANCE, _A.REBALANCE),
         ),
         "missing": GradePolicy(
             AlertKind.MISSING,

@@ -39,6 +39,7 @@ The monitor coordinates; each concern lives in its own module:
 :mod:`detectors.hardware.nic_flap`   NIC-flap findings and their window of spikes
 :mod:`detectors.steps.findings`   missing-rank, non-finite and diverging-loss findings
 :mod:`detectors.steps.intermittent` intermittent stragglers: how often a rank is clearly slow
+:mod:`detectors.steps.imbalance`    a pipeline stage slower as a whole: INFO, rebalance
 ==========================  ==========================================================
 """
 
@@ -66,6 +67,7 @@ from detectors.steps.findings import (
     nonfinite_findings,
 )
 from detectors.steps.first_step import anchor_first_step_outliers
+from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.peer import PeerDetector
 from detectors.steps.ranks import RankIndex
@@ -104,6 +106,7 @@ class StepScores:
     spikes: B | None = None
     slow: B | None = None  #: ranks clearly slow this step (intermittent stragglers)
     slow_excess: F64 | None = None
+    stage_gaps: F64 | None = None  #: each stage's compute gap over the others
 
     @property
     def findings(self) -> list[Finding]:
@@ -160,6 +163,9 @@ class JobMonitor:
             fatal_latch_reports=cfg.fatal_latch_reports,
         )
         self.intermittent = IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)
+        self.imbalance = StageImbalance(
+            cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps
+        )
         self.grader = Grader(job_id, cfg.policies())
         self.ranks = RankIndex()
         self.nodes = NodeRegistry()
@@ -259,6 +265,8 @@ class JobMonitor:
         )
         out.train_findings += nic_flaps
         out.train_findings += loss_findings(frame, train, self.divergence, g.min_score("loss"))
+        out.train_findings += self.imbalance.findings(g.min_score("imbalance"))
+        out.stage_gaps = self.imbalance.score(frame, train)
         return out
 
     def process_step(self, frame: StepFrame) -> list[Alert]:
@@ -300,6 +308,8 @@ class JobMonitor:
                 self._nic.learn(s.spikes)
             if s.slow is not None and s.slow_excess is not None:
                 self.intermittent.learn(s.slots, s.slow, s.slow_excess, s.train)
+            if s.stage_gaps is not None:
+                self.imbalance.learn(s.stage_gaps, step)
             loss, grad = loss_values(frame, s.train)
             self.divergence.learn_one(loss, grad)
         self.steps_seen += 1

@@ -18,7 +18,7 @@ __all__ = ["CLOCK_SIGNALS", "STEP_SIGNALS", "TRAIN_SIGNALS"]
 
 #: Signals graded on TRAIN steps only.
 TRAIN_SIGNALS = frozenset(
-    {"straggler", "intermittent", "degradation", "data_stall", "nic_flap", "loss"}
+    {"straggler", "intermittent", "degradation", "data_stall", "nic_flap", "loss", "imbalance"}
 )
 #: Signals graded on every step.
 STEP_SIGNALS = frozenset({"missing", "nonfinite"})

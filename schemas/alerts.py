@@ -64,6 +64,8 @@ class AlertKind(StrEnum):
     #: a lifecycle event the job's own records contradict (an end followed by steps, a
     #: phase too long or too far ahead): refused or cut short, the job stays watched
     LIFECYCLE = "lifecycle"
+    #: structural: a pipeline stage slower as a whole than the others (no node at fault)
+    IMBALANCE = "imbalance"
 
 
 class RecommendedAction(StrEnum):
@@ -73,6 +75,9 @@ class RecommendedAction(StrEnum):
     REPLACE_AT_CHECKPOINT = "replace_at_checkpoint"
     RESTART = "restart"
     ROLLBACK = "rollback"
+    #: advice to the job owner (move layers between pipeline stages): the actuator never
+    #: acts on it, no node is isolated for it
+    REBALANCE = "rebalance"
 
 
 class Evidence(Message):

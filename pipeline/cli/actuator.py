@@ -52,7 +52,8 @@ def _action_modes(pairs: list[str] | None) -> dict[str, str] | None:
     """``KIND=MODE`` options as a control message's ``action_modes`` (``None``: none)."""
     if not pairs:
         return None
-    kinds = [k.value for k in RecommendedAction]
+    # rebalance is advice for the job owner: the actuator never acts on it
+    kinds = [k.value for k in RecommendedAction if k is not RecommendedAction.REBALANCE]
     modes = [m.value for m in ActuatorMode] + ["default"]
     out: dict[str, str] = {}
     for pair in pairs:

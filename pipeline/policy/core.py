@@ -176,6 +176,9 @@ class Policy:
         if action is RecommendedAction.NONE:
             out.note = "no action recommended"
             return out
+        if action is RecommendedAction.REBALANCE:  # advice to the job owner, no command
+            out.note = "rebalance is advice for the job owner: nothing to act on"
+            return out
         aid = action_id(alert.fingerprint, action, alert.node)
         prior = self.actions.get(aid)
         if aid in ep.acted or (prior is not None and prior.state is not ActionState.OBSERVED):

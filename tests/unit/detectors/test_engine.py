@@ -76,9 +76,41 @@ def test_recovered_straggler_resolves():
     assert alerts[-1].state is AlertState.RESOLVED and alerts[-1].rank == 5
 
 
-def test_traps_stay_silent():
+def test_stage_imbalance_is_one_info_rebalance_for_the_job_never_a_node():
     pp = np.repeat(np.arange(4), 16)
-    assert run(JobMonitor("job"), frames(pp=pp)) == []  # stage imbalance
+    alerts = run(JobMonitor("job"), frames(pp=pp))  # the last stage 30 % slower from step 0
+    assert [(a.kind, a.grade, a.node, a.rank) for a in alerts] == [
+        (AlertKind.IMBALANCE, Grade.INFO, None, None)
+    ]
+    (a,) = alerts
+    assert a.recommended_action is RecommendedAction.REBALANCE
+    assert a.evidence.value == pytest.approx(0.3, abs=0.02)
+    assert "stage 3" in a.evidence.detail and "since step 0" in a.evidence.detail
+
+
+def test_a_stage_slowing_mid_job_is_dated_from_its_onset():
+    pp = np.repeat(np.arange(4), 16)
+    slow = {r: 0.15 for r in range(16, 32)}  # stage 1 from step 40 on
+    alerts = run(JobMonitor("job"), frames_pp(steps=120, slow=slow, onset=40, pp=pp))
+    assert [(a.kind, a.node) for a in alerts] == [(AlertKind.IMBALANCE, None)]
+    assert "stage 1" in alerts[0].evidence.detail and "since step 40" in alerts[0].evidence.detail
+
+
+def frames_pp(steps, slow, onset, pp):
+    """A balanced pipeline job whose ``slow`` ranks slow from ``onset``."""
+    rng = np.random.default_rng(5)
+    ts = 1_000.0
+    for step in range(steps):
+        compute = 1.0 + 0.01 * rng.standard_normal(pp.shape[0])
+        if step >= onset:
+            for r, s in slow.items():
+                compute[r] *= 1 + s
+        comm = compute.max() + 0.05 - compute
+        ts += compute.max() + 0.05
+        yield StepFrame.from_arrays("job", step, ts, compute, comm, pp_stage=pp)
+
+
+def test_traps_stay_silent():
     surge = lambda s: 1.5 if 30 <= s < 40 else 1.0  # noqa: E731 - cluster-wide slowdown
     assert run(JobMonitor("job"), frames(factor=surge)) == []
     blip = {7: 0.5}

@@ -177,6 +177,17 @@ def test_investigate_only_notifies():
     assert kinds(out) == [(CommandKind.NOTIFY, ("node-3",), ())]
 
 
+def test_rebalance_advice_is_never_acted_on_in_any_grade_or_mode():
+    # structural imbalance: the job owner moves layers; no node is isolated, no notice
+    for grade in (Grade.INFO, Grade.WARNING, Grade.CRITICAL):
+        for mode in ActuatorMode:
+            p = auto(mode=mode)
+            a = alert(grade=grade, action=RA.REBALANCE, kind=AlertKind.IMBALANCE, node=None)
+            out = p.on_alert(a, T0)
+            out.extend(p.on_alert(a.model_copy(update={"seq": 1, "step": 200}), T0))
+            assert out.commands == [] and out.records == [], (grade, mode)
+
+
 def test_no_spare_checkpoints_and_keeps_running_degraded():
     p = auto(spare_nodes=())
     out = p.on_alert(alert(), T0)
