@@ -15,7 +15,10 @@ measured in the same run:
   time; alert when score < 0.7, naming that rank. No peer groups, no temporal
   baseline, no health data.
 
-Matching. A stage slowing mid-job (``stage_slowdown``) is structural: it is matched by
+Matching. A group fault (``group_slowdown``: the nodes of a rack or switch slowing
+together) is matched by a job-level ``group`` alert or by an alert naming one of its
+nodes; its episodes per fault say whether it was one incident or a storm of node ones.
+A stage slowing mid-job (``stage_slowdown``) is structural: it is matched by
 a job-level INFO ``imbalance`` alert (recommending ``rebalance``), and nothing else; the
 same notice in a job built with a slower stage (a ``stage_imbalance`` trap of the
 pipeline variant) is true advice, counted as neutral, never as a trap alert.
@@ -319,6 +322,8 @@ class FaultResult:
     fatal_reports: int | None = None  #: reports of the node until a fatal ECC alert
     episodes: int = 0
     by_kind: list[str] = field(default_factory=list)
+    resolved: bool | None = None  #: a fault that ends: did its every episode resolve?
+    subsides: bool = False  #: an ECC storm that stops on its own (no stall to flag)
 
 
 @dataclass(slots=True)
@@ -351,6 +356,17 @@ def _names_node(u: Update, f: FaultSpec, gpus: int) -> bool:
     return u.rank is not None and u.rank // gpus == f.node
 
 
+def _names_member(u: Update, f: FaultSpec, run: Run) -> bool:
+    """Does ``u`` name a node of group fault ``f``?"""
+    if f.node is None:
+        return False
+    gpus = run.scenario.gpus_per_node
+    members = {node_name(f.node + i) for i in range(f.group_size or 1)}
+    return u.node in members or (
+        u.rank is not None and u.rank // gpus in range(f.node, f.node + (f.group_size or 1))
+    )
+
+
 def _matches(u: Update, f: FaultSpec, run: Run) -> bool:
     lo, hi = _window(f, run.last_step)
     if not lo <= u.step <= hi:
@@ -361,6 +377,8 @@ def _matches(u: Update, f: FaultSpec, run: Run) -> bool:
         return u.kind == "divergence"
     if f.kind == FaultKind.STAGE_SLOWDOWN:  # structural: one INFO rebalance for the job
         return u.kind == "imbalance" and u.node is None and u.grade == "info"
+    if f.kind == FaultKind.GROUP_SLOWDOWN:  # the group, or (a storm) one of its nodes
+        return (u.kind == "group" and u.node is None) or _names_member(u, f, run)
     return _names_node(u, f, run.scenario.gpus_per_node)
 
 
@@ -397,6 +415,10 @@ def score(run: Run, method: str) -> ScenarioScore:
         r = FaultResult(s.name, f.fault_id or "", f.kind.value, f.magnitude)
         hits = [u for u in firing if _matches(u, f, run)]
         r.episodes = len({u.fingerprint for u in hits})
+        r.subsides = f.subsides
+        if hits and f.end_step is not None and f.kind in (FaultKind.ECC_STORM,):
+            ended = {u.fingerprint for u in ups if not u.firing}
+            r.resolved = {u.fingerprint for u in hits} <= ended
         r.by_kind = sorted({u.kind for u in hits})
         if hits:
             first = hits[0]
@@ -540,9 +562,13 @@ def aggregate(scores: Sequence[ScenarioScore]) -> dict[str, Any]:
             entry["delay_step_times_max"] = _q(
                 [r.delay_step_times for r in det if r.delay_step_times is not None], 1.0
             )
+        rv = [r.resolved for r in rs if r.resolved is not None]
+        if rv:
+            entry["resolved"] = f"{sum(rv)}/{len(rv)}"
         hf = [r.hang_flag_s for r in rs if r.hang_flag_s is not None]
         if kind in ("crash", "hang", "ecc_storm"):
             entry["hang_flagged"] = len(hf)
+            entry["stalls"] = sum(not r.subsides for r in rs)  # storms that crash
             entry["hang_flag_s_max"] = _q(hf, 1.0)
         sd = [r.slowdown_at_detection for r in det if r.slowdown_at_detection is not None]
         if sd and kind in ("degradation", "thermal"):
@@ -788,15 +814,18 @@ def markdown(result: dict[str, Any], env: dict[str, Any], suite: Sequence[Scenar
             notes.append(f"delay {e['delay_s_median']} s median")
         if "hang_flag_s_max" in e:
             notes.append(
-                f"hang flagged {e['hang_flagged']}/{e['faults']}, max {_v(e['hang_flag_s_max'])} s"
+                f"hang flagged {e['hang_flagged']}/{e.get('stalls', e['faults'])}, "
+                f"max {_v(e['hang_flag_s_max'])} s"
             )
         if "slowdown_at_detection_max" in e:
             notes.append(f"slowdown at detection <= {e['slowdown_at_detection_max']:.1%}")
         if "fatal_reports_max" in e:
             notes.append(
-                f"fatal XID flagged {e['fatal_flagged']}/{e['faults']} "
+                f"fatal XID flagged {e['fatal_flagged']}/{e.get('stalls', e['faults'])} "
                 f"within {_v(e['fatal_reports_max'])} report(s)"
             )
+        if "resolved" in e:
+            notes.append(f"alert resolved after a storm that subsided: {e['resolved']}")
         notes.append(f"{e['episodes_per_fault']} episodes/fault")
         lines.append(
             f"| {k} | {e['faults']} | {e['detected']} | {e['precision']:.3f} | {e['recall']:.3f} | "

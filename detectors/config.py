@@ -77,6 +77,11 @@ class MonitorConfig:
     ``imbalance_alpha``             EW weight of one step in a stage's mean gap
     ``imbalance_min_steps``         TRAIN steps learned before the gap is scored, and
                                     steps at or above ``imbalance_info`` before firing
+    ``group_window``                nodes whose node-level slowdown findings began
+                                    within this many steps of each other ...
+    ``group_min_nodes``             ... this many or more, are one ``group`` finding
+                                    (:mod:`detectors.steps.group`), graded like a
+                                    straggler's WARNING, recommending investigation
     Temporal baselines
     ``warmup_steps``                TRAIN steps a rank learns before it is scored
     ``baseline_alpha``              EW weight of the per-rank baselines (slow);
@@ -116,6 +121,10 @@ class MonitorConfig:
     ``div_window`` / ``div_warmup`` rolling window of loss / grad norm, warm-up
     ``div_warning_z`` / ``div_critical_z``  one-sided robust z of loss or grad norm
     ``div_exit_z``                  resolves below this
+    ``drift_warning``               the loss's recent median this far (fraction) above
+                                    the best it reached: a slow-onset divergence
+                                    (:mod:`detectors.training.drift`); half resolves
+    ``drift_min_steps``             steps above ``drift_warning`` before WARNING
     Hardware
     ``hw_warmup_reports``           reports per GPU before baselines score
     ``thermal_warning_c``           °C above fleet and own offset, while throttling
@@ -172,6 +181,8 @@ class MonitorConfig:
     imbalance_exit: float = 0.05
     imbalance_alpha: float = 0.05
     imbalance_min_steps: int = 20
+    group_window: int = 5
+    group_min_nodes: int = 3
     warmup_steps: int = 20
     baseline_alpha: float = 0.005
     baseline_alpha_up: float = 0.005
@@ -198,6 +209,8 @@ class MonitorConfig:
     div_warning_z: float = 8.0
     div_critical_z: float = 20.0
     div_exit_z: float = 4.0
+    drift_warning: float = 0.05
+    drift_min_steps: int = 5
     hw_warmup_reports: int = 5
     thermal_warning_c: float = 8.0
     thermal_critical_c: float = 15.0
@@ -227,6 +240,7 @@ class MonitorConfig:
             "min_group_size",
             "nic_window",
             "imbalance_min_steps",
+            "group_window",
             "warmup_steps",
             "hang_window",
             "hang_min_steps",
@@ -234,12 +248,15 @@ class MonitorConfig:
             "missing_forget_steps",
             "div_window",
             "div_warmup",
+            "drift_min_steps",
             "hw_warmup_reports",
             "hold_steps",
             "fatal_latch_reports",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.group_min_nodes < 2:
+            raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:
             raise ValueError(f"node_fraction must be in (0, 1], got {self.node_fraction!r}")
         for name in ("baseline_alpha", "baseline_alpha_up", "imbalance_alpha"):
@@ -345,6 +362,15 @@ def grade_policies(config: MonitorConfig) -> dict[str, GradePolicy]:
             cooloff_obs=cool,
             actions=(_A.REBALANCE, _A.REBALANCE, _A.REBALANCE),
         ),
+        "group": GradePolicy(
+            AlertKind.GROUP,
+            enter=(None, cfg.straggler_warning, None),
+            exit=cfg.straggler_exit,
+            min_obs=(1, cfg.straggler_min_steps, 1),
+            hold_obs=hold,
+            cooloff_obs=cool,
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.INVESTIGATE),
+        ),
         "missing": GradePolicy(
             AlertKind.MISSING,
             enter=(None, None, float(cfg.missing_steps)),
@@ -371,6 +397,15 @@ def grade_policies(config: MonitorConfig) -> dict[str, GradePolicy]:
             hold_obs=hold,
             cooloff_obs=cool,
             actions=(_A.INVESTIGATE, _A.ROLLBACK, _A.ROLLBACK),
+        ),
+        "loss_drift": GradePolicy(
+            AlertKind.DIVERGENCE,
+            enter=(None, cfg.drift_warning, None),
+            exit=cfg.drift_warning / 2,
+            min_obs=(1, cfg.drift_min_steps, 1),
+            hold_obs=hold,
+            cooloff_obs=cool,
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.INVESTIGATE),
         ),
         "hang": GradePolicy(
             AlertKind.HANG,

@@ -40,6 +40,7 @@ The monitor coordinates; each concern lives in its own module:
 :mod:`detectors.steps.findings`   missing-rank, non-finite and diverging-loss findings
 :mod:`detectors.steps.intermittent` intermittent stragglers: how often a rank is clearly slow
 :mod:`detectors.steps.imbalance`    a pipeline stage slower as a whole: INFO, rebalance
+:mod:`detectors.steps.group`        nodes that began to slow together: one group finding
 ==========================  ==========================================================
 """
 
@@ -67,13 +68,16 @@ from detectors.steps.findings import (
     nonfinite_findings,
 )
 from detectors.steps.first_step import anchor_first_step_outliers
+from detectors.steps.group import GroupFaults
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.peer import PeerDetector
 from detectors.steps.ranks import RankIndex
+from detectors.steps.replica import ReplicaDrift, ReplicaStep
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, replica_corrected, slowdown_findings
 from detectors.steps.temporal import RankBaselines, TemporalScores
 from detectors.training.divergence import DivergenceDetector
+from detectors.training.drift import LossDrift, drift_findings
 from schemas.alerts import Alert, Grade
 from schemas.telemetry import NodeHealth, Phase
 
@@ -107,6 +111,9 @@ class StepScores:
     slow: B | None = None  #: ranks clearly slow this step (intermittent stragglers)
     slow_excess: F64 | None = None
     stage_gaps: F64 | None = None  #: each stage's compute gap over the others
+    node_findings: list[Finding] = field(default_factory=list)  #: before grouping
+    replica_findings: list[Finding] = field(default_factory=list)  #: group evidence only
+    replicas: ReplicaStep | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -155,6 +162,7 @@ class JobMonitor:
         self.missing = MissingRanks(cfg.missing_forget_steps)
         self.presence = HealthPresence(cfg.health_missing_factor)
         self.divergence = DivergenceDetector(cfg.div_window, cfg.div_warmup, cfg.mad_floor_rel)
+        self.drift = LossDrift(warmup=max(cfg.div_window, 10))
         self.hardware = HardwareDetector(
             warmup_reports=cfg.hw_warmup_reports,
             temp_critical_c=cfg.thermal_extreme_c,
@@ -166,6 +174,8 @@ class JobMonitor:
         self.imbalance = StageImbalance(
             cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps
         )
+        self.groups = GroupFaults(cfg.group_window, cfg.group_min_nodes)
+        self.replicas = ReplicaDrift(warmup_steps=cfg.warmup_steps)
         self.grader = Grader(job_id, cfg.policies())
         self.ranks = RankIndex()
         self.nodes = NodeRegistry()
@@ -266,7 +276,19 @@ class JobMonitor:
         out.train_findings += nic_flaps
         out.train_findings += loss_findings(frame, train, self.divergence, g.min_score("loss"))
         out.train_findings += self.imbalance.findings(g.min_score("imbalance"))
+        out.train_findings += drift_findings(
+            self.drift, loss_values(frame, train)[0], g.min_score("loss_drift")
+        )
         out.stage_gaps = self.imbalance.score(frame, train)
+        if cfg.replica_correction:  # what the correction hides: whole replicas slowing
+            out.replicas = self.replicas.score(peer.slowdown, frame.dp_group, train)
+            out.replica_findings = self.replicas.findings(
+                out.replicas, frame.dp_group, rank_node, names, g.min_score("group")
+            )
+        out.node_findings = out.train_findings
+        out.train_findings = self.groups.collapse(
+            out.train_findings, frame.step, out.replica_findings
+        )
         return out
 
     def process_step(self, frame: StepFrame) -> list[Alert]:
@@ -310,8 +332,12 @@ class JobMonitor:
                 self.intermittent.learn(s.slots, s.slow, s.slow_excess, s.train)
             if s.stage_gaps is not None:
                 self.imbalance.learn(s.stage_gaps, step)
+            self.groups.learn(s.node_findings, step, s.replica_findings)
+            if s.replicas is not None:
+                self.replicas.learn(s.replicas, self.config.straggler_warning)
             loss, grad = loss_values(frame, s.train)
             self.divergence.learn_one(loss, grad)
+            self.drift.learn_one(loss)
         self.steps_seen += 1
         return alerts
 
@@ -375,6 +401,7 @@ class JobMonitor:
         """
         cfg = self.config
         self.hang.restart(now, cfg.restart_grace_steps, getattr(cfg, "restart_grace_min_s", 0.0))
+        self.drift.reset()  # a rollback resumes from an earlier, higher loss
         for node in removed_nodes:
             self.presence.forget(node)
             self.nodes.remove(node)

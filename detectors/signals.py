@@ -18,7 +18,17 @@ __all__ = ["CLOCK_SIGNALS", "STEP_SIGNALS", "TRAIN_SIGNALS"]
 
 #: Signals graded on TRAIN steps only.
 TRAIN_SIGNALS = frozenset(
-    {"straggler", "intermittent", "degradation", "data_stall", "nic_flap", "loss", "imbalance"}
+    {
+        "straggler",
+        "intermittent",
+        "degradation",
+        "data_stall",
+        "nic_flap",
+        "loss",
+        "imbalance",
+        "group",
+        "loss_drift",
+    }
 )
 #: Signals graded on every step.
 STEP_SIGNALS = frozenset({"missing", "nonfinite"})

@@ -66,6 +66,9 @@ class AlertKind(StrEnum):
     LIFECYCLE = "lifecycle"
     #: structural: a pipeline stage slower as a whole than the others (no node at fault)
     IMBALANCE = "imbalance"
+    #: several nodes that began to slow together (a rack, switch, power shelf, NIC):
+    #: one incident for the group, its nodes in the evidence, never N node isolations
+    GROUP = "group"
 
 
 class RecommendedAction(StrEnum):

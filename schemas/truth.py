@@ -31,6 +31,8 @@ class FaultKind(StrEnum):
     # Fault shapes of real clusters (issue 23)
     INTERMITTENT = "intermittent"
     STAGE_SLOWDOWN = "stage_slowdown"
+    #: several nodes behind one rack, switch, PDU or cooling loop slow together
+    GROUP_SLOWDOWN = "group_slowdown"
     # Traps: normal behaviour that must not alert.
     STAGE_IMBALANCE = "stage_imbalance"
     CLUSTER_SLOWDOWN = "cluster_slowdown"

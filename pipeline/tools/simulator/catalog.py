@@ -57,7 +57,8 @@ def resize_scenario(scenario: Scenario, nodes: int | None, steps: int | None) ->
     for spec in data["faults"]:
         f = dict(spec)
         if f.get("node") is not None:
-            f["node"] = min(int(f["node"] * fn), (nodes or scenario.nodes) - 1)
+            size = f.get("group_size") or 1  # a group keeps its nodes inside the job
+            f["node"] = min(int(f["node"] * fn), (nodes or scenario.nodes) - size)
         f["onset_step"] = int(f["onset_step"] * fs)
         for key in ("duration_steps", "ramp_steps"):
             if f.get(key) is not None:

@@ -142,6 +142,10 @@ class _NodeHealth:
                 temp[idx] += (92.0 - temp[idx] + rng.normal(0, 0.7, idx.size)) * ramp
                 clock[idx] *= 1.0 - min(f.magnitude * ramp, 0.9)
                 thermal[idx] = True
+            elif f.subsides and f.active(step):  # bursts in about half the reports
+                idx = self._mask(f)
+                burst = rng.random(idx.size) < 0.5
+                ecc_rate[idx] += np.where(burst, f.magnitude * rng.uniform(0.3, 1.0, idx.size), 0)
             elif f.kind == FaultKind.ECC_STORM and f.onset_step <= step < f.crash_step:
                 idx = self._mask(f)
                 x = (step - f.onset_step) / float(max(1, f.crash_step - f.onset_step))

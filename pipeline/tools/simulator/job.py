@@ -46,7 +46,7 @@ from pipeline.tools.simulator.hardware import (
     _NodeHealth,
 )
 from pipeline.tools.simulator.health_path import HealthClock, HealthPath
-from pipeline.tools.simulator.scenario import FaultSpec, Scenario, node_name
+from pipeline.tools.simulator.scenario import FaultSpec, Scenario, Shape, node_name
 from schemas.telemetry import NodeHealth, Phase
 from schemas.truth import FaultKind
 
@@ -326,6 +326,9 @@ class SimulatedJob(_NodeHealth):
             return cached
         if f.kind == FaultKind.STAGE_SLOWDOWN:
             idx = np.flatnonzero(self.pp_stage == (f.stage or 0))
+        elif f.kind == FaultKind.GROUP_SLOWDOWN and f.node is not None:
+            slots = [self._slot_of.get(node_name(f.node + i)) for i in range(f.group_size or 1)]
+            idx = np.flatnonzero(np.isin(self.slot, [s for s in slots if s is not None]))
         elif f.node is None:
             idx = np.arange(self.scenario.n_ranks)
         else:
@@ -346,7 +349,10 @@ class SimulatedJob(_NodeHealth):
             fid = f.fault_id or ""
             if fid in self._triggered:
                 continue
-            if f.kind in (FaultKind.CRASH, FaultKind.ECC_STORM) and step == f.crash_step:
+            crashes = f.kind == FaultKind.CRASH or (
+                f.kind == FaultKind.ECC_STORM and not f.subsides
+            )
+            if crashes and step == f.crash_step:
                 slot = self._slot_of.get(node_name(f.node or 0))
                 if slot is None:  # already replaced
                     continue
@@ -433,6 +439,7 @@ class SimulatedJob(_NodeHealth):
                 FaultKind.CLOCK_THROTTLE,
                 FaultKind.INTERMITTENT,
                 FaultKind.STAGE_SLOWDOWN,
+                FaultKind.GROUP_SLOWDOWN,
             ):
                 idx = self._mask(f)
                 slow = f.slowdown_at(step)
@@ -525,6 +532,15 @@ class SimulatedJob(_NodeHealth):
             if (f.fault_id or "") in self._diverged_cleared:
                 continue
             k = step - f.onset_step
+            if f.shape != Shape.STEP:  # slow onset: a drift, not a jump
+                x = f.ramp_at(step)
+                if f.duration_steps is not None and k >= f.duration_steps:
+                    per_dp[:] = np.nan
+                    g = math.nan
+                else:
+                    per_dp *= 1.0 + (max(f.magnitude, 1.0) - 1.0) * x
+                    g *= 1.0 + 2.0 * x
+                continue
             nan_after = f.duration_steps or 10
             if k >= nan_after:
                 per_dp[:] = np.nan

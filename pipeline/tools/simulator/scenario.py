@@ -84,6 +84,7 @@ _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.ROW_REMAP: (None, "pending", "failure"),
     FaultKind.CLOCK_THROTTLE: (None, "thermal", "hw_slowdown", "power_cap"),
     FaultKind.HEALTH_DELAY: (None, "window", "stall"),
+    FaultKind.ECC_STORM: (None, "subsiding"),
 }
 
 
@@ -116,10 +117,18 @@ class FaultSpec(BaseModel):
     nic_flap             seconds added to a step when the NIC flaps (``probability`` per step)
     data_stall           seconds of data-loader wait added on the rank
     ecc_storm            peak corrected-ECC errors per health report; the uncorrectable
-                         error, XID 48 and crash come ``duration_steps`` (30) after onset
+                         error, XID 48 and crash come ``duration_steps`` (30) after onset;
+                         ``variant: subsiding``: bursts of up to ``magnitude`` corrected
+                         errors in about half the reports for ``duration_steps``, then
+                         they stop (no uncorrectable error, no crash: the alert must
+                         resolve and nothing be isolated once it has)
     crash                unused; the node dies at ``onset_step`` and the job hangs
     hang                 unused; the job hangs ``duration_steps`` nominal steps (10)
-    divergence           loss spike factor; NaN ``duration_steps`` steps after onset
+    divergence           loss spike factor; NaN ``duration_steps`` steps after onset;
+                         with a ``shape`` other than ``step`` a slow-onset drift: the loss
+                         rises towards ``magnitude`` x along the shape over
+                         ``ramp_steps`` (default 200) and the grad norm grows with it
+                         (up to 3x), NaN only when ``duration_steps`` is set
     stage_imbalance      extra compute of the heaviest stage (``variant: pipeline``) or
                          the sigma of per-step replica noise (``sequence_length``)
     cluster_slowdown     (reached along ``shape`` over ``ramp_steps``: a ramp, not only
@@ -145,6 +154,10 @@ class FaultSpec(BaseModel):
     stage_slowdown       fractional compute slowdown of every rank of pipeline stage
                          ``stage`` from ``onset_step`` on (structural: rebalance, not a
                          node fault); ``node`` unset
+    group_slowdown       fractional compute slowdown of every GPU of ``group_size``
+                         consecutive node slots from ``node`` on (a rack: its cooling,
+                         power shelf or leaf switch), from ``onset_step``; one fault of
+                         the group, not of any node
     health_delay         trap: the health path is blocked (``window``: from onset for
                          ``duration_steps``; ``stall``: while the job is stalled), then
                          drains ``magnitude`` nodes per second (0: at once); needs
@@ -177,6 +190,9 @@ class FaultSpec(BaseModel):
         default=None, description="intermittent: one slow step in this many."
     )
     stage: NonNegativeInt | None = Field(default=None, description="stage_slowdown: the stage.")
+    group_size: PositiveInt | None = Field(
+        default=None, description="group_slowdown: node slots in the group, from node."
+    )
     hang_steps: PositiveInt = Field(
         default=60,
         description="crash/ecc_storm: how long (nominal steps) the job hangs before the "
@@ -191,6 +207,8 @@ class FaultSpec(BaseModel):
     @property
     def end_step(self) -> int | None:
         """Last step the fault is active (inclusive), None while it lasts to the end."""
+        if self.subsides:
+            return self.onset_step + (self.duration_steps or 30) - 1
         if self.kind in (FaultKind.CRASH, FaultKind.ECC_STORM, FaultKind.DIVERGENCE):
             return None
         if self.kind in (FaultKind.HANG, FaultKind.SINGLE_STEP_BLIP):
@@ -198,6 +216,11 @@ class FaultSpec(BaseModel):
         if self.duration_steps is None:
             return None
         return self.onset_step + self.duration_steps - 1
+
+    @property
+    def subsides(self) -> bool:
+        """An ECC storm that stops on its own (no crash)."""
+        return self.kind == FaultKind.ECC_STORM and self.variant == "subsiding"
 
     @property
     def crash_step(self) -> int:
@@ -247,6 +270,7 @@ class FaultSpec(BaseModel):
             FaultKind.DEGRADATION,
             FaultKind.SINGLE_STEP_BLIP,
             FaultKind.STAGE_SLOWDOWN,
+            FaultKind.GROUP_SLOWDOWN,
         ):
             return 0.0
         if self.shape == Shape.STEP:
@@ -371,6 +395,10 @@ class Scenario(BaseModel):
                 raise ValueError(f"fault {fid}: variant {f.variant!r} not in {allowed}")
             if f.kind == FaultKind.STAGE_SLOWDOWN and (f.stage is None or f.stage >= self.pp):
                 raise ValueError(f"fault {fid}: stage_slowdown needs a stage < pp={self.pp}")
+            if f.kind == FaultKind.GROUP_SLOWDOWN and (
+                f.node is None or f.group_size is None or f.node + f.group_size > self.nodes
+            ):
+                raise ValueError(f"fault {fid}: group_slowdown needs node + group_size <= nodes")
             if f.kind == FaultKind.HEALTH_DELAY and self.health_interval_s is None:
                 raise ValueError(f"fault {fid}: health_delay needs health_interval_s")
             if f.onset_step >= self.steps:
@@ -440,8 +468,11 @@ class Scenario(BaseModel):
                 bits = [f"shape={f.shape.value}"] if f.kind == FaultKind.DEGRADATION else []
                 if f.variant:
                     bits.append(f"variant={f.variant}")
-                if f.kind == FaultKind.ECC_STORM:
+                if f.kind == FaultKind.ECC_STORM and not f.subsides:
                     bits.append(f"uncorrectable+xid48 at step {self._crash_step(f)}")
+                if f.kind == FaultKind.GROUP_SLOWDOWN and f.node is not None:
+                    last = f.node + (f.group_size or 1) - 1
+                    bits.append(f"group {node_name(f.node)}..{node_name(last)}")
                 detail = ", ".join(bits)
             out.append(
                 FaultTruth(

@@ -256,3 +256,30 @@ def test_alerts_raised_while_the_job_relaunches_name_its_last_step():
     assert a.step == 29
     hangs = [x for t in range(3, 200) for x in mon.tick(last.ts + t) if x.kind is AlertKind.HANG]
     assert hangs and hangs[0].step == 30
+
+
+def test_a_rack_slowing_together_is_one_group_alert_never_node_isolations():
+    rack = {r: 0.2 for r in range(16, 48)}  # nodes 2-5 of 16, every GPU, from step 25
+    alerts = run(JobMonitor("job"), frames(steps=80, n=128, slow=rack))
+    assert [(a.kind, a.grade, a.node) for a in alerts] == [(AlertKind.GROUP, Grade.WARNING, None)]
+    (a,) = alerts
+    assert a.recommended_action is RecommendedAction.INVESTIGATE
+    assert "node-2, node-3, node-4, node-5" in a.evidence.detail and a.evidence.value == 4
+
+
+def test_a_slow_loss_drift_warns_before_it_spikes():
+    mon = JobMonitor("job")
+    alerts = []
+    for f in frames(steps=200):
+        rise = 1 + 0.005 * max(0, f.step - 120)  # 0.5 % a step from step 120, no jump
+        g = StepFrame.from_arrays(
+            "job", f.step, f.ts, f.compute, f.comm_wait, f.data_wait,
+            loss=f.loss * rise, grad_norm=f.grad_norm,
+        )  # fmt: skip
+        alerts += mon.process_step(g)
+    drift = [a for a in alerts if "above the best it reached" in a.evidence.detail]
+    assert [(a.kind, a.grade, a.recommended_action) for a in drift[:1]] == [
+        (AlertKind.DIVERGENCE, Grade.WARNING, RecommendedAction.INVESTIGATE)
+    ]
+    assert 120 < drift[0].step < 150
+    assert run(JobMonitor("job"), frames(steps=200)) == []  # a falling loss: nothing

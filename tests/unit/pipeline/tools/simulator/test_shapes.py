@@ -88,3 +88,47 @@ def test_a_blocked_health_path_drains_node_by_node():
     assert spread >= 2.0  # one node a second, not all at once
     with pytest.raises(ValueError, match="health_interval_s"):
         sc(faults=[{"kind": "health_delay", "onset_step": 2}])
+
+
+def test_group_slowdown_slows_every_gpu_of_its_nodes_together():
+    s = sc(nodes=8, faults=[{"kind": "group_slowdown", "node": 2, "group_size": 3,
+                             "onset_step": 20, "magnitude": 0.2}])  # fmt: skip
+    fs = frames(s)
+    node = np.arange(64) // 8
+    group = (node >= 2) & (node <= 4)
+    for f in fs[20:]:
+        assert np.median(f.compute[group]) > 1.15 * np.median(f.compute[~group])
+    assert all(np.median(f.compute[group]) < 1.05 * np.median(f.compute[~group]) for f in fs[:20])
+    (t,) = s.truth()
+    assert t.kind is FaultKind.GROUP_SLOWDOWN and "node-0002..node-0004" in t.detail
+    with pytest.raises(ValueError, match="group_size"):
+        sc(nodes=4, faults=[{"kind": "group_slowdown", "node": 2, "group_size": 3}])
+
+
+def test_a_subsiding_ecc_storm_bursts_then_stops_without_a_crash():
+    s = sc(nodes=4, steps=80, health_interval_steps=1, faults=[
+        {"kind": "ecc_storm", "variant": "subsiding", "node": 1, "gpu": 3, "onset_step": 20,
+         "duration_steps": 30, "magnitude": 100}])  # fmt: skip
+    evs = list(simulate(s))
+    reports = [(ev.step, h) for ev in evs for h in ev.health if h.node == "node-0001"]
+    counts = [(step, h.gpus[3].ecc_corrected) for step, h in reports]
+    during = [b - a for (_, a), (st, b) in pairwise(counts) if 21 <= st < 50]
+    after = [b - a for (_, a), (st, b) in pairwise(counts) if st >= 52]
+    assert max(during) > 30 and sum(d > 30 for d in during) < len(during)  # bursts
+    assert max(after) < 5  # it stopped
+    assert all(h.gpus[3].ecc_uncorrected == 0 and not h.gpus[3].xid_codes for _, h in reports)
+    assert sum(ev.frame is not None for ev in evs) == 80  # no crash, every step ran
+    assert s.faults[0].end_step == 49
+
+
+def test_a_slow_onset_divergence_drifts_without_a_jump():
+    s = sc(nodes=4, steps=120, faults=[{"kind": "divergence", "onset_step": 40,
+                                        "magnitude": 1.5, "shape": "linear",
+                                        "ramp_steps": 60}])  # fmt: skip
+    loss = [float(np.nanmedian(f.loss[f.has_loss])) for f in frames(s)]
+    jumps = [b / a for a, b in pairwise(loss[40:])]
+    assert max(jumps) < 1.05  # no step jumps (a jump is 1.5x at once), only noise
+    clean = [float(np.nanmedian(f.loss[f.has_loss])) for f in frames(sc(nodes=4, steps=120))]
+    assert loss[100] / clean[100] == pytest.approx(1.5, abs=0.05)  # but it drifted by half
+    assert loss[70] / clean[70] == pytest.approx(1.25, abs=0.05)  # along its ramp
+    assert all(np.isfinite(loss))
