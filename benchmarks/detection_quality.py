@@ -109,6 +109,10 @@ QUICK = (
     "stage_slowdown_mid_128n_pp4",
     "trap_noisy_node_128n",
     "trap_health_delay_ckpt_64n",
+    # a rack slowing together, an ECC storm that subsides, a loss that drifts up slowly
+    "group_rack_slowdown_128n",
+    "ecc_storm_subsides_128n",
+    "divergence_slow_onset_64n",
 )
 
 # Targets.

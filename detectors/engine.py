@@ -281,7 +281,7 @@ class JobMonitor:
         )
         out.stage_gaps = self.imbalance.score(frame, train)
         if cfg.replica_correction:  # what the correction hides: whole replicas slowing
-            out.replicas = self.replicas.score(peer.slowdown, frame.dp_group, train)
+            out.replicas = self.replicas.score(peer.slowdown, frame.dp_group, rank_node, train)
             out.replica_findings = self.replicas.findings(
                 out.replicas, frame.dp_group, rank_node, names, g.min_score("group")
             )

@@ -111,7 +111,7 @@ class GroupFaults:
             if seen >= self.persist or n in self._members:
                 starts[n] = first
         if self._members and step - self._last <= self.window:
-            joined = {n for n, s in starts.items() if s - self._since <= self.window}
+            joined = {n for n, s in starts.items() if abs(s - self._since) <= self.window}
             return self._members | frozenset(joined), self._since
         if len(starts) < self.min_nodes:
             return frozenset(), -1

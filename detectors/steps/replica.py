@@ -5,8 +5,10 @@ mode of a model replica (``dp_group``) measured on its other nodes, so that sequ
 length imbalance (a replica faster or slower from one step to the next) names no node.
 A rack or leaf switch that holds whole replicas and slows all of them is then invisible
 node by node: every node of the replica is slow together. This detector keeps what the
-correction removes, per replica: the replica's mean slowdown over its stage peers,
-minus the median replica's (a whole-cluster shift moves every replica alike), smoothed
+correction removes, per replica: the slowdown of its *least* slow node (each node's mean
+over its ranks, against their stage peers: every node of the replica must be slow, one
+slow node is a straggler the correction already leaves visible), minus the median
+replica's (a whole-cluster shift moves every replica alike), smoothed
 over steps (random per-step imbalance averages out, a shared part that slowed stays),
 against the replica's own slow baseline (a replica that always ran a little slower is
 its normal). A replica whose smoothed excess reaches ``floor`` yields one candidate
@@ -25,7 +27,7 @@ Examples
 ...     slow = 0.05 * rng.standard_normal(8)[rep]    # per-step imbalance: noise
 ...     if step >= 15:
 ...         slow[rep >= 6] += 0.2                     # replicas 6 and 7 slow for good
-...     seen = drift.score(slow, rep, np.ones(128, dtype=bool))
+...     seen = drift.score(slow, rep, node, np.ones(128, dtype=bool))
 ...     found = drift.findings(seen, rep, node, [f"n{i}" for i in range(16)], floor=0.05)
 ...     drift.learn(seen, flagged=0.05)
 >>> sorted(f.node for f in found)
@@ -95,21 +97,28 @@ class ReplicaDrift:
         first = 1.0 / (seen + 1.0)
         return np.maximum(self.alpha, first), np.maximum(self.base_alpha, first)
 
-    def score(self, slowdown: F64, replica: npt.NDArray[np.integer], rows: B) -> ReplicaStep:
+    def score(
+        self, slowdown: F64, replica: npt.NDArray[np.integer], rank_node: I64, rows: B
+    ) -> ReplicaStep:
         """Each replica's smoothed excess with this step included.
 
         ``slowdown`` is each rank's slowdown over its stage peers before replica
-        correction; ``rows`` the TRAIN rows. Reads state only.
+        correction, ``rank_node`` its node; ``rows`` the TRAIN rows. Reads state only.
         """
         rep = replica.astype(np.int64)
         keep = rows & (rep >= 0) & (rep < MAX_REPLICAS) & np.isfinite(slowdown)
-        rep, x = rep[keep], slowdown[keep]
+        rep, x, node = rep[keep], slowdown[keep], rank_node[keep]
         none = ReplicaStep(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
         if rep.shape[0] == 0:
             return none
         size = int(rep.max()) + 1
-        cnt = np.bincount(rep, minlength=size)
-        mean = np.bincount(rep, weights=x, minlength=size) / np.maximum(cnt, 1)
+        # each (replica, node) pair's mean slowdown, then the least slow node per replica
+        pairs, pair = np.unique(rep * (int(node.max()) + 1) + node, return_inverse=True)
+        pmean = np.bincount(pair, weights=x) / np.bincount(pair)
+        prep = pairs // (int(node.max()) + 1)
+        mean = np.full(size, np.inf)
+        np.minimum.at(mean, prep, pmean)
+        cnt = np.bincount(prep, minlength=size)
         ids = np.flatnonzero(cnt > 0).astype(np.int64)
         if ids.shape[0] < 3:
             return none

@@ -57,6 +57,15 @@ def test_a_late_node_is_its_own_fault_and_the_group_outlives_a_missing_member():
     assert sorted((f.signal, f.node) for f in outs[-1]) == [("group", None), ("straggler", "late")]
 
 
+def test_a_node_slow_long_before_the_group_is_not_joined_to_it():
+    def plan(s):
+        early = [slow("old")] if s >= 2 else []
+        return early + ([slow(n) for n in ("a", "b", "c")] if s >= 30 else [])
+
+    outs = play(GroupFaults(), plan, 40)
+    assert sorted((f.signal, f.node) for f in outs[-1]) == [("group", None), ("straggler", "old")]
+
+
 def test_extra_findings_count_towards_a_group_and_are_never_returned():
     g = GroupFaults()
     extra = [slow(n) for n in ("x", "y", "z")]

@@ -14,7 +14,7 @@ def play(steps, shift, seed=0, sigma=0.05):
     first = {}
     for step in range(steps):
         x = sigma * rng.standard_normal(16)[rep] + shift(step, rep)
-        seen = d.score(x, rep, np.ones(256, dtype=bool))
+        seen = d.score(x, rep, node, np.ones(256, dtype=bool))
         for f in d.findings(seen, rep, node, names, floor=0.05):
             first.setdefault(f.node, step)
         d.learn(seen, 0.05)
@@ -30,6 +30,11 @@ def test_a_replica_that_slows_for_good_names_its_nodes_soon():
     first = play(300, lambda s, r: np.where((r == 5) & (s >= 150), 0.2, 0.0))
     assert sorted(first) == ["n10", "n11"]
     assert all(150 <= s <= 165 for s in first.values())
+
+
+def test_one_slow_node_of_a_replica_is_no_replica_fault():
+    node = np.arange(256) // 8
+    assert play(300, lambda s, r: np.where((node == 10) & (s >= 100), 0.3, 0.0)) == {}
 
 
 def test_a_replica_always_a_little_slower_is_its_normal():
