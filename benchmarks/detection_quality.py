@@ -608,12 +608,13 @@ def check_targets(
     degr_sd = [r.slowdown_at_detection if r.detected else math.inf for r in degr]
     degr_sd = [x if x is not None else math.inf for x in degr_sd]
     med_by = {run.scenario.name: run.median_step_s for run in runs}
-    hangs = [r for r in faults if r.kind in ("hang", "crash", "ecc_storm")]
+    # an ECC storm that subsides stalls nothing and sends no fatal XID: no target of its own
+    hangs = [r for r in faults if r.kind in ("hang", "crash", "ecc_storm") and not r.subsides]
     hang_ratio = [
         (r.hang_flag_s / med_by[r.scenario]) if r.hang_flag_s is not None else math.inf
         for r in hangs
     ]
-    ecc = [r for r in faults if r.kind == "ecc_storm"]
+    ecc = [r for r in faults if r.kind == "ecc_storm" and not r.subsides]
     ecc_reports = [r.fatal_reports if r.fatal_reports is not None else math.inf for r in ecc]
 
     def fmt(x: float | None) -> float | str | None:
