@@ -306,9 +306,16 @@ set_log_opts() {
   fi
 }
 
-# Kafka cluster ids are 16 random bytes, base64url without padding (22 chars).
+# Kafka cluster ids are 16 random bytes, base64url without padding (22 chars). One in 64
+# starts with '-', which the storage tool reads as an option ("--cluster-id: expected one
+# argument"): drawn again then, as Kafka's own Uuid.randomUuid() does.
 random_cluster_id() {
-  head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'
+  local cid
+  while :; do
+    cid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    [[ $cid == -* ]] || break
+  done
+  printf '%s' "$cid"
 }
 
 # ---------------------------------------------------------------- secure mode

@@ -102,7 +102,9 @@ def key_env(roles: tuple[str, ...] = _ROLES) -> dict[str, str]:
     }
 
 
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+#: The tests' clock: noon UTC two days before today (36-60 h ago, so an hour of steps
+#: after it is still in the past and within the clock-skew rule), never a fixed date
+T0 = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=2)
 
 
 def step_telemetry(

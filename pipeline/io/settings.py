@@ -321,6 +321,10 @@ class Settings(ClientSettings):
     worker_snapshot_steps: int = Field(default=10, ge=1)
     #: ... or when this much wall time passed since the last snapshot of a changed job
     worker_snapshot_interval_s: float = Field(default=2.0, gt=0)
+    #: ... and never so often that snapshots take more than this share of the worker's
+    #: time: a job whose last snapshot took c seconds waits c / budget before the next
+    #: (a 131k-rank state takes a good part of a second to encode on the agent's task)
+    worker_snapshot_budget: float = Field(default=0.05, gt=0, le=1)
     #: how often the hang timer ticks every owned job (wall seconds)
     worker_tick_interval_s: float = Field(default=1.0, gt=0)
     #: the job agent reads up to this many records per call (Faust's noack_take) ...

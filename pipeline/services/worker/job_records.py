@@ -363,16 +363,20 @@ class _JobRecords:
         if token is not None:
             self._held.setdefault(st.job_id, []).append(token)
         wall = self.clock()
-        due = st.steps_since_snapshot >= self.snapshot_steps or (
-            st.dirty and wall - st.last_snapshot_wall >= self.snapshot_interval_s
+        since = wall - st.last_snapshot_wall
+        due = since >= st.snapshot_cost_s / self.snapshot_budget and (
+            st.steps_since_snapshot >= self.snapshot_steps
+            or (st.dirty and since >= self.snapshot_interval_s)
         )
         if due:
             st.steps_since_snapshot = 0
             st.dirty = False
             st.last_snapshot_wall = wall
+            t0 = self.clock()
             blob = st.to_bytes()
             if self.seal is not None:
                 blob = self.seal.seal("snapshot", blob, job=st.job_id)
+            st.snapshot_cost_s = max(0.0, self.clock() - t0)
             if len(blob) > self.max_snapshot_bytes:
                 # the changelog would refuse it: keep the records unacked (they replay
                 # after a crash) and say which limit to raise

@@ -70,6 +70,8 @@ class JobState:
     steps_since_snapshot: int = 0
     dirty: bool = False
     last_snapshot_wall: float = 0.0
+    #: seconds the last snapshot took to encode and seal (spaces the next one out)
+    snapshot_cost_s: float = 0.0
     #: layout of the detectors' state this snapshot holds (:data:`STATE_LAYOUT`)
     layout: int = 0
     #: a step of the job arrived (False: named only by health or a start event, see

@@ -105,6 +105,10 @@ class WorkerCore(_JobRecords):
     snapshot_steps, snapshot_interval_s
         Snapshot a job after this many completed steps, or once this much wall time
         passed since the previous snapshot of a changed job.
+    snapshot_budget
+        ... but never sooner than the last snapshot's cost divided by this share: a big
+        job's snapshots take at most this share of the worker's time (its records stay
+        unacked meanwhile and replay after a crash).
     max_message_bytes
         Larger records are dead-lettered before parsing.
     max_snapshot_bytes
@@ -168,7 +172,8 @@ class WorkerCore(_JobRecords):
         nothing is sealed or checked (unit tests and benchmarks; ``stepguard worker``
         always seals, with a key derived from the worker's private key).
     clock
-        Wall clock (epoch seconds); injectable for tests.
+        Wall clock (epoch seconds); injectable for tests. A snapshot's cost is measured
+        on it too.
     """
 
     def __init__(
@@ -178,6 +183,7 @@ class WorkerCore(_JobRecords):
         *,
         snapshot_steps: int = 10,
         snapshot_interval_s: float = 2.0,
+        snapshot_budget: float = 0.05,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_snapshot_bytes: int = 64 * 1024 * 1024,
         monitor_config: MonitorConfig | None = None,
@@ -203,6 +209,8 @@ class WorkerCore(_JobRecords):
             raise ValueError("snapshot_steps must be >= 1")
         if snapshot_interval_s <= 0:
             raise ValueError("snapshot_interval_s must be positive")
+        if not 0 < snapshot_budget <= 1:
+            raise ValueError("snapshot_budget must be in (0, 1]")
         if blind_after_s <= 0:
             raise ValueError("blind_after_s must be positive")
         if max_jobs < 1 or max_ended < 1:
@@ -213,6 +221,7 @@ class WorkerCore(_JobRecords):
         self.n_partitions = n_partitions
         self.snapshot_steps = snapshot_steps
         self.snapshot_interval_s = snapshot_interval_s
+        self.snapshot_budget = snapshot_budget
         self.max_message_bytes = max_message_bytes
         self.monitor_config = monitor_config
         self.blind_after_s = blind_after_s

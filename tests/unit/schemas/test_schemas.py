@@ -129,7 +129,7 @@ def test_topic_registry_prefixes_and_rejects_unknown_names():
 _APPROVAL_V1 = {
     "schema_version": 1, "command_id": "act-0123456789abcdef01234567",
     "decision": "reject", "by": "sre", "reason": "false positive",
-    "ts": "2026-11-29T12:00:00Z", "key_id": "k1", "signature": "ab" * 64,
+    "ts": f"{T0:%Y-%m-%dT%H:%M:%SZ}", "key_id": "k1", "signature": "ab" * 64,
 }  # fmt: skip
 
 

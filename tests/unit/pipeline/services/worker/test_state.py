@@ -103,7 +103,7 @@ def test_bad_and_oversized_records_are_dead_lettered_and_released():
 
 
 def test_records_are_held_until_a_snapshot_covers_them():
-    core = WorkerCore(TOPICS, 8, snapshot_steps=5, snapshot_interval_s=1e9)
+    core = WorkerCore(TOPICS, 8, snapshot_steps=5, snapshot_interval_s=1e9, clock=Clock())
     outs = feed(core, range(12))
     snaps = [o for o in outs if o.snapshot is not None]
     assert len(snaps) == 2  # steps complete with a lag of 2: 10 frames -> 2 snapshots
@@ -517,3 +517,33 @@ def test_records_dated_in_the_future_are_dead_lettered_not_learned():
     assert core.handle_job_record(0, 1, b"j", end, "lifecycle", token="e").dead_letters
     assert core.ended == {}  # a future end cannot end the job
     assert not core.handle_step(0, 2, b"j", step_msg(0, 0), token="ok").dead_letters
+
+
+@pytest.mark.parametrize(("budget", "expected"), [(1.0, 59), (0.05, 4)])
+def test_snapshots_are_spaced_out_by_what_the_last_one_cost(monkeypatch, budget, expected):
+    clock = Clock()
+    encode_state = JobState.to_bytes
+
+    def costly(self: JobState) -> bytes:  # each snapshot takes 1 s of the clock
+        clock.now += 1.0
+        return encode_state(self)
+
+    monkeypatch.setattr(JobState, "to_bytes", costly)
+    core = WorkerCore(
+        TOPICS, 8, snapshot_steps=1, snapshot_interval_s=1e9, snapshot_budget=budget,
+        clock=clock,
+    )  # fmt: skip
+    snaps = 0
+    for step in range(60):  # 1.3 s steps, every one due by its count
+        clock.now += 1.3
+        outs = feed(core, range(step, step + 1), start_offset=8 * step)
+        snaps += sum(o.snapshot is not None for o in outs)
+    assert core.jobs["j"].snapshot_cost_s == pytest.approx(1.0)
+    # 100 %: a snapshot waits its 1 s cost, less than a step (59 of 60 steps complete:
+    # the last waits for its successor); 5 %: 20 s, a snapshot every 16 steps
+    assert snaps == expected
+
+
+def test_a_snapshot_budget_outside_0_1_is_refused():
+    with pytest.raises(ValueError, match="snapshot_budget"):
+        WorkerCore(TOPICS, 8, snapshot_budget=0)
