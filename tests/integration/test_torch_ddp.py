@@ -150,7 +150,9 @@ class Stack:
                 self.proc.wait(10)
 
     # -- the job -----------------------------------------------------------------------
-    def run_job(self, *args: str, steps: int, timeout: float = 600) -> dict[str, Any]:
+    def run_job(
+        self, *args: str, steps: int, timeout: float = 600, script: Path = JOB_SCRIPT
+    ) -> dict[str, Any]:
         env = dict(self.base_env)
         env |= _env_file(self.state / "up.env") | _env_file(self.state / "job-controller.env")
         env |= {"STEPGUARD_RANKS_PER_NODE": "2", "OMP_NUM_THREADS": "1"}
@@ -159,7 +161,7 @@ class Stack:
         argv = [
             str(BIN / "stepguard-torchrun"), "--summary", str(summary), "--",
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", "4", str(JOB_SCRIPT), "--steps", str(steps),
+            "--nproc-per-node", "4", str(script), "--steps", str(steps),
             "--ckpt-dir", str(self.tmp), "--out", str(out), *args,
         ]  # fmt: skip
         self.job_log = self.tmp / "job.log"

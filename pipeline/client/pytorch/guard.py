@@ -156,7 +156,10 @@ class TorchGuard:
         self.settings, self.topology = settings, topology
         self._checkpoint = checkpoint
         self._group = group
-        cuda = torch.cuda.is_available() and _uses_cuda(model)
+        if clock is None:
+            cuda = torch.cuda.is_available() and _uses_cuda(model)
+        else:  # the comm timer reads the clock's kind (the model may not be on it yet)
+            cuda = isinstance(clock, CudaClock)
         self.clock: Clock = clock or (CudaClock() if cuda else ThreadCpuClock())
         #: exposed comm wait of the current step (``guard.comm.blocking()``)
         self.comm = CommTimer(cuda=cuda)
@@ -186,7 +189,7 @@ class TorchGuard:
             max_clock_skew_s=settings.max_clock_skew_s,
         )  # fmt: skip
         if model is not None and hasattr(model, "register_comm_hook"):
-            model.register_comm_hook(comm_state, timed_hook(self.comm, comm_hook))
+            self.register_comm_hook(model, comm_hook, comm_state)
         self._pending: deque[_Pending] = deque()
         self._data_wait = 0.0
         self._fetch_start: float | None = None
@@ -230,7 +233,24 @@ class TorchGuard:
         """The global rank of the group's first rank (commands come from rank 0)."""
         return 0 if self._group is None else int(dist.get_global_rank(self._group, 0))
 
+    def register_comm_hook(
+        self, model: Any, hook: Callable[..., Any] | None = None, state: object = None
+    ) -> None:
+        """Time ``model``'s gradient communication: ``model`` is a
+        ``DistributedDataParallel`` without a comm hook yet; ``hook``/``state``: the
+        user's own hook and state, timed too (None: DDP's all-reduce over ``state``, the
+        process group, None the default one)."""
+        model.register_comm_hook(state, timed_hook(self.comm, hook))
+
     # -- the training loop -------------------------------------------------------------
+    def data_wait(self, seconds: float, *, since: float | None = None) -> None:
+        """Count ``seconds`` the loop waited for data as the next step's data wait;
+        ``since``: the ``time.perf_counter()`` at which the first such wait began (the
+        step's wall time starts there). :meth:`loader` calls it for every item."""
+        if self._fetch_start is None:
+            self._fetch_start = since
+        self._data_wait += max(0.0, seconds)
+
     def loader(self, iterable: Iterable[T]) -> Iterator[T]:
         """``iterable`` with the time spent waiting for each item counted as data wait
         of the step that uses it."""
@@ -243,7 +263,7 @@ class TorchGuard:
                 item = next(it)
             except StopIteration:
                 return
-            self._data_wait += time.perf_counter() - t0
+            self.data_wait(time.perf_counter() - t0, since=t0)
             yield item
 
     def steps(
@@ -348,12 +368,13 @@ class TorchGuard:
             self._phase = previous
 
     def checkpoint(self, step: int) -> str:
-        """Save through ``checkpoint(step)`` as a checkpoint phase (every rank)."""
+        """Save through ``checkpoint(step)`` as a checkpoint phase (every rank); what it
+        returns, if a string, is the command's result."""
         if self._checkpoint is None:
             return "no checkpoint function given to watch()"
         with self.phase("checkpoint"):
-            self._checkpoint(step)
-        return f"checkpoint saved at step {step}"
+            said = self._checkpoint(step)
+        return said if isinstance(said, str) else f"checkpoint saved at step {step}"
 
     # -- commands ------------------------------------------------------------------------
     def _start_exchange(self, step: int) -> None:
