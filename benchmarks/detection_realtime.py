@@ -18,6 +18,8 @@ scenario takes its event time / SPEED of wall time, plus a few seconds to settle
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import os
 import secrets
@@ -67,11 +69,18 @@ def say(msg: str) -> None:
 class Services:
     """The embedded broker (or the configured one), topics and one worker, supervised."""
 
-    def __init__(self, settings: Settings, scratch: Path, stack: ExitStack) -> None:
+    def __init__(
+        self, settings: Settings, scratch: Path, stack: ExitStack, *, speed: float,
+        lifecycle: bool = False,
+    ) -> None:  # fmt: skip
+        #: publish the job's start and end (the event-time run has neither)
+        self.lifecycle = lifecycle
         run = secrets.token_hex(4)
         env = dict(os.environ)
         env[ENV_PREFIX + "TOPIC_PREFIX"] = f"{settings.topic_prefix}rt-{run}."
         env[ENV_PREFIX + "CONSUMER_GROUP"] = f"{settings.consumer_group}.rt-{run}"
+        # a silent job's clock moves at the playback's pace, not the wall clock's
+        env[ENV_PREFIX + "WORKER_EVENT_RATE"] = f"{speed:g}"
         plan = build_plan(
             settings.model_copy(update={"state_dir": scratch}),
             UpOptions(workers=1, grace_s=10.0),
@@ -150,7 +159,10 @@ class Services:
                 done["step"] = max(done["step"], int(job.step))
 
             try:
-                done["stats"] = play(self.settings, sc, speed=speed, truth=False, on_event=note)
+                done["stats"] = play(
+                    self.settings, sc, speed=speed, truth=False, lifecycle=self.lifecycle,
+                    on_event=note,
+                )  # fmt: skip
             except BaseException as exc:  # re-raised on the main thread
                 done["error"] = exc
 
@@ -186,12 +198,13 @@ class Services:
 
 def updates(alerts: Sequence[Alert], gpus: int, until: float) -> list[Update]:
     """The worker's alerts as the event-time benchmark records its monitor's: the
-    step and event time they name. Updates after the job's last event (the end's
-    resolutions) are not the benchmark's: the event-time run stops there too."""
+    step and event time they name. Updates after the job's last event (a hang of the
+    job that stopped playing, the end's resolutions) are not the benchmark's: the
+    event-time run stops there."""
     out = []
     for a in alerts:
         ts = a.ts.timestamp()
-        if ts > until + 1e-6 and a.state is AlertState.RESOLVED:
+        if ts > until + 1e-3:
             continue
         node = a.node
         if node is None and a.rank is not None:
@@ -249,7 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=4.0, help="event time x SPEED (>= 1)")
     ap.add_argument("--reseed", type=int, default=0, help="add this to every scenario seed")
     ap.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    ap.add_argument(
+        "--lifecycle", action="store_true",
+        help="also publish each job's start and end (a completed end even where the job "
+        "crashed or hung: the event-time run has neither, so the scores then differ)",
+    )  # fmt: skip
     ap.add_argument("--keep", type=Path, help="keep the services' state and logs here")
+    ap.add_argument("--json", type=Path, help="write every scenario's updates (both modes) here")
     args = ap.parse_args(argv)
     if not args.speed >= 1.0 or math.isinf(args.speed):
         ap.error("--speed must be a number >= 1")
@@ -262,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(command_line(), ("faust-streaming", "kafka-python", "numpy"))
     settings = load_settings()
     ev_scores, rt_scores, rows = [], [], []
+    dump: dict[str, Any] = {}
     with ExitStack() as stack:
         if args.keep is not None:
             scratch = args.keep.resolve()
@@ -269,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sg-rt-")))
         say(f"starting the services in {scratch}")
-        services = Services(settings, scratch, stack)
+        services = Services(settings, scratch, stack, speed=args.speed, lifecycle=args.lifecycle)
         for i, base in enumerate(suite, 1):
             job = f"{base.job}-{secrets.token_hex(3)}"
             sc = base.model_copy(update={"job_id": job})
@@ -287,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **run.updates, "monitor": updates(alerts, sc.gpus_per_node, until)
             })  # fmt: skip
             ev, rt = score(run, "monitor"), score(real, "monitor")
+            dump[sc.name] = {
+                mode: [dataclasses.asdict(u) for u in r.updates["monitor"]]
+                for mode, r in (("event", run), ("real_time", real))
+            }
             ev_scores.append(ev)
             rt_scores.append(rt)
             rows.append({
@@ -303,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"episodes {r['event_fp']} / {r['real_fp']}; {time.monotonic() - t0:.0f} s"
             )
     event, real_all = aggregate(ev_scores), aggregate(rt_scores)
+    if args.json is not None:
+        args.json.write_text(json.dumps(dump, indent=1))
     md = markdown(rows, event, real_all, env, args.speed)
     print(md)
     if args.write:

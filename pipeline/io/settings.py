@@ -325,6 +325,10 @@ class Settings(ClientSettings):
     #: time: a job whose last snapshot took c seconds waits c / budget before the next
     #: (a 131k-rank state takes a good part of a second to encode on the agent's task)
     worker_snapshot_budget: float = Field(default=0.05, gt=0, le=1)
+    #: event seconds a silent job's clock moves per wall second (the hang and presence
+    #: clocks between steps): 1 in production; a job replayed at SPEED x real time
+    #: (``stepguard simulate --speed``, the real-time benchmark) sets SPEED
+    worker_event_rate: float = Field(default=1.0, gt=0, le=1000)
     #: how often the hang timer ticks every owned job (wall seconds)
     worker_tick_interval_s: float = Field(default=1.0, gt=0)
     #: the job agent reads up to this many records per call (Faust's noack_take) ...

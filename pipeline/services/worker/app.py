@@ -244,6 +244,7 @@ def build_app(
         snapshot_steps=settings.worker_snapshot_steps,
         snapshot_interval_s=settings.worker_snapshot_interval_s,
         snapshot_budget=settings.worker_snapshot_budget,
+        event_rate=settings.worker_event_rate,
         max_message_bytes=settings.worker_max_message_bytes,
         max_snapshot_bytes=settings.worker_max_snapshot_bytes,
         max_jobs=settings.worker_max_jobs,

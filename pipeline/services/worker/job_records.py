@@ -103,7 +103,7 @@ class _JobRecords:
         self.blind_periods += 1
         for st in self.jobs.values():
             # the same grace for silent nodes: their reports were cut off too
-            now = st.now_estimate(wall)
+            now = st.now_estimate(wall, self.event_rate)
             if now is not None:
                 st.detection.resume(now + self.blind_after_s)
         log.warning(
@@ -126,7 +126,7 @@ class _JobRecords:
             return Handled(release=[token])
         st = self.jobs.get(msg.job_id)
         out = Handled(job_id=msg.job_id)
-        now = st.now_estimate(self.clock()) if st is not None else None
+        now = st.now_estimate(self.clock(), self.event_rate) if st is not None else None
         if st is None or now is None or st.seen(topic, partition, offset):
             out.release.append(token)
             return out
@@ -175,7 +175,7 @@ class _JobRecords:
         out = Handled(job_id=job_id, release=[token])
         if st is None or st.seen(self.topics.jobs, partition, offset):
             return out
-        now = st.now_estimate(wall)
+        now = st.now_estimate(wall, self.event_rate)
         if now is None or now <= (st.last_event_ts or now):
             return out
         idle = wall - st.active_wall

@@ -104,11 +104,13 @@ class JobState:
         """True when the record at this offset is already reflected (a replay)."""
         return offset <= self.offsets.get((topic, partition), -1)
 
-    def now_estimate(self, wall: float) -> float | None:
-        """Event time now: newest step event time plus the wall time since it came."""
+    def now_estimate(self, wall: float, rate: float = 1.0) -> float | None:
+        """Event time now: newest step event time plus the wall time since it came
+        (times ``rate``: a job replayed at SPEED x real time, see
+        ``STEPGUARD_WORKER_EVENT_RATE``)."""
         if self.last_event_ts is None:
             return None
-        return self.last_event_ts + max(0.0, wall - self.arrived_wall)
+        return self.last_event_ts + rate * max(0.0, wall - self.arrived_wall)
 
 
 @dataclass

@@ -109,6 +109,9 @@ class WorkerCore(_JobRecords):
         ... but never sooner than the last snapshot's cost divided by this share: a big
         job's snapshots take at most this share of the worker's time (its records stay
         unacked meanwhile and replay after a crash).
+    event_rate
+        Event seconds a job's clock moves per wall second since its newest step came
+        (1 in production; a job replayed at SPEED x real time: SPEED).
     max_message_bytes
         Larger records are dead-lettered before parsing.
     max_snapshot_bytes
@@ -184,6 +187,7 @@ class WorkerCore(_JobRecords):
         snapshot_steps: int = 10,
         snapshot_interval_s: float = 2.0,
         snapshot_budget: float = 0.05,
+        event_rate: float = 1.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_snapshot_bytes: int = 64 * 1024 * 1024,
         monitor_config: MonitorConfig | None = None,
@@ -211,6 +215,8 @@ class WorkerCore(_JobRecords):
             raise ValueError("snapshot_interval_s must be positive")
         if not 0 < snapshot_budget <= 1:
             raise ValueError("snapshot_budget must be in (0, 1]")
+        if not 0 < event_rate <= 1000:
+            raise ValueError("event_rate must be in (0, 1000]")
         if blind_after_s <= 0:
             raise ValueError("blind_after_s must be positive")
         if max_jobs < 1 or max_ended < 1:
@@ -222,6 +228,7 @@ class WorkerCore(_JobRecords):
         self.snapshot_steps = snapshot_steps
         self.snapshot_interval_s = snapshot_interval_s
         self.snapshot_budget = snapshot_budget
+        self.event_rate = event_rate
         self.max_message_bytes = max_message_bytes
         self.monitor_config = monitor_config
         self.blind_after_s = blind_after_s
@@ -338,7 +345,7 @@ class WorkerCore(_JobRecords):
         st.arrived_wall = min(st.arrived_wall, wall)
         st.resume_wall = wall + self.blind_after_s
         st.last_snapshot_wall = wall
-        now = st.now_estimate(wall)
+        now = st.now_estimate(wall, self.event_rate)
         if now is not None:
             st.detection.resume(now + self.blind_after_s)
 

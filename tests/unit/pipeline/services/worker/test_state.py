@@ -547,3 +547,25 @@ def test_snapshots_are_spaced_out_by_what_the_last_one_cost(monkeypatch, budget,
 def test_a_snapshot_budget_outside_0_1_is_refused():
     with pytest.raises(ValueError, match="snapshot_budget"):
         WorkerCore(TOPICS, 8, snapshot_budget=0)
+
+
+def _seconds_to_hang(event_rate: float) -> int:
+    clock = Clock()
+    core = WorkerCore(TOPICS, 8, clock=clock, event_rate=event_rate)
+    feed(core, range(30))
+    for i in range(120):
+        clock.now += 1.0
+        _, value = core.tick_record("j")
+        alerts = core.handle_job_record(0, 2 + i, b"j", value, "tick", token=i).alerts
+        if any(a.kind is AlertKind.HANG for a in alerts):
+            return i + 1
+    raise AssertionError("no hang in 120 s")
+
+
+def test_a_job_replayed_at_4x_has_its_silence_measured_at_4x():
+    # 1.3 s steps: the hang comes after the same silence in event time, which a job
+    # played at 4x real time reaches in a quarter of the wall time
+    at_1x, at_4x = _seconds_to_hang(1.0), _seconds_to_hang(4.0)
+    assert at_4x == pytest.approx(at_1x / 4, abs=1)
+    with pytest.raises(ValueError, match="event_rate"):
+        WorkerCore(TOPICS, 8, event_rate=0)
