@@ -5,7 +5,7 @@ One simulated job (a straggler, 8 GPUs per node) is archived into a fresh chDB
 database through the archiver's row mapping (``pipeline.tools.calibrate.seed``), then:
 
 - **load**: ``archived_jobs`` reads it back (steps into frames, health, labels);
-- **detector**: ``JobMonitor.process_step`` + ``tick`` on the loaded frames, nothing
+- **detector**: ``DetectorSuite.process_step`` + ``tick`` on the loaded frames, nothing
   else (the detector_throughput approach, on the same records: the same-run baseline);
 - **detector + health**: the same plus ``process_health`` of the job's health reports
   before the step they precede (what the detectors themselves cost on these records);
@@ -31,8 +31,8 @@ from pathlib import Path
 
 from _common import command_line, cores_busy, environment, write_section
 
-from detectors.config import MonitorConfig
-from detectors.engine import JobMonitor
+from detectors.config import DetectorConfig
+from detectors.engine import DetectorSuite
 from pipeline.services.archive.backend import ChdbBackend
 from pipeline.services.archive.migrations import migrate
 from pipeline.tools.calibrate.archive import archived_jobs
@@ -70,10 +70,10 @@ def run(nodes: int, steps: int, processes: int, repeats: int) -> dict:  # type: 
         load_s = time.perf_counter() - t0
         backend.close()
     rs = job.rank_steps
-    cfg = MonitorConfig()
+    cfg = DetectorConfig()
 
     def detector_only() -> None:
-        mon = JobMonitor(job.job_id, cfg)
+        mon = DetectorSuite(job.job_id, cfg)
         for f in job.frames:
             mon.process_step(f)
             mon.tick(f.ts)
@@ -81,7 +81,7 @@ def run(nodes: int, steps: int, processes: int, repeats: int) -> dict:  # type: 
     health = sorted(job.health, key=lambda h: h.ts)
 
     def detector_and_health() -> None:
-        mon = JobMonitor(job.job_id, cfg)
+        mon = DetectorSuite(job.job_id, cfg)
         i = 0
         for f in job.frames:
             while i < len(health) and health[i].ts.timestamp() <= f.ts:
@@ -124,7 +124,7 @@ def markdown(results: list[dict], env: dict) -> str:  # type: ignore[type-arg]
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + ".",
         "",
         "One simulated job with a straggler archived into chDB, read back by "
-        "`stepguard calibrate`'s loader, then replayed. *detector*: `JobMonitor.process_step`"
+        "`stepguard calibrate`'s loader, then replayed. *detector*: `DetectorSuite.process_step`"
         " + `tick` alone on the same loaded frames (the same-run baseline, as in the "
         "detector throughput section); *detector + health*: the same with the job's health "
         "reports (`process_health`); *replay*: the "

@@ -1,7 +1,7 @@
-"""Detection quality of ``JobMonitor`` over the simulator suite, with two baselines.
+"""Detection quality of ``DetectorSuite`` over the simulator suite, with two baselines.
 
 Every scenario of ``pipeline/tools/simulator/scenarios`` runs through the detection core
-(``detectors.job.JobDetection``) around a fresh ``detectors.engine.JobMonitor``:
+(``detectors.job.JobDetection``) around a fresh ``detectors.engine.DetectorSuite``:
 ``on_health`` per health report, ``on_frame`` per frame, ``tick(ts)`` on every
 event, in the core's event-time order. The same frames also feed two baselines
 measured in the same run:
@@ -62,7 +62,7 @@ import numpy as np
 import river
 from _common import write_section
 
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.frame import PHASE_CODES, StepFrame
 from detectors.job import JobDetection
 from pipeline.tools.simulator import (
@@ -239,7 +239,7 @@ class Run:
 
 
 def run_scenario(scenario: Scenario, factory: MonitorFactory) -> Run:
-    detection = JobDetection(scenario.job, monitor=factory(scenario.job))
+    detection = JobDetection(scenario.job, suite=factory(scenario.job))
     static, rel = StaticThreshold(), RelativeScore()
     ups: dict[str, list[Update]] = {"monitor": [], "static_threshold": [], "relative_score": []}
     stall_start: dict[int, float] = {}
@@ -662,7 +662,7 @@ def check_targets(
 
 def _default_factory() -> MonitorFactory:
     def make(job_id: str) -> Monitor:
-        return JobMonitor(job_id)
+        return DetectorSuite(job_id)
 
     return make
 
@@ -800,7 +800,7 @@ def markdown(result: dict[str, Any], env: dict[str, Any], suite: Sequence[Scenar
         "",
         "| method | precision | recall | F1 | trap alerts | false alarms / 1000 node-h |",
         "|---|---|---|---|---|---|",
-        f"| JobMonitor | {o['precision']:.3f} | {o['recall']:.3f} | {o['f1']:.3f} | "
+        f"| DetectorSuite | {o['precision']:.3f} | {o['recall']:.3f} | {o['f1']:.3f} | "
         f"{result['trap_alerts']} | {_v(result['false_alarms_per_1000_node_hours'])} |",
     ]
     for m, b in result["baselines"].items():

@@ -4,12 +4,12 @@ For jobs of 1k, 16k and 128k ranks (8 GPUs per node, 4 pipeline stages, one slow
 rank), frames are synthesised with numpy (no simulator) and scored single-threaded:
 
 - **peer**: ``PeerDetector.score_frame`` alone (robust peer statistics of one step);
-- **full**: ``JobMonitor.process_step`` (peer scores, per-rank temporal baselines,
+- **full**: ``DetectorSuite.process_step`` (peer scores, per-rank temporal baselines,
   CUSUM / smoothed creep, missing ranks, divergence, grading, then learning).
 
-Memory per tracked rank: the ``JobMonitor`` written by ``pipeline.io.statecodec`` (the
+Memory per tracked rank: the ``DetectorSuite`` written by ``pipeline.io.statecodec`` (the
 worker's changelog snapshot, before compression)
-divided by the ranks, and the bytes ``tracemalloc`` sees retained by a monitor after
+divided by the ranks, and the bytes ``tracemalloc`` sees retained by a suite after
 its warm-up, divided by the ranks.
 
 Everything runs in one thread (the numpy operations used — sorting, partitioning,
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from _common import write_section
 
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.frame import StepFrame
 from detectors.steps.peer import PeerDetector
 from pipeline.io import statecodec
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 SIZES = (1024, 16384, 131072)
 TARGET_PEER = 500_000
-WARMUP_STEPS = 25  # past the monitor's per-rank warm-up, so every stage is active
+WARMUP_STEPS = 25  # past the suite's per-rank warm-up, so every stage is active
 
 
 def synth_frames(n_ranks: int, count: int, seed: int = 0) -> list[StepFrame]:
@@ -109,8 +109,8 @@ def bench_size(n_ranks: int, seconds: float, pool: int = 8) -> dict[str, Any]:
         if el >= seconds and done >= 3:
             break
     peer_rate = done * n_ranks / el
-    # full monitor: warm up (untimed), then time
-    mon = JobMonitor("bench")
+    # full suite: warm up (untimed), then time
+    mon = DetectorSuite("bench")
     step = 0
     for _ in range(WARMUP_STEPS):
         mon.process_step(_cycle(tail, step, 1.0))
@@ -125,11 +125,11 @@ def bench_size(n_ranks: int, seconds: float, pool: int = 8) -> dict[str, Any]:
             break
     full_rate = done * n_ranks / el
     snapshot = len(statecodec.dumps(mon, level=0))
-    # retained memory of a fresh monitor after its warm-up
+    # retained memory of a fresh suite after its warm-up
     inputs = [_cycle(tail, s, 1.0) for s in range(WARMUP_STEPS)]
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    mon2 = JobMonitor("bench")
+    mon2 = DetectorSuite("bench")
     for f in inputs:
         mon2.process_step(f)
     retained = tracemalloc.get_traced_memory()[0] - base
@@ -169,9 +169,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['versions']['numpy']}, river {result['versions']['river']}.",
         "",
         "Rank-steps scored per second on one core. *peer*: robust peer statistics of a "
-        "step (`PeerDetector.score_frame`); *full*: `JobMonitor.process_step` with the "
+        "step (`PeerDetector.score_frame`); *full*: `DetectorSuite.process_step` with the "
         "per-rank temporal baselines, creep detection, grading and learning. Memory per "
-        "tracked rank: the monitor's state snapshot (statecodec, uncompressed) / ranks, and "
+        "tracked rank: the suite's state snapshot (statecodec, uncompressed) / ranks, and "
         "bytes retained after warm-up "
         "(tracemalloc) / ranks.",
         "",

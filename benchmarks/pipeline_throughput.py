@@ -188,14 +188,14 @@ def bench_bare_consumer(settings: Settings, expected: int) -> float:
 
 # -- the worker's core without Faust ---------------------------------------------------
 def bench_core(nodes: int, steps: int, rack: int = 1) -> float:
-    """Rank-steps/s of :class:`WorkerCore` alone (decode, assembly, detection, snapshots)
+    """Rank-steps/s of :class:`WorkerDetection` alone (decode, assembly, detection, snapshots)
     on pre-encoded records, in this process: what the worker would do without Faust."""
-    from pipeline.services.worker.state import CoreTopics, WorkerCore
+    from pipeline.services.worker.state import CoreTopics, WorkerDetection
 
     messages = NodeMessages("core-job", nodes, rack)
     t0 = time.time() - steps
     values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
-    core = WorkerCore(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
+    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
     scored, letters = 0, 0
     start = time.perf_counter()
     for offset, value in enumerate(values):

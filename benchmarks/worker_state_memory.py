@@ -1,5 +1,5 @@
 """What a worker keeps of a job through a takeover and the job's end (BENCHMARKS.md,
-"Chaos soak", worker RSS): Python's traced memory (tracemalloc) of ``WorkerCore`` alone,
+"Chaos soak", worker RSS): Python's traced memory (tracemalloc) of ``WorkerDetection`` alone,
 no Faust or broker (their buffers are bounded by their settings).
 
 ``--jobs`` jobs of ``--nodes`` nodes x 8 ranks are played on core A for 30 steps, taken
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.services.worker.state import CoreTopics, WorkerCore
+from pipeline.services.worker.state import CoreTopics, WorkerDetection
 from schemas import (
     EndReason,
     JobEvent,
@@ -67,7 +67,7 @@ def main() -> int:
     table: dict[str, bytes] = {}
     offset = 0
 
-    def play(core: WorkerCore, steps: range) -> None:
+    def play(core: WorkerDetection, steps: range) -> None:
         nonlocal offset
         for step in steps:
             wall[0] = 1000.0 + STEP_S * (step + 1)
@@ -81,11 +81,11 @@ def main() -> int:
 
     tracemalloc.start(1)
     before = traced_mb()
-    a = WorkerCore(topics, 1, clock=lambda: wall[0])
+    a = WorkerDetection(topics, 1, clock=lambda: wall[0])
     play(a, range(30))
     on_a = traced_mb()
     del a  # SIGKILLed: only the table (the changelog) survives
-    b = WorkerCore(topics, 1, clock=lambda: wall[0])
+    b = WorkerDetection(topics, 1, clock=lambda: wall[0])
     adopted = sum(b.adopt(job, table[job], {0}) for job in jobs)
     after_takeover = traced_mb()
     play(b, range(30, 60))

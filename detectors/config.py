@@ -1,22 +1,22 @@
-"""MonitorConfig: every threshold of the detectors, in one frozen object.
+"""DetectorConfig: every threshold of the detectors, in one frozen object.
 
 Built once (the worker reads it from settings) and passed to
-:class:`~detectors.engine.JobMonitor`; every value is checked on construction, the
-threshold orderings through :meth:`MonitorConfig.policies`, so a bad configuration
+:class:`~detectors.engine.DetectorSuite`; every value is checked on construction, the
+threshold orderings through :meth:`DetectorConfig.policies`, so a bad configuration
 fails at start-up, naming the argument, and never halfway through a job.
 
 Examples
 --------
->>> cfg = MonitorConfig(straggler_warning=0.08)
+>>> cfg = DetectorConfig(straggler_warning=0.08)
 >>> cfg.straggler_warning, cfg.straggler_critical
 (0.08, 0.1)
 >>> cfg.policies()["straggler"].enter
 (None, 0.08, 0.1)
->>> MonitorConfig(nic_window=0)
+>>> DetectorConfig(nic_window=0)
 Traceback (most recent call last):
 ...
 ValueError: nic_window must be >= 1, got 0
->>> MonitorConfig(straggler_exit=0.2)
+>>> DetectorConfig(straggler_exit=0.2)
 Traceback (most recent call last):
 ...
 ValueError: exit must be <= the lowest enter threshold, got 0.2
@@ -31,11 +31,11 @@ from detectors.grading.grader import GradePolicy
 from detectors.hardware.health import FATAL_XIDS
 from schemas.alerts import AlertKind, RecommendedAction
 
-__all__ = ["MonitorConfig", "grade_policies"]
+__all__ = ["DetectorConfig", "grade_policies"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class MonitorConfig:
+class DetectorConfig:
     """Every threshold of the detectors, in one frozen object.
 
     Units: *fraction* = relative to the peer median (0.05 = 5 %); *z* = robust MAD
@@ -105,7 +105,7 @@ class MonitorConfig:
                                     (2.5, so a hang is flagged before 3 x the median
                                     step time; ``tick`` runs after the step it follows)
     ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
-    ``restart_grace_steps``         after :meth:`JobMonitor.restarted`, median step
+    ``restart_grace_steps``         after :meth:`DetectorSuite.restarted`, median step
                                     times allowed for the relaunch before a hang
     ``restart_grace_min_s``         ... but never less than this many seconds (nor
                                     less than 1.5 x the job's longest recent relaunch,
@@ -274,14 +274,14 @@ class MonitorConfig:
 _A = RecommendedAction
 
 
-def grade_policies(config: MonitorConfig) -> dict[str, GradePolicy]:
+def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
     """The grading policy of every signal, from the thresholds of ``config``.
 
     Examples
     --------
     >>> from detectors.hardware.health import HEALTH_SIGNALS
     >>> from detectors.signals import CLOCK_SIGNALS, STEP_SIGNALS, TRAIN_SIGNALS
-    >>> policies = grade_policies(MonitorConfig())
+    >>> policies = grade_policies(DetectorConfig())
     >>> families = TRAIN_SIGNALS | STEP_SIGNALS | CLOCK_SIGNALS | HEALTH_SIGNALS
     >>> sorted(policies) == sorted(families)
     True
@@ -292,7 +292,7 @@ def grade_policies(config: MonitorConfig) -> dict[str, GradePolicy]:
     Parameters
     ----------
     config
-        The thresholds; see :class:`~detectors.config.MonitorConfig` for their units.
+        The thresholds; see :class:`~detectors.config.DetectorConfig` for their units.
 
     Returns
     -------

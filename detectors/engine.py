@@ -1,18 +1,18 @@
-"""JobMonitor: every detector of one job behind three calls.
+"""DetectorSuite: every detector of one job behind three calls.
 
 ``process_step(frame)`` scores one step (peer-relative stragglers, creep against
 per-rank baselines, data-loader stalls, NIC flapping, missing ranks, divergence),
 grades, then learns; ``process_health(msg)`` does the same for one node's hardware
 report; ``tick(now)`` checks, on event time, for hangs and silent nodes when no data
 arrives. Each returns the alert updates caused (new episode, escalation, re-open,
-resolve) — usually none. The monitor is deterministic and plain data
+resolve) — usually none. The suite is deterministic and plain data
 (:mod:`pipeline.io.statecodec` writes it to the worker's changelog).
 
 Examples
 --------
 >>> import numpy as np
 >>> from detectors.frame import StepFrame
->>> mon = JobMonitor("job-1")
+>>> suite = DetectorSuite("job-1")
 >>> rng = np.random.default_rng(0)
 >>> alerts = []
 >>> for step in range(40):
@@ -22,16 +22,16 @@ Examples
 ...     comm = compute.max() + 0.05 - compute        # everyone else waits for it
 ...     frame = StepFrame.from_arrays("job-1", step, ts=1.3 * step, compute=compute,
 ...                                   comm_wait=comm)
-...     alerts += mon.process_step(frame)
+...     alerts += suite.process_step(frame)
 >>> [(a.kind.value, a.grade.value, a.node, a.rank, a.step) for a in alerts]
 [('straggler', 'warning', 'node-1', 13, 22), ('straggler', 'critical', 'node-1', 13, 27)]
->>> mon.tick(1.3 * 39 + 10.0)[0].kind.value     # no step for ~8 median step times
+>>> suite.tick(1.3 * 39 + 10.0)[0].kind.value   # no step for ~8 median step times
 'hang'
 
-The monitor coordinates; each concern lives in its own module:
+The suite coordinates; each concern lives in its own module:
 
 ==========================  ==========================================================
-:mod:`detectors.config`     :class:`MonitorConfig`, every threshold
+:mod:`detectors.config`     :class:`DetectorConfig`, every threshold
 :mod:`detectors.signals`    signal families (when each is graded) and grading policies
 :mod:`detectors.steps.ranks`      dense rank slots: per-rank state is sized by ranks, not ids
 :mod:`detectors.registry`   node ids, the rank -> node map, nodes removed at a relaunch
@@ -53,7 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.base import Finding
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.frame import PHASE_CODES, StepFrame
 from detectors.grading.grader import Grader
 from detectors.hang.detector import HangDetector, HealthPresence, MissingRanks
@@ -81,7 +81,7 @@ from detectors.training.drift import LossDrift, drift_findings
 from schemas.alerts import Alert, Grade
 from schemas.telemetry import NodeHealth, Phase
 
-__all__ = ["JobMonitor", "MonitorConfig", "StepScores"]
+__all__ = ["DetectorSuite", "DetectorConfig", "StepScores"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -92,7 +92,7 @@ _TRAIN = PHASE_CODES[Phase.TRAIN]
 
 @dataclass(eq=False)
 class StepScores:
-    """What :meth:`JobMonitor.score_step` found in one frame (nothing learned yet)."""
+    """What :meth:`DetectorSuite.score_step` found in one frame (nothing learned yet)."""
 
     frame: StepFrame
     slots: I64  #: dense slot of each frame row's rank (new ranks: provisional)
@@ -121,7 +121,7 @@ class StepScores:
         return [*self.missing, *self.nonfinite, *self.train_findings]
 
 
-class JobMonitor:
+class DetectorSuite:
     """Every detector of one job; the one API the worker and benchmarks call.
 
     Parameters
@@ -129,7 +129,7 @@ class JobMonitor:
     job_id
         The job monitored; frames and health reports of other jobs are rejected/ignored.
     config
-        Thresholds; :class:`MonitorConfig` defaults when omitted.
+        Thresholds; :class:`DetectorConfig` defaults when omitted.
 
     Attributes
     ----------
@@ -143,11 +143,11 @@ class JobMonitor:
         Steps processed.
     """
 
-    def __init__(self, job_id: str, config: MonitorConfig | None = None) -> None:
+    def __init__(self, job_id: str, config: DetectorConfig | None = None) -> None:
         if not job_id:
             raise ValueError("job_id must not be empty")
         self.job_id = job_id
-        self.config = cfg = config if config is not None else MonitorConfig()
+        self.config = cfg = config if config is not None else DetectorConfig()
         self.peer = PeerDetector(mad_floor_rel=cfg.mad_floor_rel, min_group_size=cfg.min_group_size)
         self.baselines = RankBaselines(
             n_metrics=3,
@@ -201,7 +201,7 @@ class JobMonitor:
             schema's ``MAX_RANKS_PER_JOB``.
         """
         if frame.job_id != self.job_id:
-            raise ValueError(f"frame of job {frame.job_id!r} given to monitor of {self.job_id!r}")
+            raise ValueError(f"frame of job {frame.job_id!r} given to the suite of {self.job_id!r}")
         slots = self.ranks.lookup(frame.rank)
         node_ids, names = self.nodes.lookup(frame.nodes)
         rank_node = node_ids[frame.node_idx]

@@ -86,7 +86,7 @@ from typing import Protocol
 import numpy as np
 
 from detectors.assembly import StepAssembler
-from detectors.engine import JobMonitor, MonitorConfig
+from detectors.engine import DetectorConfig, DetectorSuite
 from detectors.errors import CapacityError
 from detectors.frame import NodeStep, StepFrame
 from detectors.job_guard import JobGuard, LifecycleLimits, PendingEnd
@@ -118,7 +118,7 @@ MAX_STEP_NODES = 4096
 
 
 class Detectors(Protocol):
-    """What the core drives: :class:`~detectors.engine.JobMonitor`, or a stand-in with
+    """What the core drives: :class:`~detectors.engine.DetectorSuite`, or a stand-in with
     the same calls (the detection benchmark scores oracles and baselines this way)."""
 
     def process_step(self, frame: StepFrame) -> list[Alert]: ...
@@ -147,9 +147,9 @@ class JobDetection:
     job_id
         The job; records of other jobs are refused with ``ValueError``.
     config
-        Detector thresholds (:class:`~detectors.engine.MonitorConfig` defaults).
-    monitor
-        Detectors to drive instead of a new :class:`~detectors.engine.JobMonitor`
+        Detector thresholds (:class:`~detectors.engine.DetectorConfig` defaults).
+    suite
+        Detectors to drive instead of a new :class:`~detectors.engine.DetectorSuite`
         (benchmarks and tests that vary them); ``config`` must then be omitted.
     lag_steps
         A step is assembled without its missing nodes once a message ``lag_steps``
@@ -177,9 +177,9 @@ class JobDetection:
     def __init__(
         self,
         job_id: str,
-        config: MonitorConfig | None = None,
+        config: DetectorConfig | None = None,
         *,
-        monitor: Detectors | None = None,
+        suite: Detectors | None = None,
         lag_steps: int = 2,
         max_held_health: int = 4096,
         max_commands: int = 256,
@@ -188,8 +188,8 @@ class JobDetection:
         limits: LifecycleLimits | None = None,
         max_result_age_s: float = 600.0,
     ) -> None:
-        if monitor is not None and config is not None:
-            raise ValueError("give either config or monitor, not both")
+        if suite is not None and config is not None:
+            raise ValueError("give either config or suite, not both")
         if max_held_health < 0:
             raise ValueError(f"max_held_health must be >= 0, got {max_held_health!r}")
         if max_commands < 1:
@@ -197,7 +197,7 @@ class JobDetection:
         if not 1 <= max_ranks <= MAX_RANKS_PER_JOB:
             raise ValueError(f"max_ranks must be in [1, {MAX_RANKS_PER_JOB}], got {max_ranks!r}")
         self.job_id = job_id
-        self.monitor: Detectors = monitor if monitor is not None else JobMonitor(job_id, config)
+        self.suite: Detectors = suite if suite is not None else DetectorSuite(job_id, config)
         self.assembler = StepAssembler(lag_steps)
         self.max_held_health = max_held_health
         self.max_commands = max_commands
@@ -247,8 +247,8 @@ class JobDetection:
         self._saw_nodes(frame.nodes)
         alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
         alerts += self._release_health(frame.ts, tick=False)
-        alerts += self.monitor.process_step(frame)
-        alerts += self.monitor.tick(frame.ts)
+        alerts += self.suite.process_step(frame)
+        alerts += self.suite.tick(frame.ts)
         self._advance(frame.ts)
         self.frames += 1
         return self._stamp(alerts)
@@ -258,9 +258,9 @@ class JobDetection:
         (rule 2). Returns what an overflow of the hold released (usually nothing)."""
         if msg.job_id is not None:
             self._check_job(msg.job_id)
-        if self.now is not None and isinstance(self.monitor, JobMonitor):
+        if self.now is not None and isinstance(self.suite, DetectorSuite):
             # when it reached us, not when it is ordered in: a late backlog is not silence
-            self.monitor.presence.arrived(msg.node, msg.ts.timestamp(), self.now, msg.interval_s)
+            self.suite.presence.arrived(msg.node, msg.ts.timestamp(), self.now, msg.interval_s)
         self._seq += 1
         heapq.heappush(self._held, (msg.ts.timestamp(), self._seq, msg))
         alerts: list[Alert] = []
@@ -304,7 +304,7 @@ class JobDetection:
         # the nodes it left out are out of the job: their episodes end with them
         at = self.now if self.now is not None else result.ts.timestamp()
         why = f"{', '.join(cmd.targets)} left the job ({cmd.kind.value} {cmd.command_id})"
-        return [a for node in cmd.targets for a in self.monitor.close(why, at, node=node)]
+        return [a for node in cmd.targets for a in self.suite.close(why, at, node=node)]
 
     def relaunched(self, now: float | None = None, removed_nodes: Iterable[str] = ()) -> None:
         """The job relaunches at event time ``now`` (default: the current event time),
@@ -319,9 +319,9 @@ class JobDetection:
         the health reports it delayed are not silence, so silent nodes are judged from
         ``at`` on (:meth:`~detectors.hang.presence.HealthPresence.resume`). The hang clock
         is the driver's: it keeps running from the job's last step (see
-        :meth:`pipeline.services.worker.state.WorkerCore._resume`)."""
-        if isinstance(self.monitor, JobMonitor):
-            self.monitor.presence.resume(at)
+        :meth:`pipeline.services.worker.state.WorkerDetection._resume`)."""
+        if isinstance(self.suite, DetectorSuite):
+            self.suite.presence.resume(at)
 
     def on_lifecycle(self, event: JobEvent) -> list[Alert]:
         """A lifecycle event of the job (rules 5 and 7): a start's declared nodes
@@ -332,7 +332,7 @@ class JobDetection:
             return []
         verdict = self.guard.on_event(event, self.now, self.last_step)
         if verdict.phase is not None:
-            self.monitor.announce_phase(*verdict.phase)
+            self.suite.announce_phase(*verdict.phase)
         return verdict.alerts
 
     @property
@@ -345,7 +345,7 @@ class JobDetection:
         episodes and say so in one INFO notice (a RESOLVED update of its own, so that
         nothing stays open downstream once the state is dropped)."""
         why = f"job abandoned: no record for {idle_s:.0f}s and no end or relaunch"
-        alerts = [] if self.ended is not None else self.monitor.close(why, now)
+        alerts = [] if self.ended is not None else self.suite.close(why, now)
         alerts += self.guard.resolve(why, now, self.last_step)
         self.ended = "abandoned"
         at = datetime.fromtimestamp(now, UTC)
@@ -384,7 +384,7 @@ class JobDetection:
         alerts = self._release_health(now, tick=True)
         if self.now is None or now > self.now:  # not ticked there by a report already
             if self.guard.ending is None:  # a pending end holds the clock
-                alerts += self.monitor.tick(now)
+                alerts += self.suite.tick(now)
             self._advance(now)
         end = self.guard.due(now)
         return self._stamp(alerts + (self._end(end) if end is not None else []))
@@ -413,7 +413,7 @@ class JobDetection:
     @property
     def last_step(self) -> int:
         """The last step the job completed (-1 before the first)."""
-        return self.monitor.last_step if isinstance(self.monitor, JobMonitor) else -1
+        return self.suite.last_step if isinstance(self.suite, DetectorSuite) else -1
 
     # -- internals ---------------------------------------------------------------------
     def _check_job(self, job_id: str) -> None:
@@ -474,7 +474,7 @@ class JobDetection:
     def _grace(self, now: float | None, removed_nodes: Iterable[str]) -> None:
         at = now if now is not None else self.now
         if at is not None:  # before the first record there is no clock to give grace on
-            self.monitor.restarted(at, removed_nodes=removed_nodes)
+            self.suite.restarted(at, removed_nodes=removed_nodes)
 
     def _advance(self, ts: float) -> None:
         if self.now is None or ts > self.now:
@@ -489,12 +489,12 @@ class JobDetection:
 
     def _health(self, hts: float, msg: NodeHealth, *, tick: bool) -> list[Alert]:
         if msg.node in self.guard.members:
-            alerts = self.monitor.process_health(msg)
+            alerts = self.suite.process_health(msg)
         else:  # rule 7: not judged for the job, so never a reason to isolate the node
             alerts = self.guard.outsider(msg, max(self.last_step, 0))
         if tick and (self.now is None or hts >= self.now):
             if self.guard.ending is None:
-                alerts += self.monitor.tick(hts)
+                alerts += self.suite.tick(hts)
             self._advance(hts)
         return alerts
 
@@ -502,7 +502,7 @@ class JobDetection:
         """A pending end confirmed: every open episode resolves."""
         self.ended, self.ended_at = end.reason, end.ts
         why, at = f"job ended: {end.reason}", max(end.ts, self.now or end.ts)
-        return self.monitor.close(why, at) + self.guard.resolve(why, at, self.last_step)
+        return self.suite.close(why, at) + self.guard.resolve(why, at, self.last_step)
 
     def _remember(self, into: OrderedDict, key: str, value: object) -> None:  # type: ignore[type-arg]
         into[key] = value

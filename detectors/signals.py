@@ -1,8 +1,8 @@
-"""The signals JobMonitor grades: when each family is graded, and how each is graded.
+"""The signals DetectorSuite grades: when each family is graded, and how each is graded.
 
 A *signal* names one kind of finding (``"straggler"``, ``"hang"``, ...); each has its
 own :class:`~detectors.grading.grader.GradePolicy` (alert kind, enter and exit thresholds,
-minimum durations, recommended actions). The monitor grades a family at its own
+minimum durations, recommended actions). The suite grades a family at its own
 moment: :data:`TRAIN_SIGNALS` on training steps, :data:`STEP_SIGNALS` on every step,
 :data:`CLOCK_SIGNALS` from ``tick`` and :data:`~detectors.hardware.health.HEALTH_SIGNALS` on
 a node's health report. A signal graded at a moment and not found then counts as an

@@ -42,10 +42,10 @@ __all__ = ["ActionRecord", "ActionState", "ControlMessage", "DetectorValue", "Mo
 #: ``ControlMessage.action_modes`` value: a mode for the kind, or ``default`` (follow
 #: the global mode again)
 ModeOverride = Literal["observe", "approve", "auto", "default"]
-#: a detector setting's name (a field of ``detectors.config.MonitorConfig``)
+#: a detector setting's name (a field of ``detectors.config.DetectorConfig``)
 SettingName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 #: ``ControlMessage.detector_settings`` value: a number, a switch, or a set of integers
-#: (``fatal_xids``); the worker checks names and values against its MonitorConfig
+#: (``fatal_xids``); the worker checks names and values against its DetectorConfig
 DetectorValue = bool | int | float | Annotated[tuple[int, ...], Field(max_length=256)]
 
 

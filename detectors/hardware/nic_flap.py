@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.base import Finding
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.frame import StepFrame
 from detectors.steps.peer import PeerScores
 from detectors.steps.temporal import TemporalScores
@@ -47,7 +47,7 @@ class NicWindow:
     Parameters
     ----------
     window
-        Steps the spike fraction is counted over (``MonitorConfig.nic_window``).
+        Steps the spike fraction is counted over (``DetectorConfig.nic_window``).
 
     Nodes are slots by global node id; the ring grows as nodes join.
     """
@@ -99,7 +99,7 @@ def nic_flap_findings(
     rank_node: I64,
     node_names: Sequence[str],
     *,
-    config: MonitorConfig,
+    config: DetectorConfig,
     floor: float,
     window: NicWindow,
 ) -> tuple[list[Finding], B]:

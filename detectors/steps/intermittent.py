@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.base import Finding
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.frame import StepFrame
 from detectors.steps.slowdown import rank_or_node_findings
 
@@ -159,7 +159,7 @@ class IntermittentSlowdown:
 
 
 def slow_steps(
-    z: F64, excess: F64, slowdown: F64, comm_excess: F64, warmed: B, config: MonitorConfig
+    z: F64, excess: F64, slowdown: F64, comm_excess: F64, warmed: B, config: DetectorConfig
 ) -> tuple[B, F64]:
     """Which ranks were clearly slow this step, and by how much: ``z`` robust units
     over their own baseline, ``intermittent_excess`` above their peers, and not
@@ -177,7 +177,7 @@ def intermittent_findings(
     rank_node: I64,
     node_names: Sequence[str],
     *,
-    config: MonitorConfig,
+    config: DetectorConfig,
     floor: float,
     busy_rows: B,
     open_nodes: Collection[int],

@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from detectors._stats import MAD_TO_SIGMA
 from detectors.base import Finding
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.frame import StepFrame
 from detectors.steps.peer import PeerScores
 from detectors.steps.temporal import TemporalScores
@@ -75,7 +75,7 @@ def slowdown_findings(
     rank_node: I64,
     node_names: Sequence[str],
     *,
-    config: MonitorConfig,
+    config: DetectorConfig,
     floors: Mapping[str, float],
     degradation_rows: B,
     open_nodes: Mapping[str, Collection[int]],

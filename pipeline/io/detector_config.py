@@ -1,6 +1,6 @@
 """The detector settings file: the thresholds ``stepguard calibrate --apply`` writes.
 
-A JSON object of :class:`~detectors.config.MonitorConfig` fields that differ from the
+A JSON object of :class:`~detectors.config.DetectorConfig` fields that differ from the
 defaults (``{"straggler_warning": 0.06, "hang_factor": 3.0}``). The worker builds every
 new job's detectors from it when ``STEPGUARD_DETECTOR_CONFIG`` names it; calibration
 reads it as "the running settings" that ``--dry-run`` compares against.
@@ -25,7 +25,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.errors import ConfigError
 
 __all__ = [
@@ -37,8 +37,8 @@ __all__ = [
 ]
 
 #: Every detector setting a file or a calibration grid may name.
-SETTING_NAMES: frozenset[str] = frozenset(f.name for f in fields(MonitorConfig))
-_DEFAULTS = MonitorConfig()
+SETTING_NAMES: frozenset[str] = frozenset(f.name for f in fields(DetectorConfig))
+_DEFAULTS = DetectorConfig()
 #: Largest settings file read (it holds a few dozen numbers).
 _MAX_FILE_BYTES = 64 * 1024
 
@@ -66,8 +66,8 @@ def _value(name: str, value: Any) -> Any:
     return float(value)
 
 
-def config_from_overrides(overrides: Mapping[str, Any]) -> MonitorConfig:
-    """A :class:`MonitorConfig` with ``overrides`` on the defaults; a name that is not a
+def config_from_overrides(overrides: Mapping[str, Any]) -> DetectorConfig:
+    """A :class:`DetectorConfig` with ``overrides`` on the defaults; a name that is not a
     setting, a value of the wrong type or a bad combination is a ``ConfigError`` naming
     it."""
     clean = {}
@@ -76,25 +76,25 @@ def config_from_overrides(overrides: Mapping[str, Any]) -> MonitorConfig:
             raise ConfigError(f"detector setting {name!r} does not exist (see detectors/config.py)")
         clean[name] = _value(name, value)
     try:
-        return MonitorConfig(**clean)
+        return DetectorConfig(**clean)
     except ValueError as exc:
         raise ConfigError(f"detector settings {clean}: {exc}") from exc
 
 
-def overrides_of(config: MonitorConfig) -> dict[str, Any]:
+def overrides_of(config: DetectorConfig) -> dict[str, Any]:
     """The settings of ``config`` that differ from the defaults, by name."""
     out = {}
-    for f in fields(MonitorConfig):
+    for f in fields(DetectorConfig):
         v = getattr(config, f.name)
         if v != getattr(_DEFAULTS, f.name):
             out[f.name] = sorted(v) if isinstance(v, frozenset) else v
     return out
 
 
-def load_detector_config(path: Path | None) -> MonitorConfig:
+def load_detector_config(path: Path | None) -> DetectorConfig:
     """The settings in ``path`` (the defaults when ``None``)."""
     if path is None:
-        return MonitorConfig()
+        return DetectorConfig()
     try:
         with path.open("rb") as fh:
             raw = fh.read(_MAX_FILE_BYTES + 1)
@@ -114,7 +114,7 @@ def load_detector_config(path: Path | None) -> MonitorConfig:
         raise ConfigError(f"STEPGUARD_DETECTOR_CONFIG {path}: {exc}") from exc
 
 
-def write_detector_config(path: Path, config: MonitorConfig) -> Path:
+def write_detector_config(path: Path, config: DetectorConfig) -> Path:
     """Write ``config``'s non-default settings to ``path`` (atomically: a worker starting
     meanwhile reads the old file or the new one, never half of one)."""
     path.parent.mkdir(parents=True, exist_ok=True)

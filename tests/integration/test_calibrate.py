@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.trust import sign
 from pipeline.services.archive import rows_for
 from pipeline.tools.calibrate.archive import archived_jobs, load_job
@@ -37,7 +37,7 @@ from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, OPERATOR_KEY
 pytestmark = pytest.mark.integration
 
 #: What the team ran while observing: thresholds low enough to page on small slowdowns.
-SENSITIVE = MonitorConfig(
+SENSITIVE = DetectorConfig(
     straggler_warning=0.02, straggler_exit=0.01, degradation_warning=0.015,
     degradation_exit=0.0075,
 )  # fmt: skip
@@ -194,7 +194,7 @@ def test_apply_publishes_the_confirmation_signed_by_the_operator(settings):
 
 
 _SEED = """
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.services.archive import migrate, open_backend
 from pipeline.tools.calibrate.seed import seed_job
 from pipeline.io.settings import load_settings
@@ -208,7 +208,7 @@ def sc(name, mag, seed):
 b = open_backend(load_settings())
 migrate(b)
 seed_job(b, sc("cli-fault", 0.08, 21))
-s = seed_job(b, sc("cli-benign", 0.035, 22), truth=False, observed_with=MonitorConfig(
+s = seed_job(b, sc("cli-benign", 0.035, 22), truth=False, observed_with=DetectorConfig(
     straggler_warning=0.02, straggler_exit=0.01, degradation_warning=0.015,
     degradation_exit=0.0075))
 print(" ".join(s.incidents))

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.kafka import read_back
 from pipeline.io.trust import public_keys, sign, signature_problem
 from pipeline.services.archive import rows_for
@@ -80,7 +80,7 @@ def test_a_running_worker_builds_a_new_jobs_detectors_with_the_applied_settings(
 
 
 def test_running_detector_settings_are_the_latest_signed_change_archived(archive):
-    base = MonitorConfig(hang_factor=3.0)
+    base = DetectorConfig(hang_factor=3.0)
     assert running_detector(archive, base) is base
     t0 = datetime(2026, 2, 1, tzinfo=UTC)
 
@@ -104,4 +104,4 @@ def test_running_detector_settings_are_the_latest_signed_change_archived(archive
     for table, cols in rows_for([(m, 0) for m in messages], list(range(5))).items():
         archive.insert(table, cols)
     got = running_detector(archive, base)
-    assert got == MonitorConfig(straggler_warning=0.07)
+    assert got == DetectorConfig(straggler_warning=0.07)

@@ -14,7 +14,7 @@ from pipeline.agents.rack import RackAggregator, RackLink
 from pipeline.client import StepExporter
 from pipeline.client.sink import KafkaSink
 from pipeline.io.kafka import create_topics, make_consumer, registry_of
-from pipeline.services.worker.state import CoreTopics, WorkerCore
+from pipeline.services.worker.state import CoreTopics, WorkerDetection
 from tests.integration.test_exporter import read_steps
 
 pytestmark = pytest.mark.integration
@@ -100,7 +100,7 @@ def test_a_rack_sends_one_message_per_step_beside_a_node_of_its_own(settings, tm
     # the worker's core reads the mixed job from the topic: six ranks on three nodes,
     # then (the rack lost) node 2's ranks alone: its steps go on being scored
     topic = registry_of(settings).name("steps")
-    core = WorkerCore(CoreTopics(topic, "h", "j"), n_partitions=1, max_clock_skew_s=300.0)
+    core = WorkerDetection(CoreTopics(topic, "h", "j"), n_partitions=1, max_clock_skew_s=300.0)
     consumer = make_consumer(settings, [topic], None)
     rank_steps, letters, seen = 0, [], 0
     try:

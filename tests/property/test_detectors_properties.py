@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from detectors._stats import EWArrays, Groups
 from detectors.base import Finding
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.frame import StepFrame
 from detectors.grading.grader import GradePolicy, Grader
 from detectors.series.scorer import SeriesScorer
@@ -137,8 +137,8 @@ def run(mon, frames):
 @QUICK
 @given(seed=st.integers(0, 2**16), k=st.sampled_from([0.25, 0.5, 2.0, 4.0]))
 def test_monitor_alerts_do_not_change_when_every_rank_scales(seed, k):
-    a = run(JobMonitor("job"), synthetic(seed))
-    b = run(JobMonitor("job"), synthetic(seed, k=k))
+    a = run(DetectorSuite("job"), synthetic(seed))
+    b = run(DetectorSuite("job"), synthetic(seed, k=k))
     assert alert_keys(a) == alert_keys(b)
 
 
@@ -146,7 +146,7 @@ def test_monitor_alerts_do_not_change_when_every_rank_scales(seed, k):
 @given(seed=st.integers(0, 2**16), cut=st.integers(1, 44))
 def test_pickle_round_trip_gives_identical_outputs(seed, cut):
     frames = synthetic(seed)
-    a = JobMonitor("job")
+    a = DetectorSuite("job")
     run(a, frames[:cut])
     b = pickle.loads(pickle.dumps(a))
     assert alert_keys(run(a, frames[cut:])) == alert_keys(run(b, frames[cut:]))
@@ -157,7 +157,7 @@ def test_pickle_round_trip_gives_identical_outputs(seed, cut):
 @given(seed=st.integers(0, 2**16), cut=st.integers(0, 44))
 def test_scoring_does_not_mutate_and_scores_are_finite_non_negative(seed, cut):
     frames = synthetic(seed)
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     run(mon, frames[:cut])
     before = pickle.dumps(mon)
     scores = mon.score_step(frames[cut])
@@ -169,8 +169,8 @@ def test_scoring_does_not_mutate_and_scores_are_finite_non_negative(seed, cut):
 @QUICK
 @given(seed=st.integers(0, 2**16))
 def test_seeded_runs_repeat(seed):
-    assert alert_keys(run(JobMonitor("job"), synthetic(seed))) == alert_keys(
-        run(JobMonitor("job"), synthetic(seed))
+    assert alert_keys(run(DetectorSuite("job"), synthetic(seed))) == alert_keys(
+        run(DetectorSuite("job"), synthetic(seed))
     )
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.hardware.health import HardwareDetector
 from detectors.hardware.links import LINK_SIGNALS
 from schemas import GpuHealth, NodeHealth
@@ -60,7 +60,7 @@ def test_findings_are_finite_non_negative_and_scoring_does_not_learn(history, pr
 @given(st.lists(st.lists(st.sampled_from(REASONS), max_size=2, unique=True), min_size=8,
                 max_size=30))  # fmt: skip
 def test_the_same_clock_reasons_on_every_node_never_reach_a_grade(per_report):
-    cfg = MonitorConfig()
+    cfg = DetectorConfig()
     hw = HardwareDetector()
     base = GpuHealth(index=0, temperature_c=60, power_w=500, sm_clock_mhz=1980,
                      utilization_pct=98)  # fmt: skip

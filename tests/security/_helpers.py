@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from pipeline.io.trust import SigningKey, sign
-from pipeline.services.worker.state import CoreTopics, WorkerCore
+from pipeline.services.worker.state import CoreTopics, WorkerDetection
 from schemas import (
     ActuatorMode,
     Command,
@@ -68,16 +68,16 @@ def step_msg(step: int, node: int, job: str = "j") -> bytes:
 JOB_J_KEY = job_controller_key("j")
 
 
-def worker(clock: Clock | None = None, **kw: object) -> WorkerCore:
+def worker(clock: Clock | None = None, **kw: object) -> WorkerDetection:
     """A worker that holds the actuator's and the job controllers' public keys only."""
     args: dict[str, object] = {"command_keys": ACTUATOR_KEY.verifier(),
                                "result_keys": JOB_J_KEY.verifier()}  # fmt: skip
     if clock is not None:
         args["clock"] = clock
-    return WorkerCore(TOPICS, 8, **(args | kw))  # type: ignore[arg-type]
+    return WorkerDetection(TOPICS, 8, **(args | kw))  # type: ignore[arg-type]
 
 
-def feed(core: WorkerCore, steps: range, offset: int = 0) -> list:
+def feed(core: WorkerDetection, steps: range, offset: int = 0) -> list:
     """Every node's telemetry of ``steps``; the alerts it raised."""
     alerts = []
     for s in steps:

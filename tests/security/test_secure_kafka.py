@@ -314,7 +314,7 @@ def test_the_acls_name_no_principal_but_the_services(secure_kafka, topics):
     worker = secure_kafka.settings("worker")
     assert creators == {
         ("User:worker", jobs_topic_name(worker)),
-        ("User:worker", changelog_topic_name(worker).removesuffix("monitors-changelog")),
+        ("User:worker", changelog_topic_name(worker).removesuffix("job-states-changelog")),
     }
 
 

@@ -1,6 +1,6 @@
 """Threats against the worker from whoever can write one of the topics it reads.
 
-Each test drives the real :class:`~pipeline.services.worker.state.WorkerCore` (the logic of
+Each test drives the real :class:`~pipeline.services.worker.state.WorkerDetection` (the logic of
 ``stepguard worker`` without Faust) with what an attacker would publish.
 """
 

@@ -8,15 +8,15 @@ Topology (``P`` = partitions of the steps topic)::
     lifecycle (key job) ─► route_lifecycle ┘           │
     timer (every tick interval) ─► tick records ─────┘        │
                                                               ▼
-                                 job agent: WorkerCore ─► decisions, deadletter
+                                 job agent: WorkerDetection ─► decisions, deadletter
                                        │
-                                       └─► table "monitors" (changelog, P partitions)
+                                       └─► table "job-states" (changelog, P partitions)
     control (no group, from the start) ─► ControlReader thread ─► new jobs' thresholds
 
 The job agent reads the steps topic and the internal jobs topic together, so Faust
 assigns partition ``p`` of both, and of the table's changelog, to the same worker: a
 job's steps, its health and its ticks all meet the one process holding its state.
-Agent bodies stay thin; the logic lives in :class:`~pipeline.services.worker.state.WorkerCore`.
+Agent bodies stay thin; the logic lives in :class:`~pipeline.services.worker.state.WorkerDetection`.
 The control topic is read outside the consumer group, by every worker, for the signed
 detector settings ``stepguard calibrate --apply`` sends (:mod:`pipeline.services.worker.control`).
 
@@ -51,14 +51,20 @@ from pipeline.io.trust import public_keys, sign, signing_key
 from pipeline.services.worker.control import ControlReader, DetectorControl
 from pipeline.services.worker.metrics import WorkerMetrics
 from pipeline.services.worker.seal import Seal, derive_key
-from pipeline.services.worker.state import KIND_HEADER, CoreTopics, Forward, Handled, WorkerCore
+from pipeline.services.worker.state import (
+    KIND_HEADER,
+    CoreTopics,
+    Forward,
+    Handled,
+    WorkerDetection,
+)
 from schemas import Alert, DeadLetter, Rejected, encode
 
 __all__ = ["WorkerApp", "build_app", "prepare_topics"]
 
 log = logging.getLogger(__name__)
 
-TABLE_NAME = "monitors"
+TABLE_NAME = "job-states"
 
 
 def _app_id(settings: Settings) -> str:
@@ -163,7 +169,7 @@ class WorkerApp:
     """The Faust app plus the objects its agents share."""
 
     app: faust.App
-    core: WorkerCore
+    core: WorkerDetection
     metrics: WorkerMetrics
     settings: Settings
     n_partitions: int
@@ -238,7 +244,7 @@ def build_app(
         jobs=jobs_topic_name(settings), commands=registry.name("commands"),
         lifecycle=registry.name("lifecycle"), results=registry.name("results"),
     )  # fmt: skip
-    core = WorkerCore(
+    core = WorkerDetection(
         names,
         n_partitions,
         snapshot_steps=settings.worker_snapshot_steps,
@@ -265,7 +271,7 @@ def build_app(
         seal=Seal(derive_key(alert_key)),
         executor_keys=public_keys(settings, "executor"),
         # thresholds of new jobs: `stepguard calibrate --apply` writes this file
-        monitor_config=load_detector_config(settings.detector_config),
+        detector_config=load_detector_config(settings.detector_config),
     )
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip
@@ -463,7 +469,9 @@ def build_app(
                      control=_control_reader(settings, core, metrics))  # fmt: skip
 
 
-def _control_reader(settings: Settings, core: WorkerCore, metrics: WorkerMetrics) -> ControlReader:
+def _control_reader(
+    settings: Settings, core: WorkerDetection, metrics: WorkerMetrics
+) -> ControlReader:
     """The reader of signed detector settings: every worker reads the whole control
     topic (no consumer group) and builds new jobs' detectors from the latest change."""
     keys = public_keys(settings, "operator")
@@ -471,12 +479,12 @@ def _control_reader(settings: Settings, core: WorkerCore, metrics: WorkerMetrics
         log.warning("no STEPGUARD_OPERATOR_PUBLIC_KEYS: detector settings sent on the "
                     "control topic (stepguard calibrate --apply) are refused")  # fmt: skip
     control = DetectorControl(
-        keys, core.monitor_config or load_detector_config(None),
+        keys, core.detector_config or load_detector_config(None),
         max_clock_skew_s=settings.max_clock_skew_s, max_age_s=settings.control_max_age_s,
     )  # fmt: skip
 
     def on_change(config: Any) -> None:
-        core.monitor_config = config  # read when a new job's detectors are built
+        core.detector_config = config  # read when a new job's detectors are built
 
     def on_record() -> None:
         for name, value in control.counts().items():

@@ -19,7 +19,7 @@ the ``STEPGUARD_DETECTOR_CONFIG`` file it started from).
   it was written is not applied once its time has come), nor older than
   ``STEPGUARD_CONTROL_MAX_AGE_S`` then (an old change published again is refused even
   when every newer one has aged out of the topic), and
-- its settings are a valid :class:`~detectors.config.MonitorConfig` (names and values
+- its settings are a valid :class:`~detectors.config.DetectorConfig` (names and values
   checked, the message's reason names the setting).
 
 Anything else is refused, counted and logged; a control message without
@@ -34,7 +34,7 @@ Examples
 >>> from pipeline.io.trust import SigningKey, sign
 >>> from schemas import ControlMessage
 >>> op = SigningKey.generate("op")
->>> ctl = DetectorControl(op.verifier(), MonitorConfig())
+>>> ctl = DetectorControl(op.verifier(), DetectorConfig())
 >>> t = datetime(2026, 1, 1, tzinfo=UTC)
 >>> msg = sign(ControlMessage(change_id="c1", scope="detector", by="sre", ts=t,
 ...                           detector_settings={"hang_factor": 4.0}), op)
@@ -55,7 +55,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.clockskew import future_dated
 from pipeline.io.detector_config import config_from_overrides
 from pipeline.io.errors import ConfigError
@@ -89,7 +89,7 @@ class DetectorControl:
     def __init__(
         self,
         keys: PublicKeys,
-        config: MonitorConfig,
+        config: DetectorConfig,
         *,
         max_clock_skew_s: float | None = None,
         max_tracked: int = 4096,
@@ -118,7 +118,7 @@ class DetectorControl:
         if msg.detector_settings is None:
             return None
         problem = self._problem(msg, now, written)
-        config: MonitorConfig | None = None
+        config: DetectorConfig | None = None
         if problem is None:
             try:
                 config = config_from_overrides(msg.detector_settings)
@@ -193,7 +193,7 @@ class ControlReader:
         consumer_factory: Callable[[], Any],
         topic: str,
         *,
-        on_change: Callable[[MonitorConfig], None],
+        on_change: Callable[[DetectorConfig], None],
         on_record: Callable[[], None] = lambda: None,
         clock: Callable[[], float] | None = None,
     ) -> None:

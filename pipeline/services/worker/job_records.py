@@ -1,7 +1,7 @@
 """The worker core's handling of a job's own records: what arrives on the worker's jobs
 topic (health, commands, results, lifecycle events, ticks), routed there by the job's
 key, and the end of a job (:class:`_JobRecords`, mixed into
-:class:`~pipeline.services.worker.state.WorkerCore`, whose state it reads: the jobs, the
+:class:`~pipeline.services.worker.state.WorkerDetection`, whose state it reads: the jobs, the
 ended-job marks, the pending jobs, the seal and the limits)."""
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ from schemas import (
 #: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
 #: fields change: older snapshots are then refused (and the job rebuilt from its
 #: replayed records) instead of failing on the first step.
-STATE_LAYOUT = 4  # 3: JobDetection keeps the job's members and lifecycle guard; 4: the
-# monitor keeps the group, replica, imbalance and drift detectors (issue 23)
+STATE_LAYOUT = 5  # 3: JobDetection keeps the job's members and lifecycle guard; 4: the
+# suite keeps the group, replica, imbalance and drift detectors (issue 23); 5: the suite's
+# classes are renamed (JobMonitor -> DetectorSuite, MonitorConfig -> DetectorConfig, in the
+# snapshot by qualified name) and the table is "job-states" (issue 21)
 
 
 def partition_for(key: str, n_partitions: int) -> int:

@@ -1,7 +1,7 @@
 """The worker's logic without Faust: decode, route, detect, snapshot, tick.
 
 The Faust agents in :mod:`pipeline.services.worker.app` hand every record to
-:class:`WorkerCore` and act on the :class:`Handled` it returns (send alerts and dead
+:class:`WorkerDetection` and act on the :class:`Handled` it returns (send alerts and dead
 letters, write a snapshot to the table, ack the records the snapshot covers). Keeping
 the logic here makes it testable in milliseconds, without a broker. Detection itself,
 and the order in which a job's records reach the detectors, is the one detection
@@ -22,7 +22,7 @@ downstream).
 
 Examples
 --------
->>> core = WorkerCore(CoreTopics("s", "h", "j"), n_partitions=8)
+>>> core = WorkerDetection(CoreTopics("s", "h", "j"), n_partitions=8)
 >>> out = core.handle_step(0, 5, b"job-1", b"{oops", token="t5")
 >>> out.dead_letters[0].error[:14], out.release
 ('StepTelemetry:', ['t5'])
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from detectors.engine import MonitorConfig
+from detectors.engine import DetectorConfig
 from detectors.frame import NodeStep
 from detectors.job import JobDetection
 from detectors.job_guard import LifecycleLimits
@@ -77,7 +77,7 @@ __all__ = [
     "CoreTopics",
     "Handled",
     "JobState",
-    "WorkerCore",
+    "WorkerDetection",
     "partition_for",
 ]
 
@@ -93,7 +93,7 @@ KIND_HEADER = "stepguard-kind"
 RELAUNCHING_EXECUTORS = frozenset({"slurm"})
 
 
-class WorkerCore(_JobRecords):
+class WorkerDetection(_JobRecords):
     """Per-job detection state of one worker process.
 
     Parameters
@@ -117,7 +117,7 @@ class WorkerCore(_JobRecords):
     max_snapshot_bytes
         Largest snapshot the changelog takes; a larger one is not written and the
         records it would cover stay unacked (logged, ``oversized_snapshots``).
-    monitor_config
+    detector_config
         Detector thresholds for new jobs.
     max_jobs
         Jobs held at once; a record that would add one more is dead-lettered.
@@ -190,7 +190,7 @@ class WorkerCore(_JobRecords):
         event_rate: float = 1.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_snapshot_bytes: int = 64 * 1024 * 1024,
-        monitor_config: MonitorConfig | None = None,
+        detector_config: DetectorConfig | None = None,
         max_jobs: int = 10_000,
         job_idle_ttl_s: float = 3600.0,
         max_ranks_per_job: int = MAX_RANKS_PER_JOB,
@@ -230,7 +230,7 @@ class WorkerCore(_JobRecords):
         self.snapshot_budget = snapshot_budget
         self.event_rate = event_rate
         self.max_message_bytes = max_message_bytes
-        self.monitor_config = monitor_config
+        self.detector_config = detector_config
         self.blind_after_s = blind_after_s
         self.max_snapshot_bytes = max_snapshot_bytes
         self.oversized_snapshots = 0
@@ -310,7 +310,7 @@ class WorkerCore(_JobRecords):
             job_id,
             JobDetection(
                 job_id,
-                self.monitor_config,
+                self.detector_config,
                 max_ranks=self.max_ranks_per_job,
                 max_nodes=self.max_nodes_per_job,
                 limits=self.limits,

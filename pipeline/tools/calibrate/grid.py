@@ -4,7 +4,7 @@ of detector settings and score each setting against the labels.
 A thin driver of :class:`~detectors.job.JobDetection` (like the worker, the demo
 and ``stepguard compare``): each archived job's records (:mod:`pipeline.tools.calibrate.archive`)
 are merged in event-time order and fed to a fresh core built with one grid point's
-:class:`~detectors.config.MonitorConfig`; the core's clock is ticked at every record
+:class:`~detectors.config.DetectorConfig`; the core's clock is ticked at every record
 and, across gaps, every ``tick_s`` seconds (the worker's timer). The alert updates it
 returns are judged against the job's labels:
 
@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.detector_config import SETTING_NAMES, config_from_overrides, overrides_of
 from pipeline.io.errors import ConfigError
 from pipeline.policy import PolicyParams
@@ -327,7 +327,7 @@ class CalibrationResult:
     def best(self) -> PointResult:
         return self.points[self.recommended]
 
-    def settings_of(self, index: int) -> MonitorConfig:
+    def settings_of(self, index: int) -> DetectorConfig:
         det = split_overrides(self.points[index].overrides)[0]
         return config_from_overrides({**self.running, **det})
 
@@ -375,7 +375,7 @@ def _changes(p: PointResult, running: Mapping[str, Any]) -> int:
 def _default(name: str) -> Any:
     if name in ACTUATOR_SETTINGS:
         return getattr(PolicyParams(), name)
-    return getattr(MonitorConfig(), name)
+    return getattr(DetectorConfig(), name)
 
 
 def recommend(points: Sequence[PointResult], running: Mapping[str, Any]) -> int:
@@ -398,7 +398,7 @@ def calibrate(
     jobs: Sequence[ArchivedJob],
     grid: Mapping[str, Any],
     *,
-    running: MonitorConfig | None = None,
+    running: DetectorConfig | None = None,
     running_actuator: Mapping[str, Any] | None = None,
     processes: int = 1,
     tick_s: float = 1.0,
@@ -416,7 +416,7 @@ def calibrate(
         raise ConfigError("calibrate: no archived job with steps to replay (check --job/--since)")
     if processes < 1:
         raise ConfigError(f"--processes must be >= 1, got {processes}")
-    base = overrides_of(running or MonitorConfig())
+    base = overrides_of(running or DetectorConfig())
     base_act = {k: getattr(PolicyParams(), k) for k in ACTUATOR_SETTINGS}
     base_act.update(running_actuator or {})
     actuator_params(base_act)  # a bad running value fails here, named
@@ -470,10 +470,10 @@ def calibrate(
     )  # fmt: skip
 
 
-def diff_settings(running: MonitorConfig, proposed: MonitorConfig) -> list[tuple[str, Any, Any]]:
+def diff_settings(running: DetectorConfig, proposed: DetectorConfig) -> list[tuple[str, Any, Any]]:
     """(setting, running value, proposed value) for every setting that differs."""
     out = []
-    for f in fields(MonitorConfig):
+    for f in fields(DetectorConfig):
         a, b = getattr(running, f.name), getattr(proposed, f.name)
         if a != b:
             out.append((f.name, a, b))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.job import JobDetection
 from pipeline.policy import Policy, PolicyParams
 from pipeline.tools.calibrate.archive import ArchivedJob, Label
@@ -73,12 +73,12 @@ class Replayed:
     stream: list[tuple[Alert | None, tuple[int, float] | None]]
 
 
-def replay(job: ArchivedJob, config: MonitorConfig, tick_s: float = 1.0) -> list[Update]:
+def replay(job: ArchivedJob, config: DetectorConfig, tick_s: float = 1.0) -> list[Update]:
     """The FIRING alert updates the detection core raises on ``job`` under ``config``."""
     return replay_core(job, config, tick_s).updates
 
 
-def replay_core(job: ArchivedJob, config: MonitorConfig, tick_s: float = 1.0) -> Replayed:
+def replay_core(job: ArchivedJob, config: DetectorConfig, tick_s: float = 1.0) -> Replayed:
     """Drive a fresh :class:`JobDetection` over ``job``'s records (module docstring)."""
     det = JobDetection(job.job_id, config)
     out = Replayed([], [])

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from detectors.job import JobDetection
 from pipeline.services.archive.backend import ArchiveBackend
 from pipeline.services.archive.rows import rows_for
@@ -62,7 +62,7 @@ def seed_job(
     scenario: Scenario,
     *,
     truth: bool = True,
-    observed_with: MonitorConfig | None = None,
+    observed_with: DetectorConfig | None = None,
 ) -> SeededJob:
     """Archive ``scenario``'s steps and health; its truth when ``truth``; and, when
     ``observed_with`` is given, the alerts the detection core raised under it."""

@@ -1,4 +1,4 @@
-"""JobMonitor end to end on small synthetic jobs."""
+"""DetectorSuite end to end on small synthetic jobs."""
 
 import pickle
 from datetime import UTC, datetime, timedelta
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from detectors.engine import JobMonitor, MonitorConfig
+from detectors.engine import DetectorConfig, DetectorSuite
 from detectors.frame import StepFrame
 from schemas import AlertKind, AlertState, GpuHealth, Grade, NodeHealth, Phase, RecommendedAction
 
@@ -51,7 +51,7 @@ def run(mon, fs):
 
 
 def test_straggler_is_named_early_and_escalates():
-    alerts = run(JobMonitor("job"), frames(slow={21: 0.15}))
+    alerts = run(DetectorSuite("job"), frames(slow={21: 0.15}))
     assert [(a.kind, a.grade, a.node, a.rank) for a in alerts] == [
         (AlertKind.STRAGGLER, Grade.WARNING, "node-2", 21),
         (AlertKind.STRAGGLER, Grade.CRITICAL, "node-2", 21),
@@ -63,12 +63,12 @@ def test_straggler_is_named_early_and_escalates():
 
 
 def test_whole_slow_node_is_one_node_level_finding():
-    alerts = run(JobMonitor("job"), frames(slow={r: 0.2 for r in range(8, 16)}))
+    alerts = run(DetectorSuite("job"), frames(slow={r: 0.2 for r in range(8, 16)}))
     assert {(a.node, a.rank) for a in alerts} == {("node-1", None)}
 
 
 def test_recovered_straggler_resolves():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     fs = list(frames(steps=80, slow={5: 0.15}, onset=20))
     alerts = run(mon, fs[:40])
     healthy = list(frames(steps=80, seed=1))
@@ -78,7 +78,7 @@ def test_recovered_straggler_resolves():
 
 def test_stage_imbalance_is_one_info_rebalance_for_the_job_never_a_node():
     pp = np.repeat(np.arange(4), 16)
-    alerts = run(JobMonitor("job"), frames(pp=pp))  # the last stage 30 % slower from step 0
+    alerts = run(DetectorSuite("job"), frames(pp=pp))  # the last stage 30 % slower from step 0
     assert [(a.kind, a.grade, a.node, a.rank) for a in alerts] == [
         (AlertKind.IMBALANCE, Grade.INFO, None, None)
     ]
@@ -91,7 +91,7 @@ def test_stage_imbalance_is_one_info_rebalance_for_the_job_never_a_node():
 def test_a_stage_slowing_mid_job_is_dated_from_its_onset():
     pp = np.repeat(np.arange(4), 16)
     slow = {r: 0.15 for r in range(16, 32)}  # stage 1 from step 40 on
-    alerts = run(JobMonitor("job"), frames_pp(steps=120, slow=slow, onset=40, pp=pp))
+    alerts = run(DetectorSuite("job"), frames_pp(steps=120, slow=slow, onset=40, pp=pp))
     assert [(a.kind, a.node) for a in alerts] == [(AlertKind.IMBALANCE, None)]
     assert "stage 1" in alerts[0].evidence.detail and "since step 40" in alerts[0].evidence.detail
 
@@ -112,19 +112,19 @@ def frames_pp(steps, slow, onset, pp):
 
 def test_traps_stay_silent():
     surge = lambda s: 1.5 if 30 <= s < 40 else 1.0  # noqa: E731 - cluster-wide slowdown
-    assert run(JobMonitor("job"), frames(factor=surge)) == []
+    assert run(DetectorSuite("job"), frames(factor=surge)) == []
     blip = {7: 0.5}
-    assert run(JobMonitor("job"), frames(slow=blip, onset=30, steps=31)) == []
+    assert run(DetectorSuite("job"), frames(slow=blip, onset=30, steps=31)) == []
 
 
 def test_eval_and_checkpoint_steps_are_not_graded():
     phase = lambda s: Phase.EVAL if s % 10 == 9 else Phase.TRAIN  # noqa: E731
     slow_eval = lambda s: 3.0 if s % 10 == 9 else 1.0  # noqa: E731
-    assert run(JobMonitor("job"), frames(phase=phase, factor=slow_eval)) == []
+    assert run(DetectorSuite("job"), frames(phase=phase, factor=slow_eval)) == []
 
 
 def test_hang_is_flagged_by_tick_and_resolved_by_progress():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     fs = list(frames(steps=30))
     run(mon, fs[:20])
     last = fs[19].ts
@@ -137,7 +137,7 @@ def test_hang_is_flagged_by_tick_and_resolved_by_progress():
 
 
 def test_missing_node_is_flagged():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     fs = list(frames(steps=20))
     run(mon, fs[:10])
     alerts = []
@@ -160,7 +160,7 @@ def test_missing_node_is_flagged():
 
 
 def test_nan_loss_is_critical_at_once_with_rollback():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     fs = list(frames(steps=40))
     run(mon, fs[:39])
     f = fs[39]
@@ -173,7 +173,7 @@ def test_nan_loss_is_critical_at_once_with_rollback():
 
 
 def test_health_fatal_xid_is_critical_at_once_and_names_the_node():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     g = GpuHealth(
         index=0,
         temperature_c=60,
@@ -191,7 +191,7 @@ def test_health_fatal_xid_is_critical_at_once_and_names_the_node():
 
 
 def test_silent_health_node_is_missing():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     g = GpuHealth(index=0, temperature_c=60, power_w=300, sm_clock_mhz=1980, utilization_pct=90)
     for i in range(6):
@@ -207,14 +207,14 @@ def test_silent_health_node_is_missing():
 
 def test_pickle_round_trip_continues_identically():
     fs = list(frames(steps=60, slow={3: 0.2}, onset=30))
-    a, b = JobMonitor("job"), None
+    a, b = DetectorSuite("job"), None
     run(a, fs[:28])
     b = pickle.loads(pickle.dumps(a))
     assert [x.model_dump() for x in run(a, fs[28:])] == [x.model_dump() for x in run(b, fs[28:])]
 
 
 def test_score_step_reads_state_only():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     fs = list(frames(steps=40, slow={3: 0.2}, onset=20))
     run(mon, fs[:30])
     before = pickle.dumps(mon)
@@ -226,24 +226,24 @@ def test_score_step_reads_state_only():
 def test_frames_of_another_job_are_rejected():
     f = next(frames(steps=1))
     with pytest.raises(ValueError, match="job"):
-        JobMonitor("other").process_step(f)
+        DetectorSuite("other").process_step(f)
 
 
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="warmup_steps"):
-        MonitorConfig(warmup_steps=0)
+        DetectorConfig(warmup_steps=0)
     with pytest.raises(ValueError, match="straggler_exit"):
-        MonitorConfig(straggler_exit=-1.0)
+        DetectorConfig(straggler_exit=-1.0)
     with pytest.raises(ValueError, match="exit"):
-        MonitorConfig(straggler_exit=0.5)
+        DetectorConfig(straggler_exit=0.5)
     with pytest.raises(ValueError, match="job_id"):
-        JobMonitor("")
+        DetectorSuite("")
 
 
 def test_alerts_raised_while_the_job_relaunches_name_its_last_step():
     """restarted() resets the hang clock's step, but a hardware alert or a hang raised
     during the relaunch still names the step the job had reached, not step 0."""
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     last = None
     for f in frames(steps=30):
         mon.process_step(f)
@@ -260,7 +260,7 @@ def test_alerts_raised_while_the_job_relaunches_name_its_last_step():
 
 def test_a_rack_slowing_together_is_one_group_alert_never_node_isolations():
     rack = {r: 0.2 for r in range(16, 48)}  # nodes 2-5 of 16, every GPU, from step 25
-    alerts = run(JobMonitor("job"), frames(steps=80, n=128, slow=rack))
+    alerts = run(DetectorSuite("job"), frames(steps=80, n=128, slow=rack))
     assert [(a.kind, a.grade, a.node) for a in alerts] == [(AlertKind.GROUP, Grade.WARNING, None)]
     (a,) = alerts
     assert a.recommended_action is RecommendedAction.INVESTIGATE
@@ -268,7 +268,7 @@ def test_a_rack_slowing_together_is_one_group_alert_never_node_isolations():
 
 
 def test_a_slow_loss_drift_warns_before_it_spikes():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     alerts = []
     for f in frames(steps=200):
         rise = 1 + 0.005 * max(0, f.step - 120)  # 0.5 % a step from step 120, no jump
@@ -282,4 +282,4 @@ def test_a_slow_loss_drift_warns_before_it_spikes():
         (AlertKind.DIVERGENCE, Grade.WARNING, RecommendedAction.INVESTIGATE)
     ]
     assert 120 < drift[0].step < 150
-    assert run(JobMonitor("job"), frames(steps=200)) == []  # a falling loss: nothing
+    assert run(DetectorSuite("job"), frames(steps=200)) == []  # a falling loss: nothing

@@ -176,8 +176,8 @@ def test_records_of_another_job_are_refused() -> None:
     other = StepFrame.from_arrays("other", 0, ts=T0, compute=np.ones(8), comm_wait=np.zeros(8))
     with pytest.raises(ValueError, match="other"):
         det.on_frame(other)
-    with pytest.raises(ValueError, match="config or monitor"):
-        JobDetection("job", config=det.monitor.config, monitor=det.monitor)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="config or suite"):
+        JobDetection("job", config=det.suite.config, suite=det.suite)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="max_held_health"):
         JobDetection("job", max_held_health=-1)
 

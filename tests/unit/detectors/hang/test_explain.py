@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.frame import StepFrame
 from detectors.hang.detector import HangDetector
 from schemas import AlertKind
@@ -11,7 +11,7 @@ from schemas import AlertKind
 STEP = 0.25  # ordinary step time (s)
 
 
-def steady(mon: JobMonitor, steps: int, ts0: float = 1_000.0) -> float:
+def steady(mon: DetectorSuite, steps: int, ts0: float = 1_000.0) -> float:
     """``steps`` ordinary steps of ``STEP`` seconds; the event time of the last one."""
     ts = ts0
     for step in range(steps):
@@ -20,13 +20,13 @@ def steady(mon: JobMonitor, steps: int, ts0: float = 1_000.0) -> float:
     return ts
 
 
-def hang_at(mon: JobMonitor, now: float):
+def hang_at(mon: DetectorSuite, now: float):
     (a,) = [a for a in mon.tick(now) if a.kind is AlertKind.HANG]
     return a
 
 
 def test_an_ordinary_hang_says_median_step_times_as_before():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     last = steady(mon, 40)
     a = hang_at(mon, last + 3.0)
     assert a.summary.endswith("no step completed for 12.0 median step times (0.250s); last step 39")
@@ -34,7 +34,7 @@ def test_an_ordinary_hang_says_median_step_times_as_before():
 
 
 def test_a_hang_during_an_announced_checkpoint_is_measured_against_the_checkpoint():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     last = steady(mon, 40)
     mon.announce_phase("checkpoint", last, expected_s=20.8)
     assert mon.tick(last + 30.0) == []  # within 1.5 x the checkpoint's 20.8 s

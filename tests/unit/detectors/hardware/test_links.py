@@ -1,9 +1,9 @@
 """Silent hardware slowdowns (issue 16 item 2): PCIe downtraining, NVLink links down,
-row remapping, drain XIDs and clock reasons, scored and graded through JobMonitor."""
+row remapping, drain XIDs and clock reasons, scored and graded through DetectorSuite."""
 
 from datetime import UTC, datetime, timedelta
 
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.hardware.health import FATAL_XIDS, HardwareDetector
 from schemas import GpuHealth, NodeHealth
 from schemas.alerts import Grade, RecommendedAction
@@ -37,8 +37,8 @@ def report(node, i, *, bad=False, util=98.0, reasons=(), **fault):
 
 
 def run(reports_of, n_reports=30):
-    """Feed ``reports_of(node, i)`` for every node through a JobMonitor; the alerts."""
-    mon = JobMonitor("job")
+    """Feed ``reports_of(node, i)`` for every node through a DetectorSuite; the alerts."""
+    mon = DetectorSuite("job")
     alerts = []
     for i in range(n_reports):
         for n in NODES:

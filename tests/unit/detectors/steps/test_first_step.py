@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from detectors.engine import JobMonitor, MonitorConfig
+from detectors.engine import DetectorConfig, DetectorSuite
 from detectors.frame import StepFrame
 from detectors.steps.first_step import node_outliers, warmup_outliers
 from schemas import AlertKind
 
-WARMUP = MonitorConfig().warmup_steps
+WARMUP = DetectorConfig().warmup_steps
 
 
 def job(
@@ -77,7 +77,7 @@ def named(alerts, node, rank=None):
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("pp", [1, 4])
 def test_gpu_slow_from_step_0_by_8pct_is_named_within_20_steps_of_warmup(seed, pp):
-    alerts = alerts_of(JobMonitor("job"), job(slow={45: 0.08}, pp=pp, seed=seed))
+    alerts = alerts_of(DetectorSuite("job"), job(slow={45: 0.08}, pp=pp, seed=seed))
     steps = named(alerts, "node-5", 45)
     assert steps and steps[0] <= WARMUP + 20
     assert {(a.node, a.rank) for a in alerts} == {("node-5", 45)}
@@ -92,7 +92,7 @@ def test_gpu_slow_from_step_0_by_8pct_is_named_within_20_steps_of_warmup(seed, p
     ],
 )
 def test_in_a_noisy_job_the_smoothed_excess_names_it_when_one_step_cannot(kw, seed):
-    alerts = alerts_of(JobMonitor("job"), job(seed=seed, **kw))
+    alerts = alerts_of(DetectorSuite("job"), job(seed=seed, **kw))
     steps = named(alerts, "node-5", 45)
     assert steps and steps[0] <= WARMUP + 20
     assert {(a.node, a.rank) for a in alerts} == {("node-5", 45)}
@@ -102,7 +102,7 @@ def test_in_a_noisy_job_the_smoothed_excess_names_it_when_one_step_cannot(kw, se
 @pytest.mark.parametrize("pp", [1, 2])
 def test_node_slow_from_step_0_by_8pct_is_named_at_node_level(seed, pp):
     slow = dict.fromkeys(range(24, 32), 0.08)
-    alerts = alerts_of(JobMonitor("job"), job(slow=slow, pp=pp, seed=seed))
+    alerts = alerts_of(DetectorSuite("job"), job(slow=slow, pp=pp, seed=seed))
     steps = named(alerts, "node-3")
     assert steps and steps[0] <= WARMUP + 20
     assert alerts[0].node == "node-3" and alerts[0].rank is None
@@ -115,7 +115,7 @@ def test_spare_slow_from_its_first_step_after_a_relaunch_is_named():
     def names(step):
         return [f"node-{k}" if (k != 6 or step < 60) else "spare-0" for k in range(16)]
 
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     assert alerts_of(mon, job(steps=60, names=names)) == []
     mon.restarted(2_000.0, removed_nodes=["node-6"])
     slow = dict.fromkeys(range(48, 56), 0.10)
@@ -137,7 +137,7 @@ def test_spare_slow_from_its_first_step_after_a_relaunch_is_named():
 )
 @pytest.mark.parametrize("seed", [0, 1])
 def test_normal_imbalance_and_a_uniformly_slower_job_stay_silent(kw, seed):
-    alerts = alerts_of(JobMonitor("job"), job(steps=80, seed=seed, **kw))
+    alerts = alerts_of(DetectorSuite("job"), job(steps=80, seed=seed, **kw))
     # a slower pipeline stage is told to the job owner once, as advice: no node, no page
     advice = [(a.kind.value, a.grade.value, a.node, a.recommended_action.value) for a in alerts]
     want = [("imbalance", "info", None, "rebalance")] if "stage_extra" in kw else []
@@ -146,12 +146,12 @@ def test_normal_imbalance_and_a_uniformly_slower_job_stay_silent(kw, seed):
 
 def test_a_slightly_slower_rank_keeps_its_own_baseline():
     """3 % slower from the start is within normal spread: learned, not paged."""
-    assert alerts_of(JobMonitor("job"), job(slow={45: 0.03}, spread=0.005)) == []
+    assert alerts_of(DetectorSuite("job"), job(slow={45: 0.03}, spread=0.005)) == []
 
 
 def test_disabling_the_check_restores_the_old_blind_spot():
-    cfg = MonitorConfig(first_step_floor=1e9)
-    assert alerts_of(JobMonitor("job", cfg), job(slow={45: 0.2})) == []
+    cfg = DetectorConfig(first_step_floor=1e9)
+    assert alerts_of(DetectorSuite("job", cfg), job(slow={45: 0.2})) == []
 
 
 def test_warmup_outliers_compares_within_each_group_only():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.frame import StepFrame
 from detectors.steps.intermittent import IntermittentSlowdown
 from detectors.steps.temporal import RankBaselines
@@ -11,7 +11,7 @@ from detectors.steps.temporal import RankBaselines
 
 def _run(slow_of, steps=160, n=64, noise=0.01, seed=0, noisy_rank=None):
     """A job of ``n`` ranks (8 per node); ``slow_of(step)`` is rank 13's slowdown."""
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     rng = np.random.default_rng(seed)
     alerts = []
     for step in range(steps):

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from detectors.engine import JobMonitor
+from detectors.engine import DetectorSuite
 from detectors.frame import StepFrame
 from detectors.steps.ranks import RankIndex
 from pipeline.io import statecodec
@@ -150,7 +150,7 @@ def _arrays(obj, seen=None):
 
 
 def test_sparse_rank_ids_are_scored_like_dense_ones():
-    dense, sparse = JobMonitor("job"), JobMonitor("job")
+    dense, sparse = DetectorSuite("job"), DetectorSuite("job")
     want = _run(dense, _steps(DENSE))
     got = _run(sparse, _steps(SPARSE))
     kinds = {(a.kind, a.rank) for a in got}
@@ -169,7 +169,7 @@ def test_sparse_rank_ids_are_scored_like_dense_ones():
 
 
 def test_a_rank_id_beyond_the_cap_leaves_the_monitor_unchanged():
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     frames = list(_steps(DENSE, steps=3))
     _run(mon, frames[:2])
     bad = dataclasses.replace(frames[2], rank=frames[2].rank + MAX_RANKS_PER_JOB - 15)
@@ -180,10 +180,10 @@ def test_a_rank_id_beyond_the_cap_leaves_the_monitor_unchanged():
 
 def test_monitor_with_sparse_ranks_survives_the_state_codec():
     frames = list(_steps(SPARSE))
-    mon = JobMonitor("job")
+    mon = DetectorSuite("job")
     _run(mon, frames[:45])
     blob = statecodec.dumps(mon, level=0)
-    dense = JobMonitor("job")
+    dense = DetectorSuite("job")
     _run(dense, list(_steps(DENSE))[:45])
     assert len(blob) <= len(statecodec.dumps(dense, level=0)) + 1024  # no id-sized state
     back = statecodec.loads(blob)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.trust import SigningKey, canonical, sign, signature_problem
 from pipeline.services.worker.control import DetectorControl
 from schemas import ActuatorMode, ControlMessage, encode
@@ -24,7 +24,7 @@ def change(cid: str, settings: dict, *, at: datetime = T0, key=OPERATOR_KEY) -> 
 
 
 def control() -> DetectorControl:
-    return DetectorControl(OPERATOR_KEY.verifier(), MonitorConfig(), max_clock_skew_s=300.0)
+    return DetectorControl(OPERATOR_KEY.verifier(), DetectorConfig(), max_clock_skew_s=300.0)
 
 
 def test_a_signed_change_sets_new_jobs_thresholds_and_replaces_the_previous_one():
@@ -36,7 +36,7 @@ def test_a_signed_change_sets_new_jobs_thresholds_and_replaces_the_previous_one(
     later = change("c2", {"hang_factor": 4.0}, at=T0 + timedelta(minutes=1))
     assert ctl.on_message(later, now=NOW) is None
     assert ctl.config.hang_factor == 4.0
-    assert ctl.config.straggler_warning == MonitorConfig().straggler_warning
+    assert ctl.config.straggler_warning == DetectorConfig().straggler_warning
     assert ctl.counts() == {"detector_settings_applied": 2, "refused_detector_settings": 0,
                             "unreadable_control": 0}  # fmt: skip
 
@@ -101,17 +101,17 @@ def test_actuator_changes_are_ignored_and_bad_bytes_counted():
 
 
 def test_the_change_ids_remembered_are_bounded():
-    ctl = DetectorControl(OPERATOR_KEY.verifier(), MonitorConfig(), max_tracked=3)
+    ctl = DetectorControl(OPERATOR_KEY.verifier(), DetectorConfig(), max_tracked=3)
     for i in range(10):
         ctl.on_message(change(f"c{i}", {}, at=T0 + timedelta(seconds=i)), now=NOW)
     assert ctl.applied == 10 and len(ctl._seen) == 3
-    assert ctl.config == MonitorConfig()  # {}: the defaults
+    assert ctl.config == DetectorConfig()  # {}: the defaults
     with pytest.raises(ValueError, match="max_tracked"):
-        DetectorControl({}, MonitorConfig(), max_tracked=0)
+        DetectorControl({}, DetectorConfig(), max_tracked=0)
 
 
 def test_without_operator_keys_every_change_is_refused():
-    ctl = DetectorControl({}, MonitorConfig())
+    ctl = DetectorControl({}, DetectorConfig())
     assert "unknown key id" in (ctl.on_message(change("c1", {"hang_factor": 6.0}), now=NOW) or "")
 
 
@@ -145,10 +145,10 @@ def test_an_old_change_published_again_is_refused_once_newer_ones_aged_out():
     topic still holds). A change older than the maximum age when it reached the topic
     is refused; one that was fresh when written is still applied on a later read-back."""
     old = change("c-old", {"hang_factor": 9.0}, at=T0 - timedelta(days=30))
-    ctl = DetectorControl(OPERATOR_KEY.verifier(), MonitorConfig(), max_clock_skew_s=300.0,
+    ctl = DetectorControl(OPERATOR_KEY.verifier(), DetectorConfig(), max_clock_skew_s=300.0,
                           max_age_s=3600.0)  # fmt: skip
     assert "old when it reached the topic" in (ctl.on_message(old, now=NOW, written=NOW) or "")
-    assert ctl.applied == 0 and ctl.config.hang_factor == MonitorConfig().hang_factor
+    assert ctl.applied == 0 and ctl.config.hang_factor == DetectorConfig().hang_factor
     fresh = change("c-new", {"hang_factor": 6.0}, at=T0)
     later = NOW + 30 * 86400  # read back a month later: fresh when it was written
     assert ctl.on_message(fresh, now=later, written=T0.timestamp() + 1) is None

@@ -1,4 +1,4 @@
-"""WorkerCore without Faust: dead letters, replay by offset, snapshots, ticks, routing."""
+"""WorkerDetection without Faust: dead letters, replay by offset, snapshots, ticks, routing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import ClassVar
 import pytest
 
 from pipeline.io.trust import SigningKey, sign
-from pipeline.services.worker.state import CoreTopics, JobState, WorkerCore, partition_for
+from pipeline.services.worker.state import CoreTopics, JobState, WorkerDetection, partition_for
 from schemas import (
     ActuatorMode,
     AlertKind,
@@ -73,7 +73,7 @@ def step_msg(step: int, node: int, slow: float = 1.0, job: str = "j") -> bytes:
     )
 
 
-def feed(core: WorkerCore, steps: range, nodes: int = 8, start_offset: int = 0, table=None):
+def feed(core: WorkerDetection, steps: range, nodes: int = 8, start_offset: int = 0, table=None):
     out, offset = [], start_offset
     table = table if table is not None else {}
     for s in steps:
@@ -87,7 +87,7 @@ def feed(core: WorkerCore, steps: range, nodes: int = 8, start_offset: int = 0, 
 
 
 def test_bad_and_oversized_records_are_dead_lettered_and_released():
-    core = WorkerCore(TOPICS, 8, max_message_bytes=2048)
+    core = WorkerDetection(TOPICS, 8, max_message_bytes=2048)
     bad = core.handle_step(3, 17, b"k", b"{nope", token="a")
     big = core.handle_step(3, 18, b"k", step_msg(0, 0) * 3, token="b")
     assert [o.release for o in (bad, big)] == [["a"], ["b"]]
@@ -103,7 +103,7 @@ def test_bad_and_oversized_records_are_dead_lettered_and_released():
 
 
 def test_records_are_held_until_a_snapshot_covers_them():
-    core = WorkerCore(TOPICS, 8, snapshot_steps=5, snapshot_interval_s=1e9, clock=Clock())
+    core = WorkerDetection(TOPICS, 8, snapshot_steps=5, snapshot_interval_s=1e9, clock=Clock())
     outs = feed(core, range(12))
     snaps = [o for o in outs if o.snapshot is not None]
     assert len(snaps) == 2  # steps complete with a lag of 2: 10 frames -> 2 snapshots
@@ -115,10 +115,10 @@ def test_records_are_held_until_a_snapshot_covers_them():
 def test_replay_after_restart_skips_what_the_snapshot_reflects_and_repeats_alerts():
     clock = Clock()
     table: dict[str, bytes] = {}
-    core = WorkerCore(TOPICS, 8, snapshot_steps=3, snapshot_interval_s=1e9, clock=clock)
+    core = WorkerDetection(TOPICS, 8, snapshot_steps=3, snapshot_interval_s=1e9, clock=clock)
     first = feed(core, range(60), table=table)
     # crash: a new process, state from the table, records replayed from offset 0
-    again = WorkerCore(TOPICS, 8, snapshot_steps=3, snapshot_interval_s=1e9, clock=clock)
+    again = WorkerDetection(TOPICS, 8, snapshot_steps=3, snapshot_interval_s=1e9, clock=clock)
     replay = feed(again, range(60), table=dict(table))
     alerts_once = {(a.fingerprint, a.seq) for o in first for a in o.alerts}
     alerts_replayed = {(a.fingerprint, a.seq) for o in replay for a in o.alerts}
@@ -131,7 +131,7 @@ def test_replay_after_restart_skips_what_the_snapshot_reflects_and_repeats_alert
 
 
 def test_straggler_alerts_and_state_pickles():
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     table: dict[str, bytes] = {}
     outs = feed(core, range(30), table=table)
     outs += [
@@ -152,7 +152,7 @@ def test_straggler_alerts_and_state_pickles():
 
 def test_tick_uses_last_event_time_plus_wall_time_and_fires_a_hang():
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock)
+    core = WorkerDetection(TOPICS, 8, clock=clock)
     feed(core, range(30))
     record = core.tick_record("j")
     assert record is not None
@@ -164,7 +164,7 @@ def test_tick_uses_last_event_time_plus_wall_time_and_fires_a_hang():
     assert core.held("j") > 0 or core.jobs["j"].steps_since_snapshot == 0
 
 
-def tick_every_second(core: WorkerCore, clock: Clock, seconds: int, offset: int) -> list:
+def tick_every_second(core: WorkerDetection, clock: Clock, seconds: int, offset: int) -> list:
     """What the worker's timer does: a tick through the broker every second."""
     alerts = []
     for i in range(seconds):
@@ -178,7 +178,7 @@ def test_a_broker_outage_is_not_a_hang_but_a_hang_after_it_still_is():
     """No record at all (not even the worker's own ticks) means the worker was cut off
     from the broker: the blind time does not count on the job's hang clock."""
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock, blind_after_s=5.0)
+    core = WorkerDetection(TOPICS, 8, clock=clock, blind_after_s=5.0)
     feed(core, range(30))
     _, stale = core.tick_record("j")  # sent as the broker went away, delivered after
     clock.now += 60.0
@@ -191,7 +191,7 @@ def test_a_broker_outage_is_not_a_hang_but_a_hang_after_it_still_is():
 
 
 def test_health_is_routed_to_the_partition_of_its_job():
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     h = NodeHealth(
         job_id="job-42",
         node="n1",
@@ -218,7 +218,7 @@ def test_partition_for_matches_kafka_python_default_partitioner():
 
 
 def test_revoked_partitions_drop_jobs_and_held_records():
-    core = WorkerCore(TOPICS, 8, snapshot_steps=1000, snapshot_interval_s=1e9)
+    core = WorkerDetection(TOPICS, 8, snapshot_steps=1000, snapshot_interval_s=1e9)
     feed(core, range(5))
     assert core.held("j") > 0
     assert core.drop_partitions({0}) == 1
@@ -229,7 +229,7 @@ def test_revoked_partitions_drop_jobs_and_held_records():
 def test_bad_arguments_are_named(kw):
     args = {"n_partitions": 8} | kw
     with pytest.raises(ValueError, match=next(iter(kw))):
-        WorkerCore(TOPICS, args.pop("n_partitions"), **args)
+        WorkerDetection(TOPICS, args.pop("n_partitions"), **args)
 
 
 def test_a_long_checkpoint_step_is_not_a_hang_for_the_worker():
@@ -239,7 +239,7 @@ def test_a_long_checkpoint_step_is_not_a_hang_for_the_worker():
 
     sc = Scenario(name="ckpt", nodes=4, steps=80, warmup_steps=5, checkpoint_every=40,
                   checkpoint_s=8.0)  # fmt: skip
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     alerts, offset = [], 0
     for ev in SimulatedJob(sc).events():
         if ev.frame is None:
@@ -262,7 +262,7 @@ class _Payload:
 
 
 def test_snapshots_are_data_and_a_pickle_in_the_changelog_is_never_executed(tmp_path):
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     feed(core, range(12))
     st = core.jobs["j"]
     blob = st.to_bytes()
@@ -274,7 +274,7 @@ def test_snapshots_are_data_and_a_pickle_in_the_changelog_is_never_executed(tmp_
         "other job": blob,  # job j's snapshot stored under another job's key
     }
     for name, value in hostile.items():
-        fresh = WorkerCore(TOPICS, 8)
+        fresh = WorkerDetection(TOPICS, 8)
         job = "other" if name == "other job" else "j"
         out = fresh.handle_step(
             0, 0, job.encode(), step_msg(0, 0, job=job), token="t", load=lambda _, v=value: v
@@ -286,7 +286,7 @@ def test_snapshots_are_data_and_a_pickle_in_the_changelog_is_never_executed(tmp_
 
 
 def test_a_snapshot_over_the_limit_is_not_written_and_its_records_stay_held():
-    core = WorkerCore(TOPICS, 8, snapshot_steps=3, max_snapshot_bytes=1000)
+    core = WorkerDetection(TOPICS, 8, snapshot_steps=3, max_snapshot_bytes=1000)
     outs = feed(core, range(12))
     assert all(o.snapshot is None for o in outs)
     assert not [t for o in outs for t in o.release]
@@ -314,7 +314,7 @@ def test_a_relaunch_command_gives_the_hang_clock_a_restart_grace():
     """The job goes quiet while it restarts from a checkpoint: that silence is the
     relaunch the actuator asked for, not a hang, until the grace runs out."""
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock, command_keys=COMMAND_KEYS)
+    core = WorkerDetection(TOPICS, 8, clock=clock, command_keys=COMMAND_KEYS)
     feed(core, range(30))
     assert core.route_command(0, 0, b"j", relaunch_command(CommandKind.CHECKPOINT)) is None
     fwd = core.route_command(0, 1, b"j", relaunch_command(CommandKind.RESTART, ("n3",)))
@@ -329,7 +329,7 @@ def test_a_relaunch_command_gives_the_hang_clock_a_restart_grace():
 
 def test_without_the_command_the_same_silence_is_a_hang():
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock)
+    core = WorkerDetection(TOPICS, 8, clock=clock)
     feed(core, range(30))
     assert AlertKind.HANG in [a.kind for a in tick_every_second(core, clock, 10, offset=2)]
 
@@ -338,7 +338,7 @@ def test_an_unsigned_forged_malformed_or_expired_relaunch_is_not_obeyed():
     """Only the actuator's signed, unexpired commands put a job's hang clock in grace;
     anything else is counted and skipped, and a garbage signature raises nothing."""
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock, command_keys=COMMAND_KEYS)
+    core = WorkerDetection(TOPICS, 8, clock=clock, command_keys=COMMAND_KEYS)
     feed(core, range(30))
     restart = CommandKind.RESTART
     signed = json.loads(relaunch_command(restart))
@@ -353,7 +353,7 @@ def test_an_unsigned_forged_malformed_or_expired_relaunch_is_not_obeyed():
     assert [core.route_command(0, i, b"j", v) for i, v in enumerate(bad)] == [None] * 6
     assert core.counts()["refused_command"] == 5  # the malformed one does not decode
     assert AlertKind.HANG in [a.kind for a in tick_every_second(core, clock, 10, offset=2)]
-    unkeyed = WorkerCore(TOPICS, 8, clock=clock)  # no actuator keys: nothing obeyed
+    unkeyed = WorkerDetection(TOPICS, 8, clock=clock)  # no actuator keys: nothing obeyed
     assert unkeyed.route_command(0, 0, b"j", relaunch_command(restart)) is None
 
 
@@ -363,7 +363,7 @@ def job_event(kind: JobEventKind, seconds: float, **kw) -> bytes:
 
 def test_a_job_that_ended_raises_no_hang_and_its_state_is_dropped():
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock)
+    core = WorkerDetection(TOPICS, 8, clock=clock)
     feed(core, range(30))
     alerts = tick_every_second(core, clock, 60, offset=1)
     assert [a.kind for a in alerts] == [AlertKind.HANG]  # silent without an end: a hang
@@ -391,7 +391,7 @@ def test_a_job_that_ended_raises_no_hang_and_its_state_is_dropped():
 
 
 def test_an_end_for_a_job_this_worker_never_held_still_tombstones_it():
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     end = job_event(JobEventKind.END, 5.0, reason=EndReason.CANCELLED)
     out = core.handle_job_record(0, 1, b"j", end, "lifecycle", token="e")
     assert out.tombstone and out.release == ["e"] and core.ended == {"j": T0.timestamp() + 5}
@@ -399,7 +399,7 @@ def test_an_end_for_a_job_this_worker_never_held_still_tombstones_it():
 
 def test_an_announced_checkpoint_is_not_a_hang():
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock)
+    core = WorkerDetection(TOPICS, 8, clock=clock)
     feed(core, range(30))
     last = core.jobs["j"].last_event_ts
     phase = job_event(JobEventKind.PHASE, last - T0.timestamp(), phase=Phase.CHECKPOINT,
@@ -411,7 +411,7 @@ def test_an_announced_checkpoint_is_not_a_hang():
 
 def test_a_job_silent_past_its_idle_ttl_is_abandoned_with_one_info_alert():
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock, job_idle_ttl_s=120.0)
+    core = WorkerDetection(TOPICS, 8, clock=clock, job_idle_ttl_s=120.0)
     feed(core, range(30))
     alerts = tick_every_second(core, clock, 119, offset=1)
     clock.now += 1.0
@@ -429,7 +429,7 @@ def test_a_job_silent_past_its_idle_ttl_is_abandoned_with_one_info_alert():
 
 
 def test_jobs_beyond_the_cap_are_dead_lettered_not_taken_on():
-    core = WorkerCore(TOPICS, 8, max_jobs=2)
+    core = WorkerDetection(TOPICS, 8, max_jobs=2)
     for job in ("a", "b"):
         assert not core.handle_step(0, 0, b"x", step_msg(0, 0, job=job), token=job).dead_letters
     out = core.handle_step(0, 1, b"x", step_msg(0, 0, job="c"), token="c")
@@ -439,7 +439,7 @@ def test_jobs_beyond_the_cap_are_dead_lettered_not_taken_on():
 
 
 def test_hostile_rank_ids_and_too_many_ranks_are_dead_lettered():
-    core = WorkerCore(TOPICS, 8, max_ranks_per_job=16)
+    core = WorkerDetection(TOPICS, 8, max_ranks_per_job=16)
     hostile = json.loads(step_msg(0, 0))
     hostile["samples"][0]["rank"] = 500_000_000
     out = core.handle_step(0, 0, b"j", json.dumps(hostile).encode(), token="h")
@@ -453,7 +453,7 @@ def test_hostile_rank_ids_and_too_many_ranks_are_dead_lettered():
 
 
 def test_malformed_lifecycle_events_are_dead_lettered():
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     bad = core.route_lifecycle(
         0, 3, b"j", b'{"job_id": "j", "kind": "end", "ts": "2026-01-01T00:00:00Z"}'
     )
@@ -461,7 +461,7 @@ def test_malformed_lifecycle_events_are_dead_lettered():
 
 
 def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
-    core = WorkerCore(
+    core = WorkerDetection(
         TOPICS, 8, command_keys=COMMAND_KEYS, result_keys=job_controller_key("j").verifier()
     )
     feed(core, range(30))
@@ -494,18 +494,18 @@ def test_a_relaunch_carried_out_resolves_the_episodes_of_the_node_it_left_out():
 
 
 def test_a_snapshot_of_another_detector_layout_is_refused_not_crashed_on():
-    core = WorkerCore(TOPICS, 8)
+    core = WorkerDetection(TOPICS, 8)
     feed(core, range(12))
     st = core.jobs["j"]
     st.layout = 1  # written by a worker whose detectors kept other fields
     old = st.to_bytes()
-    fresh = WorkerCore(TOPICS, 8)
+    fresh = WorkerDetection(TOPICS, 8)
     out = fresh.handle_step(0, 0, b"j", step_msg(0, 0), token="t", load=lambda _: old)
     assert not out.dead_letters and fresh.unreadable_snapshots == 1
 
 
 def test_records_dated_in_the_future_are_dead_lettered_not_learned():
-    core = WorkerCore(TOPICS, 8, max_clock_skew_s=300.0)
+    core = WorkerDetection(TOPICS, 8, max_clock_skew_s=300.0)
     ahead = json.loads(step_msg(0, 0))
     when = datetime.now(UTC) + timedelta(hours=2)
     ahead["ts_start"] = ahead["ts_end"] = when.isoformat()
@@ -529,7 +529,7 @@ def test_snapshots_are_spaced_out_by_what_the_last_one_cost(monkeypatch, budget,
         return encode_state(self)
 
     monkeypatch.setattr(JobState, "to_bytes", costly)
-    core = WorkerCore(
+    core = WorkerDetection(
         TOPICS, 8, snapshot_steps=1, snapshot_interval_s=1e9, snapshot_budget=budget,
         clock=clock,
     )  # fmt: skip
@@ -546,12 +546,12 @@ def test_snapshots_are_spaced_out_by_what_the_last_one_cost(monkeypatch, budget,
 
 def test_a_snapshot_budget_outside_0_1_is_refused():
     with pytest.raises(ValueError, match="snapshot_budget"):
-        WorkerCore(TOPICS, 8, snapshot_budget=0)
+        WorkerDetection(TOPICS, 8, snapshot_budget=0)
 
 
 def _seconds_to_hang(event_rate: float) -> int:
     clock = Clock()
-    core = WorkerCore(TOPICS, 8, clock=clock, event_rate=event_rate)
+    core = WorkerDetection(TOPICS, 8, clock=clock, event_rate=event_rate)
     feed(core, range(30))
     for i in range(120):
         clock.now += 1.0
@@ -568,4 +568,4 @@ def test_a_job_replayed_at_4x_has_its_silence_measured_at_4x():
     at_1x, at_4x = _seconds_to_hang(1.0), _seconds_to_hang(4.0)
     assert at_4x == pytest.approx(at_1x / 4, abs=1)
     with pytest.raises(ValueError, match="event_rate"):
-        WorkerCore(TOPICS, 8, event_rate=0)
+        WorkerDetection(TOPICS, 8, event_rate=0)

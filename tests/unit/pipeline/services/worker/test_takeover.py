@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pipeline.services.worker.state import CoreTopics, WorkerCore
+from pipeline.services.worker.state import CoreTopics, WorkerDetection
 from schemas import AlertKind, AlertState, GpuHealth, NodeHealth, encode
 from tests.unit.pipeline.services.worker.test_state import T0, Clock, step_msg
 
@@ -42,7 +42,7 @@ class Job:
         )  # fmt: skip
         self.jobs.append(("health", encode(h)))
 
-    def read(self, core: WorkerCore, steps_from: int = 0, jobs_from: int = 0) -> list:
+    def read(self, core: WorkerDetection, steps_from: int = 0, jobs_from: int = 0) -> list:
         """The worker reads both topics from these offsets on (steps first: they are on
         another topic, and nothing orders the two)."""
         alerts = []
@@ -55,7 +55,7 @@ class Job:
             alerts += self._done(out)
         return alerts
 
-    def tick(self, core: WorkerCore) -> list:
+    def tick(self, core: WorkerDetection) -> list:
         """The worker's timer: a tick through the jobs topic, read at once."""
         _, value = core.tick_record("j")
         self.jobs.append(("tick", value))
@@ -68,7 +68,7 @@ class Job:
         return list(out.alerts)
 
 
-def play_live(job: Job, core: WorkerCore, clock: Clock, wall0: float, steps: range) -> list:
+def play_live(job: Job, core: WorkerDetection, clock: Clock, wall0: float, steps: range) -> list:
     """Steps published and read as they complete (health from every node every 2 s);
     the worker ticks every second between them."""
     alerts = []
@@ -97,7 +97,7 @@ def hangs(alerts: list) -> list:
     return [a for a in alerts if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]
 
 
-def first_hang(job: Job, core: WorkerCore, clock: Clock, until: float) -> float | None:
+def first_hang(job: Job, core: WorkerDetection, clock: Clock, until: float) -> float | None:
     """Tick every second until a hang is raised: the wall time it was, or None."""
     while clock.now < until:
         clock.now += 1.0
@@ -108,20 +108,20 @@ def first_hang(job: Job, core: WorkerCore, clock: Clock, until: float) -> float 
 
 def test_a_hang_that_began_before_the_takeover_is_raised_on_time_after_it() -> None:
     clock, wall0 = Clock(), 1000.0
-    alone, control = WorkerCore(TOPICS, 8, clock=clock), Job()
+    alone, control = WorkerDetection(TOPICS, 8, clock=clock), Job()
     assert hangs(play_live(control, alone, clock, wall0, range(40))) == []
     last_arrival = clock.now  # the job hangs after step 39: no step from here on
     on_time = first_hang(control, alone, clock, last_arrival + 60)  # nobody died
     assert on_time is not None
 
     clock.now = 1000.0
-    old, job = WorkerCore(TOPICS, 8, clock=clock), Job()
+    old, job = WorkerDetection(TOPICS, 8, clock=clock), Job()
     play_live(job, old, clock, wall0, range(40))
     for _ in range(2):  # the old worker's ticks, then it is SIGKILLed at +2.9 s
         clock.now += 1.0
         assert hangs(job.tick(old)) == []
     clock.now = last_arrival + 2.9 + 0.5  # another worker takes the job over
-    new = WorkerCore(TOPICS, 8, clock=clock)
+    new = WorkerDetection(TOPICS, 8, clock=clock)
     assert hangs(job.read(new)) == []  # it replays what the snapshot does not reflect
     raised = first_hang(job, new, clock, last_arrival + 60)
     assert raised is not None, "the hang was never raised after the takeover"
@@ -138,13 +138,13 @@ def missing_health(alerts: list) -> list:
 def test_a_healthy_job_read_late_after_a_takeover_is_not_hung() -> None:
     clock, wall0 = Clock(), 1000.0
     job = Job()
-    play_live(job, WorkerCore(TOPICS, 8, clock=clock), clock, wall0, range(40))
+    play_live(job, WorkerDetection(TOPICS, 8, clock=clock), clock, wall0, range(40))
     # the worker dies; the job goes on for 12 s; another worker takes over and reads
     # the backlog (its ticks wait for the steps partition, as the worker's timer does)
     for step in range(40, 49):
         job.publish_step(step)
     clock.now = wall0 + ends(48) + 0.5
-    new = WorkerCore(TOPICS, 8, clock=clock)
+    new = WorkerDetection(TOPICS, 8, clock=clock)
     alerts = job.read(new)
     alerts += play_live(job, new, clock, wall0, range(49, 60))
     assert hangs(alerts) == []
@@ -159,7 +159,7 @@ def test_health_re_keyed_late_through_a_takeover_is_not_a_silent_node() -> None:
     has a new owner too, seconds later. Nobody was silent but the pipeline."""
     clock, wall0 = Clock(), 1000.0
     job = Job()
-    alerts = play_live(job, WorkerCore(TOPICS, 8, clock=clock), clock, wall0, range(40))
+    alerts = play_live(job, WorkerDetection(TOPICS, 8, clock=clock), clock, wall0, range(40))
     gap = range(40, 49)
     delayed = [(n, t * HEALTH_S) for t in range(int(ends(39) // HEALTH_S) + 1,
                                                  int(ends(48) // HEALTH_S) + 1)
@@ -170,7 +170,7 @@ def test_health_re_keyed_late_through_a_takeover_is_not_a_silent_node() -> None:
         if n < 6:
             job.publish_health(n, at)
     clock.now = wall0 + ends(48) + 0.5
-    new = WorkerCore(TOPICS, 8, clock=clock)
+    new = WorkerDetection(TOPICS, 8, clock=clock)
     alerts += job.read(new)
     alerts += play_live(job, new, clock, wall0, range(49, 52))
     late = len(job.jobs)
@@ -188,11 +188,11 @@ def test_a_node_that_stays_silent_after_a_takeover_is_still_missing() -> None:
     silence after the catch-up exceeds its intervals."""
     clock, wall0 = Clock(), 1000.0
     job = Job()
-    play_live(job, WorkerCore(TOPICS, 8, clock=clock), clock, wall0, range(40))
+    play_live(job, WorkerDetection(TOPICS, 8, clock=clock), clock, wall0, range(40))
     for step in range(40, 49):
         job.publish_step(step)
     clock.now = wall0 + ends(48) + 0.5
-    new = WorkerCore(TOPICS, 8, clock=clock)
+    new = WorkerDetection(TOPICS, 8, clock=clock)
     alerts = job.read(new)
     real = job.publish_health
     job.publish_health = lambda node, at: None if node == 7 else real(node, at)  # type: ignore[method-assign]
@@ -211,16 +211,16 @@ def test_a_job_taken_over_is_not_ticked_before_a_record_is_read() -> None:
     then sees which partitions have unread steps), or the catch-up time passed."""
     clock, wall0 = Clock(), 1000.0
     job = Job()
-    play_live(job, WorkerCore(TOPICS, 8, clock=clock), clock, wall0, range(40))
+    play_live(job, WorkerDetection(TOPICS, 8, clock=clock), clock, wall0, range(40))
     clock.now += 12.0
-    new = WorkerCore(TOPICS, 8, clock=clock, blind_after_s=5.0)
+    new = WorkerDetection(TOPICS, 8, clock=clock, blind_after_s=5.0)
     assert new.adopt("j", job.table["j"], owned={0})
     assert new.tick_record("j") is None
     clock.now += 0.1
     other = step_msg(0, 0, job="another-job")  # any record: here another job's step
     new.handle_step(3, 0, b"another-job", other, token=None)
     assert new.tick_record("j") is not None
-    later = WorkerCore(TOPICS, 8, clock=clock, blind_after_s=5.0)
+    later = WorkerDetection(TOPICS, 8, clock=clock, blind_after_s=5.0)
     assert later.adopt("j", job.table["j"], owned={0})
     clock.now += 5.0
     assert later.tick_record("j") is not None  # nothing came: judged after all
@@ -232,7 +232,7 @@ def test_health_held_up_by_a_broker_outage_is_not_a_silent_node() -> None:
     once, nodes 6 and 7's health seconds later (their producer reconnected later)."""
     clock, wall0 = Clock(), 1000.0
     job = Job()
-    core = WorkerCore(TOPICS, 8, clock=clock, blind_after_s=5.0)
+    core = WorkerDetection(TOPICS, 8, clock=clock, blind_after_s=5.0)
     alerts = play_live(job, core, clock, wall0, range(40))
     steps_from, jobs_from = len(job.steps), len(job.jobs)
     outage = [(n, t * HEALTH_S) for t in range(int(ends(39) // HEALTH_S) + 1,

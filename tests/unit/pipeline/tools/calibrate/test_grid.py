@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from detectors.config import MonitorConfig
+from detectors.config import DetectorConfig
 from pipeline.io.detector_config import (
     config_from_overrides,
     load_detector_config,
@@ -93,8 +93,8 @@ def test_settings_file_round_trip_keeps_only_what_differs(tmp_path):
     path = write_detector_config(tmp_path / "d" / "detector.json", cfg)
     assert json.loads(path.read_text()) == {"hang_window": 40, "straggler_warning": 0.06}
     assert load_detector_config(path) == cfg
-    assert load_detector_config(None) == MonitorConfig()
-    assert overrides_of(MonitorConfig()) == {}
+    assert load_detector_config(None) == DetectorConfig()
+    assert overrides_of(DetectorConfig()) == {}
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_a_bad_settings_file_is_refused_naming_the_file_and_setting(tmp_path, te
 
 
 def test_diff_lists_changed_settings_only():
-    run = MonitorConfig()
+    run = DetectorConfig()
     new = config_from_overrides({"hang_factor": 3.0})
     assert diff_settings(run, new) == [("hang_factor", 2.5, 3.0)]
     assert diff_settings(run, run) == []
@@ -197,7 +197,7 @@ def slow_job():
 
 
 def test_replay_finds_the_straggler_and_a_blind_setting_misses_it(slow_job):
-    ups = replay(slow_job, MonitorConfig())
+    ups = replay(slow_job, DetectorConfig())
     assert {u.node for u in ups} == {"node-0003"}
     s = score_job(slow_job, ups)
     assert s.found[0][1] and s.found[0][2] is not None and s.found[0][2] <= 10
