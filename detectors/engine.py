@@ -41,13 +41,14 @@ The suite coordinates; each concern lives in its own module:
 :mod:`detectors.steps.intermittent` intermittent stragglers: how often a rank is clearly slow
 :mod:`detectors.steps.imbalance`    a pipeline stage slower as a whole: INFO, rebalance
 :mod:`detectors.steps.group`        nodes that began to slow together: one group finding
+:mod:`detectors.protocol`   :class:`StepDetector`, what the suite drives for a train step
+:mod:`detectors.step_detectors`     the train-step detectors, in scoring order
 ==========================  ==========================================================
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -58,67 +59,28 @@ from detectors.frame import PHASE_CODES, StepFrame
 from detectors.grading.grader import Grader
 from detectors.hang.detector import HangDetector, HealthPresence, MissingRanks
 from detectors.hardware.health import HEALTH_SIGNALS, HardwareDetector
-from detectors.hardware.nic_flap import NicWindow, nic_flap_findings
+from detectors.protocol import StepContext, StepDetector, StepScores
 from detectors.registry import NodeRegistry
 from detectors.signals import TRAIN_SIGNALS
-from detectors.steps.findings import (
-    loss_findings,
-    loss_values,
-    missing_findings,
-    nonfinite_findings,
-)
+from detectors.step_detectors import step_detectors
+from detectors.steps.findings import missing_findings, nonfinite_findings
 from detectors.steps.first_step import anchor_first_step_outliers
 from detectors.steps.group import GroupFaults
-from detectors.steps.imbalance import StageImbalance
-from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.peer import PeerDetector
 from detectors.steps.ranks import RankIndex
-from detectors.steps.replica import ReplicaDrift, ReplicaStep
-from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, replica_corrected, slowdown_findings
-from detectors.steps.temporal import RankBaselines, TemporalScores
-from detectors.training.divergence import DivergenceDetector
-from detectors.training.drift import LossDrift, drift_findings
+from detectors.steps.replica import ReplicaDrift
+from detectors.steps.slowdown import replica_corrected
+from detectors.steps.temporal import RankBaselines
 from schemas.alerts import Alert, Grade
 from schemas.telemetry import NodeHealth, Phase
 
-__all__ = ["DetectorSuite", "DetectorConfig", "StepScores"]
+__all__ = ["DetectorConfig", "DetectorSuite", "StepScores"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
 
 _TRAIN = PHASE_CODES[Phase.TRAIN]
-
-
-@dataclass(eq=False)
-class StepScores:
-    """What :meth:`DetectorSuite.score_step` found in one frame (nothing learned yet)."""
-
-    frame: StepFrame
-    slots: I64  #: dense slot of each frame row's rank (new ranks: provisional)
-    node_ids: I64  #: global node id of each ``frame.nodes`` entry
-    node_names: list[str]  #: node name by global id
-    rank_node: I64  #: global node id of each frame row
-    train: B  #: rows in the TRAIN phase
-    train_step: bool  #: most rows are TRAIN: the step is graded and learned
-    missing: list[Finding] = field(default_factory=list)
-    nonfinite: list[Finding] = field(default_factory=list)
-    train_findings: list[Finding] = field(default_factory=list)
-    values: F64 | None = None
-    scales: F64 | None = None
-    temporal: TemporalScores | None = None
-    spikes: B | None = None
-    slow: B | None = None  #: ranks clearly slow this step (intermittent stragglers)
-    slow_excess: F64 | None = None
-    stage_gaps: F64 | None = None  #: each stage's compute gap over the others
-    node_findings: list[Finding] = field(default_factory=list)  #: before grouping
-    replica_findings: list[Finding] = field(default_factory=list)  #: group evidence only
-    replicas: ReplicaStep | None = None
-
-    @property
-    def findings(self) -> list[Finding]:
-        """Every finding of the step."""
-        return [*self.missing, *self.nonfinite, *self.train_findings]
 
 
 class DetectorSuite:
@@ -161,8 +123,6 @@ class DetectorSuite:
         self.hang = HangDetector(cfg.hang_factor, cfg.hang_window, cfg.hang_min_steps)
         self.missing = MissingRanks(cfg.missing_forget_steps)
         self.presence = HealthPresence(cfg.health_missing_factor)
-        self.divergence = DivergenceDetector(cfg.div_window, cfg.div_warmup, cfg.mad_floor_rel)
-        self.drift = LossDrift(warmup=max(cfg.div_window, 10))
         self.hardware = HardwareDetector(
             warmup_reports=cfg.hw_warmup_reports,
             temp_critical_c=cfg.thermal_extreme_c,
@@ -170,16 +130,13 @@ class DetectorSuite:
             fatal_xids=cfg.fatal_xids,
             fatal_latch_reports=cfg.fatal_latch_reports,
         )
-        self.intermittent = IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)
-        self.imbalance = StageImbalance(
-            cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps
-        )
+        #: the detectors of a train step, scored and learned in this order
+        self.step_detectors: list[StepDetector] = step_detectors(cfg)
         self.groups = GroupFaults(cfg.group_window, cfg.group_min_nodes)
         self.replicas = ReplicaDrift(warmup_steps=cfg.warmup_steps)
         self.grader = Grader(job_id, cfg.policies())
         self.ranks = RankIndex()
         self.nodes = NodeRegistry()
-        self._nic = NicWindow(cfg.nic_window)
         self._last_step = -1  #: the last step completed before a relaunch
         self.steps_seen = 0
 
@@ -235,51 +192,22 @@ class DetectorSuite:
         out.values = np.stack((slowdown, peer.data_excess, peer.comm_excess))
         out.scales = np.stack((c_scale, peer.data_scale[inv], peer.comm_scale[inv]))
         out.temporal = t = self.baselines.score(slots, out.values, out.scales)
-        out.train_findings = slowdown_findings(
-            frame,
-            peer,
-            t,
-            rank_node,
-            names,
+        out.context = ctx = StepContext(
+            frame=frame,
+            slots=slots,
+            rank_node=rank_node,
+            node_names=names,
+            train=train,
+            peer=peer,
+            temporal=t,
             config=cfg,
-            floors={s: g.min_score(s) for s in NODE_LEVEL_SIGNALS},
-            degradation_rows=self._firing_ranks("degradation", frame, rank_node),
-            open_nodes={s: self._open_nodes(s) for s in NODE_LEVEL_SIGNALS},
+            floor=g.min_score,
+            firing_rows=lambda signal: self._firing_ranks(signal, frame, rank_node),
+            open_nodes=self._open_nodes,
+            scores=out,
         )
-        out.slow, out.slow_excess = slow_steps(
-            t.z[0], t.excess[0], peer.slowdown, peer.comm_excess, t.warmed, cfg
-        )
-        busy = self._firing_ranks("straggler", frame, rank_node)
-        busy |= self._firing_ranks("degradation", frame, rank_node)
-        out.slow &= ~busy  # a steady straggler's slow steps say nothing of intermittence
-        out.train_findings += intermittent_findings(
-            self.intermittent,
-            slots,
-            frame,
-            rank_node,
-            names,
-            config=cfg,
-            floor=g.min_score("intermittent"),
-            busy_rows=busy,
-            open_nodes=self._open_nodes("intermittent"),
-        )
-        nic_flaps, out.spikes = nic_flap_findings(
-            frame,
-            peer,
-            t,
-            rank_node,
-            names,
-            config=cfg,
-            floor=g.min_score("nic_flap"),
-            window=self._nic,
-        )
-        out.train_findings += nic_flaps
-        out.train_findings += loss_findings(frame, train, self.divergence, g.min_score("loss"))
-        out.train_findings += self.imbalance.findings(g.min_score("imbalance"))
-        out.train_findings += drift_findings(
-            self.drift, loss_values(frame, train)[0], g.min_score("loss_drift")
-        )
-        out.stage_gaps = self.imbalance.score(frame, train)
+        for det in self.step_detectors:
+            out.train_findings += det.findings(ctx)
         if cfg.replica_correction:  # what the correction hides: whole replicas slowing
             out.replicas = self.replicas.score(peer.slowdown, frame.dp_group, rank_node, train)
             out.replica_findings = self.replicas.findings(
@@ -312,7 +240,8 @@ class DetectorSuite:
         moved = self.nodes.record_ranks(s.slots, s.rank_node)
         if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
             self.baselines.forget(moved)
-            self.intermittent.forget(moved)
+            for det in self.step_detectors:
+                det.forget(moved)
         self.missing.learn(s.slots)
         if s.temporal is not None and s.values is not None and s.scales is not None:
             mask = s.train & ~self._critical_ranks(frame, s.rank_node)
@@ -326,18 +255,12 @@ class DetectorSuite:
                 floor=self.config.first_step_floor,
                 k=self.config.first_step_z,
             )
-            if s.spikes is not None:
-                self._nic.learn(s.spikes)
-            if s.slow is not None and s.slow_excess is not None:
-                self.intermittent.learn(s.slots, s.slow, s.slow_excess, s.train)
-            if s.stage_gaps is not None:
-                self.imbalance.learn(s.stage_gaps, step)
+            if s.context is not None:
+                for det in self.step_detectors:
+                    det.learn(s.context)
             self.groups.learn(s.node_findings, step, s.replica_findings)
             if s.replicas is not None:
                 self.replicas.learn(s.replicas, self.config.straggler_warning)
-            loss, grad = loss_values(frame, s.train)
-            self.divergence.learn_one(loss, grad)
-            self.drift.learn_one(loss)
         self.steps_seen += 1
         return alerts
 
@@ -401,7 +324,8 @@ class DetectorSuite:
         """
         cfg = self.config
         self.hang.restart(now, cfg.restart_grace_steps, getattr(cfg, "restart_grace_min_s", 0.0))
-        self.drift.reset()  # a rollback resumes from an earlier, higher loss
+        for det in self.step_detectors:
+            det.restarted()  # e.g. loss drift: a rollback resumes from an earlier, higher loss
         for node in removed_nodes:
             self.presence.forget(node)
             self.nodes.remove(node)

@@ -24,7 +24,8 @@ from schemas import (
 STATE_LAYOUT = 5  # 3: JobDetection keeps the job's members and lifecycle guard; 4: the
 # suite keeps the group, replica, imbalance and drift detectors (issue 23); 5: the suite's
 # classes are renamed (JobMonitor -> DetectorSuite, MonitorConfig -> DetectorConfig, in the
-# snapshot by qualified name) and the table is "job-states" (issue 21)
+# snapshot by qualified name), its train-step detectors are one list (step_detectors) and
+# the table is "job-states" (issue 21)
 
 
 def partition_for(key: str, n_partitions: int) -> int:

@@ -1,0 +1,192 @@
+"""The step detectors of a suite, each a thin :class:`~detectors.protocol.StepDetector`
+around its family's module, in the order :class:`~detectors.engine.DetectorSuite`
+scores them (:func:`step_detectors`).
+
+Not in the list: the scoring every detector reads (peer statistics and per-rank
+baselines, :class:`~detectors.protocol.StepContext`), the missing-rank and non-finite
+findings (graded before, on every step with ranks) and the group collapse (replica
+evidence and :class:`~detectors.steps.group.GroupFaults` turn the listed detectors'
+findings into group findings afterwards).
+"""
+
+from __future__ import annotations
+
+from detectors.base import Finding
+from detectors.config import DetectorConfig
+from detectors.hardware.nic_flap import NicWindow, nic_flap_findings
+from detectors.protocol import I64, StepContext, StepDetector
+from detectors.steps.findings import loss_findings, loss_values
+from detectors.steps.imbalance import StageImbalance
+from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
+from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, slowdown_findings
+from detectors.training.divergence import DivergenceDetector
+from detectors.training.drift import LossDrift, drift_findings
+
+__all__ = [
+    "Imbalance",
+    "Intermittent",
+    "Loss",
+    "LossDriftStep",
+    "NicFlap",
+    "Slowdown",
+    "step_detectors",
+]
+
+
+def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
+    """A fresh detector of each kind with thresholds ``cfg``, in scoring order."""
+    return [
+        Slowdown(),
+        Intermittent(IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)),
+        NicFlap(NicWindow(cfg.nic_window)),
+        Loss(DivergenceDetector(cfg.div_window, cfg.div_warmup, cfg.mad_floor_rel)),
+        Imbalance(StageImbalance(cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps)),
+        LossDriftStep(LossDrift(warmup=max(cfg.div_window, 10))),
+    ]
+
+
+class Slowdown(StepDetector):
+    """Stragglers, degradation and data stalls (:mod:`detectors.steps.slowdown`): reads
+    the shared scoring only, learns nothing of its own."""
+
+    __slots__ = ()
+    name = "slowdown"
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        return slowdown_findings(
+            ctx.frame,
+            ctx.peer,
+            ctx.temporal,
+            ctx.rank_node,
+            ctx.node_names,
+            config=ctx.config,
+            floors={s: ctx.floor(s) for s in NODE_LEVEL_SIGNALS},
+            degradation_rows=ctx.firing_rows("degradation"),
+            open_nodes={s: ctx.open_nodes(s) for s in NODE_LEVEL_SIGNALS},
+        )
+
+
+class Intermittent(StepDetector):
+    """Intermittent stragglers (:mod:`detectors.steps.intermittent`); leaves the step's
+    clearly slow ranks in ``scores.slow`` / ``slow_excess``."""
+
+    __slots__ = ("det",)
+    name = "intermittent"
+
+    def __init__(self, det: IntermittentSlowdown) -> None:
+        self.det = det
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        t, out = ctx.temporal, ctx.scores
+        out.slow, out.slow_excess = slow_steps(
+            t.z[0], t.excess[0], ctx.peer.slowdown, ctx.peer.comm_excess, t.warmed, ctx.config
+        )
+        busy = ctx.firing_rows("straggler")
+        busy |= ctx.firing_rows("degradation")
+        out.slow &= ~busy  # a steady straggler's slow steps say nothing of intermittence
+        return intermittent_findings(
+            self.det,
+            ctx.slots,
+            ctx.frame,
+            ctx.rank_node,
+            ctx.node_names,
+            config=ctx.config,
+            floor=ctx.floor("intermittent"),
+            busy_rows=busy,
+            open_nodes=ctx.open_nodes("intermittent"),
+        )
+
+    def learn(self, ctx: StepContext) -> None:
+        out = ctx.scores
+        if out.slow is not None and out.slow_excess is not None:
+            self.det.learn(ctx.slots, out.slow, out.slow_excess, ctx.train)
+
+    def forget(self, slots: I64) -> None:
+        self.det.forget(slots)
+
+
+class NicFlap(StepDetector):
+    """NIC flapping (:mod:`detectors.hardware.nic_flap`); leaves the step's spikes in
+    ``scores.spikes`` for its window."""
+
+    __slots__ = ("window",)
+    name = "nic_flap"
+
+    def __init__(self, window: NicWindow) -> None:
+        self.window = window
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        flaps, ctx.scores.spikes = nic_flap_findings(
+            ctx.frame,
+            ctx.peer,
+            ctx.temporal,
+            ctx.rank_node,
+            ctx.node_names,
+            config=ctx.config,
+            floor=ctx.floor("nic_flap"),
+            window=self.window,
+        )
+        return flaps
+
+    def learn(self, ctx: StepContext) -> None:
+        if ctx.scores.spikes is not None:
+            self.window.learn(ctx.scores.spikes)
+
+
+class Loss(StepDetector):
+    """A diverging loss or gradient norm (:mod:`detectors.training.divergence`)."""
+
+    __slots__ = ("det",)
+    name = "loss"
+
+    def __init__(self, det: DivergenceDetector) -> None:
+        self.det = det
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        return loss_findings(ctx.frame, ctx.train, self.det, ctx.floor("loss"))
+
+    def learn(self, ctx: StepContext) -> None:
+        loss, grad = loss_values(ctx.frame, ctx.train)
+        self.det.learn_one(loss, grad)
+
+
+class Imbalance(StepDetector):
+    """A pipeline stage slower as a whole (:mod:`detectors.steps.imbalance`); leaves
+    the step's stage gaps in ``scores.stage_gaps``."""
+
+    __slots__ = ("det",)
+    name = "imbalance"
+
+    def __init__(self, det: StageImbalance) -> None:
+        self.det = det
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        found = self.det.findings(ctx.floor("imbalance"))
+        ctx.scores.stage_gaps = self.det.score(ctx.frame, ctx.train)
+        return found
+
+    def learn(self, ctx: StepContext) -> None:
+        if ctx.scores.stage_gaps is not None:
+            self.det.learn(ctx.scores.stage_gaps, ctx.frame.step)
+
+
+class LossDriftStep(StepDetector):
+    """A loss drifting up slowly (:mod:`detectors.training.drift`); a relaunch resets
+    it (a rollback resumes from an earlier, higher loss)."""
+
+    __slots__ = ("det",)
+    name = "loss_drift"
+
+    def __init__(self, det: LossDrift) -> None:
+        self.det = det
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        return drift_findings(
+            self.det, loss_values(ctx.frame, ctx.train)[0], ctx.floor("loss_drift")
+        )
+
+    def learn(self, ctx: StepContext) -> None:
+        self.det.learn_one(loss_values(ctx.frame, ctx.train)[0])
+
+    def restarted(self) -> None:
+        self.det.reset()
