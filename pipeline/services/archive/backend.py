@@ -194,6 +194,20 @@ class ArchiveBackend(Protocol):
     def close(self) -> None: ...
 
 
+def _column_types(
+    backend: ArchiveBackend, cache: dict[tuple[str, str], dict[str, str]], table: str
+) -> dict[str, str]:
+    """Column name -> ClickHouse type of ``table`` in ``backend``'s database, read with
+    ``DESCRIBE TABLE`` once and kept in ``cache`` (each backend clears its cache when a
+    statement may change a table's columns). ``table`` must be a plain identifier
+    (:class:`ArchiveError` otherwise): it is written into the SQL."""
+    key = (backend.database, table)
+    if key not in cache:
+        _, rows = backend.query(f"DESCRIBE TABLE {backend.database}.{_check_ident(table)}")
+        cache[key] = {str(r[0]): str(r[1]) for r in rows}
+    return cache[key]
+
+
 class ServerBackend:
     """ClickHouse server over the native protocol (clickhouse-driver).
 
@@ -295,17 +309,10 @@ class ServerBackend:
         if not any(isinstance(columns[c], np.ndarray) for c in names):
             self._run(sql, [columns[c] for c in names], columnar=True)
             return n
-        _register_numpy_enums(self._column_types(table).values())
+        _register_numpy_enums(_column_types(self, self._types, table).values())
         data = _for_numpy_driver([columns[c] for c in names])
         self._run(sql, data, client=self._numpy_client, columnar=True)
         return n
-
-    def _column_types(self, table: str) -> dict[str, str]:
-        key = (self.database, table)
-        if key not in self._types:
-            _, rows = self.query(f"DESCRIBE TABLE {self.database}.{_check_ident(table)}")
-            self._types[key] = {str(r[0]): str(r[1]) for r in rows}
-        return self._types[key]
 
     def close(self) -> None:
         self._client.disconnect()
@@ -509,7 +516,7 @@ class ChdbBackend:
         n = len(columns[names[0]])
         if n == 0:
             return 0
-        types = self._column_types(_check_ident(table))
+        types = _column_types(self, self._types, table)
         try:
             arrow_rows = pa.table(  # noqa: F841 - read by chDB through Python(arrow_rows)
                 {c: arrow_array(columns[c], types[c]) for c in names}
@@ -519,18 +526,11 @@ class ChdbBackend:
         except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
             raise ArchiveRowError(f"chDB: cannot build rows for {table}: {exc}") from exc
         sql = (
-            f"INSERT INTO {self.database}.{table} ({', '.join(names)}) "
+            f"INSERT INTO {self.database}.{_check_ident(table)} ({', '.join(names)}) "
             f"SELECT {', '.join(names)} FROM Python(arrow_rows)"
         )
         self.execute(sql)
         return n
-
-    def _column_types(self, table: str) -> dict[str, str]:
-        key = (self.database, table)
-        if key not in self._types:
-            _, rows = self.query(f"DESCRIBE TABLE {self.database}.{table}")
-            self._types[key] = {str(r[0]): str(r[1]) for r in rows}
-        return self._types[key]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing twice is harmless
