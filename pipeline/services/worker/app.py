@@ -50,14 +50,9 @@ from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, sign, signing_key
 from pipeline.services.worker.control import ControlReader, DetectorControl
 from pipeline.services.worker.metrics import WorkerMetrics
+from pipeline.services.worker.records import CoreTopics, Forward, Handled
 from pipeline.services.worker.seal import Seal, derive_key
-from pipeline.services.worker.state import (
-    KIND_HEADER,
-    CoreTopics,
-    Forward,
-    Handled,
-    WorkerDetection,
-)
+from pipeline.services.worker.state import KIND_HEADER, WorkerDetection
 from schemas import Alert, DeadLetter, Rejected, encode
 
 __all__ = ["WorkerApp", "build_app", "prepare_topics"]
@@ -194,11 +189,8 @@ def build_app(
         log.warning("no STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS: command results are ignored "
                     "(a relaunch's grace runs its course)")  # fmt: skip
     tansu = settings.is_tansu
-    session = (
-        min(settings.worker_session_timeout_s, 6.0)
-        if tansu
-        else (settings.worker_session_timeout_s)
-    )
+    timeout = settings.worker_session_timeout_s
+    session = min(timeout, 6.0) if tansu else timeout
     extra: dict[str, Any] = {}
     if tansu:
         # ListOffsets is exact only with one record per batch (docs/backends.md): without it
