@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
@@ -29,8 +29,10 @@ from schemas import (
     Rejected,
     decode,
 )
+from schemas._base import Message
 
 log = logging.getLogger("pipeline.services.worker.state")
+_M = TypeVar("_M", bound=Message)
 
 
 class _JobRecords:
@@ -68,12 +70,9 @@ class _JobRecords:
             return self._lifecycle(partition, offset, key, value, token, load)
         if kind == "result":
             return self._result(partition, offset, key, value, token)
-        msg = decode(
-            NodeHealth, value, topic=topic, partition=partition, offset=offset, key=key,
-            max_bytes=self.max_message_bytes,
-        )  # fmt: skip
-        if isinstance(msg, Rejected):
-            return Handled(dead_letters=[msg.letter], release=[token])
+        msg = self._decoded(NodeHealth, value, topic, partition, offset, key, token)
+        if isinstance(msg, Handled):
+            return msg
         if msg.job_id is None:
             return Handled(release=[token])
         ts = msg.ts.timestamp()
@@ -91,6 +90,26 @@ class _JobRecords:
                 _dead_letter(value, f"detect: {exc!r}", topic, partition, offset, key, "detect")
             )
         return self._finish(st, out, token)
+
+    def _decoded(
+        self,
+        model: type[_M],
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        token: Any,
+    ) -> _M | Handled:
+        """``value`` read as ``model`` (at most ``max_message_bytes``), or, when it cannot
+        be, what becomes of the record: dead-lettered and its offset released."""
+        msg = decode(
+            model, value, topic=topic, partition=partition, offset=offset, key=key,
+            max_bytes=self.max_message_bytes,
+        )  # fmt: skip
+        if isinstance(msg, Rejected):
+            return Handled(dead_letters=[msg.letter], release=[token])
+        return msg
 
     def _saw_record(self) -> None:
         """Note that the broker delivered something; after a blind gap, restart every
@@ -219,12 +238,9 @@ class _JobRecords:
         drops its state (tombstone); its late records are ignored from then on, until
         a record newer than the end (a new run under the same id) starts afresh."""
         topic = self.topics.jobs
-        msg = decode(
-            JobEvent, value, topic=topic, partition=partition, offset=offset, key=key,
-            max_bytes=self.max_message_bytes,
-        )  # fmt: skip
-        if isinstance(msg, Rejected):
-            return Handled(dead_letters=[msg.letter], release=[token])
+        msg = self._decoded(JobEvent, value, topic, partition, offset, key, token)
+        if isinstance(msg, Handled):
+            return msg
         ts = msg.ts.timestamp()
         future = self._from_the_future(ts, value, topic, partition, offset, key, token)
         if future is not None:

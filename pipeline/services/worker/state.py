@@ -416,16 +416,13 @@ class WorkerDetection(_JobRecords):
         topic = self.topics.steps
         # the msgspec fast path takes common telemetry; pydantic decides the rest and
         # writes the dead letter's error
-        msg: NodeStep | Rejected | None = None
+        msg: NodeStep | Handled | None = None
         if value is None or len(value) <= self.max_message_bytes:
             msg = decode_step(value)
         if msg is None:
-            msg = decode(
-                StepTelemetry, value, topic=topic, partition=partition, offset=offset,
-                key=key, max_bytes=self.max_message_bytes,
-            )  # fmt: skip
-        if isinstance(msg, Rejected):
-            return Handled(dead_letters=[msg.letter], release=[token])
+            msg = self._decoded(StepTelemetry, value, topic, partition, offset, key, token)
+        if isinstance(msg, Handled):
+            return msg
         ts = msg.ts_end.timestamp()
         st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load)
         if isinstance(st, Handled):
