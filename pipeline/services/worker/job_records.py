@@ -25,11 +25,11 @@ from schemas import (
     CommandResult,
     JobEvent,
     JobEventKind,
+    Message,
     NodeHealth,
     Rejected,
     decode,
 )
-from schemas._base import Message
 
 log = logging.getLogger("pipeline.services.worker.state")
 _M = TypeVar("_M", bound=Message)
