@@ -237,3 +237,14 @@ def test_no_module_imports_another_packages_private_module():
                 if name != owner and not name.startswith(owner + "."):
                     wrong.append(f"{name} -> {dep}")
     assert not wrong, f"private modules imported from outside their package: {wrong}"
+
+
+def test_the_step_detector_protocol_stands_below_the_suite():
+    # what a step detector implements (detectors.protocol) must not lead to the suite
+    # that drives the detectors, nor to the adapters or the job core: a detector
+    # module importing the protocol would close a loop through them
+    reached = _reachable("detectors.protocol")
+    drivers = {"detectors.engine", "detectors.step_detectors", "detectors.job"}
+    assert not reached & drivers, f"detectors.protocol reaches {sorted(reached & drivers)}"
+    assert "detectors.protocol" in _graph()["detectors.step_detectors"]
+    assert "detectors.protocol" in _graph()["detectors.engine"]
