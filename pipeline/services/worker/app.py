@@ -49,6 +49,7 @@ from pipeline.io.kafka import client_config, consumer_config, create_topics, reg
 from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, sign, signing_key
 from pipeline.services.worker.control import ControlReader, DetectorControl
+from pipeline.services.worker.current import make_current
 from pipeline.services.worker.metrics import WorkerMetrics
 from pipeline.services.worker.records import CoreTopics, Forward, Handled
 from pipeline.services.worker.seal import Seal, derive_key
@@ -333,9 +334,7 @@ def build_app(
         """One record of the steps or jobs topic; never raises (Faust would ack it)."""
         msg = event.message
         started = time.perf_counter()
-        # a batch has no "current event", which Faust's table takes the changelog
-        # partition from: make it this record (the job's partition)
-        stream._set_current_event(event)
+        make_current(event)  # the changelog partition of a table write (current.py)
         try:
             if msg.topic == names.steps:
                 out = core.handle_step(msg.partition, msg.offset, msg.key, msg.value, event, load)
