@@ -101,9 +101,14 @@ class DetectorConfig:
     ``degradation_warning``         smoothed slowdown excess (fraction) that fires
     ``degradation_critical``        ... for CRITICAL; ``degradation_exit`` to resolve
     Hangs and missing data
-    ``hang_factor``                 no step for this many median step times: CRITICAL
-                                    (2.5, so a hang is flagged before 3 x the median
-                                    step time; ``tick`` runs after the step it follows)
+    ``hang_factor``                 no step for this many median step times: WARNING,
+                                    and CRITICAL when a long step the job announced
+                                    or learned is overrun (2.5, so a hang is flagged
+                                    before 3 x the median step time)
+    ``hang_critical_factor``        ... CRITICAL otherwise only after this many (8),
+                                    or 1.5 x the job's longest recent long step: a
+                                    first, unannounced checkpoint save looks like a
+                                    hang while it lasts (:meth:`HangDetector.graded`)
     ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
     ``restart_grace_steps``         after :meth:`DetectorSuite.restarted`, median step
                                     times allowed for the relaunch before a hang
@@ -197,6 +202,7 @@ class DetectorConfig:
     degradation_critical: float = 0.10
     degradation_exit: float = 0.01
     hang_factor: float = 2.5
+    hang_critical_factor: float = 8.0
     hang_window: int = 50
     hang_min_steps: int = 5
     restart_grace_steps: float = 20.0
@@ -255,6 +261,11 @@ class DetectorConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.hang_critical_factor < self.hang_factor:
+            raise ValueError(
+                f"hang_critical_factor must be >= hang_factor ({self.hang_factor!r}), "
+                f"got {self.hang_critical_factor!r}"
+            )
         if self.group_min_nodes < 2:
             raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:
@@ -409,12 +420,12 @@ def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
         ),
         "hang": GradePolicy(
             AlertKind.HANG,
-            enter=(None, None, cfg.hang_factor),
+            enter=(None, cfg.hang_factor, cfg.hang_critical_factor),
             exit=min(1.0, cfg.hang_factor),
             min_obs=(1, 1, 1),
             hold_obs=1,
             cooloff_obs=0,
-            actions=(_A.RESTART, _A.RESTART, _A.RESTART),
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.RESTART),
         ),
         "health_missing": GradePolicy(
             AlertKind.MISSING,

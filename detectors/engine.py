@@ -120,7 +120,10 @@ class DetectorSuite:
             cusum_k=cfg.cusum_k,
             cusum_clip=cfg.cusum_clip,
         )
-        self.hang = HangDetector(cfg.hang_factor, cfg.hang_window, cfg.hang_min_steps)
+        self.hang = HangDetector(
+            cfg.hang_factor, cfg.hang_window, cfg.hang_min_steps,
+            critical_factor=cfg.hang_critical_factor,
+        )  # fmt: skip
         self.missing = MissingRanks(cfg.missing_forget_steps)
         self.presence = HealthPresence(cfg.health_missing_factor)
         self.hardware = HardwareDetector(
@@ -354,7 +357,7 @@ class DetectorSuite:
         g = self.grader
         step = self.last_step + 1
         alerts: list[Alert] = []
-        h = self.hang.score(now)
+        h = self.hang.graded(now)
         hang_f: list[Finding] = []
         if h >= g.min_score("hang"):
             baseline, why = self.hang.explain(now)

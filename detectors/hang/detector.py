@@ -94,6 +94,10 @@ class HangDetector:
     max_periods
         Periods (candidates included) kept at once; a new candidate replaces the
         oldest unconfirmed one when the table is full.
+    critical_factor
+        Median step times of silence that no learned or announced long step explains
+        before :meth:`graded` reaches it (the CRITICAL threshold); ``factor`` if not
+        given, so that :meth:`graded` equals :meth:`score` (see :meth:`graded`).
 
     Examples
     --------
@@ -143,6 +147,7 @@ class HangDetector:
         tolerance: int = 1,
         phase_steps: float = 20.0,
         max_periods: int = 8,
+        critical_factor: float | None = None,
     ) -> None:
         check_positive("factor", factor)
         if window < 1:
@@ -158,6 +163,10 @@ class HangDetector:
         check_positive("phase_steps", phase_steps)
         if max_periods < 1:
             raise ValueError(f"max_periods must be >= 1, got {max_periods!r}")
+        critical = factor if critical_factor is None else critical_factor
+        if not (math.isfinite(critical) and critical >= factor):
+            raise ValueError(f"critical_factor must be >= factor, got {critical_factor!r}")
+        self.critical_factor = critical
         self.factor = factor
         self.window = window
         self.min_steps = min_steps
@@ -272,6 +281,50 @@ class HangDetector:
             return
         self._phases.announce(phase, ts, expected_s, after_step)
 
+    #: long steps remembered for the CRITICAL ceiling of :meth:`graded`
+    LONG_KEPT = 8
+    #: the job's recent long steps (seconds, newest last), explained or not
+    long_durations: tuple[float, ...] = ()
+
+    def graded(self, now: float) -> float:
+        """The silence at event time ``now`` on the grading scale: WARNING at
+        ``factor``, CRITICAL at ``critical_factor``; reads state only.
+
+        A job that has not announced a long step, and has not taken it often enough
+        for its period to be learned, may be in one: its first checkpoint saves look
+        exactly like a hang for as long as they last. So past ``factor`` (the time
+        :meth:`score` flags) the silence climbs linearly to ``critical_factor`` at
+        the *ceiling*: ``critical_factor`` median step times, or ``long_margin``
+        times the longest of the job's recent long steps (:attr:`long_durations`),
+        whichever is later. With no long step seen that is :meth:`score` itself.
+        A silence that overruns a long step the job announced or learned is past
+        what that step may take: ``critical_factor`` at once.
+
+        >>> h = HangDetector(factor=2.5, min_steps=3, critical_factor=8.0)
+        >>> for step in range(10):
+        ...     h.learn_step(step, ts=float(step))
+        >>> h.graded(9.0 + 2.0), h.graded(9.0 + 5.0), h.graded(9.0 + 8.0)
+        (2.0, 5.0, 8.0)
+        >>> h.learn_step(10, ts=9.0 + 12.0)  # a 12 s step, none announced or learned
+        >>> [round(h.graded(21.0 + t), 2) for t in (2.5, 10.0, 18.0)]
+        [2.5, 5.16, 8.0]
+        """
+        s = self.score(now)
+        med = self.median_step_time
+        if s < self.factor or med is None or med <= 0 or self.last_ts is None:
+            return s
+        if self._long_step(med) is not None:  # a known long step, overrun
+            return s * self.critical_factor / self.factor
+        silence = now - self.last_ts
+        flagged = self.factor * med
+        ceiling = max(
+            self.critical_factor * med, self.long_margin * max(self.long_durations, default=0.0)
+        )
+        if silence >= ceiling or ceiling <= flagged:
+            return self.critical_factor * silence / max(ceiling, 1e-9)
+        climb = (self.critical_factor - self.factor) * (silence - flagged) / (ceiling - flagged)
+        return self.factor + climb
+
     #: class defaults: state written before relaunches were learned reads them here
     _relaunch_at: float | None = None
     _relaunch_started: float | None = None
@@ -354,6 +407,7 @@ class HangDetector:
         )
         explained = self._phases.end(ts, step)
         if is_long and interval is not None:
+            self.long_durations = (*self.long_durations[-(self.LONG_KEPT - 1) :], interval)
             isolated = not self._last_long
             explained = self._periods.learn(step, interval, isolated=isolated) or explained
         self._last_long = is_long
