@@ -105,7 +105,8 @@ class DetectorConfig:
                                     and CRITICAL when a long step the job announced
                                     or learned is overrun (2.5, so a hang is flagged
                                     before 3 x the median step time)
-    ``hang_critical_factor``        ... CRITICAL otherwise only after this many (8),
+    ``hang_critical_factor``        ... CRITICAL otherwise only after this many (8;
+                                    never fewer than ``hang_factor``),
                                     or 1.5 x the job's longest recent long step: a
                                     first, unannounced checkpoint save looks like a
                                     hang while it lasts (:meth:`HangDetector.graded`)
@@ -261,11 +262,6 @@ class DetectorConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.hang_critical_factor < self.hang_factor:
-            raise ValueError(
-                f"hang_critical_factor must be >= hang_factor ({self.hang_factor!r}), "
-                f"got {self.hang_critical_factor!r}"
-            )
         if self.group_min_nodes < 2:
             raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:
@@ -420,7 +416,7 @@ def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
         ),
         "hang": GradePolicy(
             AlertKind.HANG,
-            enter=(None, cfg.hang_factor, cfg.hang_critical_factor),
+            enter=(None, cfg.hang_factor, max(cfg.hang_factor, cfg.hang_critical_factor)),
             exit=min(1.0, cfg.hang_factor),
             min_obs=(1, 1, 1),
             hold_obs=1,

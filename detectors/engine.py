@@ -122,7 +122,7 @@ class DetectorSuite:
         )
         self.hang = HangDetector(
             cfg.hang_factor, cfg.hang_window, cfg.hang_min_steps,
-            critical_factor=cfg.hang_critical_factor,
+            critical_factor=max(cfg.hang_factor, cfg.hang_critical_factor),
         )  # fmt: skip
         self.missing = MissingRanks(cfg.missing_forget_steps)
         self.presence = HealthPresence(cfg.health_missing_factor)

@@ -232,8 +232,9 @@ def test_an_unsigned_end_the_jobs_steps_contradict_is_refused_and_the_job_stays_
     anomalies = [a for a in alerts if a.kind is AlertKind.LIFECYCLE]
     assert anomalies and all(a.grade is Grade.WARNING for a in anomalies)
     assert core.after_end == 0  # none of its steps was taken for the ended run's
-    hangs = _ticks(core, clock, 20, offset=200)  # and then it hangs: raised
-    assert [a.kind for a in hangs if a.state is AlertState.FIRING] == [AlertKind.HANG]
+    hangs = _ticks(core, clock, 20, offset=200)  # and then it hangs: raised, then acted on
+    firing = [(a.kind, a.grade) for a in hangs if a.state is AlertState.FIRING]
+    assert firing == [(AlertKind.HANG, Grade.WARNING), (AlertKind.HANG, Grade.CRITICAL)]
 
 
 def test_a_phase_of_a_day_at_step_ten_to_the_fifteen_cannot_hide_a_hang():
