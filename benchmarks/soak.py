@@ -669,8 +669,10 @@ class Soak:
         if "command_keys" in Settings.model_fields:
             shared = {"STEPGUARD_COMMAND_KEYS": f"soak:{secrets.token_hex(16)}"}
             return dict.fromkeys(kinds, shared)
+        # a job controller's key signs for one job (``keys generate --job``): the soak
+        # runs no job controller (its executor is dry-run), so it needs none
         roles = [f.removesuffix("_private_key") for f in Settings.model_fields
-                 if f.endswith("_private_key")]  # fmt: skip
+                 if f.endswith("_private_key") and f != "job_controller_private_key"]  # fmt: skip
         lines: dict[str, str] = {}
         for role in roles:
             out = subprocess.run(
