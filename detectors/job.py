@@ -15,7 +15,8 @@ messages). The core restores one order, on event time:
 
 1. **Steps are assembled first.** Per-node step messages become one frame per step
    (:class:`~detectors.assembly.StepAssembler`: complete when every recent node has
-   reported it, or forced out ``lag_steps`` steps later; a step number seen again
+   reported it, or forced out once the job has gone ``lag_steps`` steps and ``lag_s``
+   seconds of event time past it; a step number seen again
    with a newer event time is a relaunch).
 2. **Health waits for the steps to pass it.** A health report is held until a frame
    ends at or after its event time, and is then processed just before that frame;

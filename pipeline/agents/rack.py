@@ -13,7 +13,8 @@ Kafka). :class:`RackAggregator` groups them per (job, run, step) and publishes a
 as soon as ``nodes_per_rack`` nodes reported, or ``max_wait_s`` after its first node
 did. A node message arriving for a group already published is dropped and counted
 (``late``): the worker would count it late too. Losing a rack aggregator silences one
-sender: the worker assembles the job's steps without it (``lag_steps`` later) and its
+sender: the worker assembles the job's steps without it (a few steps and seconds later,
+:class:`~detectors.assembly.StepAssembler`) and its
 nodes' ranks go missing, a signal per rank, never a job hang. Node-level and rack-level
 senders mix freely in one job.
 

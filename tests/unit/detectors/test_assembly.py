@@ -90,3 +90,70 @@ def test_a_late_message_newer_than_its_step_is_not_taken_for_a_relaunch():
     assert asm.add(late) == []
     assert (asm.late_messages, asm.restarts) == (1, 0)
     assert [f.step for f in asm.add(_msgs(3)[1])] == [3]
+
+
+def _fast(step, node, first_rank, every_s=0.05):
+    """A node's message of a job whose steps take ``every_s`` seconds."""
+    from datetime import timedelta
+
+    m = step_telemetry(node=node, step=step, ranks=2, first_rank=first_rank)
+    shift = timedelta(seconds=step * every_s - step)  # the factory's steps are 1 s apart
+    return m.model_copy(update={"ts_start": m.ts_start + shift, "ts_end": m.ts_end + shift})
+
+
+def test_a_node_whose_messages_arrive_a_few_fast_steps_behind_stays_in_every_frame():
+    """Steps of 50 ms; n1's messages reach the topic five steps (250 ms) behind n0's,
+    as a producer's batch or a busy host delays them. Counted in steps alone, n1 fell
+    out of the frames and was judged missing; within lag_s it is waited for."""
+    asm = StepAssembler(lag_steps=2, lag_s=1.0)
+    out = []
+    for step in range(40):
+        out += asm.add(_fast(step, "n0", 0))
+        if step >= 5:
+            out += asm.add(_fast(step - 5, "n1", 2))
+    for step in range(35, 40):
+        out += asm.add(_fast(step, "n1", 2))
+    assert [f.step for f in out] == list(range(40))
+    assert all(f.nodes == ("n0", "n1") for f in out)
+    assert asm.late_messages == 0
+
+
+def test_a_silent_node_in_a_fast_job_is_given_up_after_lag_s_of_event_time():
+    asm = StepAssembler(lag_steps=2, lag_s=1.0)
+    for step in range(3):
+        asm.add(_fast(step, "n0", 0))
+        asm.add(_fast(step, "n1", 2))
+    asm.flush()  # both nodes known
+    out = []
+    for step in range(3, 60):  # n1 falls silent after step 2
+        out += asm.add(_fast(step, "n0", 0))
+        if out:
+            break
+    # step 3 waits until the job is 1 s (20 steps of 50 ms) past it, then goes out
+    assert out[0].step == 3 and out[0].nodes == ("n0",)
+    assert step == 23
+
+
+def test_max_lag_steps_bounds_the_wait_whatever_the_clocks_say():
+    # n0's clock stands still (every message the same event time): only the step
+    # count can force a step out, max_lag_steps after it
+    asm = StepAssembler(lag_steps=2, lag_s=60.0, max_lag_steps=8)
+    m = step_telemetry(node="n0", step=0, ranks=2)
+    asm.add(m)
+    asm.add(step_telemetry(node="n1", step=0, ranks=2, first_rank=2))
+    asm.flush()  # both nodes known
+    out = []
+    for step in range(1, 20):
+        out += asm.add(m.model_copy(update={"step": step}))
+        if out:
+            break
+    assert out[0].step == 1 and step == 9
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"lag_s": -1.0}, "lag_s"), ({"lag_steps": 4, "max_lag_steps": 3}, "max_lag_steps")],
+)
+def test_bad_lags_fail_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        StepAssembler(**kwargs)
