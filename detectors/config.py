@@ -55,7 +55,8 @@ class DetectorConfig:
     ``straggler_min_steps``         steps above ``straggler_warning`` before firing
     ``straggler_critical_steps``    steps above ``straggler_critical`` before CRITICAL
     ``culprit_comm_max``            a culprit's comm-wait excess (fraction of step time)
-                                    must not exceed this (culprits do not wait)
+                                    must not exceed this (culprits do not wait) unless
+                                    it is within ``straggler_z`` of its peers' noise
     ``node_fraction``               share of a node's ranks flagged -> one node finding
     ``intermittent_z``              a step is *slow* for a rank at this z over its own
                                     baseline, ``intermittent_excess`` above peers, not

@@ -120,13 +120,17 @@ def slowdown_findings(
     # noisy jobs the smoothed excess may carry the evidence one step's z lacks
     ex_c = np.minimum(t.excess[0], peer.slowdown)
     sure = (t.z[0] >= cfg.straggler_z) | (t.smooth_z >= cfg.degradation_z)
-    gate = warmed & sure & (peer.comm_excess <= cfg.culprit_comm_max)
+    # waiting: comm wait above its peers' by more than culprit_comm_max of the step
+    # *and* beyond their noise (straggler_z robust units); where comm wait is all
+    # noise (ranks sharing busy cores) a culprit's is as often above as below
+    waits = (peer.comm_excess > cfg.culprit_comm_max) & (peer.z_comm >= cfg.straggler_z)
+    gate = warmed & sure & ~waits
     # degradation: a creep seen by the smoothed excess or the CUSUM while the rank
     # is still below the straggler threshold (a sudden jump is a straggler); an
     # open degradation episode keeps following the smoothed excess and suppresses
     # the straggler signal on the same ranks (one episode per incident)
     creep = (t.smooth_z >= cfg.degradation_z) | (t.cusum >= cfg.degradation_cusum)
-    creep &= (ex_c < cfg.straggler_warning) & (peer.comm_excess <= cfg.culprit_comm_max)
+    creep &= (ex_c < cfg.straggler_warning) & ~waits
     smooth = np.minimum(t.smooth, np.maximum(peer.slowdown, 0.0))
     degr = np.where(warmed & (creep | degradation_rows), np.maximum(smooth, 0.0), 0.0)
     straggler = np.where(gate & ~degradation_rows, ex_c, 0.0)
