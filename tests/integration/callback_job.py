@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-dir", type=Path, required=True)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-from", type=int, default=0)
-    p.add_argument("--slow-matmuls", type=int, default=6)
+    p.add_argument("--slow-matmuls", type=int, default=12)
     p.add_argument("--out", type=Path, required=True)
     return p
 

@@ -4,7 +4,10 @@ Run under torchrun (``--nproc-per-node 4``, two emulated nodes of two ranks with
 ``STEPGUARD_RANKS_PER_NODE=2``): an MLP on synthetic data, one thread per rank, a
 checkpoint every ``--ckpt-every`` steps (rank 0 writes, every rank resumes from it).
 Faults are real work, not sleeps in the step: ``--slow-rank R --slow-from K`` makes rank
-R multiply extra matrices in every step from K (a compute straggler);
+R multiply ``--slow-matmuls`` extra matrices in every step from K (a compute
+straggler; 12, about +70 % compute: four ranks time-sliced on two busy cores measure
+each rank's compute with a spread near 15 %, and 6 matrices, +35 %, was named 2 to
+25 steps after its onset, as often past the tests' ten as not);
 ``--stall-rank R --stall-from K`` makes its data loader wait ``--stall-s`` per batch.
 ``--plain`` runs the same loop without the integration (the benchmark's baseline).
 Each rank writes its figures to ``--out/rank-R.json``.
@@ -55,7 +58,7 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-from", type=int, default=0)
-    p.add_argument("--slow-matmuls", type=int, default=6)
+    p.add_argument("--slow-matmuls", type=int, default=12)
     p.add_argument("--stall-rank", type=int, default=-1)
     p.add_argument("--stall-from", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=0.2)
