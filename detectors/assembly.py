@@ -104,6 +104,15 @@ class StepAssembler:
         buf.newest_ts = max(buf.newest_ts, ts)
         return self._drain(buf)
 
+    def expire(self, now: float) -> list[StepFrame]:
+        """The clock at event time ``now`` with no message: hand out the incomplete
+        steps the job's clock is ``lag_s`` past (a job that stopped sending, or one
+        shorter than ``lag_s``, must not keep its last steps buffered)."""
+        out: list[StepFrame] = []
+        for buf in self._jobs.values():
+            out.extend(self._drain(buf, before=now - self.lag_s))
+        return out
+
     def flush(self) -> list[StepFrame]:
         """Emit every buffered step (end of input)."""
         out: list[StepFrame] = []
@@ -118,14 +127,18 @@ class StepAssembler:
             return True
         return ahead >= self.lag_steps and buf.newest_ts - buf.first_ts[step] >= self.lag_s
 
-    def _drain(self, buf: _JobBuffer, flush: bool = False) -> list[StepFrame]:
+    def _drain(
+        self, buf: _JobBuffer, flush: bool = False, before: float = float("-inf")
+    ) -> list[StepFrame]:
         out = []
         while buf.pending:
             step = min(buf.pending)
             nodes = buf.pending[step]
             known = buf.known_nodes
             complete = bool(known) and buf.known_hits.get(step, 0) >= len(known)
-            forced = not complete and (flush or self._forced(buf, step))
+            forced = not complete and (
+                flush or buf.first_ts[step] <= before or self._forced(buf, step)
+            )
             if not (complete or forced):
                 break
             del buf.pending[step]

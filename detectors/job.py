@@ -380,15 +380,31 @@ class JobDetection:
         """The clock at event time ``now`` (rule 4): held health up to ``now``, then
         hangs and silent nodes. A tick at or behind the current event time does
         nothing (that time was checked already)."""
+        return self.tick_detected(now).alerts
+
+    def tick_detected(self, now: float) -> Detected:
+        """:meth:`tick`, with the frames the clock completed: buffered steps it is
+        the assembler's ``lag_s`` past, and every buffered step when a pending end is
+        confirmed (they were sent before it)."""
+        out = Detected()
+        for frame in self.assembler.expire(now):
+            out.alerts += self.on_frame(frame)
+            out.frames.append(frame)
         if self.now is not None and now <= self.now:
-            return []
+            return out
         alerts = self._release_health(now, tick=True)
         if self.now is None or now > self.now:  # not ticked there by a report already
             if self.guard.ending is None:  # a pending end holds the clock
                 alerts += self.suite.tick(now)
             self._advance(now)
         end = self.guard.due(now)
-        return self._stamp(alerts + (self._end(end) if end is not None else []))
+        if end is not None:
+            for frame in self.assembler.flush():
+                alerts += self.on_frame(frame)
+                out.frames.append(frame)
+            alerts += self._end(end)
+        out.alerts += self._stamp(alerts)
+        return out
 
     def flush(self) -> list[Alert]:
         """End of input: every buffered step, then every held report, then a pending

@@ -207,7 +207,12 @@ class _JobRecords:
             )  # fmt: skip
             return self._drop(st, out, st.last_event_ts or now)
         held = st.detection.held_health
-        out.alerts += st.detection.tick(now)
+        detected = st.detection.tick_detected(now)
+        out.alerts += detected.alerts
+        for frame in detected.frames:  # steps the clock (or the job's end) let out
+            out.steps += 1
+            out.rank_steps += frame.n_ranks
+            out.step_ts.append(frame.ts)
         if st.detection.ended is not None:  # a pending end, confirmed by the silence
             log.info("job %s ended (%s): its state is dropped", job_id, st.detection.ended)
             return self._drop(st, out, st.detection.ended_at or now)
@@ -217,7 +222,7 @@ class _JobRecords:
                 "-> %s", job_id, wall, self.clock(), wall - st.arrived_wall,
                 ", ".join(f"{a.kind.value} {a.state.value}" for a in out.alerts),
             )  # fmt: skip
-        if out.alerts or st.detection.held_health != held:
+        if out.alerts or out.steps or st.detection.held_health != held:
             # the tick changed what an episode says, or processed held health: that
             # must survive a restart
             out.release.clear()

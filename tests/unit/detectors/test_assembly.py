@@ -157,3 +157,21 @@ def test_max_lag_steps_bounds_the_wait_whatever_the_clocks_say():
 def test_bad_lags_fail_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         StepAssembler(**kwargs)
+
+
+def test_a_job_shorter_than_lag_s_is_let_out_by_the_clock():
+    """Ten steps of 50 ms (less than lag_s of event time): no node is known yet, so no
+    step is complete and none forced; the clock lag_s past them lets them out."""
+    from detectors.job import JobDetection
+
+    job = JobDetection("job-1")
+    frames = []
+    for step in range(10):
+        for node, first in (("n0", 0), ("n1", 2)):
+            frames += job.on_step(_fast(step, node, first)).frames
+    assert frames == []
+    last = _fast(9, "n0", 0).ts_end.timestamp()
+    assert job.tick_detected(last + 0.5).frames == []  # within lag_s: still waited for
+    out = job.tick_detected(last + 2.5).frames
+    assert [f.step for f in out] == list(range(10))
+    assert all(f.nodes == ("n0", "n1") for f in out)
