@@ -234,11 +234,7 @@ class JobDetection:
         self._check_job(msg.job_id)
         self._count_ranks(msg)
         self.guard.join(msg.node)
-        out = Detected()
-        for frame in self.assembler.add(msg):
-            out.alerts += self.on_frame(frame)
-            out.frames.append(frame)
-        return out
+        return self._frames(self.assembler.add(msg), Detected())
 
     def on_frame(self, frame: StepFrame) -> list[Alert]:
         """One assembled step (rules 2 and 3): held health up to its end time, the
@@ -386,10 +382,7 @@ class JobDetection:
         """:meth:`tick`, with the frames the clock completed: buffered steps it is
         the assembler's ``lag_s`` past, and every buffered step when a pending end is
         confirmed (they were sent before it)."""
-        out = Detected()
-        for frame in self.assembler.expire(now):
-            out.alerts += self.on_frame(frame)
-            out.frames.append(frame)
+        out = self._frames(self.assembler.expire(now), Detected())
         if self.now is not None and now <= self.now:
             return out
         alerts = self._release_health(now, tick=True)
@@ -397,13 +390,18 @@ class JobDetection:
             if self.guard.ending is None:  # a pending end holds the clock
                 alerts += self.suite.tick(now)
             self._advance(now)
+        out.alerts += self._stamp(alerts)
         end = self.guard.due(now)
         if end is not None:
-            for frame in self.assembler.flush():
-                alerts += self.on_frame(frame)
-                out.frames.append(frame)
-            alerts += self._end(end)
-        out.alerts += self._stamp(alerts)
+            self._frames(self.assembler.flush(), out)  # sent before the end
+            out.alerts += self._stamp(self._end(end))
+        return out
+
+    def _frames(self, frames: list[StepFrame], out: Detected) -> Detected:
+        """Process assembled ``frames`` in order, into ``out``."""
+        for frame in frames:
+            out.alerts += self.on_frame(frame)
+            out.frames.append(frame)
         return out
 
     def flush(self) -> list[Alert]:

@@ -250,8 +250,7 @@ class RankBaselines:
         self._ensure(slots)
         s = self.score(slots, values, scales) if scores is None else scores
         sel = slots[mask]
-        _, _, count = self._gather(slots)
-        mean, var, _ = self._gather(slots)
+        mean, var, count = self._gather(slots)
         for m, ew in enumerate(self._ew):
             warming = count[m] < self.warmup_steps
             ok = mask & (warming | (np.abs(s.z[m]) <= self.learn_gate_z))

@@ -207,12 +207,7 @@ class _JobRecords:
             )  # fmt: skip
             return self._drop(st, out, st.last_event_ts or now)
         held = st.detection.held_health
-        detected = st.detection.tick_detected(now)
-        out.alerts += detected.alerts
-        for frame in detected.frames:  # steps the clock (or the job's end) let out
-            out.steps += 1
-            out.rank_steps += frame.n_ranks
-            out.step_ts.append(frame.ts)
+        out.add(st.detection.tick_detected(now))  # with steps the clock (or an end) let out
         if st.detection.ended is not None:  # a pending end, confirmed by the silence
             log.info("job %s ended (%s): its state is dropped", job_id, st.detection.ended)
             return self._drop(st, out, st.detection.ended_at or now)

@@ -10,7 +10,7 @@ from typing import Any
 
 from kafka.partitioner.default import murmur2
 
-from detectors.job import JobDetection
+from detectors.job import Detected, JobDetection
 from pipeline.io import statecodec
 from pipeline.io.statecodec import StateFormatError
 from schemas import (
@@ -134,6 +134,15 @@ class Handled:
     step_ts: list[float] = field(default_factory=list)
     #: the job ended or was abandoned: delete its table entry (a changelog tombstone)
     tombstone: bool = False
+
+    def add(self, detected: Detected) -> None:
+        """Take what the job's detection returned: its alerts, and its completed
+        frames as step counts (the metrics)."""
+        self.alerts += detected.alerts
+        for frame in detected.frames:
+            self.steps += 1
+            self.rank_steps += frame.n_ranks
+            self.step_ts.append(frame.ts)
 
 
 @dataclass(frozen=True, slots=True)

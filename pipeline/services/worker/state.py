@@ -439,12 +439,7 @@ class WorkerDetection(_JobRecords):
             st.arrived_wall = wall
         st.dirty = True
         try:
-            detected = st.detection.on_step(msg)
-            out.alerts += detected.alerts
-            for frame in detected.frames:
-                out.steps += 1
-                out.rank_steps += frame.n_ranks
-                out.step_ts.append(frame.ts)
+            out.add(st.detection.on_step(msg))
         except CapacityError as exc:
             self.refused += 1
             log.warning("%s[%d]@%d refused: %s", topic, partition, offset, exc)
