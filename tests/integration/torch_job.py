@@ -66,6 +66,9 @@ def main() -> None:
     p.add_argument("--no-hook", action="store_true", help="watch() without the comm hook")
     p.add_argument("--no-commands", action="store_true", help="watch(commands=False)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="steps timed apart (the first steps' one-off costs): wall_s and the "
+                   "CPU figures count the rest; warmup_s is theirs")  # fmt: skip
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -117,7 +120,7 @@ def main() -> None:
     dist.barrier()
     t0 = time.perf_counter()
     cpu0, main0 = time.process_time(), time.thread_time()
-    done = 0
+    done, warmup_s = 0, 0.0
     if guard is None:
         data = batches(rank, args, start)
         for step in range(start, args.steps):
@@ -126,12 +129,18 @@ def main() -> None:
             if step % args.ckpt_every == args.ckpt_every - 1:
                 save(step)
             done += 1
+            if done == args.warmup:
+                warmup_s, t0 = time.perf_counter() - t0, time.perf_counter()
+                cpu0, main0 = time.process_time(), time.thread_time()
     else:
         for step, (x, y) in guard.steps(batches(rank, args, start), start=start, total=args.steps):
             guard.note(loss=train(step, x, y))
             if step % args.ckpt_every == args.ckpt_every - 1:
                 guard.checkpoint(step)
             done += 1
+            if done == args.warmup:  # before its boundary: every timed step has one
+                warmup_s, t0 = time.perf_counter() - t0, time.perf_counter()
+                cpu0, main0 = time.process_time(), time.thread_time()
     wall = time.perf_counter() - t0
     cpu = {"cpu_process_s": time.process_time() - cpu0, "cpu_main_s": time.thread_time() - main0}
     figures: dict[str, object] = {}
@@ -141,7 +150,8 @@ def main() -> None:
                    "overhead_s": stats.overhead_s, "recorded": stats.steps,
                    "node": guard.topology.node, "run": guard.topology.run,
                    "stopped": guard.stopped is not None}  # fmt: skip
-    doc = {"rank": rank, "start": start, "steps": done, "wall_s": wall, **figures, **cpu,
+    doc = {"rank": rank, "start": start, "steps": done, "wall_s": wall, "warmup_s": warmup_s,
+           "timed_steps": done - min(done, args.warmup), **figures, **cpu,
            "attempt": os.environ.get("STEPGUARD_ATTEMPT", "")}  # fmt: skip
     (args.out / f"rank-{rank}-a{doc['attempt'] or 0}.json").write_text(json.dumps(doc))
     dist.destroy_process_group()

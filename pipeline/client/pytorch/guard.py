@@ -26,8 +26,10 @@ What it does on every rank:
   (``guard.checkpoint(step)``, ``with guard.phase("eval"):``) and its end;
 - obeys commands at the same step boundary on every rank: one
   :class:`~pipeline.client.listener.CommandListener` on rank 0, its commands broadcast
-  as JSON bytes over the job's process group (one asynchronous 8-byte broadcast per step when
-  there are none, collected at the next boundary: no extra synchronisation point).
+  as JSON bytes over the job's process group: one asynchronous 16-byte broadcast about
+  every ``exchange_s`` (1 s) when there are none, collected at a later boundary (no
+  extra synchronisation point; rank 0 sets the pace from its step time, so the cost is
+  the same for 5 ms and 5 s steps).
   CHECKPOINT calls ``checkpoint(step)`` on every rank; ISOLATE notes the node to swap;
   RESTART and ROLLBACK save a checkpoint, write the relaunch request for
   ``stepguard-torchrun`` and raise :class:`RelaunchRequested` (exit code 75) on every
@@ -59,7 +61,12 @@ from pipeline.client.aggregator import NodeAggregator
 from pipeline.client.exporter import StepExporter
 from pipeline.client.listener import CommandListener
 from pipeline.client.pytorch.clocks import Clock, CudaClock, Reading, ThreadCpuClock
-from pipeline.client.pytorch.codec import decode_commands, encode_commands
+from pipeline.client.pytorch.codec import (
+    MAX_EXCHANGE_STEPS,
+    decode_commands,
+    encode_commands,
+    exchange_gap,
+)
 from pipeline.client.pytorch.comm import CommReading, CommTimer, timed_hook
 from pipeline.client.pytorch.relaunch import RELAUNCH_EXIT, RelaunchRequest
 from pipeline.client.pytorch.topology import Topology, from_env
@@ -130,6 +137,9 @@ class TorchGuard:
         ``checkpoint(step)``, called on every rank for CHECKPOINT and before a relaunch.
     commands
         Listen for commands (rank 0); False: watched only (no keys needed).
+    exchange_s
+        About how often rank 0 shares the commands it read with every rank (seconds);
+        a command is obeyed at the boundary of the exchange that carries it.
     clock
         The compute clock (default: CUDA events when CUDA is in use, else thread CPU).
     group
@@ -148,10 +158,13 @@ class TorchGuard:
         comm_state: object = None,
         checkpoint: Checkpoint | None = None,
         commands: bool = True,
+        exchange_s: float = 1.0,
         clock: Clock | None = None,
         group: Any = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        if not 0.0 < exchange_s <= 60.0:
+            raise ValueError(f"exchange_s must be in (0, 60] seconds, got {exchange_s!r}")
         env = os.environ if env is None else env
         self.settings, self.topology = settings, topology
         self._checkpoint = checkpoint
@@ -180,6 +193,12 @@ class TorchGuard:
             except Exception as exc:  # every rank must learn of it, not only rank 0
                 problem = f"{type(exc).__name__}: {exc}"
         self._commands = commands
+        self._exchange_s = exchange_s
+        #: the step whose boundary collects the exchange in flight (None: the next one)
+        self._due: int | None = None
+        #: steps from collecting one exchange to collecting the next (rank 0's pace)
+        self._gap = 1
+        self._started: tuple[int, float] | None = None  # (step, time) of the last start
         if self._agree(problem):  # also: no rank sends before its aggregator is bound
             self._stop_aggregator()
             raise RuntimeError(f"stepguard: the command listener did not start: {problem}")
@@ -199,7 +218,7 @@ class TorchGuard:
         self._steps = self._commands_done = 0
         self._overhead = self._record_s = self._record_max = 0.0
         self.stopped: Command | None = None
-        self._inflight: tuple[Any, Any, list[Command]] | None = None
+        self._inflight: tuple[Any, Any, list[Command]] | None = None  # (work, header, local)
         self._closed = False
 
     # -- setup ---------------------------------------------------------------------------
@@ -315,21 +334,25 @@ class TorchGuard:
         at the previous boundary. True when the job must stop (STOP); raises
         :class:`RelaunchRequested`.
 
-        The exchange is asynchronous: rank 0 starts broadcasting what it polled now,
-        and every rank collects it at the next boundary, after the step's own
-        collectives have already brought the ranks together. So the guard adds no
-        synchronisation point of its own, and a command is obeyed one step after rank 0
-        read it, at the same step on every rank.
+        The exchange is asynchronous: rank 0 starts broadcasting what it polled, and
+        every rank collects it at a later boundary, after the steps' own collectives
+        have brought the ranks together, then starts the next. So the guard adds no
+        synchronisation point of its own. Exchanges are ``exchange_s`` apart at the
+        job's pace (rank 0 puts the number of steps to the next one in each; every rank
+        counts the same steps), and a command is obeyed at the boundary that collects
+        the exchange carrying it, at the same step on every rank.
         """
         t0 = time.perf_counter()
         self._publish(wait=False)
-        cmds = self._finish_exchange() if self._commands else []
+        due = self._commands and (self._due is None or step >= self._due)
+        cmds = self._finish_exchange() if due else []
         self._overhead += time.perf_counter() - t0
         if cmds:
             self._obey(cmds, step)
-        if self.stopped is None and self._commands:
+        if due and self.stopped is None:
             t1 = time.perf_counter()
             self._start_exchange(step)
+            self._due = step + self._gap
             self._overhead += time.perf_counter() - t1
         return self.stopped is not None
 
@@ -382,20 +405,27 @@ class TorchGuard:
         if not self._distributed:
             self._inflight = (None, None, local)
             return
-        data = encode_commands(local) if self.topology.is_job_leader else b""
-        size = torch.tensor([len(data)], dtype=torch.int64, device=self._device())
-        work = dist.broadcast(size, src=self._src(), group=self._group, async_op=True)
-        self._inflight = (work, size, local)
+        data, gap = b"", 0
+        if self.topology.is_job_leader:
+            data, now = encode_commands(local), time.perf_counter()
+            if self._started is not None:  # the pace since the last start
+                gap = exchange_gap(step - self._started[0], now - self._started[1],
+                                   self._exchange_s)  # fmt: skip
+            self._started = (step, now)
+        header = torch.tensor([len(data), gap], dtype=torch.int64, device=self._device())
+        work = dist.broadcast(header, src=self._src(), group=self._group, async_op=True)
+        self._inflight = (work, header, local)
 
     def _finish_exchange(self) -> list[Command]:
         if self._inflight is None:
             return []
-        work, size, local = self._inflight
+        work, header, local = self._inflight
         self._inflight = None
         if work is None:
             return local
         work.wait()
-        n = int(size.item())
+        n, gap = (int(v) for v in header.tolist())
+        self._gap = max(1, min(MAX_EXCHANGE_STEPS, gap))  # 0: rank 0 had no pace yet
         if n == 0:
             return []
         device = self._device()
@@ -530,6 +560,7 @@ def watch(
     pp_group: int | Any = None,
     tp_group: int | Any = None,
     commands: bool = True,
+    exchange_s: float = 1.0,
     clock: Clock | None = None,
     settings: ClientSettings | None = None,
     env: Mapping[str, str] | None = None,
@@ -549,7 +580,7 @@ def watch(
     )  # fmt: skip
     return TorchGuard(
         settings, topology, model=model, comm_hook=comm_hook, comm_state=comm_state,
-        checkpoint=checkpoint, commands=commands, clock=clock, env=env,
+        checkpoint=checkpoint, commands=commands, exchange_s=exchange_s, clock=clock, env=env,
     )  # fmt: skip
 
 
