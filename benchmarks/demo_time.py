@@ -33,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 180.0
 KEYS = ("faults_injected", "faults_detected", "trap_alerts", "false_alerts",
         "false_isolations", "goodput", "wall_seconds", "steps_completed", "speed",
-        "played_seconds", "nodes", "service_restarts")  # fmt: skip
+        "played_seconds", "nodes", "service_restarts", "phase_seconds")  # fmt: skip
+#: the demo's stages (``DemoSummary.phase_seconds``), in order
+STAGES = ("setup", "start", "play", "settle", "archive", "stop")
 
 
 def run_once(scenario: str, extra: list[str]) -> dict[str, Any]:
@@ -82,7 +84,9 @@ def main() -> None:
         f"{r['process_seconds'] / max(r['played_seconds'], 1e-9):.2f} | "
         f"{r['faults_detected']}/{r['faults_injected']} | {r['trap_alerts']} | "
         f"{r['false_alerts']} | {r['false_isolations']} | {r['goodput']} | "
-        f"{r['steps_completed']} | {r['service_restarts'] or 0} | {r['busy']} |"
+        f"{r['steps_completed']} | {r['service_restarts'] or 0} | {r['busy']} | "
+        + " / ".join(f"{r['phase_seconds'].get(k, 0.0):.1f}" for k in STAGES)
+        + " |"
         for i, r in enumerate(runs)
     )
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
@@ -97,11 +101,15 @@ def main() -> None:
         "its job controller obeying the commands, detection, the actuator, the archive. "
         "Wall time is the whole process, start-up, settling and the archive's end "
         "included; *played* is the job's own playing time, the same-run baseline; "
-        "*cores busy*: the whole machine's, other work included (it shares its cores).\n\n"
+        "*cores busy*: the whole machine's, other work included (it shares its cores); "
+        "*stages*: the demo's own wall seconds of each stage (setup: keys, plan and "
+        "children spawned; start: every service up and each worker assigned; play: the "
+        "job; settle: detection and the actuator done with it; archive: the archive's "
+        "end; stop: the children stopped).\n\n"
         "| run | wall s | played s | wall / played | faults detected | trap alerts | "
         "unmatched alerts | false isolations | goodput | steps | service restarts | "
-        f"cores busy (of {os.cpu_count()}) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"cores busy (of {os.cpu_count()}) | stages s: {' / '.join(STAGES)} |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         f"{rows}\n\n"
         f"Median {wall:.1f} s against a target of {TARGET_S:.0f} s: "
         f"{'met' if wall <= TARGET_S else 'missed'}.\n"

@@ -259,6 +259,12 @@ def run_demo(
         raise ValueError("speed must be positive")
     console = console or Console(stderr=True)
     t0 = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def mark(name: str) -> None:
+        """The wall time of the stage that ends now."""
+        phases[name] = round(time.monotonic() - t0 - sum(phases.values()), 2)
+
     run = secrets.token_hex(4)
     job_id = f"{scenario.job}-{run}"
     start = start_from_now(scenario, speed)
@@ -408,8 +414,10 @@ def run_demo(
             live = Live(console=console, auto_refresh=False, transient=False)
             live.start()
             stack.callback(live.stop)
+        mark("setup")
         if not supervise(time.monotonic() + START_TIMEOUT_S, started):
             raise EmbeddedServiceError(f"demo: the services did not start; see {logs}")
+        mark("start")
         watch = _Watch(job_settings, job_id)
         stack.callback(watch.close)
 
@@ -432,6 +440,7 @@ def run_demo(
         if not supervise(time.monotonic() + START_TIMEOUT_S + played_s, player_done):
             raise EmbeddedServiceError(f"demo: the job did not finish playing; see {logs}")
         player.join()
+        mark("play")
 
         # detection and the actuator finish what is in flight: the job's end resolves
         # every episode, and the actuator commits a poll only after its commands
@@ -455,6 +464,7 @@ def run_demo(
         while watch.poll(500):  # the commands of the last decisions
             pass
         refresh(force=True)
+        mark("settle")
 
         # the archiver's work: stop it (it commits what it stored), finish here
         group.stop_one("archiver")
@@ -474,6 +484,8 @@ def run_demo(
             f"SELECT count() FROM {db}.dead_letters WHERE startsWith(source_topic, '{prefix}')"
         )
         restarts = {n: s.restarts for n, s in sup.services.items() if s.restarts}
+        mark("archive")
+    mark("stop")  # every child stopped
 
     stats: PlayStats = outcome["stats"]
     truth = list(watch.truth.values())
@@ -492,7 +504,7 @@ def run_demo(
         false_alerts=false_alerts,
         false_isolations=sum(1 for n in isolated if n not in faulty),
         goodput=round(job.goodput().fraction, 4),
-        wall_seconds=round(time.monotonic() - t0, 2),
+        wall_seconds=round(sum(phases.values()), 2),
         messages_published=published + len(alerts),
         archived_rows=archived, dead_letters=int(dl[0][0]),
         alerts_by_grade=dict(grades), faults=outcomes,
@@ -505,4 +517,5 @@ def run_demo(
             f"archive: {backend.name} database {db}",
         ],
         speed=speed, played_seconds=round(stats.wall_s, 2), service_restarts=restarts,
+        phase_seconds=phases,
     )  # fmt: skip

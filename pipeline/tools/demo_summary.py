@@ -73,6 +73,11 @@ class DemoSummary:
     played_seconds: float = 0.0
     #: restarts of each service that needed one (a supervised crash, not a failure)
     service_restarts: dict[str, int] = field(default_factory=dict)
+    #: wall seconds of each stage, in order: ``setup`` (keys, plan, children spawned),
+    #: ``start`` (every service up and each worker assigned), ``play``, ``settle``
+    #: (detection and the actuator done), ``archive`` (the archive's end), ``stop``
+    #: (the children stopped); they add up to ``wall_seconds``
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,7 +151,9 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
         f"{summary.alerts_by_grade}; goodput {summary.goodput:.3f}; "
         f"{summary.messages_published} messages, {summary.archived_rows} archived rows, "
         f"{summary.dead_letters} dead letters; {summary.wall_seconds:.1f} s"
-    )
+        + (" (" + ", ".join(f"{k} {v:.1f}" for k, v in summary.phase_seconds.items()) + ")"
+           if summary.phase_seconds else "")
+    )  # fmt: skip
     cmds = ", ".join(f"{n} {k}" for k, n in sorted(summary.commands.items())) or "none"
     console.print(
         f"commands issued: {cmds}; isolated {summary.isolated_nodes or 'no node'} "

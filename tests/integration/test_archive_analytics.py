@@ -45,6 +45,11 @@ def test_demo_detects_the_straggler_replaces_it_and_archives_every_topic(smoke_r
     # closed loop: the actuator replaced exactly the slow node, the job obeyed
     assert summary.isolated_nodes == ["node-0005"] and summary.false_isolations == 0
     assert any("isolate node-0005->spare-000" in a for a in summary.actions_applied)
+    # where the wall time went: every stage, in order, adding up to the whole
+    stages = summary.phase_seconds
+    assert list(stages) == ["setup", "start", "play", "settle", "archive", "stop"], stages
+    assert all(v >= 0 for v in stages.values()) and stages["play"] > 0, stages
+    assert sum(stages.values()) == pytest.approx(summary.wall_seconds, abs=0.1)
     db = archive.database
     _, rows = archive.query(
         f"SELECT count(), uniqExact(step) FROM {db}.steps FINAL WHERE job_id = '{summary.job_id}'"
