@@ -123,13 +123,13 @@ TARGET_HANG_STEP_TIMES = 3.0
 TARGET_FATAL_REPORTS = 1
 
 
-class Monitor(Protocol):
+class Detection(Protocol):
     def process_step(self, frame: StepFrame) -> list[Alert]: ...
     def process_health(self, msg: NodeHealth) -> list[Alert]: ...
     def tick(self, now: float) -> list[Alert]: ...
 
 
-MonitorFactory = Callable[[str], Monitor]
+DetectionFactory = Callable[[str], Detection]
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,14 +234,14 @@ class Run:
     median_step_s: float
     wall_s: float
     last_step: int
-    monitor_s: float
+    detection_s: float
     events: int
 
 
-def run_scenario(scenario: Scenario, factory: MonitorFactory) -> Run:
+def run_scenario(scenario: Scenario, factory: DetectionFactory) -> Run:
     detection = JobDetection(scenario.job, suite=factory(scenario.job))
     static, rel = StaticThreshold(), RelativeScore()
-    ups: dict[str, list[Update]] = {"monitor": [], "static_threshold": [], "relative_score": []}
+    ups: dict[str, list[Update]] = {"detection": [], "static_threshold": [], "relative_score": []}
     stall_start: dict[int, float] = {}
     fatal: dict[str, float] = {}
     reports: dict[str, list[float]] = defaultdict(list)
@@ -254,7 +254,7 @@ def run_scenario(scenario: Scenario, factory: MonitorFactory) -> Run:
             node = a.node
             if node is None and a.rank is not None:
                 node = node_name(a.rank // gpus)
-            ups["monitor"].append(
+            ups["detection"].append(
                 Update(
                     a.fingerprint,
                     str(a.kind),
@@ -303,7 +303,7 @@ def run_scenario(scenario: Scenario, factory: MonitorFactory) -> Run:
         median_step_s=float(np.median(train_times)) if train_times else math.nan,
         wall_s=last_ts - scenario.start_ts,
         last_step=last_step,
-        monitor_s=spent,
+        detection_s=spent,
         events=n_events,
     )
 
@@ -660,8 +660,8 @@ def check_targets(
 # -- the benchmark -------------------------------------------------------------------
 
 
-def _default_factory() -> MonitorFactory:
-    def make(job_id: str) -> Monitor:
+def _default_factory() -> DetectionFactory:
+    def make(job_id: str) -> Detection:
         return DetectorSuite(job_id)
 
     return make
@@ -669,16 +669,16 @@ def _default_factory() -> MonitorFactory:
 
 def evaluate(
     scenarios: Sequence[Scenario],
-    factory: MonitorFactory,
+    factory: DetectionFactory,
     *,
     progress: Callable[[str], None] | None = None,
     jobs: int = 1,
 ) -> dict[str, Any]:
-    """Run ``scenarios`` and score the monitor and both baselines (``jobs`` > 1: the
-    scenarios play in that many processes, the default monitor only)."""
+    """Run ``scenarios`` and score the detection suite and both baselines (``jobs`` > 1: the
+    scenarios play in that many processes, the default detection suite only)."""
     runs: list[Run] = []
     scores: dict[str, list[ScenarioScore]] = {
-        m: [] for m in ("monitor", "static_threshold", "relative_score")
+        m: [] for m in ("detection", "static_threshold", "relative_score")
     }
     t_all = time.perf_counter()
     if jobs > 1:  # scenarios in worker processes, scored here in suite order
@@ -708,17 +708,17 @@ def _evaluated(
         runs.append(run)
         for m, acc in scores.items():
             acc.append(score(run, m))
-        sc = scores["monitor"][-1]
+        sc = scores["detection"][-1]
         if progress:
             det = sum(r.detected for r in sc.faults)
             progress(
                 f"[{i}/{len(scenarios)}] {s.name}: {s.nodes} nodes, {run.events} events, "
                 f"detected {det}/{len(sc.faults)}, false-positive episodes {sc.fp_episodes}, "
-                f"monitor {run.monitor_s:.1f}s, total {time.perf_counter() - t0:.1f}s"
+                f"detection {run.detection_s:.1f}s, total {time.perf_counter() - t0:.1f}s"
             )
         t0 = time.perf_counter()
-    result = aggregate(scores["monitor"])
-    result["targets"] = check_targets(result, runs, scores["monitor"])
+    result = aggregate(scores["detection"])
+    result["targets"] = check_targets(result, runs, scores["detection"])
     result["baselines"] = {}
     for m in ("static_threshold", "relative_score"):
         a = aggregate(scores[m])
@@ -736,7 +736,7 @@ def _evaluated(
             "median_step_s": round(run.median_step_s, 4),
             "steps": run.last_step + 1,
             "events": run.events,
-            "monitor_s": round(run.monitor_s, 2),
+            "detection_s": round(run.detection_s, 2),
             "faults": [
                 {k: getattr(r, k) for k in FaultResult.__slots__}  # type: ignore[attr-defined]
                 for r in sc.faults
@@ -746,10 +746,10 @@ def _evaluated(
             "fp_examples": sc.fp_examples,
             "neutral_episodes": sc.neutral_episodes,
         }
-        for sc, run in zip(scores["monitor"], runs, strict=True)
+        for sc, run in zip(scores["detection"], runs, strict=True)
     ]
     result["wall_s"] = round(time.perf_counter() - t_all, 1)
-    result["monitor_s"] = round(sum(r.monitor_s for r in runs), 1)
+    result["detection_s"] = round(sum(r.detection_s for r in runs), 1)
     return result
 
 
@@ -786,7 +786,7 @@ def markdown(result: dict[str, Any], env: dict[str, Any], suite: Sequence[Scenar
         f"{min(s.nodes for s in suite)}-{max(s.nodes for s in suite)} nodes x 8 GPUs, "
         f"{ranks / 1e6:.1f} M rank-steps, {result['node_hours']:.0f} simulated node-hours; "
         f"{result['faults']} injected faults. Run time {result['wall_s']} s "
-        f"(monitor {result['monitor_s']} s). Grace after a fault ends: {GRACE_STEPS} steps.",
+        f"(detection {result['detection_s']} s). Grace after a fault ends: {GRACE_STEPS} steps.",
         "",
         "| target | goal | measured | met |",
         "|---|---|---|---|",

@@ -197,7 +197,7 @@ class Services:
 
 
 def updates(alerts: Sequence[Alert], gpus: int, until: float) -> list[Update]:
-    """The worker's alerts as the event-time benchmark records its monitor's: the
+    """The worker's alerts as the event-time benchmark records its detection's: the
     step and event time they name. Updates after the job's last event (a hang of the
     job that stopped playing, the end's resolutions) are not the benchmark's: the
     event-time run stops there."""
@@ -304,11 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             until = sc.start_ts + run.wall_s
             real = replace(run, updates={
-                **run.updates, "monitor": updates(alerts, sc.gpus_per_node, until)
+                **run.updates, "detection": updates(alerts, sc.gpus_per_node, until)
             })  # fmt: skip
-            ev, rt = score(run, "monitor"), score(real, "monitor")
+            ev, rt = score(run, "detection"), score(real, "detection")
             dump[sc.name] = {
-                mode: [dataclasses.asdict(u) for u in r.updates["monitor"]]
+                mode: [dataclasses.asdict(u) for u in r.updates["detection"]]
                 for mode, r in (("event", run), ("real_time", real))
             }
             ev_scores.append(ev)

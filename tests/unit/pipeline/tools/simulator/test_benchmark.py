@@ -1,4 +1,4 @@
-"""The detection-quality benchmark's matching and scoring, with stand-in monitors."""
+"""The detection-quality benchmark's matching and scoring, with stand-in detection cores."""
 
 from __future__ import annotations
 
