@@ -3,6 +3,17 @@
 The producer is created lazily and re-created after failures, so an exporter starts
 (and the training loop keeps running) while the broker is down; what cannot be sent
 is dropped and counted, never queued without bound.
+
+Before its producer, the sink creates the topics it writes (idempotent; with ACLs it
+may not, and leaves them to the admin). An exporter started before the services would
+otherwise have the broker auto-create them with its own partition count (1 on Kafka,
+4 on Tansu, not the registry's 8 for steps), and the services then keep that count.
+It also spares kafka-python 3.0.12's producer a busy loop: a producer whose metadata
+covered every topic narrows it to the topic it auto-creates on a send, a topic it sent
+to before drops out of it, and the empty batch queue kept for that topic's partition
+counts as a partition with an unknown leader on every pass of its network thread, which
+then runs at 100 % of a core (measured: the job's node aggregator and command listener
+in one rank, on a fresh broker).
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,13 +29,16 @@ from kafka.errors import KafkaError
 
 from pipeline.io.embedded import probe_kafka
 from pipeline.io.errors import BrokerError
-from pipeline.io.kafka import make_producer, publish, registry_of
+from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
 from pipeline.io.settings import KafkaSettings
 from schemas import Message
 
-__all__ = ["KafkaSink", "SinkStats"]
+__all__ = ["CLIENT_TOPICS", "KafkaSink", "SinkStats"]
 
 log = logging.getLogger(__name__)
+
+#: what exporters and agents write: a node's steps, its health, the job's lifecycle
+CLIENT_TOPICS = ("steps", "health", "lifecycle")
 
 
 @dataclass
@@ -43,17 +58,28 @@ class KafkaSink:
         Wait this long after a failed connection before trying again.
     max_block_ms
         Longest a send may block waiting for metadata or buffer space.
+    topics
+        The logical topics it writes, created before its producer.
     """
 
-    def __init__(self, settings: KafkaSettings, *, retry_s: float = 2.0, max_block_ms: int = 1000):
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        retry_s: float = 2.0,
+        max_block_ms: int = 1000,
+        topics: Sequence[str] = CLIENT_TOPICS,
+    ):
         if retry_s <= 0:
             raise ValueError("retry_s must be positive")
         self.settings = settings
+        self.topics = tuple(topics)
         self.registry = registry_of(settings)
         self.retry_s = retry_s
         self.max_block_ms = max_block_ms
         self.stats = SinkStats()
         self._producer: Any = None
+        self._created = False
         self._next_try = 0.0
         self._lock = threading.Lock()
 
@@ -70,6 +96,12 @@ class KafkaSink:
                 self.settings.kafka_bootstrap,
             )
             return None
+        if self.topics and not self._created:
+            try:
+                create_topics(self.settings, self.topics)
+                self._created = True
+            except (BrokerError, KafkaError) as exc:  # not ours to create: the admin's
+                log.info("exporter: topics %s not created (%s)", ", ".join(self.topics), exc)
         try:
             self._producer = make_producer(
                 self.settings, linger_ms=5, max_block_ms=self.max_block_ms,

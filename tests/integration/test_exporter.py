@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from kafka import KafkaConsumer
 
 from pipeline.agents.node import NodeAggregator
 from pipeline.client import StepExporter
-from pipeline.io.kafka import create_topics, make_consumer, registry_of
-from schemas import StepTelemetry, decode
+from pipeline.client.sink import CLIENT_TOPICS
+from pipeline.io.kafka import consumer_config, create_topics, make_consumer, registry_of
+from schemas import TOPICS, StepTelemetry, decode
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +82,23 @@ def test_direct_exporter_publishes_steps_keyed_by_job(settings):
     assert (stats.sent, stats.dropped) == (5 + 2, 0)  # 5 steps, the job's start and end
     got = read_steps(settings, want=5)
     assert sorted(m.step for m in got) == list(range(5))
+
+
+def test_an_exporter_first_on_a_fresh_broker_creates_its_topics_as_the_registry_says(settings):
+    """No service has created a topic yet: the exporter's sink creates the ones it
+    writes with the registry's partitions, rather than the broker auto-creating them
+    on the first send with its own count (1 on Kafka, 4 on Tansu; steps needs 8)."""
+    registry = registry_of(settings)
+    exporter = StepExporter.direct(
+        settings, job_id="job-c", node="n2", ranks_per_node=1, register_atexit=False
+    )
+    exporter.record_step(0, 0, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.15,
+                         data_wait_s=0.05)  # fmt: skip
+    assert exporter.close().dropped == 0
+    probe = KafkaConsumer(**consumer_config(settings, None))
+    try:
+        got = {n: probe.partitions_for_topic(registry.name(n)) for n in CLIENT_TOPICS}
+    finally:
+        probe.close()
+    assert got == {n: set(range(TOPICS[n].partitions)) for n in CLIENT_TOPICS}, got
+    assert len(read_steps(settings, want=1)) == 1
