@@ -42,6 +42,7 @@ import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -55,7 +56,8 @@ from pipeline.io.embedded import TansuBroker, free_port  # noqa: E402
 from pipeline.io.kafka import create_topics, make_producer, registry_of  # noqa: E402
 from pipeline.io.settings import Settings, load_settings  # noqa: E402
 from pipeline.io.trust import ephemeral_keys  # noqa: E402
-from schemas import RankSample, StepTelemetry, encode  # noqa: E402
+from pipeline.services.worker.records import partition_for  # noqa: E402
+from schemas import TOPICS, RankSample, StepTelemetry, encode  # noqa: E402
 
 
 def node_model(job: str, node: int, step: int, ts: float, gpus: int = 8) -> StepTelemetry:
@@ -144,19 +146,22 @@ def bench_exporter(settings: Settings, calls: int) -> float:
 
 
 # -- prefill + bare consumer -----------------------------------------------------------
-def prefill(settings: Settings, job: str, nodes: int, steps: int, rack: int = 1) -> int:
+def prefill(settings: Settings, job: str | list[str], nodes: int, steps: int, rack: int = 1) -> int:
+    """``steps`` steps of ``nodes`` nodes of each job, step by step (jobs interleaved)."""
     create_topics(settings)
     producer = make_producer(settings)
     topic = registry_of(settings).name("steps")
-    messages = NodeMessages(job, nodes, rack)
+    jobs = [job] if isinstance(job, str) else job
+    messages = [NodeMessages(j, nodes, rack) for j in jobs]
     # dated from now: the last step ends now, so no record is ahead of the worker's
     # clock (the clock-skew rule dead-letters those) however long the prefill takes
     t0 = time.time() - steps
     n = 0
     for step in range(steps):
-        for value in messages.render(step, t0 + step):
-            producer.send(topic, key=job.encode(), value=value)
-            n += 1
+        for j, msgs in zip(jobs, messages, strict=True):
+            for value in msgs.render(step, t0 + step):
+                producer.send(topic, key=j.encode(), value=value)
+                n += 1
     producer.flush(timeout=120)
     producer.close()
     return n
@@ -253,8 +258,9 @@ WORKER_ENV: dict[str, str] = {}
 
 
 class WorkerProc:
-    def __init__(self, settings: Settings, tmp: Path) -> None:
+    def __init__(self, settings: Settings, tmp: Path, name: str = "") -> None:
         self.port = free_port()
+        tag = f"{settings.consumer_group}{name}"
         env = (
             {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
             | {
@@ -263,7 +269,7 @@ class WorkerProc:
                 "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
                 "STEPGUARD_CONSUMER_GROUP": settings.consumer_group,
                 "STEPGUARD_WORKER_METRICS_PORT": str(self.port),
-                "STEPGUARD_WORKER_DATA_DIR": str(tmp / f"w-{settings.consumer_group}"),
+                "STEPGUARD_WORKER_DATA_DIR": str(tmp / f"w-{tag}"),
                 "STEPGUARD_WORKER_SESSION_TIMEOUT_S": "6",
             }
             | WORKER_ENV
@@ -273,7 +279,7 @@ class WorkerProc:
         for name, value in keys.items():
             secret = value.get_secret_value() if hasattr(value, "get_secret_value") else value
             env[f"STEPGUARD_{name.upper()}"] = secret
-        self.log = (tmp / f"worker-{settings.consumer_group}.log").open("wb")
+        self.log = (tmp / f"worker-{tag}.log").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.services.worker"], cwd=ROOT, env=env,
             stdout=self.log, stderr=subprocess.STDOUT,
@@ -365,6 +371,67 @@ def bench_worker_throughput(
         w.stop()
 
 
+def _job_on(partition: int, n_partitions: int, stem: str) -> str:
+    """A job id the steps topic's default partitioner puts on ``partition``."""
+    return next(
+        job for i in range(10_000)
+        if partition_for(job := f"{stem}-{i}", n_partitions) == partition
+    )  # fmt: skip
+
+
+def bench_two_workers(
+    settings: Settings, nodes: int, steps: int, tmp: Path, timeout_s: float = 600
+) -> dict[str, Any]:
+    """Two jobs of ``nodes`` nodes on two partitions of the steps topic (the first and
+    the last, which any assignment of 8 partitions to two members splits), scored by
+    one worker and then by two in one consumer group, the same records each time. The
+    workers join and settle their assignment before any record is sent, so the rate is
+    the steady state, not the rebalance."""
+    n_parts = TOPICS["steps"].partitions
+    jobs = [_job_on(0, n_parts, "bench-a"), _job_on(n_parts - 1, n_parts, "bench-b")]
+    total = len(jobs) * (steps - 2) * nodes * 8
+    out: dict[str, Any] = {}
+    for n in (1, 2):
+        s = fresh(settings)
+        create_topics(s)
+        workers = [WorkerProc(s, tmp, name=f"-{i}") for i in range(n)]
+        try:
+            stable, last, deadline = 0, None, time.monotonic() + 120
+            while stable < 6:  # every member assigned, and the assignment settled
+                owned = tuple(w.value("stepguard_worker_assigned_partitions") for w in workers)
+                stable = stable + 1 if all(owned) and owned == last else 0
+                last = owned
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{n} worker(s) never settled: partitions {owned}")
+                time.sleep(0.25)
+            prefill(s, jobs, nodes, steps)
+            t_first = v_first = None
+            v = 0.0
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                texts = [w.scrape() for w in workers]
+                for w, text in zip(workers, texts, strict=True):
+                    w.check(text)
+                per = [
+                    w.value("stepguard_worker_rank_steps_total", t)
+                    for w, t in zip(workers, texts, strict=True)
+                ]
+                v = sum(per)
+                if v > 0 and t_first is None:
+                    t_first, v_first = time.perf_counter(), v
+                if v >= total:
+                    break
+                time.sleep(0.05)
+            if t_first is None or v_first is None or v < total:
+                raise RuntimeError(f"{n} worker(s) scored {v} of {total} rank-steps")
+            out[f"workers_{n}_rank_steps_per_s"] = (v - v_first) / (time.perf_counter() - t_first)
+            out[f"workers_{n}_shares"] = [round(x / v, 3) for x in per]
+        finally:
+            for w in workers:
+                w.stop()
+    return out
+
+
 def histogram_quantile(text: str, name: str, q: float) -> float:
     buckets = [
         (float("inf") if le == "+Inf" else float(le), float(c))
@@ -450,6 +517,7 @@ def write_markdown(results: dict, path: Path) -> None:
     worker = r["worker_rank_steps_per_s"]
     rack = r["worker_rank_steps_per_s_128k_rack"]
     node_big = r.get("worker_rank_steps_per_s_128k")
+    one, two = r["workers_1_rank_steps_per_s"], r["workers_2_rank_steps_per_s"]
     env = r["environment"]
 
     def mark(good: bool) -> str:
@@ -473,6 +541,9 @@ def write_markdown(results: dict, path: Path) -> None:
          "p99 <= 2.0", mark(r["latency_128k_rack_p99_s"] <= 2.0)),
         ("exporter record_step (µs/call)", f"{r['exporter_call_us']:.2f}", "<= 20",
          mark(r["exporter_call_us"] <= 20)),
+        ("two workers on two partitions / one worker (2 jobs x 64 nodes x 8 ranks)",
+         f"{two / one:.2f} ({two:,.0f} / {one:,.0f} rank-steps/s; shares "
+         f"{', '.join(map(str, r['workers_2_shares']))})", ">= 1.7", mark(two / one >= 1.7)),
         ("worker peak RSS (MB): 1k-16k ranks / 131,072 ranks",
          f"{r['worker_peak_rss_mb']:.0f} / {r['worker_peak_rss_mb_128k']:.0f}", "", ""),
         ("baseline: bare aiokafka consumer (msgs/s; x 8 ranks)",
@@ -491,8 +562,8 @@ def write_markdown(results: dict, path: Path) -> None:
         "",
         f"Run {r['run_at']} on {r['broker']} ({r['mode']}), {env['machine']}; {versions}: "
         f"`{r['command']}`. Load average {r['load_average_start']:.1f} at the start, "
-        f"{r['load_average_end']:.1f} at the end: **the machine was shared** (other "
-        "sessions' tests and builds ran beside it), so every figure is also given as a "
+        f"{r['load_average_end']:.1f} at the end (the broker, the workers and the load "
+        f"generator share {os.cpu_count()} cores); every figure is also given as a "
         "ratio against a baseline measured in the same run. A node message carries one "
         "node's 8 ranks for one step; a rack message (StepTelemetry version 2, "
         f"`stepguard export-rack`) {r['rack']} nodes'. Every record is dated from now, and "
@@ -588,6 +659,10 @@ def main() -> None:
         results["worker_batch_max"] = args.batch_max or "default"
         if args.node_throughput_only:
             return
+        print("one worker, then two, on two partitions ...", flush=True)
+        scaling = bench_two_workers(fresh(base), 64, steps // 2, tmp)
+        for key, value in scaling.items():
+            results[key] = value
         big_steps = 8 if args.quick else 30
         rss_big = 0.0
         if not args.no_node_128k:
