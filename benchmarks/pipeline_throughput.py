@@ -459,8 +459,14 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path, rack:
     job = "latency-job"
     messages = NodeMessages(job, nodes, rack)
     try:
-        # warm the worker up (Faust start, group join) before the clock starts
+        # warm the worker up before the clock starts: Faust's start and the group join
+        # with nothing sent (steps sent meanwhile would wait as a backlog that the timed
+        # run then inherits), then a few steps, until it has scored what it can
         deadline = time.monotonic() + 120
+        while not w.value("stepguard_worker_assigned_partitions"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker never joined its group (see {w.log.name})")
+            time.sleep(0.25)
         step = 0
         while w.value("stepguard_worker_steps_total") < 3 and time.monotonic() < deadline:
             now = time.time()
@@ -469,6 +475,8 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path, rack:
             producer.flush()
             step += 1
             time.sleep(1.0)
+        while w.value("stepguard_worker_steps_total") < step - 2 and time.monotonic() < deadline:
+            time.sleep(0.25)  # the warm-up's own backlog drained (the last two wait)
         base = w.scrape()
         t_next = time.monotonic()
         for _ in range(seconds):
