@@ -273,6 +273,10 @@ def run_demo(
     scratch = (settings.state_dir / "demo" / run).resolve()
     logs = scratch / "logs"
     env = _base_env(settings, os.environ if base_env is None else base_env, run)
+    # the job's event time runs at SPEED x the wall clock's: so does a silent job's clock
+    # in the worker (hangs, presence, and the job's end, confirmed end_confirm_s of event
+    # time after it: 60 s of wall time at 1x, a third of the demo's wall time)
+    env[ENV_PREFIX + "WORKER_EVENT_RATE"] = f"{speed:g}"
     plan = build_plan(
         settings.model_copy(update={"state_dir": scratch}),
         UpOptions(workers=workers, grace_s=10.0),
