@@ -38,8 +38,9 @@ from pipeline.io.kafka import (
 )
 from pipeline.io.settings import load_settings
 from pipeline.services.archive import ChdbBackend, ServerBackend, migrate, rows_for
-from pipeline.services.archive.archiver import Archiver, default_decode_processes
+from pipeline.services.archive.archiver import Archiver
 from pipeline.services.archive.backend import ArchiveBackend
+from pipeline.services.archive.decode_pool import default_decode_processes
 from pipeline.services.archive.rows import step_rows
 from schemas import RankSample, StepTelemetry, encode
 
