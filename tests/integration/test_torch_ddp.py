@@ -266,8 +266,10 @@ def test_a_data_loader_stall_is_named_as_data_wait(stack):
     s.run_job("--stall-rank", "1", "--stall-from", str(onset), "--stall-s", "0.2", steps=90)
     alert = s.wait_alert(firing(AlertKind.DATA_STALL, "node-a"), 60, "data stall on node-a")
     assert alert.rank == 1 and alert.evidence.metric.startswith("data"), alert
-    assert not [a for a in s.alerts if a.kind is AlertKind.STRAGGLER and a.node == "node-a"
-                and a.state is AlertState.FIRING]  # fmt: skip
+    wrong = [a for a in s.alerts if a.kind is AlertKind.STRAGGLER and a.node == "node-a"
+             and a.state is AlertState.FIRING]  # fmt: skip
+    assert not wrong, [(a.rank, a.step, a.grade, a.evidence.metric, a.evidence.detail)
+                       for a in wrong]  # fmt: skip
 
 
 def test_auto_mode_checkpoints_replaces_the_straggler_with_the_spare_and_relaunches_once(stack):
