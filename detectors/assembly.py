@@ -105,12 +105,24 @@ class StepAssembler:
         return self._drain(buf)
 
     def expire(self, now: float) -> list[StepFrame]:
-        """The clock at event time ``now`` with no message: hand out the incomplete
-        steps the job's clock is ``lag_s`` past (a job that stopped sending, or one
-        shorter than ``lag_s``, must not keep its last steps buffered)."""
+        """The clock at event time ``now`` with no message: hand out the steps of a job
+        whose nodes are not known yet that the clock is ``lag_s`` past (a job shorter
+        than ``lag_s`` must not keep its steps buffered: none is complete before a
+        forced step names the nodes).
+
+        Once a job's nodes are known, only its own records force a step out. A clock
+        is an estimate (the worker's runs on the wall clock from the newest record it
+        read), and it runs ahead of records still to be read: a worker that took a job
+        over with a backlog to read forced its snapshot's part-filled steps out without
+        the nodes whose messages were still unread, judged those nodes missing, kept
+        the few it saw as the job's nodes, dropped the rest as late, and the actuator
+        isolated three healthy nodes (chaos soak, a worker killed). A step a hang left
+        part-filled stays buffered too: the job's silence is the hang's signal, not its
+        nodes'."""
         out: list[StepFrame] = []
         for buf in self._jobs.values():
-            out.extend(self._drain(buf, before=now - self.lag_s))
+            if not buf.known_nodes:
+                out.extend(self._drain(buf, before=now - self.lag_s))
         return out
 
     def flush(self) -> list[StepFrame]:

@@ -175,3 +175,22 @@ def test_a_job_shorter_than_lag_s_is_let_out_by_the_clock():
     out = job.tick_detected(last + 2.5).frames
     assert [f.step for f in out] == list(range(10))
     assert all(f.nodes == ("n0", "n1") for f in out)
+
+
+def test_once_nodes_are_known_the_clock_forces_no_step_out():
+    """A worker's clock runs ahead of records still unread (a takeover's backlog): a
+    part-filled step must wait for the job's own records, not be forced by the clock
+    without the nodes whose messages are still to come."""
+    from detectors.job import JobDetection
+
+    job = JobDetection("job-1")
+    for step in range(4):  # both nodes known from a forced step on
+        for node, first in (("n0", 0), ("n1", 2)):
+            job.on_step(_fast(step, node, first))
+    job.tick_detected(_fast(3, "n0", 0).ts_end.timestamp() + 5.0)
+    assert job.assembler._jobs["job-1"].known_nodes == {"n0", "n1"}
+    job.on_step(_fast(4, "n0", 0))  # n1's message for step 4 is still unread
+    late = _fast(4, "n0", 0).ts_end.timestamp() + 60.0
+    assert job.tick_detected(late).frames == []
+    out = job.on_step(_fast(4, "n1", 2)).frames
+    assert [f.step for f in out] == [4] and out[0].nodes == ("n0", "n1")
