@@ -78,9 +78,7 @@ class Intermittent(StepDetector):
 
     def findings(self, ctx: StepContext) -> list[Finding]:
         t, out = ctx.temporal, ctx.scores
-        out.slow, out.slow_excess = slow_steps(
-            t.z[0], t.excess[0], ctx.peer.slowdown, ctx.peer.comm_excess, t.warmed, ctx.config
-        )
+        out.slow, out.slow_excess = slow_steps(t.z[0], t.excess[0], ctx.peer, t.warmed, ctx.config)
         busy = ctx.firing_rows("straggler")
         busy |= ctx.firing_rows("degradation")
         out.slow &= ~busy  # a steady straggler's slow steps say nothing of intermittence

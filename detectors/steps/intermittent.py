@@ -44,6 +44,7 @@ import numpy.typing as npt
 from detectors.base import Finding
 from detectors.config import DetectorConfig
 from detectors.frame import StepFrame
+from detectors.steps.peer import PeerScores
 from detectors.steps.slowdown import rank_or_node_findings
 
 __all__ = ["IntermittentSlowdown", "intermittent_findings", "slow_steps"]
@@ -159,14 +160,16 @@ class IntermittentSlowdown:
 
 
 def slow_steps(
-    z: F64, excess: F64, slowdown: F64, comm_excess: F64, warmed: B, config: DetectorConfig
+    z: F64, excess: F64, peer: PeerScores, warmed: B, config: DetectorConfig
 ) -> tuple[B, F64]:
     """Which ranks were clearly slow this step, and by how much: ``z`` robust units
-    over their own baseline, ``intermittent_excess`` above their peers, and not
-    waiting in the collectives (a culprit does not wait; its peers do)."""
-    ex = np.minimum(excess, slowdown)
+    over their own baseline (``excess``), ``intermittent_excess`` above their peers,
+    not waiting in the collectives (a culprit does not wait; its peers do) and not
+    waiting on their data loader (:meth:`~detectors.steps.peer.PeerScores.waits_for_data`)."""
+    ex = np.minimum(excess, peer.slowdown)
     slow = warmed & (z >= config.intermittent_z) & (ex >= config.intermittent_excess)
-    slow &= comm_excess <= config.culprit_comm_max
+    slow &= peer.comm_excess <= config.culprit_comm_max
+    slow &= ~peer.waits_for_data(config.culprit_comm_max, config.straggler_z)
     return slow, np.maximum(ex, 0.0)
 
 

@@ -5,8 +5,9 @@ the rank's own normal (:mod:`detectors.steps.temporal`), so a rank that was alwa
 slower, or a pipeline stage that always does more work, stays quiet:
 
 - **straggler**: compute above peers and above the rank's own baseline, while the
-  rank does not wait in the collectives (a culprit does not wait; its peers do); the
-  evidence is one step's z or, in a noisy job, the z of the smoothed excess;
+  rank does not wait in the collectives (a culprit does not wait; its peers do) nor
+  on its data loader (the data stall's); the evidence is one step's z or, in a noisy
+  job, the z of the smoothed excess;
 - **degradation**: a slow creep (smoothed excess or CUSUM) still below the straggler
   threshold; an open degradation episode keeps following it and keeps the straggler
   signal quiet on its ranks (one episode per incident);
@@ -120,10 +121,12 @@ def slowdown_findings(
     # noisy jobs the smoothed excess may carry the evidence one step's z lacks
     ex_c = np.minimum(t.excess[0], peer.slowdown)
     sure = (t.z[0] >= cfg.straggler_z) | (t.smooth_z >= cfg.degradation_z)
-    # waiting: comm wait above its peers' by more than culprit_comm_max of the step
-    # *and* beyond their noise (straggler_z robust units); where comm wait is all
-    # noise (ranks sharing busy cores) a culprit's is as often above as below
-    waits = (peer.comm_excess > cfg.culprit_comm_max) & (peer.z_comm >= cfg.straggler_z)
+    # waiting: comm or data wait above its peers' by more than culprit_comm_max of
+    # the step *and* beyond their noise (straggler_z robust units); where comm wait
+    # is all noise (ranks sharing busy cores) a culprit's is as often above as below.
+    # A rank waiting on its data loader is the data stall's, whatever its compute
+    waits = peer.waits_in_comm(cfg.culprit_comm_max, cfg.straggler_z)
+    waits |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
     gate = warmed & sure & ~waits
     # degradation: a creep seen by the smoothed excess or the CUSUM while the rank
     # is still below the straggler threshold (a sudden jump is a straggler); an

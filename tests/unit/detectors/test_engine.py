@@ -12,8 +12,11 @@ from detectors.frame import StepFrame
 from schemas import AlertKind, AlertState, GpuHealth, Grade, NodeHealth, Phase, RecommendedAction
 
 
-def frames(steps=60, n=64, seed=0, slow=None, onset=25, pp=None, factor=None, phase=None):
-    """A synchronous job; ``slow`` maps rank -> slowdown from ``onset`` on."""
+def frames(
+    steps=60, n=64, seed=0, slow=None, onset=25, pp=None, factor=None, phase=None, stall=None
+):
+    """A synchronous job; ``slow`` maps rank -> slowdown, ``stall`` rank -> extra data
+    wait (seconds), both from ``onset`` on."""
     rng = np.random.default_rng(seed)
     ts = 1_000.0
     for step in range(steps):
@@ -26,6 +29,9 @@ def frames(steps=60, n=64, seed=0, slow=None, onset=25, pp=None, factor=None, ph
         if factor is not None:
             compute *= factor(step)
         data = 0.01 + 0.001 * rng.random(n)
+        if stall and step >= onset:
+            for r, s in stall.items():
+                data[r] += s
         busy = compute + data
         comm = busy.max() + 0.05 - busy
         ts += busy.max() + 0.05
@@ -61,6 +67,22 @@ def test_straggler_is_named_early_and_escalates():
     assert alerts[1].recommended_action is RecommendedAction.ISOLATE
     ev = alerts[0].evidence
     assert ev.metric == "compute_s" and ev.value > 1.1 and ev.peer_median == pytest.approx(1, 0.05)
+
+
+def test_a_rank_waiting_on_its_data_loader_is_a_data_stall_not_a_straggler():
+    """Its compute between the waits reads high too (cold caches, a core clocked down
+    while it slept: +58 % in a real DDP job sleeping 0.2 s a step): the wait's cost,
+    named by the data stall alone."""
+    rng = np.random.default_rng(7)
+    slow = {21: 0.0}
+    fs = []
+    for f in frames(steps=120, slow=slow, stall={21: 0.5}):
+        fs.append(f)
+        slow[21] = 0.5 + 0.3 * rng.random()  # noisy: steady at times, intermittent at others
+    alerts = run(DetectorSuite("job"), fs)
+    assert {(a.kind, a.rank) for a in alerts if a.state is AlertState.FIRING} == {
+        (AlertKind.DATA_STALL, 21)
+    }, [(a.kind, a.rank, a.step, a.evidence.detail) for a in alerts]
 
 
 def test_whole_slow_node_is_one_node_level_finding():
