@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 HIDDEN = 256
+#: distinct synthetic batches a rank cycles through
+POOL = 8
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,15 +58,24 @@ def main() -> None:  # torch inside: pytest imports this file to look for doctes
         return nn.functional.mse_loss(net(x), y)
 
     class Batches(torch.utils.data.Dataset):
-        """One whole synthetic batch per index (seeded by rank and index)."""
+        """One whole synthetic batch per index, drawn from a pool made up front (seeded
+        by rank): fetching one is a lookup, as from a loader that keeps up. Drawing
+        the random numbers in ``__getitem__`` put milliseconds of CPU work in the fetch
+        of a 20 ms step on an oversubscribed machine: a data wait that spiked to a
+        third of the step on whichever rank the scheduler preempted, which is a data
+        stall, not the clean run or the compute straggler these jobs are."""
+
+        def __init__(self) -> None:
+            gen = torch.Generator().manual_seed(1000 + 7919 * rank)
+            self.pool = [{"x": torch.randn(args.batch, HIDDEN, generator=gen),
+                          "y": torch.randn(args.batch, HIDDEN, generator=gen)}
+                         for _ in range(POOL)]  # fmt: skip
 
         def __len__(self) -> int:
             return args.steps * int(os.environ["WORLD_SIZE"])
 
         def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-            gen = torch.Generator().manual_seed(1000 + 7919 * rank + i)
-            return {"x": torch.randn(args.batch, HIDDEN, generator=gen),
-                    "y": torch.randn(args.batch, HIDDEN, generator=gen)}  # fmt: skip
+            return self.pool[i % POOL]
 
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

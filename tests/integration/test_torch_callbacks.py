@@ -19,7 +19,7 @@ import pytest
 from schemas import AlertKind, AlertState, JobEventKind
 from tests.conftest import IN_CI
 from tests.integration import test_torch_ddp as ddp
-from tests.integration.test_torch_ddp import NODES, firing
+from tests.integration.test_torch_ddp import NODES, described, firing
 
 stack = ddp.stack  # its fixture: the stack up, the job run under stepguard-torchrun
 
@@ -46,7 +46,8 @@ def test_a_clean_run_raises_nothing_and_announces_the_job_once(stack, framework)
     assert {r["node"] for r in doc["ranks"]} == set(NODES)
     assert all(r["recorded"] == 40 and r["hooked"] for r in doc["ranks"]), doc["ranks"]
     s.wait_steps(40 * 4)
-    assert [a for a in s.alerts if a.state is AlertState.FIRING] == []
+    fired = [a for a in s.alerts if a.state is AlertState.FIRING]
+    assert not fired, described(fired)
     kinds = [e.kind for e in s.events]
     assert kinds.count(JobEventKind.START) == 1 and kinds.count(JobEventKind.END) == 1, kinds
 
@@ -60,4 +61,5 @@ def test_a_compute_straggler_is_named_with_cause_compute(stack, framework):
     assert alert.rank == 3, alert
     assert alert.evidence.metric.startswith("compute"), alert.evidence
     assert alert.step is not None and alert.step <= onset + 12, alert
-    assert not [a for a in s.alerts if a.node == "node-a" and a.state is AlertState.FIRING]
+    wrong = [a for a in s.alerts if a.node == "node-a" and a.state is AlertState.FIRING]
+    assert not wrong, described(wrong)

@@ -235,6 +235,12 @@ def firing(kind: AlertKind, node: str) -> Callable[[Alert], bool]:
     return lambda a: a.kind is kind and a.node == node and a.state is AlertState.FIRING
 
 
+def described(alerts: list[Alert]) -> list[tuple[Any, ...]]:
+    """What an assertion prints of unexpected alerts: who, when, how sure, and why."""
+    return [(a.kind.value, a.node, a.rank, a.step, a.grade.name, a.evidence.metric,
+             a.evidence.detail) for a in alerts]  # fmt: skip
+
+
 def test_a_clean_ddp_run_raises_nothing(stack):
     s = stack("observe")
     doc = s.run_job(steps=80)
@@ -257,7 +263,8 @@ def test_a_compute_straggler_is_named_within_ten_steps_with_cause_compute(stack)
     assert alert.rank == 3, alert
     assert alert.evidence.metric.startswith("compute"), alert.evidence
     assert alert.step is not None and alert.step <= onset + 10, alert
-    assert not [a for a in s.alerts if a.node == "node-a" and a.state is AlertState.FIRING]
+    wrong = [a for a in s.alerts if a.node == "node-a" and a.state is AlertState.FIRING]
+    assert not wrong, described(wrong)
 
 
 def test_a_data_loader_stall_is_named_as_data_wait(stack):
@@ -268,8 +275,7 @@ def test_a_data_loader_stall_is_named_as_data_wait(stack):
     assert alert.rank == 1 and alert.evidence.metric.startswith("data"), alert
     wrong = [a for a in s.alerts if a.kind is AlertKind.STRAGGLER and a.node == "node-a"
              and a.state is AlertState.FIRING]  # fmt: skip
-    assert not wrong, [(a.rank, a.step, a.grade, a.evidence.metric, a.evidence.detail)
-                       for a in wrong]  # fmt: skip
+    assert not wrong, described(wrong)
 
 
 def test_auto_mode_checkpoints_replaces_the_straggler_with_the_spare_and_relaunches_once(stack):
