@@ -65,6 +65,12 @@ class HangDetector:
     price: a hang that starts right where a long step is due is flagged after
     ``long_margin`` x its typical duration instead of ``factor`` median step times.
 
+    A long step nothing explained tells that the job may have slowed down (a storage
+    stall, a throttled cluster): the step after it may take as long, within
+    ``long_margin`` and at most ``critical_factor`` median step times, before the
+    silence counts (one flag where the slowdown begins, not one per step until the
+    median follows).
+
     The median step time is taken over ordinary intervals: a long step that a
     learned period or an announcement explains is not learned into it. An
     unexplained long step still is, as before, so that a job that really became
@@ -90,7 +96,14 @@ class HangDetector:
     phase_steps
         Expected duration, in median step times, of an announced phase whose
         duration was neither announced nor learned before (20; with ``long_margin``
-        1.5 the job may then stay silent for 30 median step times).
+        1.5 the job may then stay silent for 30 median step times), but never less
+        than ``phase_floor_s``.
+    phase_floor_s
+        Seconds an announced phase of unknown length is expected to take at least
+        (120): a checkpoint save's time follows its size and the storage, not the
+        step time, and a first save of a fast job at scale takes minutes. Overrunning
+        it is no proof of a hang: the silence climbs from WARNING (see
+        :meth:`graded`).
     max_periods
         Periods (candidates included) kept at once; a new candidate replaces the
         oldest unconfirmed one when the table is full.
@@ -121,14 +134,15 @@ class HangDetector:
     >>> h.explain(ts + 15.0)
     (10.0, 'no step completed for 15.0s, 1.5 x the 10.0s a long step every 20 steps ...')
 
-    An announced phase with no known duration may take 1.5 x 20 median step times;
-    the next step ends it, and its duration is what the next one may take:
+    An announced phase with no known duration may take 1.5 x 120 s (``phase_floor_s``,
+    or 20 median step times when longer); the next step ends it, and its duration is
+    what the next one may take:
 
     >>> ts += 10.0
     >>> h.learn_step(79, ts)
     >>> h.announce("eval", ts)
-    >>> h.expected_step_time, h.score(ts + 30.0)
-    (12.0, 2.5)
+    >>> h.expected_step_time, h.score(ts + 180.0)
+    (72.0, 2.5)
     >>> ts += 4.0
     >>> h.learn_step(80, ts)
     >>> h.announce("eval", ts)
@@ -146,6 +160,7 @@ class HangDetector:
         long_margin: float = 1.5,
         tolerance: int = 1,
         phase_steps: float = 20.0,
+        phase_floor_s: float = 120.0,
         max_periods: int = 8,
         critical_factor: float | None = None,
     ) -> None:
@@ -161,6 +176,8 @@ class HangDetector:
         if tolerance < 0:
             raise ValueError(f"tolerance must be >= 0, got {tolerance!r}")
         check_positive("phase_steps", phase_steps)
+        if not (math.isfinite(phase_floor_s) and phase_floor_s >= 0):
+            raise ValueError(f"phase_floor_s must be >= 0, got {phase_floor_s!r}")
         if max_periods < 1:
             raise ValueError(f"max_periods must be >= 1, got {max_periods!r}")
         critical = factor if critical_factor is None else critical_factor
@@ -174,6 +191,7 @@ class HangDetector:
         self.long_margin = long_margin
         self.tolerance = tolerance
         self.phase_steps = phase_steps
+        self.phase_floor_s = phase_floor_s
         self.max_periods = max_periods
         self._intervals = np.zeros(window)
         self._count = 0
@@ -233,30 +251,44 @@ class HangDetector:
         if long is None or self.last_ts is None:
             h = self.score(now)
             return med, f"no step completed for {h:.1f} median step times ({med:.3f}s)"
-        _, expected, what = long
+        _, expected, what, _ = long
         silence = now - self.last_ts
         return expected, (
             f"no step completed for {silence:.1f}s, {silence / expected:.1f} x the "
             f"{expected:.1f}s {what} (median step {med:.3f}s)"
         )
 
-    def _long_step(self, med: float) -> tuple[float, float, str] | None:
+    def _long_step(self, med: float) -> tuple[float, float, str, bool] | None:
         """The due long step or announced phase that allows the job the longest silence,
         if longer than ``factor`` median step times: that allowance, the silence it is
-        expected to take, and what it is (``"a checkpoint takes here"``)."""
-        found: list[tuple[float, float, str]] = []
-        due = None if self.last_step is None else self._periods.due(self.last_step + 1)
+        expected to take, what it is (``"a checkpoint takes here"``), and whether it is
+        *known* (announced, or a period confirmed by a long step that came when due)
+        rather than a candidate period seen twice."""
+        found: list[tuple[float, float, str, bool]] = []
+        step = None if self.last_step is None else self.last_step + 1
+        due = None if step is None else self._periods.due(step)
         if due is not None and due[1] > 0:
             period, duration = due
-            what = f"a long step every {period} steps takes here"
-            found.append((self.long_margin * duration, duration, what))
+            known = self._periods.due(step, confirmed=True) == due  # type: ignore[arg-type]
+            takes = "takes" if known else "may take"
+            what = f"a long step every {period} steps {takes} here"
+            found.append((self.long_margin * duration, duration, what, known))
+        if self._slow_s is not None:  # a slower job (a storage stall) is not a hung one
+            # within critical_factor median steps: a hang right after a long stall
+            # is still flagged before CRITICAL would be
+            allowance = min(self.long_margin * self._slow_s, self.critical_factor * med)
+            what = f"the last step took {self._slow_s:.1f}s, so the next one may take"
+            found.append((allowance, self._slow_s, what, False))
         if self.phase is not None and self.last_ts is not None:
             expected = self._phases.expected_s()
-            budget = self.phase_steps * med if expected is None else expected
+            unknown = max(self.phase_steps * med, self.phase_floor_s)
+            budget = unknown if expected is None else expected
             since = self._phases.started - self.last_ts
             name = ("an " if self.phase[:1].lower() in tuple("aeiou") else "a ") + self.phase
             what = f"{name} takes here" if expected else f"allowed for {name} of unknown length"
-            found.append((since + self.long_margin * budget, max(since, 0.0) + budget, what))
+            allowance = since + self.long_margin * budget
+            # overrunning a length it does not know is no proof of a hang: it climbs
+            found.append((allowance, max(since, 0.0) + budget, what, expected is not None))
         best = max(found, default=None)
         return best if best is not None and best[0] > self.factor * med else None
 
@@ -273,11 +305,19 @@ class HangDetector:
 
         Until the next step completes, the silence is measured against the phase's
         expected duration (see the class notes). An announcement older than the last
-        completed step is ignored: the step it announced has already completed.
+        completed step is ignored: the step it announced has already completed. With
+        ``after_step`` that is judged by step number (an event time rounded to the
+        microsecond of a message may read a hair before the step it follows), else by
+        event time.
         """
         if expected_s is not None:
             check_positive("expected_s", expected_s)
-        if self.last_ts is not None and ts < self.last_ts and not self._in_grace:
+        if self._in_grace:
+            pass
+        elif after_step is not None and self.last_step is not None:
+            if after_step < self.last_step:
+                return  # by its own step number: a step after the one it announced is done
+        elif self.last_ts is not None and ts < self.last_ts:
             return
         self._phases.announce(phase, ts, expected_s, after_step)
 
@@ -297,8 +337,13 @@ class HangDetector:
         the *ceiling*: ``critical_factor`` median step times, or ``long_margin``
         times the longest of the job's recent long steps (:attr:`long_durations`),
         whichever is later. With no long step seen that is :meth:`score` itself.
-        A silence that overruns a long step the job announced or learned is past
-        what that step may take: ``critical_factor`` at once.
+        A silence that overruns a long step the job announced, or whose period a
+        long step that came when due confirmed, is past what that step may take:
+        ``critical_factor`` at once. An allowance it is unsure of (a candidate period,
+        two long steps or the run's start and one, which may have learned an eval where
+        a checkpoint is due; a phase announced without a length; the step after a slow
+        one) only moves the climb: it begins there and reaches ``critical_factor`` at
+        ``critical_factor / factor`` times that allowance, or the ceiling if later.
 
         >>> h = HangDetector(factor=2.5, min_steps=3, critical_factor=8.0)
         >>> for step in range(10):
@@ -306,24 +351,38 @@ class HangDetector:
         >>> h.graded(9.0 + 2.0), h.graded(9.0 + 5.0), h.graded(9.0 + 8.0)
         (2.0, 5.0, 8.0)
         >>> h.learn_step(10, ts=9.0 + 12.0)  # a 12 s step, none announced or learned
-        >>> [round(h.graded(21.0 + t), 2) for t in (2.5, 10.0, 18.0)]
+        >>> [round(h.graded(21.0 + t), 2) for t in (2.5, 10.0, 25.6)]  # the next may be slow
+        [0.78, 3.12, 8.0]
+        >>> h.learn_step(11, ts=22.0)  # it was not: the climb starts at factor again
+        >>> [round(h.graded(22.0 + t), 2) for t in (2.5, 10.0, 18.0)]
         [2.5, 5.16, 8.0]
         """
         s = self.score(now)
         med = self.median_step_time
         if s < self.factor or med is None or med <= 0 or self.last_ts is None:
             return s
-        if self._long_step(med) is not None:  # a known long step, overrun
+        long = self._long_step(med)
+        if long is not None and long[3]:  # a known long step, overrun
             return s * self.critical_factor / self.factor
         silence = now - self.last_ts
-        flagged = self.factor * med
+        # a candidate period (two long steps, or the run's start and one) may be wrong
+        # about how long its step takes (an eval learned, a checkpoint due): past its
+        # allowance the silence climbs as an unexplained one does
+        flagged = self.factor * med if long is None else long[0]
         ceiling = max(
             self.critical_factor * med, self.long_margin * max(self.long_durations, default=0.0)
         )
+        if long is not None:  # past an allowance it was unsure of: the climb, scaled to it
+            ceiling = max(ceiling, flagged * self.critical_factor / self.factor)
         if silence >= ceiling or ceiling <= flagged:
             return self.critical_factor * silence / max(ceiling, 1e-9)
         climb = (self.critical_factor - self.factor) * (silence - flagged) / (ceiling - flagged)
         return self.factor + climb
+
+    #: the last step's interval when it was long and nothing explained it: the next one
+    #: may take as long (a job slowed down, on a storage stall, is still stepping);
+    #: a class default, so that state written before it existed reads None
+    _slow_s: float | None = None
 
     #: class defaults: state written before relaunches were learned reads them here
     _relaunch_at: float | None = None
@@ -391,6 +450,7 @@ class HangDetector:
         self._periods.rewind(step)
         if self.last_step is None:
             self._last_long = False
+            self._periods.start(step - 1)  # a fresh job, or one resumed from a save
         gap = None if self.last_step is None else step - self.last_step
         if self.last_ts is not None and gap is not None:
             interval = (ts - self.last_ts) / gap
@@ -411,6 +471,7 @@ class HangDetector:
             isolated = not self._last_long
             explained = self._periods.learn(step, interval, isolated=isolated) or explained
         self._last_long = is_long
+        self._slow_s = interval if is_long and not explained else None
         self._periods.expire(step)
         if interval is not None and interval > 0 and not (is_long and explained):
             self._intervals[self._count % self.window] = interval

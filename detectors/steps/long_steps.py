@@ -17,8 +17,15 @@ Examples
 >>> p = PeriodicLongSteps()
 >>> p.learn(19, 10.0, isolated=True), p.learn(39, 10.0, isolated=True)
 (False, False)
->>> p.due(59), p.learn(59, 12.0, isolated=True), p.learned
-((20, 10.0), True, {20: 12.0})
+>>> p.due(59), p.due(59, confirmed=True), p.learn(59, 12.0, isolated=True), p.learned
+((20, 10.0), None, True, {20: 12.0})
+
+A job's start is a boundary its schedules count from: one save teaches a candidate.
+
+>>> q = PeriodicLongSteps()
+>>> q.start(-1)
+>>> q.learn(199, 7.0, isolated=True), q.due(399), q.due(399, confirmed=True)
+(False, (200, 7.0), None)
 >>> a = AnnouncedPhases()
 >>> a.announce("eval", 100.0, expected_s=None)
 >>> a.end(104.0), a.phase, a.expected_s("eval")
@@ -106,10 +113,24 @@ class PeriodicLongSteps:
             out[p] = max(d, out.get(p, 0.0))
         return out
 
-    def due(self, step: int) -> tuple[int, float] | None:
+    def start(self, step: int) -> None:
+        """The job's run begins after ``step``: -1 for a fresh job, the step its
+        checkpoint was saved at for a relaunch. Saves and evals scheduled every N
+        steps count from there, so the boundary is remembered as a long step of
+        unknown duration: the first real long step pairs with it into a candidate
+        period, and the second checkpoint of a job is already due (reads as expected
+        rather than as a hang)."""
+        kept = self.LOOSE_KEPT
+        self._loose_steps = np.append(self._loose_steps, step)[-kept:]
+        self._loose_durations = np.append(self._loose_durations, 0.0)[-kept:]
+
+    def due(self, step: int, *, confirmed: bool = False) -> tuple[int, float] | None:
         """The period and typical duration of the longest long step due at ``step``
-        (None if none is due); reads state only."""
+        (None if none is due); with ``confirmed``, only periods whose long step has
+        come when due at least once (not a candidate seen twice); reads state only."""
         rows = self._due(step)
+        if confirmed:
+            rows = rows[self._hits[rows] > 0]
         if not rows.size:
             return None
         typical = [self._typical(int(i)) for i in rows]
@@ -200,7 +221,8 @@ class PeriodicLongSteps:
         self._born[i], self._created = self._created, self._created + 1
         self._n_durations[i] = 0
         for d in durations:
-            self._push_duration(i, d)
+            if d > 0:  # the run's start is a boundary of unknown duration
+                self._push_duration(i, d)
 
 
 class AnnouncedPhases:

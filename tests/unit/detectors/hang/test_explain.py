@@ -48,7 +48,7 @@ def test_a_hang_during_an_announced_checkpoint_is_measured_against_the_checkpoin
 
 
 def test_a_phase_of_unknown_length_says_what_it_was_allowed():
-    h = HangDetector(factor=2.5, min_steps=3)
+    h = HangDetector(factor=2.5, min_steps=3, phase_floor_s=0.0)
     for step in range(10):
         h.learn_step(step, ts=float(step))
     h.announce("eval", 9.0)
@@ -84,3 +84,17 @@ def test_nothing_long_due_keeps_the_median_text():
         0.0,
         "no step completed for 0.0 median step times (0.000s)",
     )
+
+
+def test_a_phase_of_unknown_length_is_allowed_the_floor_and_then_climbs():
+    h = HangDetector(factor=2.5, min_steps=3, critical_factor=8.0)
+    for step in range(10):
+        h.learn_step(step, ts=float(step))
+    h.announce("checkpoint", 9.0)  # a fast job's first save: minutes, not 20 steps
+    baseline, why = h.explain(9.0 + 90.0)
+    assert baseline == pytest.approx(120.0)
+    assert "allowed for a checkpoint of unknown length" in why
+    assert h.graded(9.0 + 90.0) < 2.5  # a 90 s save raises nothing
+    assert h.graded(9.0 + 181.0) == pytest.approx(2.5, abs=0.1)  # 1.5 x 120 s: WARNING
+    assert 2.5 < h.graded(9.0 + 400.0) < 8.0  # unsure of its length: still climbing
+    assert h.graded(9.0 + 576.0) >= 8.0  # 8 / 2.5 x its allowance: CRITICAL
