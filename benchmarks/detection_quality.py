@@ -3,8 +3,12 @@
 Every scenario of ``pipeline/tools/simulator/scenarios`` runs through the detection core
 (``detectors.job.JobDetection``) around a fresh ``detectors.engine.DetectorSuite``:
 ``on_health`` per health report, ``on_frame`` per frame, ``tick(ts)`` on every
-event, in the core's event-time order. The same frames also feed two baselines
-measured in the same run:
+event and every ``TICK_S`` (1 s) of event time between them, as the worker's timer
+ticks whether records come or not (so a checkpoint's silence, or a hang's, is scored
+as the production worker scores it), in the core's event-time order. Checkpoints and
+evals are announced when they start (``JobEvent`` PHASE, as the client's hooks do)
+unless the scenario says ``announce_phases: false``. The same frames also feed two
+baselines measured in the same run:
 
 - **static_threshold**: alert when a train step's wall time exceeds 1.5 x the median
   of the first 20 train steps, naming the rank with the largest step time. In
@@ -63,7 +67,7 @@ import river
 from _common import write_section
 
 from detectors.engine import DetectorSuite
-from detectors.frame import PHASE_CODES, StepFrame
+from detectors.frame import PHASE_CODES, PHASES, StepFrame
 from detectors.job import JobDetection
 from pipeline.tools.simulator import (
     FaultSpec,
@@ -72,7 +76,7 @@ from pipeline.tools.simulator import (
     node_name,
     simulate,
 )
-from schemas import Alert, FaultKind, NodeHealth, Phase
+from schemas import Alert, FaultKind, JobEvent, JobEventKind, NodeHealth, Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -120,6 +124,9 @@ TARGET_F1 = 0.97
 TARGET_STRAGGLER_MEDIAN_STEPS = 10
 TARGET_DEGRADATION_SLOWDOWN = 0.10
 TARGET_HANG_STEP_TIMES = 3.0
+#: event seconds between the detection core's ticks: the worker's default timer
+#: (``worker_tick_interval_s``), which ticks whether records come or not
+TICK_S = 1.0
 TARGET_FATAL_REPORTS = 1
 
 
@@ -267,9 +274,36 @@ def run_scenario(scenario: Scenario, factory: DetectionFactory) -> Run:
                 )
             )
 
+    next_tick = scenario.start_ts + TICK_S
+
+    def tick_until(ts: float) -> None:
+        # the worker's timer ticks whether records come or not (a checkpoint save, a
+        # hang): so does this run, at the worker's default interval of event time
+        nonlocal next_tick, spent
+        while next_tick < ts:
+            t0 = time.perf_counter()
+            out = detection.tick(next_tick)
+            spent += time.perf_counter() - t0
+            conv(out, last_step + 1, next_tick)
+            next_tick += TICK_S
+
     for ev in simulate(scenario):
         n_events += 1
         f = ev.frame
+        if scenario.announce_phases and f is not None and f.n_ranks:
+            phase = PHASES[int(f.phase[0])]
+            if phase in (Phase.CHECKPOINT, Phase.EVAL):  # as the player announces them
+                tick_until(f.ts_start)
+                event = JobEvent(
+                    job_id=scenario.job, kind=JobEventKind.PHASE, source="simulator",
+                    ts=dt.datetime.fromtimestamp(f.ts_start, dt.UTC), step=max(last_step, 0),
+                    phase=phase,
+                )  # fmt: skip
+                t0 = time.perf_counter()
+                out = detection.on_lifecycle(event)
+                spent += time.perf_counter() - t0
+                conv(out, last_step + 1, f.ts_start)
+        tick_until(ev.ts)
         if f is not None:
             step = f.step
             last_step = step

@@ -48,8 +48,12 @@ def simulate(
         bool, typer.Option(help="Publish the job's start and end (lifecycle topic).")
     ] = True,
     announce_phases: Annotated[
-        bool, typer.Option(help="Announce each checkpoint and eval step when it starts.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            help="Announce each checkpoint and eval step when it starts (default: as the "
+            "scenario says, announce_phases)."
+        ),
+    ] = None,
     job_id: Annotated[
         str | None,
         typer.Option(

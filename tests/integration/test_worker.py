@@ -624,13 +624,14 @@ def _end_of_step(sc: Scenario, step: int) -> float:
 def test_learned_checkpoints_are_not_hangs_but_a_checkpoint_that_never_ends_is(
     settings, workers, decisions
 ):
-    """Played in real time through ``stepguard worker``, unannounced: the first two
-    checkpoints (steps 49, 99) teach the period, the third (149) raises no hang, and
+    """Played in real time through ``stepguard worker``, unannounced: the first
+    checkpoint (step 49) with the run's start teaches a candidate period, the second
+    (99) confirms it, the third (149) raises no hang, and
     the job then stops where its fourth checkpoint is due (199): a hang, reported
     before the silence reaches 3 x the learned checkpoint duration."""
     sc = scenario("ckpt-learned", [], steps=200, **CHECKPOINTED)
     w = workers()
-    play(settings, sc, speed=1.0, stop_after_step=198)
+    play(settings, sc, speed=1.0, stop_after_step=198, announce_phases=False)
 
     def hangs(items: list) -> list[Alert]:
         return [a for a in items if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]

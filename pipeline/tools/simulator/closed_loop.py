@@ -62,7 +62,7 @@ def play_with_controller(
     speed: float | None,
     truth: bool = True,
     lifecycle: bool = True,
-    announce_phases: bool = False,
+    announce_phases: bool | None = None,
     on_command: OnCommand | None = None,
     name: str = "simulated-job",
 ) -> PlayStats:

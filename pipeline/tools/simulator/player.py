@@ -34,7 +34,7 @@ def play(
     truth: bool = True,
     stop_after_step: int | None = None,
     lifecycle: bool = True,
-    announce_phases: bool = False,
+    announce_phases: bool | None = None,
     job: SimulatedJob | None = None,
     on_event: Callable[[SimulatedJob], None] | None = None,
 ) -> PlayStats:
@@ -42,7 +42,8 @@ def play(
 
     With ``lifecycle`` the job's START comes first and its END (completed) last, as
     training code's exporter publishes them; with ``announce_phases`` every checkpoint
-    and eval step is announced when it starts (``StepExporter.phase``).
+    and eval step is announced when it starts (``StepExporter.phase``); None: as the
+    scenario says (``Scenario.announce_phases``).
     ``stop_after_step`` ends the playback after that step without an end (the job goes
     silent, as a hung job does).
 
@@ -52,6 +53,8 @@ def play(
     """
     if speed is not None and speed <= 0:
         raise ValueError("speed must be positive (or None for --max)")
+    if announce_phases is None:
+        announce_phases = scenario.announce_phases
     create_topics(settings)
     registry = registry_of(settings)
     producer = make_producer(settings)

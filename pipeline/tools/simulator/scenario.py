@@ -324,6 +324,13 @@ class Scenario(BaseModel):
     eval_factor: float = Field(default=2.0, ge=1.0)
     checkpoint_every: NonNegativeInt = 0
     checkpoint_s: NonNegativeFloat = 6.0
+    announce_phases: bool = Field(
+        default=True,
+        description="The job announces each checkpoint save and eval when it starts, as "
+        "the client's hooks do (StepExporter.phase, the PyTorch guard's checkpoint and "
+        "phase, the Lightning and HF callbacks). False: a job that saves without "
+        "saying so, whose first save reads as a hang for as long as it lasts.",
+    )
     checkpoint_growth: NonNegativeFloat = Field(
         default=0.0,
         description="Each checkpoint save takes this fraction of checkpoint_s longer "
