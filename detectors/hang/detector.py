@@ -262,8 +262,9 @@ class HangDetector:
         """The due long step or announced phase that allows the job the longest silence,
         if longer than ``factor`` median step times: that allowance, the silence it is
         expected to take, what it is (``"a checkpoint takes here"``), and whether it is
-        *known* (announced, or a period confirmed by a long step that came when due)
-        rather than a candidate period seen twice."""
+        *known* (announced with a length or learned from announced runs, or a period
+        that a long step coming when due confirmed) rather than an allowance it is
+        unsure of (see :meth:`graded`)."""
         found: list[tuple[float, float, str, bool]] = []
         step = None if self.last_step is None else self.last_step + 1
         due = None if step is None else self._periods.due(step)
@@ -312,13 +313,13 @@ class HangDetector:
         """
         if expected_s is not None:
             check_positive("expected_s", expected_s)
-        if self._in_grace:
-            pass
-        elif after_step is not None and self.last_step is not None:
-            if after_step < self.last_step:
-                return  # by its own step number: a step after the one it announced is done
-        elif self.last_ts is not None and ts < self.last_ts:
-            return
+        if not self._in_grace:
+            if after_step is not None and self.last_step is not None:
+                stale = after_step < self.last_step  # a step after the one it announced
+            else:
+                stale = self.last_ts is not None and ts < self.last_ts
+            if stale:
+                return
         self._phases.announce(phase, ts, expected_s, after_step)
 
     #: long steps remembered for the CRITICAL ceiling of :meth:`graded`
@@ -365,9 +366,8 @@ class HangDetector:
         if long is not None and long[3]:  # a known long step, overrun
             return s * self.critical_factor / self.factor
         silence = now - self.last_ts
-        # a candidate period (two long steps, or the run's start and one) may be wrong
-        # about how long its step takes (an eval learned, a checkpoint due): past its
-        # allowance the silence climbs as an unexplained one does
+        # an allowance it is unsure of (a candidate period, a phase of unknown length,
+        # the step after a slow one): past it the silence climbs as an unexplained one does
         flagged = self.factor * med if long is None else long[0]
         ceiling = max(
             self.critical_factor * med, self.long_margin * max(self.long_durations, default=0.0)
@@ -378,6 +378,10 @@ class HangDetector:
             return self.critical_factor * silence / max(ceiling, 1e-9)
         climb = (self.critical_factor - self.factor) * (silence - flagged) / (ceiling - flagged)
         return self.factor + climb
+
+    #: the floor of a phase announced without a length (see the class parameters); a
+    #: class default, so that state written before it existed reads it
+    phase_floor_s: float = 120.0
 
     #: the last step's interval when it was long and nothing explained it: the next one
     #: may take as long (a job slowed down, on a storage stall, is still stepping);

@@ -300,3 +300,16 @@ def test_the_score_is_finite_non_negative_and_reading_it_changes_nothing(events,
         s1 = h.score(ts + later)
         assert math.isfinite(s1) and s1 >= 0.0
         assert h.score(ts + later) == s1
+
+
+def test_state_written_before_the_phase_floor_and_the_slow_step_reads_their_defaults():
+    # a snapshot is restored without __init__ (pipeline.io.statecodec): attributes added
+    # since must read class defaults, not raise
+    h = HangDetector(FACTOR)
+    ts = warm(h)
+    for name in ("phase_floor_s", "_slow_s"):
+        vars(h).pop(name, None)
+    h.announce("checkpoint", ts)
+    baseline, why = h.explain(ts + 10.0)
+    assert baseline == pytest.approx(max(HangDetector.phase_floor_s, 20 * BASE))
+    assert "unknown length" in why
