@@ -252,7 +252,25 @@ class AnnouncedPhases:
     15.0
     >>> a.end(50.0), a.end(60.0)  # the next step ended it; nothing is announced now
     (True, False)
+
+    Phases may follow one another with no step between (an eval, then a save), but
+    announcements cannot stretch one silence without end: from the
+    ``CHAINED_KEPT``-th in a row on, a new one names the phase and its length while
+    the phase still counts from the last start that moved.
+
+    >>> b = AnnouncedPhases()
+    >>> for ts in (10.0, 40.0, 70.0, 100.0):
+    ...     b.announce("eval", ts, expected_s=None)
+    >>> b.started, b.end(130.0), b.expected_s("eval")
+    (40.0, True, 90.0)
     """
+
+    #: announcements in a row, with no step completed between, that may each move the
+    #: phase's start (an eval, then a checkpoint)
+    CHAINED_KEPT = 2
+    #: announcements since the last phase ended (a class default, so that state
+    #: written before it existed reads it)
+    _chained: int = 0
 
     #: durations kept per phase name
     DURATIONS_KEPT = 8
@@ -272,9 +290,11 @@ class AnnouncedPhases:
     ) -> None:
         """``phase`` starts at event time ``ts`` after step ``after_step`` (if known),
         announced to last ``expected_s`` seconds if known (replacing any phase in
-        progress)."""
-        self.phase, self.started, self._announced_s = phase, ts, expected_s
-        self.after_step = after_step
+        progress; see the class notes on announcements in a row)."""
+        self._chained = self._chained + 1 if self.phase is not None else 1
+        if self._chained <= self.CHAINED_KEPT:
+            self.started, self.after_step = ts, after_step
+        self.phase, self._announced_s = phase, expected_s
 
     def expected_s(self, phase: str | None = None) -> float | None:
         """Expected duration of ``phase`` (default: the one in progress), None when
@@ -300,12 +320,12 @@ class AnnouncedPhases:
         elif ts <= self.started:
             return False
         self._remember(self.phase, ts - self.started)
-        self.phase = None
+        self.phase, self._chained = None, 0
         return True
 
     def cancel(self) -> None:
         """The job was relaunched: the phase in progress ends unmeasured."""
-        self.phase = None
+        self.phase, self._chained = None, 0
 
     def _remember(self, phase: str, duration: float) -> None:
         if duration <= 0:

@@ -358,3 +358,22 @@ def test_a_record_just_under_the_broker_limit_makes_a_dead_letter_under_it():
     assert len(encode(letter)) < broker_limit // 4
     assert (letter.raw_len, letter.truncated) == (len(raw), True)
     assert letter.raw_sha256 == hashlib.sha256(raw).hexdigest() and raw.startswith(letter.raw)
+
+
+def test_phases_announced_over_and_over_cannot_hide_a_hang():
+    """Threat: a phase announced with no length, again every 100 s while no step
+    completes, moved the phase's start each time: the job's lifecycle writer kept a
+    hung job silent for ever. From the third announcement in a row the start stays."""
+    clock = Clock()
+    core = worker(clock)
+    feed(core, range(30))
+    start = T0 + timedelta(seconds=STEP_S * 31)
+    hangs: list = []
+    for i in range(12):  # 1,200 s of silence, announced again every 100 s
+        event = _lifecycle(JobEventKind.PHASE, start + timedelta(seconds=100 * i),
+                           phase=Phase.CHECKPOINT, step=29)  # fmt: skip
+        core.handle_job_record(0, 10 + i, b"j", event, "lifecycle", token=i)
+        hangs += _ticks(core, clock, 100, offset=1000 + 100 * i)
+    firing = [a for a in hangs if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]
+    assert firing, "no hang in 1,200 s of announced silence"
+    assert Grade.CRITICAL in [a.grade for a in firing]
