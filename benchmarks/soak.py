@@ -265,11 +265,26 @@ def _run_script(name: str, args: list[str], env: dict[str, str], log: Path) -> s
 
 _HANDED_OUT: set[int] = set()
 
+#: where services' ports come from without ``--ports``: below Linux's default ephemeral
+#: range (32768-60999), so that no client socket of the run takes one of them while its
+#: service is down (the broker restarts on its own port, with its data)
+DEFAULT_PORTS = "20000-28999"
+
+
+def ephemeral_ports() -> tuple[int, int] | None:
+    """The kernel's range for the local ports of outgoing connections, if known."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(lo), int(hi)
+
 
 def pick_port() -> int:
     """A free local port: from ``SOAK_PORTS`` (``LO-HI``: a range agreed with whoever
-    else runs services on the machine; ``--ports``) when set, else any the system gives.
-    A port is handed out once per run (services bind theirs later)."""
+    else runs services on the machine; ``--ports``, outside the ephemeral range) when
+    set, else any the system gives. A port is handed out once per run (services bind
+    theirs later)."""
     spec = os.environ.get("SOAK_PORTS")
     if not spec:
         return free_port()
@@ -1453,7 +1468,8 @@ def main() -> int:
                     "service runs the same code while people edit the tree")  # fmt: skip
     ap.add_argument("--ports", metavar="LO-HI",
                     help="take every port (broker, ClickHouse, worker metrics) from this "
-                    "range (default: any free port)")  # fmt: skip
+                    "range, outside the kernel's ephemeral ports "
+                    f"(default {DEFAULT_PORTS})")  # fmt: skip
     ap.add_argument("--report", type=Path,
                     help="only print the summary of a saved --json result and write its "
                     "BENCHMARKS.md section (nothing runs)")  # fmt: skip
@@ -1466,11 +1482,20 @@ def main() -> int:
         return 0
     if args.minutes is None:
         args.minutes = 3.0 if args.quick else 10.0
-    if args.ports:
-        lo, _, hi = args.ports.partition("-")
-        if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi) < 65536):
-            ap.error(f"--ports must be LO-HI, got {args.ports!r}")
-        os.environ["SOAK_PORTS"] = args.ports  # kept across the re-exec below
+    ephemeral = ephemeral_ports()
+    ports = args.ports or os.environ.get("SOAK_PORTS") or DEFAULT_PORTS
+    lo, _, hi = ports.partition("-")
+    if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi) < 65536):
+        ap.error(f"--ports must be LO-HI, got {ports!r}")
+    if ephemeral is not None and int(lo) <= ephemeral[1] and int(hi) >= ephemeral[0]:
+        # seen: the broker's restart on its port failed ("Address already in use")
+        # because one of the run's own client connections had been given it
+        ap.error(
+            f"--ports {ports} overlaps the kernel's ephemeral ports {ephemeral[0]}-"
+            f"{ephemeral[1]} (net.ipv4.ip_local_port_range): a client connection can "
+            "take a service's port while the service restarts; choose a range outside it"
+        )
+    os.environ["SOAK_PORTS"] = ports  # kept across the re-exec below
     if "SOAK_CODE_DIR" not in os.environ:  # take the snapshot, then run on it
         tag = secrets.token_hex(3)
         root = snapshot_root(tag)
