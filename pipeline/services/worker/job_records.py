@@ -194,6 +194,10 @@ class _JobRecords:
         out = Handled(job_id=job_id, release=[token])
         if st is None or st.seen(self.topics.jobs, partition, offset):
             return out
+        if wall < st.resumed_wall:
+            # sent before the job was restored here (a rebalance in between): its
+            # steps since the snapshot may still be unread, so this tick knows nothing
+            return out
         now = st.now_estimate(wall, self.event_rate)
         if now is None or now <= (st.last_event_ts or now):
             return out

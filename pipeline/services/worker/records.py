@@ -72,6 +72,9 @@ class JobState:
     #: wall time until which a state restored from a snapshot is catching up (its
     #: steps are replayed late: they count as arrived when their event time says)
     resume_wall: float = 0.0
+    #: wall time this worker took the job over from a snapshot: a tick sent before it
+    #: (by this worker, before a rebalance dropped and restored the job) judges nothing
+    resumed_wall: float = 0.0
     steps_since_snapshot: int = 0
     dirty: bool = False
     last_snapshot_wall: float = 0.0

@@ -344,6 +344,7 @@ class WorkerDetection(_JobRecords):
         wall = self.clock()
         st.arrived_wall = min(st.arrived_wall, wall)
         st.resume_wall = wall + self.blind_after_s
+        st.resumed_wall = wall
         st.last_snapshot_wall = wall
         now = st.now_estimate(wall, self.event_rate)
         if now is not None:

@@ -255,3 +255,29 @@ def test_health_held_up_by_a_broker_outage_is_not_a_silent_node() -> None:
     alerts += play_live(job, core, clock, wall0, range(59, 75))
     assert missing_health(alerts) == []
     assert hangs(alerts) == []
+
+
+def test_a_tick_sent_before_a_rebalance_and_read_after_it_judges_nothing() -> None:
+    """Seen in the chaos soak: the worker held the job and sent a tick; a rebalance
+    dropped the job and restored it from its snapshot, five steps older than what the
+    worker had read; the tick was read after the restore, before those steps were read
+    again, and called the job hung (2.6 s since its newest step, by the snapshot)."""
+    clock, wall0 = Clock(), 1000.0
+    job = Job()
+    core = WorkerDetection(TOPICS, 8, clock=clock)
+    play_live(job, core, clock, wall0, range(40))
+    table = dict(job.table)  # the snapshot the rebalance will restore
+    alerts = play_live(job, core, clock, wall0, range(40, 45))
+    clock.now += 0.5
+    tick = core.tick_record("j")  # sent while the worker held the job ...
+    assert tick is not None
+    job.table = table
+    clock.now += 1.0  # ... the rebalance: the job is restored from the older snapshot
+    new = WorkerDetection(TOPICS, 8, clock=clock)
+    assert new.adopt("j", job.table["j"], owned={0})
+    job.jobs.append(("tick", tick[1]))  # read now, before the steps are read again
+    out = new.handle_job_record(0, len(job.jobs) - 1, b"j", tick[1], "tick", None, job.table.get)
+    alerts += list(out.alerts)
+    alerts += job.read(new)  # the steps since the snapshot, read again
+    alerts += play_live(job, new, clock, wall0, range(45, 60))
+    assert hangs(alerts) == []
