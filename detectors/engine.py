@@ -343,12 +343,14 @@ class DetectorSuite:
         ts: float,
         expected_s: float | None = None,
         after_step: int | None = None,
+        *,
+        max_s: float | None = None,
     ) -> None:
         """The job announced a long ``phase`` (checkpoint, eval) starting at event time
         ``ts`` after step ``after_step``: until the phase's step completes, the hang
-        clock measures the silence against the phase's expected duration
-        (:meth:`HangDetector.announce`)."""
-        self.hang.announce(phase, ts, expected_s, after_step)
+        clock measures the silence against the phase's expected duration, a length it
+        did not say at most ``max_s`` (:meth:`HangDetector.announce`)."""
+        self.hang.announce(phase, ts, expected_s, after_step, max_s=max_s)
 
     def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]:
         """Resolve every open episode (of ``node``, if given) at event time ``ts``,

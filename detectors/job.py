@@ -127,7 +127,13 @@ class Detectors(Protocol):
     def tick(self, now: float) -> list[Alert]: ...
     def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None: ...
     def announce_phase(
-        self, phase: str, ts: float, expected_s: float | None, after_step: int | None = None
+        self,
+        phase: str,
+        ts: float,
+        expected_s: float | None,
+        after_step: int | None = None,
+        *,
+        max_s: float | None = None,
     ) -> None: ...
     def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]: ...
 
@@ -328,8 +334,8 @@ class JobDetection:
         if self.ended is not None:
             return []
         verdict = self.guard.on_event(event, self.now, self.last_step)
-        if verdict.phase is not None:
-            self.suite.announce_phase(*verdict.phase)
+        if verdict.phase is not None:  # STEPGUARD_MAX_PHASE_S bounds an unsaid length too
+            self.suite.announce_phase(*verdict.phase, max_s=self.guard.limits.max_phase_s)
         return verdict.alerts
 
     @property

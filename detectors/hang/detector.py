@@ -283,6 +283,8 @@ class HangDetector:
         if self.phase is not None and self.last_ts is not None:
             expected = self._phases.expected_s()
             unknown = max(self.phase_steps * med, self.phase_floor_s)
+            if self._phase_max_s is not None:
+                unknown = min(unknown, self._phase_max_s)
             budget = unknown if expected is None else expected
             since = self._phases.started - self.last_ts
             name = ("an " if self.phase[:1].lower() in tuple("aeiou") else "a ") + self.phase
@@ -299,10 +301,15 @@ class HangDetector:
         ts: float,
         expected_s: float | None = None,
         after_step: int | None = None,
+        *,
+        max_s: float | None = None,
     ) -> None:
         """The job starts a long ``phase`` (checkpoint, eval, ...) at event time ``ts``,
         expected to last ``expected_s`` seconds if known, right after step
-        ``after_step`` (if known: only a later step ends the phase).
+        ``after_step`` (if known: only a later step ends the phase). ``max_s``: the
+        most a phase of unknown length is expected to take (the operator's
+        ``STEPGUARD_MAX_PHASE_S``, which also cuts an announced length), below
+        ``phase_floor_s`` and ``phase_steps`` median steps when lower.
 
         Until the next step completes, the silence is measured against the phase's
         expected duration (see the class notes). An announcement older than the last
@@ -313,6 +320,8 @@ class HangDetector:
         """
         if expected_s is not None:
             check_positive("expected_s", expected_s)
+        if max_s is not None:
+            check_positive("max_s", max_s)
         if not self._in_grace:
             if after_step is not None and self.last_step is not None:
                 stale = after_step < self.last_step  # a step after the one it announced
@@ -321,6 +330,7 @@ class HangDetector:
             if stale:
                 return
         self._phases.announce(phase, ts, expected_s, after_step)
+        self._phase_max_s = max_s
 
     #: long steps remembered for the CRITICAL ceiling of :meth:`graded`
     LONG_KEPT = 8
@@ -382,6 +392,9 @@ class HangDetector:
     #: the floor of a phase announced without a length (see the class parameters); a
     #: class default, so that state written before it existed reads it
     phase_floor_s: float = 120.0
+    #: the cap of the announced phase in progress on a length it did not say (see
+    #: :meth:`announce`); a class default for state written before it existed
+    _phase_max_s: float | None = None
 
     #: the last step's interval when it was long and nothing explained it: the next one
     #: may take as long (a job slowed down, on a storage stall, is still stepping);

@@ -14,6 +14,8 @@ import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from detectors.job_guard import LifecycleLimits
 from pipeline.services.worker.seal import Seal
 from pipeline.services.worker.state import partition_for
@@ -377,3 +379,19 @@ def test_phases_announced_over_and_over_cannot_hide_a_hang():
     firing = [a for a in hangs if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]
     assert firing, "no hang in 1,200 s of announced silence"
     assert Grade.CRITICAL in [a.grade for a in firing]
+
+
+@pytest.mark.parametrize(("max_phase_s", "hung"), [(30.0, True), (3600.0, False)])
+def test_the_operators_max_phase_also_bounds_a_phase_that_says_no_length(max_phase_s, hung):
+    """A phase announced without a length is allowed 1.5 x 120 s (phase_floor_s) before
+    the hang warns; where the operator cut every phase to STEPGUARD_MAX_PHASE_S=30, a
+    phase that says nothing gets no more than one that says 30 s."""
+    clock = Clock()
+    core = worker(clock, limits=LifecycleLimits(max_phase_s=max_phase_s))
+    feed(core, range(30))
+    now = T0 + timedelta(seconds=STEP_S * 31)
+    event = _lifecycle(JobEventKind.PHASE, now, phase=Phase.CHECKPOINT, step=29)
+    core.handle_job_record(0, 10, b"j", event, "lifecycle", token=0)
+    hangs = _ticks(core, clock, 100, offset=100)
+    fired = [a for a in hangs if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]
+    assert bool(fired) is hung, [(a.grade.value, a.summary) for a in fired]
