@@ -254,9 +254,9 @@ class AnnouncedPhases:
     (True, False)
 
     Phases may follow one another with no step between (an eval, then a save), but
-    announcements cannot stretch one silence without end: from the
-    ``CHAINED_KEPT``-th in a row on, a new one names the phase and its length while
-    the phase still counts from the last start that moved.
+    announcements cannot stretch one silence without end: past the ``CHAINED_KEPT``-th
+    in a row, a new one names the phase and its length while the phase still counts
+    from the last start that moved.
 
     >>> b = AnnouncedPhases()
     >>> for ts in (10.0, 40.0, 70.0, 100.0):
