@@ -67,7 +67,7 @@ import river
 from _common import write_section
 
 from detectors.engine import DetectorSuite
-from detectors.frame import PHASE_CODES, PHASES, StepFrame
+from detectors.frame import PHASE_CODES, StepFrame
 from detectors.job import JobDetection
 from pipeline.tools.simulator import (
     FaultSpec,
@@ -76,7 +76,8 @@ from pipeline.tools.simulator import (
     node_name,
     simulate,
 )
-from schemas import Alert, FaultKind, JobEvent, JobEventKind, NodeHealth, Phase
+from pipeline.tools.simulator.announce import phase_announcement
+from schemas import Alert, FaultKind, NodeHealth, Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -290,19 +291,15 @@ def run_scenario(scenario: Scenario, factory: DetectionFactory) -> Run:
     for ev in simulate(scenario):
         n_events += 1
         f = ev.frame
-        if scenario.announce_phases and f is not None and f.n_ranks:
-            phase = PHASES[int(f.phase[0])]
-            if phase in (Phase.CHECKPOINT, Phase.EVAL):  # as the player announces them
-                tick_until(f.ts_start)
-                event = JobEvent(
-                    job_id=scenario.job, kind=JobEventKind.PHASE, source="simulator",
-                    ts=dt.datetime.fromtimestamp(f.ts_start, dt.UTC), step=max(last_step, 0),
-                    phase=phase,
-                )  # fmt: skip
-                t0 = time.perf_counter()
-                out = detection.on_lifecycle(event)
-                spent += time.perf_counter() - t0
-                conv(out, last_step + 1, f.ts_start)
+        event = None
+        if scenario.announce_phases and f is not None:  # as the player announces them
+            event = phase_announcement(scenario, f, max(last_step, 0))
+        if event is not None and f is not None:
+            tick_until(f.ts_start)
+            t0 = time.perf_counter()
+            out = detection.on_lifecycle(event)
+            spent += time.perf_counter() - t0
+            conv(out, last_step + 1, f.ts_start)
         tick_until(ev.ts)
         if f is not None:
             step = f.step

@@ -5,14 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
-from detectors.frame import PHASES
 from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
 from pipeline.io.settings import Settings
 from pipeline.tools.simulator import Scenario, SimulatedJob
-from schemas import EndReason, JobEvent, JobEventKind, Phase
+from pipeline.tools.simulator.announce import job_event, phase_announcement
+from schemas import EndReason, JobEventKind
 
 __all__ = ["PlayStats", "play"]
 
@@ -67,18 +65,18 @@ def play(
                 publish(producer, registry, "truth", t)
                 stats.truth_messages += 1
         if lifecycle:
-            publish(producer, registry, "lifecycle", _event(scenario, JobEventKind.START, start_ts))
+            start = job_event(scenario, JobEventKind.START, start_ts)
+            publish(producer, registry, "lifecycle", start)
         last_ts, last_step, stopped = start_ts, 0, False
         sim = job if job is not None else SimulatedJob(scenario)
         for ev in sim.events():
-            if announce_phases and ev.frame is not None and ev.frame.n_ranks:
-                phase = Phase(PHASES[int(ev.frame.phase[0])])
-                if phase in (Phase.CHECKPOINT, Phase.EVAL):
-                    _wait(t0, ev.frame.ts_start - start_ts, speed)
-                    ann = _event(scenario, JobEventKind.PHASE, ev.frame.ts_start, last_step,
-                                 phase=phase)  # fmt: skip
-                    publish(producer, registry, "lifecycle", ann)
-                    producer.flush()
+            ann = None
+            if announce_phases and ev.frame is not None:
+                ann = phase_announcement(scenario, ev.frame, last_step)
+            if ann is not None and ev.frame is not None:
+                _wait(t0, ev.frame.ts_start - start_ts, speed)
+                publish(producer, registry, "lifecycle", ann)
+                producer.flush()
             _wait(t0, ev.ts - start_ts, speed)
             if ev.frame is not None:
                 for m in ev.frame.to_messages():
@@ -95,7 +93,9 @@ def play(
                 stopped = True
                 break
         if lifecycle and not stopped:
-            end = _event(scenario, JobEventKind.END, last_ts, last_step, reason=EndReason.COMPLETED)
+            end = job_event(
+                scenario, JobEventKind.END, last_ts, last_step, reason=EndReason.COMPLETED
+            )
             publish(producer, registry, "lifecycle", end)
         producer.flush(timeout=60)
     finally:
@@ -109,16 +109,3 @@ def _wait(t0: float, offset_s: float, speed: float | None) -> None:
         delay = t0 + offset_s / speed - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-
-
-def _event(
-    scenario: Scenario,
-    kind: JobEventKind,
-    ts: float,
-    step: int | None = None,
-    **fields: Any,
-) -> JobEvent:
-    return JobEvent(
-        job_id=scenario.job, kind=kind, ts=datetime.fromtimestamp(ts, UTC), step=step,
-        source="simulator", **fields,
-    )  # fmt: skip
