@@ -76,8 +76,8 @@ from pipeline.tools.simulator import (
     node_name,
     simulate,
 )
-from pipeline.tools.simulator.announce import phase_announcement
-from schemas import Alert, FaultKind, NodeHealth, Phase
+from pipeline.tools.simulator.announce import InputWaits, phase_announcement
+from schemas import Alert, FaultKind, JobEvent, NodeHealth, Phase
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -288,18 +288,24 @@ def run_scenario(scenario: Scenario, factory: DetectionFactory) -> Run:
             conv(out, last_step + 1, next_tick)
             next_tick += TICK_S
 
+    waits = InputWaits(scenario)
     for ev in simulate(scenario):
         n_events += 1
         f = ev.frame
-        event = None
-        if scenario.announce_phases and f is not None:  # as the player announces them
+        said: list[tuple[float, JobEvent]] = []
+        if scenario.announce_phases and f is not None:  # as the player says them
             event = phase_announcement(scenario, f, max(last_step, 0))
-        if event is not None and f is not None:
-            tick_until(f.ts_start)
+            if event is not None:
+                said.append((f.ts_start, event))
+            wait = waits.during(f, max(last_step, 0))
+            if wait is not None:
+                said.append(wait)
+        for at, event in said:
+            tick_until(at)
             t0 = time.perf_counter()
             out = detection.on_lifecycle(event)
             spent += time.perf_counter() - t0
-            conv(out, last_step + 1, f.ts_start)
+            conv(out, last_step + 1, at)
         tick_until(ev.ts)
         if f is not None:
             step = f.step

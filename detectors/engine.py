@@ -352,6 +352,12 @@ class DetectorSuite:
         did not say at most ``max_s`` (:meth:`HangDetector.announce`)."""
         self.hang.announce(phase, ts, expected_s, after_step, max_s=max_s)
 
+    def wait_for_input(self, ts: float, after_step: int, *, max_s: float | None = None) -> None:
+        """The job's leader has waited for the input of the step after ``after_step``
+        since event time ``ts``: the hang clock allows that step a slower pace
+        (:meth:`HangDetector.waiting`)."""
+        self.hang.waiting(ts, after_step, max_s=max_s)
+
     def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]:
         """Resolve every open episode (of ``node``, if given) at event time ``ts``,
         saying ``why`` (the job ended or was abandoned, the node left the job);

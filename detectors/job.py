@@ -135,6 +135,7 @@ class Detectors(Protocol):
         *,
         max_s: float | None = None,
     ) -> None: ...
+    def wait_for_input(self, ts: float, after_step: int, *, max_s: float | None = None) -> None: ...
     def close(self, why: str, ts: float, node: str | None = None) -> list[Alert]: ...
 
 
@@ -334,8 +335,11 @@ class JobDetection:
         if self.ended is not None:
             return []
         verdict = self.guard.on_event(event, self.now, self.last_step)
-        if verdict.phase is not None:  # STEPGUARD_MAX_PHASE_S bounds an unsaid length too
-            self.suite.announce_phase(*verdict.phase, max_s=self.guard.limits.max_phase_s)
+        max_s = self.guard.limits.max_phase_s  # it bounds an unsaid length too
+        if verdict.phase is not None:
+            self.suite.announce_phase(*verdict.phase, max_s=max_s)
+        if verdict.wait is not None:
+            self.suite.wait_for_input(*verdict.wait, max_s=max_s)
         return verdict.alerts
 
     @property

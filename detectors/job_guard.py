@@ -14,7 +14,10 @@ the detection core (:class:`~detectors.job.JobDetection`):
   pending end is confirmed ``end_confirm_s`` of event time later.
 - **Phase.** The allowance is cut to ``max_phase_s``; a phase whose step is more than
   ``max_phase_lead_steps`` beyond the job's last step is refused.
-- **Time.** An end or phase dated more than ``max_lead_s`` ahead of the job's event
+- **Wait.** A wait for input gives the step after its own one allowance
+  (:meth:`~detectors.hang.HangDetector.waiting`), under the phase's rules of step and
+  time; one that names no step says nothing of the step in progress and is ignored.
+- **Time.** An end, phase or wait dated more than ``max_lead_s`` ahead of the job's event
   time is taken as of that time.
 - **Members.** The job's nodes are those seen in its steps or declared by its start
   event (bounded by ``max_nodes``); a health report of any other node is not judged
@@ -111,10 +114,12 @@ class PendingEnd:
 @dataclass(slots=True)
 class Verdict:
     """What a lifecycle event may do: the anomalies it raised, and for an accepted
-    phase its allowance (``phase``, event time, expected seconds, step)."""
+    phase its allowance (``phase``, event time, expected seconds, step), for an
+    accepted wait for input its start (``wait``, event time, the step it follows)."""
 
     alerts: list[Alert] = field(default_factory=list)
     phase: tuple[str, float, float | None, int | None] | None = None
+    wait: tuple[float, int] | None = None
 
 
 class JobGuard:
@@ -203,14 +208,18 @@ class JobGuard:
             out.alerts += self.anomaly(what, ahead, "seconds_ahead", why, now, last_step)
             ts = now
         at = now if now is not None else ts
+        step = event.step
+        if event.kind in (JobEventKind.PHASE, JobEventKind.WAIT) and (
+            step is not None and last_step >= 0 and step > last_step + lim.max_phase_lead_steps
+        ):
+            why = f"{what} after step {step} while the job completed step {last_step}: refused"
+            out.alerts += self.anomaly(what, step - last_step, "steps_ahead", why, at, last_step)
+            return out
+        if event.kind is JobEventKind.WAIT:
+            if step is not None:  # one with no step says nothing of the step in progress
+                out.wait = (ts, step)
+            return out
         if event.kind is JobEventKind.PHASE and event.phase is not None:
-            step = event.step
-            if step is not None and last_step >= 0 and step > last_step + lim.max_phase_lead_steps:
-                why = f"phase after step {step} while the job completed step {last_step}: refused"
-                out.alerts += self.anomaly(
-                    what, step - last_step, "steps_ahead", why, at, last_step
-                )
-                return out
             expected = event.expected_s
             if expected is not None and expected > lim.max_phase_s:
                 why = f"phase of {expected:.0f}s cut to STEPGUARD_MAX_PHASE_S={lim.max_phase_s:.0f}"

@@ -48,6 +48,9 @@ NodeName = Annotated[str, Field(min_length=1, max_length=256)]
 class JobEventKind(StrEnum):
     START = "start"  #: the job (or one of its processes) started
     PHASE = "phase"  #: a long phase begins now (checkpoint save, evaluation)
+    #: the job's leader has waited for its next batch since ``ts`` (the data loader, the
+    #: storage behind it), after completing ``step``: the job is slower, not hung
+    WAIT = "wait"
     END = "end"  #: the job ended, for ``reason``
 
 

@@ -56,14 +56,22 @@ class HangDetector:
       completed step ends the announcement and records its duration
       (:class:`~detectors.steps.long_steps.AnnouncedPhases`).
 
+    - **Waits for input** (:meth:`waiting`): the job's leader says it has been waiting
+      for its next batch (the data loader, the storage behind it) since a time, while
+      the next step is in progress. A job whose input stalls is slower, not hung in its
+      collectives: the silence is allowed ``wait_steps`` median step times from the
+      wait's start before it counts, and the allowance climbs from there (the wait may
+      be a storage that never answers, see :meth:`graded`).
+
     While such a step is due (the step after :attr:`last_step` is at a learned
-    position, or a phase is announced), the job may stay silent for ``long_margin``
-    times its typical or expected duration (but never less than ``factor`` median
-    step times) before the score reaches ``factor``. :attr:`expected_step_time` is
-    that allowance divided by ``factor``, so the score keeps its scale: elapsed time
-    over the median step time whenever no long step is due, exactly as before. The
-    price: a hang that starts right where a long step is due is flagged after
-    ``long_margin`` x its typical duration instead of ``factor`` median step times.
+    position, a phase is announced, or the job waits for input), the job may stay
+    silent for ``long_margin`` times its typical or expected duration (but never less
+    than ``factor`` median step times) before the score reaches ``factor``.
+    :attr:`expected_step_time` is that allowance divided by ``factor``, so the score
+    keeps its scale: elapsed time over the median step time whenever no long step is
+    due, exactly as before. The price: a hang that starts right where a long step is
+    due is flagged after ``long_margin`` x its typical duration instead of ``factor``
+    median step times.
 
     A long step nothing explained tells that the job may have slowed down (a storage
     stall, a throttled cluster): the step after it may take as long, within
@@ -104,6 +112,10 @@ class HangDetector:
         step time, and a first save of a fast job at scale takes minutes. Overrunning
         it is no proof of a hang: the silence climbs from WARNING (see
         :meth:`graded`).
+    wait_steps
+        Median step times a step whose input the job waits for may take, counted from
+        the wait's start (10; with ``long_margin`` 1.5 the job may then stay silent for
+        15 median step times after it), at most the operator's ``max_s``.
     max_periods
         Periods (candidates included) kept at once; a new candidate replaces the
         oldest unconfirmed one when the table is full.
@@ -161,6 +173,7 @@ class HangDetector:
         tolerance: int = 1,
         phase_steps: float = 20.0,
         phase_floor_s: float = 120.0,
+        wait_steps: float = 10.0,
         max_periods: int = 8,
         critical_factor: float | None = None,
     ) -> None:
@@ -178,6 +191,7 @@ class HangDetector:
         check_positive("phase_steps", phase_steps)
         if not (math.isfinite(phase_floor_s) and phase_floor_s >= 0):
             raise ValueError(f"phase_floor_s must be >= 0, got {phase_floor_s!r}")
+        check_positive("wait_steps", wait_steps)
         if max_periods < 1:
             raise ValueError(f"max_periods must be >= 1, got {max_periods!r}")
         critical = factor if critical_factor is None else critical_factor
@@ -192,6 +206,7 @@ class HangDetector:
         self.tolerance = tolerance
         self.phase_steps = phase_steps
         self.phase_floor_s = phase_floor_s
+        self.wait_steps = wait_steps
         self.max_periods = max_periods
         self._intervals = np.zeros(window)
         self._count = 0
@@ -280,6 +295,15 @@ class HangDetector:
             allowance = min(self.long_margin * self._slow_s, self.critical_factor * med)
             what = f"the last step took {self._slow_s:.1f}s, so the next one may take"
             found.append((allowance, self._slow_s, what, False))
+        wait = self._waits.get(self.last_step) if self.last_step is not None else None
+        if wait is not None and self.last_ts is not None:
+            budget = self.wait_steps * med
+            if self._wait_max_s is not None:
+                budget = min(budget, self._wait_max_s)
+            since = wait - self.last_ts  # below 0 for a wait said before the step came
+            what = "allowed for a step whose input the job waits for"
+            allowance = since + self.long_margin * budget
+            found.append((allowance, max(0.0, since + budget), what, False))
         if self.phase is not None and self.last_ts is not None:
             expected = self._phases.expected_s()
             unknown = max(self.phase_steps * med, self.phase_floor_s)
@@ -331,6 +355,45 @@ class HangDetector:
                 return
         self._phases.announce(phase, ts, expected_s, after_step)
         self._phase_max_s = max_s
+
+    #: steps ahead of the last completed one a wait for input may be for (its leader's
+    #: step count runs ahead of the steps assembled here)
+    WAIT_LEAD_STEPS = 16
+
+    def waiting(self, ts: float, after_step: int, *, max_s: float | None = None) -> None:
+        """The job's leader has waited for the input of the step after ``after_step``
+        since event time ``ts`` (its data loader, the storage behind it): until that
+        step completes, the silence is allowed ``wait_steps`` median step times from
+        ``ts`` (at most ``max_s``, the operator's ``STEPGUARD_MAX_PHASE_S``) before it
+        counts, climbing from there as an allowance it is unsure of (:meth:`graded`).
+
+        A wait for a step that completed already is ignored, and so is one more than
+        :attr:`WAIT_LEAD_STEPS` ahead of the last completed step. Each step gets one
+        allowance, from its earliest wait: a wait said again and again (a writer of
+        the topic that wants a hang hidden) never moves it.
+
+        >>> h = HangDetector(factor=2.5, min_steps=3)
+        >>> for step in range(10):
+        ...     h.learn_step(step, ts=float(step))
+        >>> h.waiting(9.2, after_step=9)  # step 10's batch is late
+        >>> h.score(9.0 + 5.0), h.score(9.0 + 15.2)  # 1.5 x 10 steps from 9.2 s
+        (0.82..., 2.5)
+        >>> h.waiting(14.0, after_step=9)  # said again: the allowance stays
+        >>> h.learn_step(10, ts=13.0)  # it came: the next step is judged as before
+        >>> h.score(13.0 + 2.5)
+        2.5
+        """
+        if max_s is not None:
+            check_positive("max_s", max_s)
+        last = self.last_step
+        if last is None or after_step < last or after_step > last + self.WAIT_LEAD_STEPS:
+            return
+        waits = self._waits
+        if waits is HangDetector._waits:  # state written before waits existed
+            waits = self._waits = {}
+        if after_step not in waits:
+            waits[after_step] = ts
+        self._wait_max_s = max_s
 
     #: long steps remembered for the CRITICAL ceiling of :meth:`graded`
     LONG_KEPT = 8
@@ -396,6 +459,13 @@ class HangDetector:
     #: :meth:`announce`); a class default for state written before it existed
     _phase_max_s: float | None = None
 
+    #: waits for input by the step they follow (event time each began), at most
+    #: ``WAIT_LEAD_STEPS + 1``; class defaults, so that state written before waits
+    #: existed reads them (:meth:`waiting` gives an instance its own map)
+    _waits: dict[int, float] = {}  # noqa: RUF012 - never written through the class
+    _wait_max_s: float | None = None
+    wait_steps: float = 10.0
+
     #: the last step's interval when it was long and nothing explained it: the next one
     #: may take as long (a job slowed down, on a storage stall, is still stepping);
     #: a class default, so that state written before it existed reads None
@@ -440,6 +510,7 @@ class HangDetector:
         self.last_ts = ts + max(grace_steps * med, min_s, learned)
         self._in_grace = True
         self._phases.cancel()
+        self._waits = {}
 
     def _of_the_old_run(self, step: int, ts: float, ts_start: float | None) -> bool:
         """Whether a step completing during a relaunch grace is a straggler of the run
@@ -483,6 +554,9 @@ class HangDetector:
             and interval >= self.long_ratio * med
         )
         explained = self._phases.end(ts, step)
+        if self._waits:  # a step whose input it waited for: slower, not a new pace
+            explained = self._waits.get(step - 1) is not None or explained
+            self._waits = {k: v for k, v in self._waits.items() if k >= step}
         if is_long and interval is not None:
             self.long_durations = (*self.long_durations[-(self.LONG_KEPT - 1) :], interval)
             isolated = not self._last_long

@@ -56,6 +56,7 @@ from typing import Any, Protocol
 
 from pipeline.client.batcher import WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
+from pipeline.client.waits import InputWait
 from pipeline.io.clockskew import FutureGate
 from pipeline.io.settings import ClientSettings
 from schemas import EndReason, JobEvent, JobEventKind, Phase
@@ -255,6 +256,12 @@ class StepExporter:
         self.run = run
         self._last_step: int | None = None
         self._events: collections.deque[JobEvent] = collections.deque(maxlen=1024)
+        self._input = InputWait()
+        #: the wait for input in progress: (since, after step, said yet)
+        self._wait: tuple[float, int | None, bool] | None = None
+        #: the steps whose wait was said lately (not learned into the pace); written by
+        #: the sender only, a set so that the training thread's lookups never iterate it
+        self._said: set[int] = set()
         if announce_start:
             self._event(JobEventKind.START)
         self._thread = threading.Thread(target=self._run, name="stepguard-exporter", daemon=True)
@@ -358,7 +365,27 @@ class StepExporter:
         )
         self._recorded += 1
         self._last_step = step
+        self._input.learn(step_time_s, said=step in self._said)
         return True
+
+    def waiting(self, since: float | None, after_step: int | None = None) -> None:
+        """The training loop waits for its next batch since ``since`` (epoch seconds)
+        after completing ``after_step``; None: the wait ended. The sender says so in one
+        ``wait`` event once the wait lasts as long as a step usually takes
+        (:class:`~pipeline.client.waits.InputWait`), so that a stalled input pipeline is
+        told from a hung job while it lasts. Call it on the job's leader only: every
+        rank waits for the slowest, so one voice is enough, and it costs nothing here."""
+        self._wait = None if since is None else (since, after_step, False)
+
+    def _say_wait(self) -> None:
+        wait, limit = self._wait, self._input.threshold_s()
+        if wait is None or wait[2] or limit is None or time.time() - wait[0] < limit:
+            return
+        self._wait = (wait[0], wait[1], True)
+        if wait[1] is not None:
+            self._said = {*sorted(self._said)[-15:], wait[1] + 1}
+        at = datetime.fromtimestamp(wait[0], UTC)
+        self._event(JobEventKind.WAIT, ts=at, step=wait[1])
 
     @contextmanager
     def phase(self, name: str, expected_s: float | None = None) -> Iterator[None]:
@@ -372,10 +399,9 @@ class StepExporter:
         yield
 
     def _event(self, kind: JobEventKind, **fields: Any) -> JobEvent:
-        event = JobEvent(
-            job_id=self.job_id, kind=kind, ts=datetime.now(UTC), step=self._last_step,
-            run=self.run, source=self.node, **fields,
-        )  # fmt: skip
+        fields.setdefault("ts", datetime.now(UTC))
+        fields.setdefault("step", self._last_step)
+        event = JobEvent(job_id=self.job_id, kind=kind, run=self.run, source=self.node, **fields)
         self._events.append(event)  # the sender thread publishes it
         return event
 
@@ -393,6 +419,7 @@ class StepExporter:
             try:
                 if batch:
                     self._transport.push(batch)
+                self._say_wait()
                 while self._events:
                     self._transport.event(self._events.popleft())
                 self._transport.poll(time.monotonic())

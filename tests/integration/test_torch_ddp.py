@@ -321,3 +321,42 @@ def test_one_process_without_a_process_group_publishes_its_measured_steps(settin
     (rank,) = got[-1].samples
     assert got[-1].node == "node-x" and rank.rank == 0 and rank.dp_group == 0
     assert rank.compute_s > 0 and rank.comm_wait_s == 0 and rank.step_time_s >= rank.compute_s
+
+
+def test_the_leaders_long_wait_for_a_batch_is_said_while_it_lasts(settings):
+    """A stalled input pipeline is told from a hung job while it lasts: the job's
+    leader waits for its tenth batch, and the loader gives it only once the ``wait``
+    event (after step 8, dated at the wait's start) is on the lifecycle topic."""
+    from pipeline.client.pytorch import watch
+
+    job = f"wait-{uuid.uuid4().hex[:6]}"
+    guard = watch(commands=False, settings=settings, env={"STEPGUARD_JOB_ID": job,
+                                                          "STEPGUARD_NODE": "node-x"})  # fmt: skip
+    consumer = make_consumer(settings, [registry_of(settings).name("lifecycle")], None)
+    said: list[JobEvent] = []
+    waited_from: list[float] = []
+
+    def batches() -> Iterator[torch.Tensor]:
+        a = torch.randn(64, 64)
+        for i in range(12):
+            if i == 9:  # the storage stalls: the batch comes once the stall is said
+                waited_from.append(time.time())
+                deadline = time.monotonic() + 60
+                while not said and time.monotonic() < deadline:
+                    for records in consumer.poll(timeout_ms=300).values():
+                        events = [decode(JobEvent, r.value) for r in records]
+                        said.extend(
+                            e for e in events if isinstance(e, JobEvent)
+                            and e.job_id == job and e.kind is JobEventKind.WAIT
+                        )  # fmt: skip
+            yield a
+
+    try:
+        for _step, batch in guard.steps(batches(), total=12):
+            (batch @ batch).sum().item()
+        guard.close()
+    finally:
+        consumer.close()
+    assert len(said) == 1, said
+    assert said[0].step == 8 and said[0].source == "node-x", said[0]
+    assert abs(said[0].ts.timestamp() - waited_from[0]) < 0.5, (said[0].ts, waited_from)

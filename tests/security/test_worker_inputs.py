@@ -381,6 +381,28 @@ def test_phases_announced_over_and_over_cannot_hide_a_hang():
     assert Grade.CRITICAL in [a.grade for a in firing]
 
 
+def test_waits_for_input_said_over_and_over_cannot_hide_a_hang():
+    """Threat: a job's lifecycle writer says ``wait`` (its leader waits for input)
+    every 5 s, for this step and every step ahead it may name, while no step
+    completes. Each step gets one allowance from its earliest wait: the hang is
+    flagged within 1.5 x 10 median steps of the first, and climbs to CRITICAL."""
+    clock = Clock()
+    core = worker(clock)
+    feed(core, range(30))
+    start = T0 + timedelta(seconds=STEP_S * 31)
+    hangs: list = []
+    for i in range(40):  # 200 s of silence, a wait said again every 5 s
+        for after in range(29, 29 + 20):
+            event = _lifecycle(JobEventKind.WAIT, start + timedelta(seconds=5 * i), step=after)
+            core.handle_job_record(0, 10 + i, b"j", event, "lifecycle", token=(i, after))
+        hangs += _ticks(core, clock, 5, offset=1000 + 5 * i)
+    firing = [a for a in hangs if a.kind is AlertKind.HANG and a.state is AlertState.FIRING]
+    assert firing, "no hang in 200 s of silence said to wait for input"
+    first = min(a.ts for a in firing)
+    assert first - start <= timedelta(seconds=1.5 * 10 * STEP_S + 2)
+    assert Grade.CRITICAL in [a.grade for a in firing]
+
+
 @pytest.mark.parametrize(("max_phase_s", "hung"), [(30.0, True), (3600.0, False)])
 def test_the_operators_max_phase_also_bounds_a_phase_that_says_no_length(max_phase_s, hung):
     """A phase announced without a length is allowed 1.5 x 120 s (phase_floor_s) before

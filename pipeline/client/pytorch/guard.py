@@ -212,6 +212,7 @@ class TorchGuard:
         self._pending: deque[_Pending] = deque()
         self._data_wait = 0.0
         self._fetch_start: float | None = None
+        self._last_step: int | None = None  # the step last begun (a wait follows it)
         self._note: dict[str, Any] = {}
         self._phase = "train"
         self._swaps: dict[str, str] = {}
@@ -262,6 +263,17 @@ class TorchGuard:
         model.register_comm_hook(state, timed_hook(self.comm, hook))
 
     # -- the training loop -------------------------------------------------------------
+    def fetching(self, since: float) -> None:
+        """The loop starts waiting for its next batch at ``since`` (a
+        ``time.perf_counter()``); :meth:`data_wait` ends the wait. On the job's leader a
+        wait that lasts as long as a step is said while it lasts (a ``wait`` event,
+        :meth:`StepExporter.waiting`), so that a stalled input pipeline is not taken
+        for a hung job. :meth:`loader` and the Lightning and Hugging Face callbacks call
+        it."""
+        if self.topology.is_job_leader:
+            wall = time.time() - max(0.0, time.perf_counter() - since)
+            self.exporter.waiting(wall, self._last_step)
+
     def data_wait(self, seconds: float, *, since: float | None = None) -> None:
         """Count ``seconds`` the loop waited for data as the next step's data wait;
         ``since``: the ``time.perf_counter()`` at which the first such wait began (the
@@ -269,6 +281,8 @@ class TorchGuard:
         if self._fetch_start is None:
             self._fetch_start = since
         self._data_wait += max(0.0, seconds)
+        if self.topology.is_job_leader:
+            self.exporter.waiting(None)
 
     def loader(self, iterable: Iterable[T]) -> Iterator[T]:
         """``iterable`` with the time spent waiting for each item counted as data wait
@@ -278,9 +292,11 @@ class TorchGuard:
             t0 = time.perf_counter()
             if self._fetch_start is None:
                 self._fetch_start = t0
+            self.fetching(t0)
             try:
                 item = next(it)
             except StopIteration:
+                self.data_wait(0.0)
                 return
             self.data_wait(time.perf_counter() - t0, since=t0)
             yield item
@@ -309,6 +325,7 @@ class TorchGuard:
         through :meth:`loader`, else from here."""
         t0 = time.perf_counter()
         fetch = self._fetch_start if self._fetch_start is not None else t0
+        self._last_step = step
         self.comm.reset()
         self.clock.start()
         yield

@@ -117,7 +117,7 @@ class StepguardCallback(TrainerCallback):
             clock=CudaClock() if cuda else None, settings=self._settings, env=self._env,
         )  # fmt: skip
         self.hooked = ddp is not None
-        self._mark = time.perf_counter()
+        self._begin_wait()
 
     def _save(self, step: int) -> str:
         """CHECKPOINT and the save before a relaunch: the Trainer's own, after this step."""
@@ -126,9 +126,15 @@ class StepguardCallback(TrainerCallback):
         self._save_asked = True
         return f"the trainer saves its checkpoint after step {step}"
 
+    def _begin_wait(self) -> None:
+        """From here until the next step begins, the Trainer fetches its batch."""
+        self._mark = time.perf_counter()
+        if self.guard is not None:
+            self.guard.fetching(self._mark)
+
     # -- what is not data wait ---------------------------------------------------------
     def _restart_wait(self, *_: Any, **__: Any) -> None:
-        self._mark = time.perf_counter()
+        self._begin_wait()
 
     on_epoch_begin = on_log = on_evaluate = _restart_wait
 
@@ -139,7 +145,7 @@ class StepguardCallback(TrainerCallback):
         if self._relaunch is not None:  # its checkpoint is written: now leave
             relaunch, self._relaunch = self._relaunch, None
             raise relaunch
-        self._mark = time.perf_counter()
+        self._begin_wait()
 
     # -- the steps -----------------------------------------------------------------------
     def on_step_begin(
@@ -176,7 +182,7 @@ class StepguardCallback(TrainerCallback):
             return
         if stop:
             control.should_training_stop = True
-        self._mark = time.perf_counter()
+        self._begin_wait()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

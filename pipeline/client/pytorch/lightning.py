@@ -137,6 +137,8 @@ class StepguardCallback(pl.Callback):
 
         def on_before_fetch() -> None:
             self._fetch_t0 = time.perf_counter()
+            if self.guard is not None:
+                self.guard.fetching(self._fetch_t0)
             before()
 
         def on_after_fetch() -> None:

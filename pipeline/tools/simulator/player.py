@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
 from pipeline.io.settings import Settings
 from pipeline.tools.simulator import Scenario, SimulatedJob
-from pipeline.tools.simulator.announce import job_event, phase_announcement
-from schemas import EndReason, JobEventKind
+from pipeline.tools.simulator.announce import InputWaits, job_event, phase_announcement
+from schemas import EndReason, JobEvent, JobEventKind
 
 __all__ = ["PlayStats", "play"]
 
@@ -69,13 +69,19 @@ def play(
             publish(producer, registry, "lifecycle", start)
         last_ts, last_step, stopped = start_ts, 0, False
         sim = job if job is not None else SimulatedJob(scenario)
+        waits = InputWaits(scenario)
         for ev in sim.events():
-            ann = None
+            said: list[tuple[float, JobEvent]] = []
             if announce_phases and ev.frame is not None:
                 ann = phase_announcement(scenario, ev.frame, last_step)
-            if ann is not None and ev.frame is not None:
-                _wait(t0, ev.frame.ts_start - start_ts, speed)
-                publish(producer, registry, "lifecycle", ann)
+                if ann is not None:
+                    said.append((ev.frame.ts_start, ann))
+                wait = waits.during(ev.frame, last_step)
+                if wait is not None:
+                    said.append(wait)
+            for at, event in said:  # while the step runs, as the client says them
+                _wait(t0, at - start_ts, speed)
+                publish(producer, registry, "lifecycle", event)
                 producer.flush()
             _wait(t0, ev.ts - start_ts, speed)
             if ev.frame is not None:

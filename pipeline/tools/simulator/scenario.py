@@ -328,8 +328,10 @@ class Scenario(BaseModel):
         default=True,
         description="The job announces each checkpoint save and eval when it starts, as "
         "the client's hooks do (StepExporter.phase, the PyTorch guard's checkpoint and "
-        "phase, the Lightning and HF callbacks). False: a job that saves without "
-        "saying so, whose first save reads as a hang for as long as it lasts.",
+        "phase, the Lightning and HF callbacks), and its leader says its waits for "
+        "input that last a step (the guard's loader, InputWait). False: a job that "
+        "saves without saying so, whose first save reads as a hang for as long as it "
+        "lasts.",
     )
     checkpoint_growth: NonNegativeFloat = Field(
         default=0.0,

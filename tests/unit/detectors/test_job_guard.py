@@ -94,6 +94,27 @@ def test_a_phase_far_beyond_the_jobs_progress_is_refused() -> None:
     assert firing(det.tick(det.now + 10 * STEP_S), AlertKind.HANG)  # no allowance given
 
 
+def test_a_wait_for_input_gives_the_next_step_a_slower_pace_and_no_more() -> None:
+    """Issue 23: the leader's ``wait`` (its data loader stalls) allows the step in
+    progress 1.5 x 10 median steps from the wait's start, not a hang at 2.5."""
+    det = JobDetection("job")
+    warm(det, 30)
+    start = det.now
+    assert det.on_lifecycle(lifecycle(JobEventKind.WAIT, start, step=29)) == []
+    assert not firing(det.tick(start + 10 * STEP_S), AlertKind.HANG)
+    assert firing(det.tick(start + 16 * STEP_S), AlertKind.HANG)
+
+
+def test_a_wait_far_beyond_the_jobs_progress_or_naming_no_step_gives_nothing() -> None:
+    det = JobDetection("job")
+    warm(det, 30)
+    far = lifecycle(JobEventKind.WAIT, det.now, step=10**15)
+    refused = _lifecycle_alerts(det.on_lifecycle(far))
+    assert refused and "refused" in refused[0].summary
+    assert det.on_lifecycle(lifecycle(JobEventKind.WAIT, det.now)) == []  # no step
+    assert firing(det.tick(det.now + 4 * STEP_S), AlertKind.HANG)
+
+
 def test_anomalies_are_one_episode_per_kind_resolved_when_the_job_ends() -> None:
     det = JobDetection("job", limits=LifecycleLimits(max_phase_s=5.0, end_confirm_s=10.0))
     warm(det, 30)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -238,3 +240,62 @@ def test_export_health_dry_run_prints_json(capsys):
     assert code == 0
     report = NodeHealth.model_validate_json(capsys.readouterr().out)
     assert report.node == "n1" and len(report.gpus) == 2
+
+
+class _Events:
+    """A transport that keeps the events it is handed."""
+
+    def __init__(self) -> None:
+        self.events: list[JobEvent] = []
+        self.said = threading.Event()
+
+    def push(self, records) -> None: ...
+    def poll(self, now) -> None: ...
+    def drain(self, timeout) -> None: ...
+    def close(self, timeout) -> None: ...
+    def counts(self):
+        return 0, 0, 0
+
+    def event(self, event: JobEvent) -> None:
+        self.events.append(event)
+        if event.kind.value == "wait":
+            self.said.set()
+
+
+def _paced(transport: _Events, step_s: float) -> StepExporter:
+    exporter = StepExporter(
+        transport, job_id="j", node="n0", register_atexit=False, announce_start=False
+    )
+    for step in range(8):
+        exporter.record_step(step, 0, step_time_s=step_s, compute_s=step_s, comm_wait_s=0.0)
+    return exporter
+
+
+def test_a_wait_for_input_that_lasts_a_step_is_said_once_dated_at_its_start():
+    transport = _Events()
+    exporter = _paced(transport, step_s=0.2)
+    since = time.time() - 1.0  # waiting for a second already: five step times
+    exporter.waiting(since, after_step=7)
+    assert transport.said.wait(10), "the wait was never said"
+    exporter.waiting(None)
+    exporter.close(timeout=5)
+    waits = [e for e in transport.events if e.kind.value == "wait"]
+    assert [(e.step, e.source) for e in waits] == [(7, "n0")]
+    assert abs(waits[0].ts.timestamp() - since) < 1e-3
+    # the waited step is not the rank's pace: the next wait is judged on 0.2 s steps
+    exporter2 = _paced(_Events(), step_s=0.2)
+    exporter2._said = {8}
+    for _ in range(40):
+        exporter2.record_step(8, 0, step_time_s=5.0, compute_s=0.2, comm_wait_s=0.0)
+    assert exporter2._input.threshold_s() == pytest.approx(0.2)
+    exporter2.close(timeout=5)
+
+
+def test_a_wait_shorter_than_a_step_is_not_said():
+    transport = _Events()
+    exporter = _paced(transport, step_s=30.0)
+    exporter.waiting(time.time(), after_step=7)
+    exporter.waiting(None)  # the batch came
+    exporter.flush()
+    exporter.close(timeout=5)
+    assert [e.kind.value for e in transport.events] == ["end"]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from pipeline.tools.simulator import Scenario, simulate
-from schemas import FaultKind
+from pipeline.tools.simulator.announce import InputWaits
+from schemas import FaultKind, JobEventKind
 
 
 def sc(**kw):
@@ -132,3 +133,26 @@ def test_a_slow_onset_divergence_drifts_without_a_jump():
     assert loss[100] / clean[100] == pytest.approx(1.5, abs=0.05)  # but it drifted by half
     assert loss[70] / clean[70] == pytest.approx(1.25, abs=0.05)  # along its ramp
     assert all(np.isfinite(loss))
+
+
+def test_the_leader_says_its_waits_for_input_as_the_client_does():
+    """A storage stall of every rank is said at each of its steps (dated at the step's
+    start, after the step before); a stall of one other rank, or none, says nothing."""
+    storage = sc(steps=80, faults=[{"kind": "cluster_slowdown", "variant": "storage",
+                                    "onset_step": 40, "duration_steps": 10,
+                                    "magnitude": 2.0}])  # fmt: skip
+    waits = InputWaits(storage)
+    said, last = [], 0
+    for f in frames(storage):
+        got = waits.during(f, last)
+        if got is not None:
+            at, event = got
+            assert event.kind is JobEventKind.WAIT and event.step == last
+            assert event.ts.timestamp() == pytest.approx(f.ts_start, abs=1e-5)
+            assert f.ts_start < at < f.ts
+            said.append(f.step)
+        last = f.step
+    assert said == list(range(40, 50))
+    calm = sc(steps=80)
+    quiet = InputWaits(calm)
+    assert [f.step for f in frames(calm) if quiet.during(f, max(f.step - 1, 0))] == []
