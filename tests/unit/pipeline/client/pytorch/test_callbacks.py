@@ -56,10 +56,14 @@ class FakeGuard:
         self.closed: list[Any] = []
         self.hooked: list[Any] = []
         self.phases: list[str] = []
+        self.fetches: list[float] = []  # the perf_counter at which each fetch began
         self.comm = object()
 
     def register_comm_hook(self, model: Any, *_: Any) -> None:
         self.hooked.append(model)
+
+    def fetching(self, since: float) -> None:
+        self.fetches.append(since)
 
     def data_wait(self, seconds: float, *, since: float | None = None) -> None:
         self.pending_wait += seconds
@@ -149,6 +153,8 @@ def test_lightning_measures_each_batch_with_its_fetch_as_data_wait(monkeypatch, 
     assert guard.steps == guard.boundaries == [0, 1, 2, 3, 4, 5]
     # every batch after the first (prefetched at setup) waited for one fetch
     assert all(w >= FETCH_S * 0.9 for w in guard.waits[1:]), guard.waits
+    # each of those fetches was said as it began, so a long one is said while it lasts
+    assert len(guard.fetches) >= 5 and guard.fetches == sorted(guard.fetches)
     assert len(guard.losses) == 6 and guard.closed == [EndReason.COMPLETED]
 
 
@@ -205,6 +211,7 @@ def test_hf_measures_each_optimizer_step_with_its_batch_fetch_as_data_wait(monke
     (guard,) = made
     assert guard.steps == guard.boundaries == [0, 1, 2, 3, 4]
     assert all(w >= FETCH_S * 0.9 for w in guard.waits[1:]), guard.waits
+    assert len(guard.fetches) >= 4 and guard.fetches == sorted(guard.fetches)
     assert guard.closed == [EndReason.COMPLETED]
 
 
