@@ -26,6 +26,7 @@ variables such as ``BROKER_URL`` never change the worker behind our back.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -33,7 +34,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -41,6 +42,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.admin import ConfigResource, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+from mode.services import WaitResults
 
 from detectors.job_guard import LifecycleLimits
 from pipeline.io.detector_config import load_detector_config
@@ -50,6 +52,7 @@ from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, sign, signing_key
 from pipeline.services.worker.control import ControlReader, DetectorControl
 from pipeline.services.worker.current import make_current
+from pipeline.services.worker.eager import eager_first
 from pipeline.services.worker.metrics import WorkerMetrics
 from pipeline.services.worker.records import CoreTopics, Forward, Handled
 from pipeline.services.worker.seal import Seal, derive_key
@@ -538,10 +541,22 @@ class _LowLatencyConsumerThread(AIOKafkaConsumerThread):
 
 
 class _LowLatencyConsumer(AIOKafkaConsumer):
-    """Faust's aiokafka consumer with a short fetch wait (see ``FETCH_MAX_WAIT_MS``)."""
+    """Faust's aiokafka consumer with a short fetch wait (see ``FETCH_MAX_WAIT_MS``),
+    handing each record to its stream without a task when the stream has room for it
+    (:mod:`pipeline.services.worker.eager`)."""
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _LowLatencyConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        won = await eager_first(super().wait_first, self._won, *coros, timeout=timeout)
+        await asyncio.sleep(0)  # the streams run between records, as they did in the race
+        return cast(WaitResults, won)
+
+    def _won(self, coro: Any, value: Any) -> WaitResults:
+        if self._stopped.is_set() or self._crashed.is_set():
+            return WaitResults([], [], True)  # as mode answers once stopped
+        return WaitResults([coro], [value], False)
 
 
 def _header(headers: Any, name: str) -> str:
