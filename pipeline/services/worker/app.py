@@ -26,7 +26,6 @@ variables such as ``BROKER_URL`` never change the worker behind our back.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -50,6 +49,7 @@ from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import client_config, consumer_config, create_topics, registry_of
 from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, sign, signing_key
+from pipeline.services.worker.bulk import AckLines, StepBatch, grouped
 from pipeline.services.worker.control import ControlReader, DetectorControl
 from pipeline.services.worker.current import make_current
 from pipeline.services.worker.eager import eager_first
@@ -232,7 +232,6 @@ def build_app(
     # Faust's consumer long-polls 1.5 s: a partition left out of the fetch in flight
     # (it still had buffered records when the fetch went out) waits that long for new
     # data, which was most of a step's latency at 16k ranks (p50 0.6 s, p99 1.5 s)
-    app.transport.Consumer = _LowLatencyConsumer
     metrics = metrics or WorkerMetrics()
     registry = registry_of(settings)
     names = CoreTopics(
@@ -240,6 +239,11 @@ def build_app(
         jobs=jobs_topic_name(settings), commands=registry.name("commands"),
         lifecycle=registry.name("lifecycle"), results=registry.name("results"),
     )  # fmt: skip
+    # ... and it hands the steps topic to the job agent a fetch per partition at a time
+    # (pipeline.services.worker.bulk)
+    app.transport.Consumer = type(
+        "_StepsConsumer", (_LowLatencyConsumer,), {"bulk_topic": names.steps}
+    )
     core = WorkerDetection(
         names,
         n_partitions,
@@ -271,7 +275,9 @@ def build_app(
     )
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes,
                            "key_serializer": "raw", "value_serializer": "raw"}  # fmt: skip
-    job_inputs = app.topic(names.steps, names.jobs, **raw)
+    # a steps event is a whole fetch of a partition (up to consumer_max_fetch_size):
+    # a short queue bounds what waits in memory
+    job_inputs = app.topic(names.steps, names.jobs, maxsize=JOB_QUEUE_EVENTS, **raw)
     health_in = app.topic(names.health, **raw)
     commands_in = app.topic(names.commands, **raw)
     lifecycle_in = app.topic(names.lifecycle, **raw)
@@ -287,6 +293,7 @@ def build_app(
     table.key_serializer = table.value_serializer = "raw"
 
     last_read: dict[tuple[str, int], int] = {}
+    acks = AckLines()  # the steps partitions' batches, acked in offset order
 
     def load(job_id: str) -> bytes | None:
         blob: bytes | None = table.get(job_id.encode())
@@ -333,35 +340,65 @@ def build_app(
             headers=[(KIND_HEADER, kind)],
         )  # fmt: skip
 
-    async def handle(stream: Any, event: Any) -> None:
-        """One record of the steps or jobs topic; never raises (Faust would ack it)."""
+    async def settle(out: Handled) -> None:
+        """Act on what the core made of one record: send its alerts and dead letters,
+        write or delete the job's snapshot, ack the records the snapshot covers."""
+        if out.alerts or out.dead_letters or out.rank_steps:
+            await publish(out)
+        if out.tombstone and out.job_id is not None:
+            # the job ended: a tombstone in the compacted changelog
+            with contextlib.suppress(KeyError):
+                del table[out.job_id.encode()]
+        elif out.snapshot is not None and out.job_id is not None:
+            table[out.job_id.encode()] = out.snapshot
+            metrics.snapshots.inc()
+        for held in out.release:
+            held.ack()
+
+    async def handle(event: Any) -> None:
+        """One record of the jobs topic (or of the steps topic, when not in a batch);
+        never raises (Faust would ack it)."""
         msg = event.message
         started = time.perf_counter()
         make_current(event)  # the changelog partition of a table write (current.py)
         try:
-            if msg.topic == names.steps:
+            if msg.topic == names.steps:  # a consumer that does not group steps
                 out = core.handle_step(msg.partition, msg.offset, msg.key, msg.value, event, load)
             else:
                 kind = _header(msg.headers, KIND_HEADER)
                 out = core.handle_job_record(
                     msg.partition, msg.offset, msg.key, msg.value, kind, event, load
                 )
-            await publish(out)
-            if out.tombstone and out.job_id is not None:
-                # the job ended: a tombstone in the compacted changelog
-                with contextlib.suppress(KeyError):
-                    del table[out.job_id.encode()]
-            elif out.snapshot is not None and out.job_id is not None:
-                table[out.job_id.encode()] = out.snapshot
-                metrics.snapshots.inc()
-            for held in out.release:
-                held.ack()
+            await settle(out)
         except Exception:  # never let one record kill the agent (Faust acks it)
             log.exception("worker failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
             event.ack()
         records_of(msg.topic).inc()
         last_read[(msg.topic, msg.partition)] = msg.offset
         metrics.process_seconds.observe(time.perf_counter() - started)
+
+    async def handle_steps(event: Any) -> None:
+        """A fetch's records of one steps partition (:class:`StepBatch`), a record at a
+        time through the core; the batch is acked once a snapshot covers each of them
+        and every earlier batch of the partition is acked (:mod:`.bulk`)."""
+        batch: StepBatch = event.message
+        partition, records = batch.partition, batch.records
+        make_current(event)
+        ticket = acks.line(partition).open(event.ack, len(records))
+        observe = metrics.process_seconds.observe
+        for record in records:
+            started = time.perf_counter()
+            try:
+                out = core.handle_step(partition, record.offset, record.key, record.value,
+                                       ticket, load)  # fmt: skip
+                await settle(out)
+            except Exception:  # never let one record kill the agent
+                log.exception("worker failed on %s[%d]@%d", batch.topic, partition,
+                              record.offset)  # fmt: skip
+                ticket.ack()
+            observe(time.perf_counter() - started)
+        records_of(batch.topic).inc(len(records))
+        last_read[(batch.topic, partition)] = batch.offset
 
     @app.agent(job_inputs, name="stepguard.worker.jobs")
     async def jobs_agent(stream: Any) -> None:
@@ -373,7 +410,10 @@ def build_app(
             settings.worker_batch_max, within=settings.worker_batch_within_s
         ):
             for event in events:
-                await handle(stream, event)
+                if isinstance(event.message, StepBatch):
+                    await handle_steps(event)
+                else:
+                    await handle(event)
             metrics.jobs.set(len(core.jobs))
             for name, value in core.counts().items():
                 metrics.state_events.labels(name).set(value)
@@ -448,6 +488,7 @@ def build_app(
     async def on_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         dropped = core.drop_partitions({tp.partition for tp in revoked if tp.topic in
                                         (names.steps, names.jobs)})  # fmt: skip
+        acks.revoke(tp.partition for tp in revoked if tp.topic == names.steps)
         if dropped:
             log.info("rebalance: dropped %d cached jobs", dropped)
 
@@ -540,17 +581,41 @@ class _LowLatencyConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
+#: Events the job agent's queue holds before the consumer waits for room.
+JOB_QUEUE_EVENTS = 256
+
+
 class _LowLatencyConsumer(AIOKafkaConsumer):
     """Faust's aiokafka consumer with a short fetch wait (see ``FETCH_MAX_WAIT_MS``),
     handing each record to its stream without a task when the stream has room for it
-    (:mod:`pipeline.services.worker.eager`)."""
+    (:mod:`pipeline.services.worker.eager`), and the records of ``bulk_topic`` a fetch
+    per partition at a time (:mod:`pipeline.services.worker.bulk`)."""
+
+    #: the topic whose records are grouped into one StepBatch per partition and fetch
+    bulk_topic: str = ""
+
+    def _to_message(self, tp: Any, record: Any) -> Any:
+        if tp.topic == self.bulk_topic:
+            return record  # kept raw: getmany groups them
+        return super()._to_message(tp, record)
+
+    async def getmany(self, timeout: float) -> Any:
+        generation = self.app.consumer_generation_id
+        batches: dict[Any, list[Any]] = {}
+        async for tp, message in super().getmany(timeout):
+            if tp.topic == self.bulk_topic:
+                batches.setdefault(tp, []).append(message)
+            else:
+                yield tp, message
+        for tp, batch in grouped(batches, generation):
+            yield tp, batch
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _LowLatencyConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        # eager_first yields to the loop once: the streams run between records
         won = await eager_first(super().wait_first, self._won, *coros, timeout=timeout)
-        await asyncio.sleep(0)  # the streams run between records, as they did in the race
         return cast(WaitResults, won)
 
     def _won(self, coro: Any, value: Any) -> WaitResults:

@@ -62,8 +62,9 @@ async def eager_first(
 ) -> Any:
     """``wait_first(*coros, timeout=timeout)`` with its first argument, when a
     coroutine, run at once: if it returns before it would wait, ``done(coro, value)``
-    is the answer and the other coroutines are closed unstarted; if it raises, the
-    error propagates as ``wait_first`` would propagate it."""
+    is the answer and the other coroutines are closed unstarted (after one turn of the
+    loop, as the race would have given the others: a caller in a loop never starves
+    them); if it raises, the error propagates as ``wait_first`` would propagate it."""
     first = coros[0] if coros else None
     if timeout is not None or not asyncio.iscoroutine(first):
         return await wait_first(*coros, timeout=timeout)
@@ -73,5 +74,6 @@ async def eager_first(
         for other in coros[1:]:  # never started: closed, as the race would cancel them
             if asyncio.iscoroutine(other):
                 other.close()
+        await asyncio.sleep(0)
         return done(first, stop.value)
     return await wait_first(resumed(first, yielded), *coros[1:], timeout=timeout)
