@@ -47,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import environment, write_section  # noqa: E402
+from _common import cores_busy, environment, write_section  # noqa: E402
 from detector_throughput import bench_size  # noqa: E402
 
 from pipeline.agents.rack import merge_nodes  # noqa: E402
@@ -326,6 +326,14 @@ class WorkerProc:
                 "the figures would be meaningless"
             )
 
+    def cpu_s(self) -> float:
+        """CPU seconds the worker process has used (user + system)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def peak_rss_mb(self) -> float:
         try:
             status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -386,7 +394,8 @@ def bench_two_workers(
     the last, which any assignment of 8 partitions to two members splits), scored by
     one worker and then by two in one consumer group, the same records each time. The
     workers join and settle their assignment before any record is sent, so the rate is
-    the steady state, not the rebalance."""
+    the steady state, not the rebalance; it is measured while every worker still has
+    records to score (until the first is done with its job)."""
     n_parts = TOPICS["steps"].partitions
     jobs = [_job_on(0, n_parts, "bench-a"), _job_on(n_parts - 1, n_parts, "bench-b")]
     total = len(jobs) * (steps - 2) * nodes * 8
@@ -405,7 +414,8 @@ def bench_two_workers(
                     raise RuntimeError(f"{n} worker(s) never settled: partitions {owned}")
                 time.sleep(0.25)
             prefill(s, jobs, nodes, steps)
-            t_first = v_first = None
+            t_first = v_first = busy_first = None
+            cpu_first: list[float] = []
             v = 0.0
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -419,13 +429,28 @@ def bench_two_workers(
                 v = sum(per)
                 if v > 0 and t_first is None:
                     t_first, v_first = time.perf_counter(), v
-                if v >= total:
+                    busy_first, cpu_first = cores_busy(), [w.cpu_s() for w in workers]
+                # the window ends when a worker is done with its job: after that one
+                # of the two would be idle, which measures the jobs' ends, not scaling
+                if v >= total or (t_first is not None and max(per) >= total / n):
                     break
                 time.sleep(0.05)
-            if t_first is None or v_first is None or v < total:
+            if t_first is None or v_first is None or max(per) < total / n:
                 raise RuntimeError(f"{n} worker(s) scored {v} of {total} rank-steps")
-            out[f"workers_{n}_rank_steps_per_s"] = (v - v_first) / (time.perf_counter() - t_first)
+            elapsed = time.perf_counter() - t_first
+            out[f"workers_{n}_rank_steps_per_s"] = (v - v_first) / elapsed
             out[f"workers_{n}_shares"] = [round(x / v, 3) for x in per]
+            # what the machine had left: its cores busy (broker and load included) and
+            # the workers' own share of them, over the measured window
+            busy_last = cores_busy()
+            if busy_first is not None and busy_last is not None:
+                spent = busy_last[0] - busy_first[0]
+                out[f"workers_{n}_cores_busy"] = round(
+                    spent / (busy_last[1] - busy_first[1]) * (os.cpu_count() or 1), 2
+                )
+            out[f"workers_{n}_worker_cores"] = round(
+                sum(w.cpu_s() - c for w, c in zip(workers, cpu_first, strict=True)) / elapsed, 2
+            )
         finally:
             for w in workers:
                 w.stop()
@@ -526,13 +551,16 @@ def write_markdown(results: dict, path: Path) -> None:
     rack = r["worker_rank_steps_per_s_128k_rack"]
     node_big = r.get("worker_rank_steps_per_s_128k")
     one, two = r["workers_1_rank_steps_per_s"], r["workers_2_rank_steps_per_s"]
-    # seconds per rank-step: Faust's own (count only, 8 or 8 x rack ranks a record) and
-    # the core's without Faust (node messages at 128 nodes, rack messages)
-    faust_node = 1.0 / (r["faust_per_event_baseline_per_s"] * 8)
-    faust_rack = 1.0 / (r["faust_per_event_baseline_per_s"] * 8 * r["rack"])
+    # seconds per rank-step: the fetch (a bare consumer's, 8 or 8 x rack ranks a record)
+    # and the core's without Faust (node messages at 128 nodes, rack messages); the
+    # steps topic reaches the worker a fetch per partition at a time, so Faust's
+    # per-record path is not on it
+    fetch_node = 1.0 / bare_ranks
+    fetch_rack = 1.0 / (bare_ranks * r["rack"])
     core_node = 1.0 / r["core_rank_steps_per_s"]
     core_rack = 1.0 / r["core_rank_steps_per_s_rack"]
-    pred_node, pred_rack = 1.0 / (faust_node + core_node), 1.0 / (faust_rack + core_rack)
+    pred_node, pred_rack = 1.0 / (fetch_node + core_node), 1.0 / (fetch_rack + core_rack)
+    detect = 1.0 / r["detector_full_rank_steps_per_s"]
     env = r["environment"]
 
     def mark(good: bool) -> str:
@@ -559,6 +587,11 @@ def write_markdown(results: dict, path: Path) -> None:
         ("two workers on two partitions / one worker (2 jobs x 64 nodes x 8 ranks)",
          f"{two / one:.2f} ({two:,.0f} / {one:,.0f} rank-steps/s; shares "
          f"{', '.join(map(str, r['workers_2_shares']))})", ">= 1.7", mark(two / one >= 1.7)),
+        (f"cores busy of {os.cpu_count()} (whole machine) / the workers' own: one "
+         "worker; two workers",
+         f"{r.get('workers_1_cores_busy', '?')} / {r.get('workers_1_worker_cores', '?')}; "
+         f"{r.get('workers_2_cores_busy', '?')} / {r.get('workers_2_worker_cores', '?')}",
+         "", ""),
         ("worker peak RSS (MB): 1k-16k ranks / 131,072 ranks",
          f"{r['worker_peak_rss_mb']:.0f} / {r['worker_peak_rss_mb_128k']:.0f}", "", ""),
         ("baseline: bare aiokafka consumer (msgs/s; x 8 ranks)",
@@ -593,23 +626,30 @@ def write_markdown(results: dict, path: Path) -> None:
         "(every sender's message sent at that moment, pre-encoded so the load generator "
         "does not take the worker's CPU); it includes the producer, the broker, Faust, "
         "decoding, step assembly and detection. "
-        f"The worker handles {worker / 8:,.0f} node messages/s, "
-        f"{worker / 8 / r['faust_per_event_baseline_per_s']:.2f} x "
-        "the events/s of a Faust agent that only counts them on the same broker "
-        f"({r['faust_per_event_baseline_per_s']:,.0f}/s; a bare aiokafka consumer reads "
-        f"{r['bare_consumer_msgs_per_s']:,.0f}/s): Faust's per-record path, not detection, "
-        "bounds node-level messages; rack messages carry 8x the ranks per record.",
+        f"The worker handles {worker / 8:,.0f} node messages/s. A steps partition "
+        "reaches its job agent a fetch at a time (one Faust event per partition and "
+        "fetch, `pipeline/services/worker/bulk.py`), so Faust's per-record path is off "
+        "the steps: a Faust agent that only counts records manages "
+        f"{r['faust_per_event_baseline_per_s']:,.0f} events/s on the same broker, "
+        f"{worker / 8 / r['faust_per_event_baseline_per_s']:.2f} x fewer than the worker "
+        "scores. The jobs topic (health, commands, lifecycle, ticks) still goes a record "
+        "at a time.",
         "",
-        "Where the time goes: per record the worker spends what a count-only Faust agent "
-        "spends on it plus what its core spends without Faust (decode, assembly, "
+        "Where the time goes: per record the worker spends what a bare consumer spends "
+        "fetching it plus what its core spends without Faust (decode, assembly, "
         "detection, snapshots), one after the other on one core. Those two baselines "
         f"predict {pred_node:,.0f} rank-steps/s for node messages (measured "
         f"{worker:,.0f}, {worker / pred_node:.2f} of it) and {pred_rack:,.0f} for the "
         f"131,072-rank job in rack messages (measured {rack:,.0f}, {rack / pred_rack:.2f}): "
-        f"Faust's share is {faust_node / (faust_node + core_node):.0%} and "
-        f"{faust_rack / (faust_rack + core_rack):.0%}. One step a second at 131,072 ranks "
-        "needs both under a second together; the latency there grows with the backlog "
-        "whenever the worker scores slower than the job runs.",
+        f"the core's share is {core_node / (fetch_node + core_node):.0%} and "
+        f"{core_rack / (fetch_rack + core_rack):.0%}. Within the core on node messages, "
+        f"detection alone (the detector baseline, {detect * 1e6:.2f} µs a rank-step) "
+        f"is {detect / core_node:.0%} of its {core_node * 1e6:.2f} µs; 300,000 "
+        f"rank-steps/s leaves {1e6 / 300_000:.2f} µs a rank-step for everything, "
+        f"{1e6 / 300_000 / (detect * 1e6):.2f} x what detection alone takes at 1,024 "
+        "ranks. One step a second at 131,072 ranks needs fetch and core under a second "
+        "together; the latency there grows with the backlog whenever the worker scores "
+        "slower than the job runs.",
     ]
     write_section("pipeline_throughput", "\n".join(body), path)
 
@@ -643,8 +683,8 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument(
         "--batch-max", type=int, default=0,
-        help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one record per call, the "
-        "per-record path; 0: the default)",
+        help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one event per call; 0: "
+        "the default)",
     )  # fmt: skip
     args = ap.parse_args()
     if args.batch_max:

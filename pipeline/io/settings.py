@@ -331,7 +331,8 @@ class Settings(ClientSettings):
     worker_event_rate: float = Field(default=1.0, gt=0, le=1000)
     #: how often the hang timer ticks every owned job (wall seconds)
     worker_tick_interval_s: float = Field(default=1.0, gt=0)
-    #: the job agent reads up to this many records per call (Faust's noack_take) ...
+    #: the job agent reads up to this many events per call (Faust's noack_take; a steps
+    #: event is a whole fetch of one partition, a jobs-topic event one record) ...
     worker_batch_max: int = Field(default=1000, ge=1, le=100_000)
     #: ... waiting at most this long for a batch to fill (adds to a step's latency)
     worker_batch_within_s: float = Field(default=0.005, gt=0, le=1.0)
