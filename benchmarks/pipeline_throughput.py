@@ -213,6 +213,37 @@ def bench_core(nodes: int, steps: int, rack: int = 1) -> float:
     return scored / elapsed
 
 
+def bench_core_parts(nodes: int, steps: int) -> dict[str, float]:
+    """Microseconds per node message of each part of the core, on the same records
+    one part at a time: the fast decoder, the detection core's ``on_step`` (assembly,
+    the frame, the rank count, detection) on decoded records, and ``handle_step``
+    whole (both plus the worker's offsets, clock checks and snapshots)."""
+    from pipeline.io.fastdecode import decode_step
+    from pipeline.services.worker.state import CoreTopics, WorkerDetection
+
+    messages = NodeMessages("core-job", nodes)
+    t0 = time.time() - steps
+    values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
+    start = time.perf_counter()
+    decoded = [decode_step(v) for v in values]
+    decode_s = time.perf_counter() - start
+    if any(d is None for d in decoded):
+        raise RuntimeError("the fast decoder left benchmark records to pydantic")
+    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
+    detection = core.state("core-job", lambda _: None).detection
+    start = time.perf_counter()
+    for d in decoded:
+        detection.on_step(d)
+    on_step_s = time.perf_counter() - start
+    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
+    start = time.perf_counter()
+    for offset, value in enumerate(values):
+        core.handle_step(0, offset, b"core-job", value, token=None)
+    handle_s = time.perf_counter() - start
+    n = len(values) / 1e6
+    return {"decode_us": decode_s / n, "on_step_us": on_step_s / n, "handle_us": handle_s / n}
+
+
 # -- faust baseline --------------------------------------------------------------------
 FAUST_BASELINE = r"""
 import os, sys, time, faust
@@ -601,6 +632,10 @@ def write_markdown(results: dict, path: Path) -> None:
         ("baseline: the worker's core without Faust, one core (node / rack messages)",
          f"{r['core_rank_steps_per_s']:,.0f} / {r['core_rank_steps_per_s_rack']:,.0f}",
          "", ""),
+        ("the core per node message of 8 ranks (µs): decode / detection core's on_step "
+         "(assembly, frame, rank count, detection) / handle_step whole",
+         " / ".join(f"{r['core_parts_us'][k]:.1f}" for k in ("decode_us", "on_step_us",
+                                                              "handle_us")), "", ""),
         ("baseline: Faust agent, count only (events/s)",
          f"{r['faust_per_event_baseline_per_s']:,.0f}", "", ""),
     ]  # fmt: skip
@@ -647,9 +682,11 @@ def write_markdown(results: dict, path: Path) -> None:
         f"is {detect / core_node:.0%} of its {core_node * 1e6:.2f} µs; 300,000 "
         f"rank-steps/s leaves {1e6 / 300_000:.2f} µs a rank-step for everything, "
         f"{1e6 / 300_000 / (detect * 1e6):.2f} x what detection alone takes at 1,024 "
-        "ranks. One step a second at 131,072 ranks needs fetch and core under a second "
-        "together; the latency there grows with the backlog whenever the worker scores "
-        "slower than the job runs.",
+        f"ranks, so {8e6 / 300_000 - 8e6 * detect:.1f} µs a node message for the fetch, "
+        "decode, assembly and the worker's bookkeeping, which take "
+        f"{8e6 / worker - 8e6 * detect:.1f} µs in this run. One step a second at 131,072 "
+        "ranks needs fetch and core under a second together; the latency there grows "
+        "with the backlog whenever the worker scores slower than the job runs.",
     ]
     write_section("pipeline_throughput", "\n".join(body), path)
 
@@ -713,6 +750,7 @@ def main() -> None:
         results["detector_full_rank_steps_per_s"] = bench_size(1024, 2.0)["full"]
         results["core_rank_steps_per_s"] = bench_core(128, 60)
         results["core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=args.rack)
+        results["core_parts_us"] = bench_core_parts(128, 60)
         print("exporter hook ...", flush=True)
         results["exporter_call_us"] = bench_exporter(fresh(base), calls)
         print("worker throughput ...", flush=True)
