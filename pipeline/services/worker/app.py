@@ -581,8 +581,12 @@ class _LowLatencyConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
-#: Events the job agent's queue holds before the consumer waits for room.
-JOB_QUEUE_EVENTS = 256
+#: Events the job agent's queue holds before the consumer waits for room. A steps event
+#: is a whole fetch of a partition, so this bounds the steps waiting in memory to 32
+#: fetches (Faust's default, 4,096, would allow 4,096). Measured at 16,384 nodes x 14
+#: steps on Apache Kafka: 175,395 rank-steps/s and 673 MB peak with 32, 182,677 and
+#: 695 MB with 256.
+JOB_QUEUE_EVENTS = 32
 
 
 class _LowLatencyConsumer(AIOKafkaConsumer):
