@@ -29,6 +29,8 @@ from pipeline.io.kafka import create_topics, make_consumer, make_producer, publi
 from pipeline.io.settings import Settings, load_settings
 from pipeline.io.trust import sign, signature_problem
 from pipeline.services.worker.app import changelog_topic_name
+from pipeline.services.worker.ended import EndMark, read_mark
+from pipeline.services.worker.seal import Seal, derive_key
 from pipeline.services.worker.state import partition_for
 from pipeline.tools.simulator import Scenario, simulate
 from pipeline.tools.simulator.player import play
@@ -651,7 +653,8 @@ def test_announced_checkpoints_are_not_hangs_and_an_ended_job_raises_none(
     settings, workers, decisions
 ):
     """Every checkpoint announced (even the first raises no hang); the job then ends
-    (END, completed): no hang follows, and its table entry is tombstoned. A second job
+    (END, completed): no hang follows, and its table entry becomes the mark of its end
+    (sealed, as the worker writes it: a successor ignores its replayed steps). A second job
     that goes silent afterwards hangs, which proves the timer ran past the first
     job's threshold."""
     sc = scenario("ckpt-announced", [], steps=120, **CHECKPOINTED)
@@ -667,13 +670,20 @@ def test_announced_checkpoints_are_not_hangs_and_an_ended_job_raises_none(
     changelog = make_consumer(settings, [changelog_topic_name(settings)], None)
     try:
         last: dict[bytes, bytes | None] = {}
+        seal = Seal(derive_key(WORKER_KEY))
+
+        def marked() -> EndMark | None:
+            return read_mark(sc.job, last.get(sc.job.encode()), seal)
+
         deadline = time.monotonic() + 30
-        while last.get(sc.job.encode(), b"") is not None and time.monotonic() < deadline:
+        while marked() is None and time.monotonic() < deadline:
             for records in changelog.poll(timeout_ms=300).values():
                 last |= {r.key: r.value for r in records}
     finally:
         changelog.close()
-    assert last.get(sc.job.encode(), b"") is None, "no tombstone for the ended job"
+    mark = marked()
+    assert mark is not None, "no end mark for the ended job"
+    assert mark.end_ts >= _end_of_step(sc, sc.steps - 1) - 1e-3, mark
 
 
 def test_a_worker_over_its_job_cap_dead_letters_the_extra_job(settings, workers, decisions):

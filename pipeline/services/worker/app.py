@@ -345,13 +345,14 @@ def build_app(
         write or delete the job's snapshot, ack the records the snapshot covers."""
         if out.alerts or out.dead_letters or out.rank_steps:
             await publish(out)
-        if out.tombstone and out.job_id is not None:
-            # the job ended: a tombstone in the compacted changelog
+        if out.snapshot is not None and out.job_id is not None:
+            table[out.job_id.encode()] = out.snapshot  # or, ended, the mark of its end
+            if not out.tombstone:
+                metrics.snapshots.inc()
+        elif out.tombstone and out.job_id is not None:
+            # an end mark expired: a tombstone in the compacted changelog
             with contextlib.suppress(KeyError):
                 del table[out.job_id.encode()]
-        elif out.snapshot is not None and out.job_id is not None:
-            table[out.job_id.encode()] = out.snapshot
-            metrics.snapshots.inc()
         for held in out.release:
             held.ack()
 
@@ -471,9 +472,15 @@ def build_app(
             return
         owned = _owned(app, names.steps)
         for key, blob in list(table.items()):
-            if blob is not None:
-                with contextlib.suppress(Exception):
-                    core.adopt(key.decode(), blob, owned)
+            if blob is None:
+                continue
+            expiry = None
+            with contextlib.suppress(Exception):
+                if not core.adopt(key.decode(), blob, owned):
+                    expiry = core.expiry_tick(key.decode(), blob, owned)
+            if expiry is not None:  # an end mark past its time: deleted by a tick
+                await jobs_out.send(key=key, value=expiry[1], partition=expiry[0],
+                                    headers=[(KIND_HEADER, b"tick")])  # fmt: skip
         # a partition with unread steps is *our* backlog, not a silent job: no tick
         behind = _lagging(app, names.steps, last_read)
         for job_id in list(core.jobs):

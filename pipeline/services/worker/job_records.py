@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
+from pipeline.services.worker.ended import EndMark, read_mark, write_mark
 from pipeline.services.worker.records import (
     Handled,
     JobState,
@@ -63,7 +64,7 @@ class _JobRecords:
                 return Handled(dead_letters=[letter], release=[token])
             value = payload
         if kind == "tick":
-            return self._tick(partition, offset, key, value, token)
+            return self._tick(partition, offset, key, value, token, load)
         if kind == "command":
             return self._command(partition, offset, key, value, token)
         if kind == "lifecycle":
@@ -180,7 +181,13 @@ class _JobRecords:
         return self._finish(st, out, token)
 
     def _tick(
-        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
     ) -> Handled:
         skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
         try:  # bounded, and never beyond this worker's clock (plus the skew allowed)
@@ -192,7 +199,11 @@ class _JobRecords:
         job_id, wall = tick.job_id, tick.wall_s
         st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
         out = Handled(job_id=job_id, release=[token])
-        if st is None or st.seen(self.topics.jobs, partition, offset):
+        if st is None:  # an ended job's mark, due to go (:meth:`expiry_tick`)?
+            mark = read_mark(job_id, load(job_id), self.seal)
+            out.tombstone = mark is not None and wall - mark.wall_s >= self.job_idle_ttl_s
+            return out
+        if st.seen(self.topics.jobs, partition, offset):
             return out
         if wall < st.resumed_wall:
             # sent before the job was restored here (a rebalance in between): its
@@ -249,7 +260,7 @@ class _JobRecords:
         future = self._from_the_future(ts, value, topic, partition, offset, key, token)
         if future is not None:
             return future
-        if self._ended_before(msg.job_id, ts):
+        if self._ended_before(msg.job_id, ts, load):
             return Handled(release=[token])
         if msg.kind is JobEventKind.START:  # the nodes it declares are the job's
             if msg.nodes:
@@ -263,12 +274,14 @@ class _JobRecords:
         if st is None and msg.kind is JobEventKind.END:
             self.pending.pop(msg.job_id)
             try:  # a snapshot stored before this worker took the partition
-                st = self.state(msg.job_id, load) if load(msg.job_id) is not None else None
+                stored = self._snapshot(msg.job_id, load) is not None
+                st = self.state(msg.job_id, load) if stored else None
             except CapacityError:
                 st = None
             if st is None:
                 self._mark_ended(msg.job_id, ts)
-                return Handled(job_id=msg.job_id, release=[token], tombstone=True)
+                return Handled(job_id=msg.job_id, release=[token], tombstone=True,
+                               snapshot=self._end_mark(msg.job_id, partition))  # fmt: skip
         if st is None or st.seen(topic, partition, offset):
             return Handled(job_id=msg.job_id, release=[token])
         st.offsets[(topic, partition)] = offset
@@ -300,7 +313,7 @@ class _JobRecords:
         future = self._from_the_future(ts, value, topic, partition, offset, key, token)
         if future is not None:
             return future
-        if self._ended_before(job_id, ts):
+        if self._ended_before(job_id, ts, load):
             return Handled(release=[token])
         try:
             st = self.state(job_id, load, confirm=confirm)
@@ -333,9 +346,19 @@ class _JobRecords:
         letter = _dead_letter(value, error, topic, partition, offset, key, "clock")
         return Handled(dead_letters=[letter], release=[token])
 
-    def _ended_before(self, job_id: str, ts: float) -> bool:
-        """True for a record of an ended run; a newer record un-ends the job."""
+    def _ended_before(
+        self, job_id: str, ts: float, load: Callable[[str], bytes | None] = lambda _: None
+    ) -> bool:
+        """True for a record of an ended run; a newer record un-ends the job. A job this
+        worker does not hold may have ended on another (its table entry is the mark of
+        its end, :mod:`pipeline.services.worker.ended`): then this is a record replayed
+        past a takeover, or a late one."""
         end = self.ended.get(job_id)
+        if end is None and job_id not in self.jobs:
+            mark = read_mark(job_id, load(job_id), self.seal)
+            if mark is not None:
+                self._mark_ended(job_id, mark.end_ts)
+                end = self.ended.get(job_id)
         if end is None:
             return False
         if ts <= end:
@@ -351,14 +374,25 @@ class _JobRecords:
             self.ended.popitem(last=False)
 
     def _drop(self, st: JobState, out: Handled, end_ts: float, token: Any = None) -> Handled:
-        """Forget an ended job: its held records are acked, its table entry deleted."""
+        """Forget an ended job: its held records are acked, its table entry becomes the
+        mark of its end."""
         self.jobs.pop(st.job_id, None)
         self._mark_ended(st.job_id, max(end_ts, st.last_event_ts or end_ts))
         out.release += self._held.pop(st.job_id, [])
         if token is not None:
             out.release.append(token)
         out.tombstone = True
+        out.snapshot = self._end_mark(st.job_id, st.partition)
         return out
+
+    def _end_mark(self, job_id: str, partition: int) -> bytes | None:
+        """The table value that remembers ``job_id``'s end (None without a partition:
+        a plain tombstone)."""
+        if partition < 0:
+            return None
+        mark = EndMark(job_id, end_ts=self.ended[job_id], partition=partition,
+                       wall_s=self.clock())  # fmt: skip
+        return write_mark(mark, self.seal)
 
     def _refuse(
         self,
@@ -425,5 +459,23 @@ class _JobRecords:
             # know whether the steps of the gap are still unread (a partition's end
             # offset is known only from a fetch)
             return None
+        return st.partition, self._tick_value(job_id, wall)
+
+    def expiry_tick(self, job_id: str, blob: bytes, owned: set[int]) -> tuple[int, bytes] | None:
+        """(partition, value) of a tick that deletes ``job_id``'s end mark, when ``blob``
+        is one, on a partition this worker owns, older than ``job_idle_ttl_s``: a table
+        entry is deleted only while a record of its partition is handled (Faust writes
+        the changelog to the current record's partition), so the tick loop sends one."""
+        if job_id in self.jobs:
+            return None
+        mark = read_mark(job_id, blob, self.seal)
+        if mark is None or mark.partition not in owned:
+            return None
+        wall = self.clock()
+        if wall - mark.wall_s < self.job_idle_ttl_s:
+            return None
+        return mark.partition, self._tick_value(job_id, wall)
+
+    def _tick_value(self, job_id: str, wall: float) -> bytes:
         body = json.dumps({"job_id": job_id, "wall_s": wall}).encode()
-        return st.partition, self.seal.seal("tick", body) if self.seal is not None else body
+        return self.seal.seal("tick", body) if self.seal is not None else body

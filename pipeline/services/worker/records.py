@@ -127,7 +127,8 @@ class Handled:
     job_id: str | None = None
     alerts: list[Alert] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    #: the JobState blob to write to the table under ``job_id`` before releasing
+    #: the JobState blob to write to the table under ``job_id`` before releasing (with
+    #: ``tombstone``: the mark of the job's end, :mod:`pipeline.services.worker.ended`)
     snapshot: bytes | None = None
     #: tokens (Faust events) that may be acked now
     release: list[Any] = field(default_factory=list)
@@ -135,7 +136,8 @@ class Handled:
     steps: int = 0
     #: event-time ends of the steps completed (for the latency metric)
     step_ts: list[float] = field(default_factory=list)
-    #: the job ended or was abandoned: delete its table entry (a changelog tombstone)
+    #: the job ended or was abandoned: its state is dropped, and its table entry
+    #: becomes ``snapshot`` (its end mark) or, without one, is deleted (a tombstone)
     tombstone: bool = False
 
     def add(self, detected: Detected) -> None:

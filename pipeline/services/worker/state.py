@@ -46,6 +46,7 @@ from pipeline.io.errors import CapacityError
 from pipeline.io.fastdecode import decode_step
 from pipeline.io.statecodec import StateFormatError
 from pipeline.io.trust import PublicKeys, check_command, result_problem
+from pipeline.services.worker.ended import read_mark
 from pipeline.services.worker.job_records import _JobRecords
 from pipeline.services.worker.pending import PendingJobs
 from pipeline.services.worker.records import (
@@ -283,7 +284,7 @@ class WorkerDetection(_JobRecords):
             held = self.pending.get(job_id)
             if held is not None:
                 return held
-        blob = None if job_id in self.pending else load(job_id)
+        blob = None if job_id in self.pending else self._snapshot(job_id, load)
         if blob is None and not confirm:  # named, not proven: pending, never counted
             return self.pending.get_or_add(job_id, self._new_state_pending)
         if len(self.jobs) >= self.max_jobs:
@@ -304,6 +305,14 @@ class WorkerDetection(_JobRecords):
             st = self._new_state(job_id)
         self.jobs[job_id] = st
         return st
+
+    def _snapshot(self, job_id: str, load: Callable[[str], bytes | None]) -> bytes | None:
+        """The job's snapshot in the table, or None: no entry, or the mark of its end
+        (:mod:`pipeline.services.worker.ended`), which a newer run does not resume."""
+        blob = load(job_id)
+        if blob is not None and read_mark(job_id, blob, self.seal) is not None:
+            return None
+        return blob
 
     def _new_state(self, job_id: str) -> JobState:
         return JobState(
@@ -550,6 +559,10 @@ class WorkerDetection(_JobRecords):
     def adopt(self, job_id: str, blob: bytes, owned: set[int]) -> bool:
         """Load a job found in the table (after a restart) when its partition is ours."""
         if job_id in self.jobs or job_id in self.ended or len(self.jobs) >= self.max_jobs:
+            return False
+        mark = read_mark(job_id, blob, self.seal)
+        if mark is not None:  # an ended job: its replayed records are the ended run's
+            self._mark_ended(job_id, mark.end_ts)
             return False
         st = self._read(job_id, blob)
         if st is None or st.partition not in owned:

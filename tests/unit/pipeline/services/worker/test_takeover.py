@@ -6,8 +6,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from pipeline.services.worker.ended import read_mark
 from pipeline.services.worker.state import CoreTopics, WorkerDetection
-from schemas import AlertKind, AlertState, GpuHealth, NodeHealth, encode
+from schemas import (
+    AlertKind,
+    AlertState,
+    EndReason,
+    GpuHealth,
+    JobEvent,
+    JobEventKind,
+    NodeHealth,
+    encode,
+)
 from tests.unit.pipeline.services.worker.test_state import T0, Clock, step_msg
 
 TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
@@ -65,6 +75,8 @@ class Job:
     def _done(self, out) -> list:
         if out.snapshot is not None:
             self.table[out.job_id] = out.snapshot
+        elif out.tombstone:
+            self.table.pop(out.job_id, None)
         return list(out.alerts)
 
 
@@ -281,3 +293,48 @@ def test_a_tick_sent_before_a_rebalance_and_read_after_it_judges_nothing() -> No
     alerts += job.read(new)  # the steps since the snapshot, read again
     alerts += play_live(job, new, clock, wall0, range(45, 60))
     assert hangs(alerts) == []
+
+
+def test_a_job_ended_just_before_its_worker_died_is_not_made_anew_by_its_replayed_steps():
+    """Seen in the chaos soak: the worker confirmed the job's end, dropped it, and was
+    SIGKILLed 3 s later. Its successor read the steps partition again from its
+    committed offset, which other jobs' held records had kept ten steps behind the end,
+    while the end, on the jobs topic, was committed: the replayed steps made the job
+    anew, and its silence became two hang episodes and a restart for a finished job.
+    The job's table entry is now the mark of its end, and the successor reads it."""
+    clock, wall0 = Clock(), 1000.0
+    job = Job()
+    old = WorkerDetection(TOPICS, 8, clock=clock, job_idle_ttl_s=600.0)
+    play_live(job, old, clock, wall0, range(40))
+    end = JobEvent(job_id="j", kind=JobEventKind.END, reason=EndReason.COMPLETED,
+                   ts=T0 + timedelta(seconds=ends(39) + 0.1))  # fmt: skip
+    job.jobs.append(("lifecycle", encode(end)))
+    job.read(old, steps_from=len(job.steps), jobs_from=len(job.jobs) - 1)
+    while "j" in old.jobs:  # the end is confirmed once no step contradicts it
+        clock.now += 1.0
+        assert hangs(job.tick(old)) == []
+    mark = read_mark("j", job.table["j"], None)
+    assert mark is not None and mark.end_ts >= end.ts.timestamp() and mark.partition == 0
+    clock.now += 3.0  # SIGKILLed; the successor replays steps 30-39 and nothing of jobs
+    new = WorkerDetection(TOPICS, 8, clock=clock, job_idle_ttl_s=600.0)
+    assert not new.adopt("j", job.table["j"], owned={0})  # the tick loop finds the mark
+    alerts = job.read(new, steps_from=30 * NODES, jobs_from=len(job.jobs))
+    assert "j" not in new.jobs and new.after_end == 10 * NODES
+    fresh = WorkerDetection(TOPICS, 8, clock=clock)  # a record read before any tick
+    job.read(fresh, steps_from=30 * NODES, jobs_from=len(job.jobs))
+    assert "j" not in fresh.jobs and fresh.after_end == 10 * NODES
+    for _ in range(120):
+        clock.now += 1.0
+        assert new.tick_record("j") is None and new.expiry_tick("j", job.table["j"], {0}) is None
+    assert hangs(alerts) == []
+    # the mark goes once the job idle time has passed, deleted by a tick of its own
+    clock.now = mark.wall_s + 600.0
+    assert new.expiry_tick("j", job.table["j"], owned={1}) is None  # not our partition
+    partition, tick = new.expiry_tick("j", job.table["j"], owned={0})
+    out = new.handle_job_record(partition, 999, b"j", tick, "tick", "t", job.table.get)
+    job._done(out)
+    assert out.release == ["t"] and "j" not in job.table
+    # and a new run under the same id starts from scratch
+    job.publish_step(41)
+    job.read(new, steps_from=len(job.steps) - NODES, jobs_from=len(job.jobs))
+    assert new.jobs["j"].detection.last_step == -1  # fresh: none of the old run's steps
