@@ -23,18 +23,18 @@ Examples
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from operator import attrgetter
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from schemas.telemetry import Phase, RankSample, StepTelemetry
 
-__all__ = ["PHASE_CODES", "PHASES", "NodeStep", "RankRow", "StepFrame"]
+__all__ = ["PHASE_CODES", "PHASES", "ROW_FIELDS", "NodeStep", "RankRow", "StepFrame"]
 
 #: Phase <-> int8 code used in frames (keyed by the value too: Phase is a StrEnum).
 PHASES: tuple[Phase, ...] = (Phase.WARMUP, Phase.TRAIN, Phase.EVAL, Phase.CHECKPOINT)
@@ -46,16 +46,13 @@ I64 = npt.NDArray[np.int64]
 I8 = npt.NDArray[np.int8]
 B = npt.NDArray[np.bool_]
 
-#: One rank of a step as :meth:`StepFrame.from_messages` packs it before splitting.
-_ROW = np.dtype(
-    [
-        ("rank", np.int64), ("node_idx", np.int32), ("local_rank", np.int32),
-        ("dp_group", np.int32), ("pp_stage", np.int32), ("tp_group", np.int32),
-        ("phase", np.int8), ("step_time", np.float64), ("compute", np.float64),
-        ("comm_wait", np.float64), ("data_wait", np.float64), ("loss", np.float64),
-        ("has_loss", np.bool_), ("grad_norm", np.float64), ("has_grad_norm", np.bool_),
-    ]
+#: One rank's sample as :meth:`StepFrame.from_messages` reads it: a tuple of these
+#: attributes, in this order (what a message's ``rows()`` returns, when it has one).
+ROW_FIELDS: tuple[str, ...] = (
+    "rank", "local_rank", "step_time_s", "compute_s", "comm_wait_s", "data_wait_s",
+    "dp_group", "pp_stage", "tp_group", "phase", "loss", "grad_norm", "node",
 )  # fmt: skip
+_ROW = attrgetter(*ROW_FIELDS)
 
 
 class RankRow(Protocol):
@@ -92,7 +89,8 @@ class RankRow(Protocol):
 class NodeStep(Protocol):
     """What a frame reads from one node's message for a step: a validated
     :class:`~schemas.StepTelemetry`, or a lighter view a fast decoder built from the
-    same JSON."""
+    same JSON. A message may also have a ``rows()`` method that returns its samples
+    as tuples of :data:`ROW_FIELDS` (faster than the frame reading each attribute)."""
 
     @property
     def job_id(self) -> str: ...
@@ -152,8 +150,9 @@ class StepFrame:
     def from_messages(cls, messages: Sequence[NodeStep]) -> StepFrame:
         """Merge the per-node messages of one step (same job and step) into a frame.
 
-        One pass builds a tuple per rank and numpy converts the lot in C: at 16k ranks
-        a step, per-field generators cost more than the detectors themselves.
+        Every sample becomes a tuple (:data:`ROW_FIELDS`, in C where the message has
+        ``rows()``), the tuples are transposed at once and each column converted by
+        numpy: per-rank Python work is what bounds a frame at 1k-16k ranks a step.
         """
         if not messages:
             raise ValueError("messages must not be empty")
@@ -161,10 +160,9 @@ class StepFrame:
         nodes: list[str] = []
         node_pos: dict[str, int] = {}
         rows: list[tuple[object, ...]] = []
+        where: list[int] = []  # each row's position in ``nodes``
         ts = 0.0
         ts_start = float("inf")
-        nan = math.nan
-        codes = PHASE_CODES
 
         def pos(node: str) -> int:
             p = node_pos.get(node)
@@ -178,51 +176,62 @@ class StepFrame:
                 raise ValueError("messages mix jobs or steps")
             ts = max(ts, m.ts_end.timestamp())
             ts_start = min(ts_start, m.ts_start.timestamp())
-            # a rack's message (StepTelemetry version 2): every sample names its node
-            own = [s.node for s in m.samples]
-            if own[0] is None:
-                p = pos(m.node)
-                where = [p] * len(own)
-            else:
-                where = [pos(n or m.node) for n in own]
-            rows.extend(
-                (
-                    s.rank, p, s.local_rank, s.dp_group, s.pp_stage, s.tp_group,
-                    codes[s.phase], s.step_time_s, s.compute_s, s.comm_wait_s,
-                    s.data_wait_s,
-                    nan if s.loss is None else s.loss, s.loss is not None,
-                    nan if s.grad_norm is None else s.grad_norm, s.grad_norm is not None,
-                )
-                for s, p in zip(m.samples, where, strict=True)
-            )  # fmt: skip
-        table = np.array(rows, dtype=_ROW)
-        table = table[np.argsort(table["rank"], kind="stable")]
-        repeated = table["rank"][1:] == table["rank"][:-1]
-        if repeated.any():
-            # a rank sent twice in one step (its node's own message and its rack's, while
-            # a job moves between the two): the first message's sample counts
-            table = table[np.concatenate([[True], ~repeated])]
+            packed = m.rows() if hasattr(m, "rows") else list(map(_ROW, m.samples))
+            if not packed:
+                continue
+            rows += packed
+            if packed[0][-1] is None:  # a node's own message: every rank is the node's
+                where += [pos(m.node)] * len(packed)
+            else:  # a rack's message (StepTelemetry version 2): every sample names its node
+                where += [pos(r[-1] or m.node) for r in packed]
+        n = len(rows)
+        cols = list(zip(*rows, strict=True)) if n else [()] * len(ROW_FIELDS)
+        rank = np.array(cols[0], dtype=np.int64)
+        keep: I64 | None = None  # the rows in rank order, when they are not already
+        if n > 1 and not bool((rank[1:] > rank[:-1]).all()):
+            keep = np.argsort(rank, kind="stable")
+            ranked = rank[keep]
+            first = np.concatenate([[True], ranked[1:] != ranked[:-1]])
+            if not first.all():
+                # a rank sent twice in one step (its node's own message and its rack's,
+                # while a job moves between the two): the first message's sample counts
+                keep = keep[first]
+            rank = rank[keep]
+
+        def take(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return a if keep is None else a[keep]
+
+        def column(values: Sequence[object], dtype: type) -> npt.NDArray[Any]:
+            return take(np.array(values, dtype=dtype))
+
+        phases = cols[9]
+        if phases.count(Phase.TRAIN) == n:
+            phase = np.full(rank.shape[0], PHASE_CODES[Phase.TRAIN], dtype=np.int8)
+        else:
+            phase = column([PHASE_CODES[p] for p in phases], np.int8)
+        loss, has_loss = map(take, _signal(cols[10]))
+        grad_norm, has_grad_norm = map(take, _signal(cols[11]))
         return cls(
             job_id=job_id,
             step=step,
             ts=ts,
             ts_start=ts_start,
             nodes=tuple(nodes),
-            rank=table["rank"].copy(),
-            node_idx=table["node_idx"].copy(),
-            local_rank=table["local_rank"].copy(),
-            dp_group=table["dp_group"].copy(),
-            pp_stage=table["pp_stage"].copy(),
-            tp_group=table["tp_group"].copy(),
-            phase=table["phase"].copy(),
-            step_time=table["step_time"].copy(),
-            compute=table["compute"].copy(),
-            comm_wait=table["comm_wait"].copy(),
-            data_wait=table["data_wait"].copy(),
-            loss=table["loss"].copy(),
-            grad_norm=table["grad_norm"].copy(),
-            has_loss=table["has_loss"].copy(),
-            has_grad_norm=table["has_grad_norm"].copy(),
+            rank=rank,
+            node_idx=column(where, np.int32),
+            local_rank=column(cols[1], np.int32),
+            dp_group=column(cols[6], np.int32),
+            pp_stage=column(cols[7], np.int32),
+            tp_group=column(cols[8], np.int32),
+            phase=phase,
+            step_time=column(cols[2], np.float64),
+            compute=column(cols[3], np.float64),
+            comm_wait=column(cols[4], np.float64),
+            data_wait=column(cols[5], np.float64),
+            loss=loss,
+            grad_norm=grad_norm,
+            has_loss=has_loss,
+            has_grad_norm=has_grad_norm,
         )
 
     @classmethod
@@ -358,3 +367,16 @@ class StepFrame:
                 )
             )
         return out
+
+
+def _signal(values: Sequence[object]) -> tuple[F64, B]:
+    """A float-or-None column: its values (NaN where None) and where it was reported
+    (a reported NaN stays NaN, and reported)."""
+    missing = values.count(None)
+    if missing == 0:
+        reported = np.ones(len(values), dtype=np.bool_)
+    elif missing == len(values):
+        reported = np.zeros(len(values), dtype=np.bool_)
+    else:
+        reported = np.array([v is not None for v in values], dtype=np.bool_)
+    return np.array(values, dtype=np.float64), reported  # None becomes NaN

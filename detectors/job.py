@@ -447,10 +447,14 @@ class JobDetection:
 
     def _count_ranks(self, msg: NodeStep) -> None:
         """Refuse a message that would take the job beyond ``max_ranks`` ranks."""
-        ranks = np.fromiter((s.rank for s in msg.samples), dtype=np.int64)
-        if ranks.size == 0:
+        listed = [s.rank for s in msg.samples]
+        if not listed:
             return
-        top = int(ranks.max())
+        top = max(listed)
+        known = self._ranks
+        if top < known.shape[0] and all(map(memoryview(known).__getitem__, listed)):
+            return  # all counted before: a node's every step after its first
+        ranks = np.array(listed, dtype=np.int64)
         if top >= MAX_RANKS_PER_JOB:
             raise CapacityError(f"rank {top} is beyond the schema's {MAX_RANKS_PER_JOB}")
         if top >= self._ranks.shape[0]:

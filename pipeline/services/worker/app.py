@@ -386,18 +386,21 @@ def build_app(
         partition, records = batch.partition, batch.records
         make_current(event)
         ticket = acks.line(partition).open(event.ack, len(records))
-        observe = metrics.process_seconds.observe
+        started = time.perf_counter()
         for record in records:
-            started = time.perf_counter()
             try:
                 out = core.handle_step(partition, record.offset, record.key, record.value,
                                        ticket, load)  # fmt: skip
-                await settle(out)
+                if out.acts():  # most records only join their step, held
+                    await settle(out)
             except Exception:  # never let one record kill the agent
                 log.exception("worker failed on %s[%d]@%d", batch.topic, partition,
                               record.offset)  # fmt: skip
                 ticket.ack()
-            observe(time.perf_counter() - started)
+        if records:  # a batch's records: their mean (one observation per record costs
+            # a lock and a bucket search each, a tenth of what the core spends on one)
+            mean = (time.perf_counter() - started) / len(records)
+            metrics.process_seconds.observe(mean)
         records_of(batch.topic).inc(len(records))
         last_read[(batch.topic, partition)] = batch.offset
         # the ticket keeps the event until the batch is acked, which a job whose

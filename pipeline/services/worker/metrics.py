@@ -10,7 +10,7 @@ stepguard_worker_alerts_total{grade,state}  alert updates published
 stepguard_worker_dead_letters_total{stage}  records sent to the dead-letter topic
 stepguard_worker_unrouted_health_total      health reports naming no job (not scored)
 stepguard_worker_consumer_lag{topic,partition}  highwater - next offset to read
-stepguard_worker_process_seconds            handler time per record
+stepguard_worker_process_seconds            handler time per record (a steps batch: its mean, once)
 stepguard_worker_step_latency_seconds       wall time at scoring - event time of step end
 stepguard_worker_snapshots_total            detector snapshots written to the table
 stepguard_worker_jobs                       jobs held by this process
@@ -55,7 +55,8 @@ class WorkerMetrics:
             p + "consumer_lag", "Records not yet read.", ["topic", "partition"], registry=reg
         )
         self.process_seconds = Histogram(
-            p + "process_seconds", "Handler time per record.", registry=reg,
+            p + "process_seconds", "Handler time per record (a steps batch: its mean, once).",
+            registry=reg,
             buckets=(1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1, 1.0),
         )  # fmt: skip
         self.step_latency = Histogram(

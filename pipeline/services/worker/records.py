@@ -140,6 +140,14 @@ class Handled:
     #: becomes ``snapshot`` (its end mark) or, without one, is deleted (a tombstone)
     tombstone: bool = False
 
+    def acts(self) -> bool:
+        """Whether the agent has anything to do for it: most step records only join
+        their step, held until a snapshot covers them."""
+        return bool(
+            self.release or self.rank_steps or self.snapshot is not None or self.alerts
+            or self.dead_letters or self.tombstone
+        )  # fmt: skip
+
     def add(self, detected: Detected) -> None:
         """Take what the job's detection returned: its alerts, and its completed
         frames as step counts (the metrics)."""
