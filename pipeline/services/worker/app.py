@@ -474,16 +474,15 @@ def build_app(
         if busy:
             return
         owned = _owned(app, names.steps)
+        left: list[tuple[str, bytes]] = []  # not adopted: ended jobs' marks among them
         for key, blob in list(table.items()):
-            if blob is None:
-                continue
-            expiry = None
-            with contextlib.suppress(Exception):
-                if not core.adopt(key.decode(), blob, owned):
-                    expiry = core.expiry_tick(key.decode(), blob, owned)
-            if expiry is not None:  # an end mark past its time: deleted by a tick
-                await jobs_out.send(key=key, value=expiry[1], partition=expiry[0],
-                                    headers=[(KIND_HEADER, b"tick")])  # fmt: skip
+            if blob is not None:
+                with contextlib.suppress(Exception):
+                    if not core.adopt(key.decode(), blob, owned):
+                        left.append((key.decode(), blob))
+        for job_id, partition, value in core.expiry_ticks(left, owned):
+            await jobs_out.send(key=job_id.encode(), value=value, partition=partition,
+                                headers=[(KIND_HEADER, b"expire")])  # fmt: skip
         # a partition with unread steps is *our* backlog, not a silent job: no tick
         behind = _lagging(app, names.steps, last_read)
         for job_id in list(core.jobs):

@@ -11,9 +11,12 @@ event time (records up to it belong to the ended run), the steps partition it li
 on, and the worker's wall clock when it was written. Whoever owns the partition next
 reads it back (:meth:`~pipeline.services.worker.state.WorkerDetection.state`, the
 tick loop's adopt) and ignores the ended run's records; a record newer than the end
-(a new run under the same id) starts afresh. The mark is deleted, by a tick, once it
-is older than the worker's job idle time (``STEPGUARD_JOB_IDLE_TTL_S``): by then no
-replay reaches back to the ended run.
+(a new run under the same id) starts afresh. The mark is deleted once it is older
+than the worker's job idle time (``STEPGUARD_JOB_IDLE_TTL_S``: by then no replay
+reaches back to the ended run), or sooner when more marks than the ended jobs a worker
+remembers (``max_ended``) pile up, oldest first: the tick loop sends a sealed
+``expire`` record for it to its partition of the jobs topic, and handling that record
+writes the tombstone (Faust writes a table's changelog only while a record is handled).
 
 A mark is what the worker writes for itself: sealed like a snapshot, under its own
 kind (a snapshot never opens as a mark, nor a mark as a snapshot), bounded when read.

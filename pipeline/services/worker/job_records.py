@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pipeline.io.clockskew import future_dated
@@ -64,7 +64,9 @@ class _JobRecords:
                 return Handled(dead_letters=[letter], release=[token])
             value = payload
         if kind == "tick":
-            return self._tick(partition, offset, key, value, token, load)
+            return self._tick(partition, offset, key, value, token)
+        if kind == "expire":
+            return self._expire(partition, offset, key, value, token, load)
         if kind == "command":
             return self._command(partition, offset, key, value, token)
         if kind == "lifecycle":
@@ -181,13 +183,7 @@ class _JobRecords:
         return self._finish(st, out, token)
 
     def _tick(
-        self,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        token: Any,
-        load: Callable[[str], bytes | None],
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
     ) -> Handled:
         skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
         try:  # bounded, and never beyond this worker's clock (plus the skew allowed)
@@ -199,11 +195,7 @@ class _JobRecords:
         job_id, wall = tick.job_id, tick.wall_s
         st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
         out = Handled(job_id=job_id, release=[token])
-        if st is None:  # an ended job's mark, due to go (:meth:`expiry_tick`)?
-            mark = read_mark(job_id, load(job_id), self.seal)
-            out.tombstone = mark is not None and wall - mark.wall_s >= self.job_idle_ttl_s
-            return out
-        if st.seen(self.topics.jobs, partition, offset):
+        if st is None or st.seen(self.topics.jobs, partition, offset):
             return out
         if wall < st.resumed_wall:
             # sent before the job was restored here (a rebalance in between): its
@@ -239,6 +231,30 @@ class _JobRecords:
             st.offsets[(self.topics.jobs, partition)] = offset
             st.dirty = True
         return self._finish(st, out, token if not out.release else None)
+
+    def _expire(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
+    ) -> Handled:
+        """The tick loop's order to delete an ended job's mark (:meth:`expiry_ticks`):
+        done only while the table holds a mark under the job's id and this worker holds
+        no state of it (a new run since keeps its snapshot)."""
+        skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
+        try:
+            tick = decode_tick(value, max_wall=self.clock() + skew)
+        except TickError as exc:
+            letter = _dead_letter(value, str(exc), self.topics.jobs, partition, offset, key,
+                                  "decode")  # fmt: skip
+            return Handled(dead_letters=[letter], release=[token])
+        out = Handled(job_id=tick.job_id, release=[token])
+        if tick.job_id not in self.jobs:
+            out.tombstone = read_mark(tick.job_id, load(tick.job_id), self.seal) is not None
+        return out
 
     def _lifecycle(
         self,
@@ -462,23 +478,29 @@ class _JobRecords:
             # know whether the steps of the gap are still unread (a partition's end
             # offset is known only from a fetch)
             return None
-        return st.partition, self._tick_value(job_id, wall)
+        return st.partition, self._tick_value(job_id, wall, "tick")
 
-    def expiry_tick(self, job_id: str, blob: bytes, owned: set[int]) -> tuple[int, bytes] | None:
-        """(partition, value) of a tick that deletes ``job_id``'s end mark, when ``blob``
-        is one, on a partition this worker owns, older than ``job_idle_ttl_s``: a table
-        entry is deleted only while a record of its partition is handled (Faust writes
-        the changelog to the current record's partition), so the tick loop sends one."""
-        if job_id in self.jobs:
-            return None
-        mark = read_mark(job_id, blob, self.seal)
-        if mark is None or mark.partition not in owned:
-            return None
+    def expiry_ticks(
+        self, stored: Iterable[tuple[str, bytes]], owned: set[int]
+    ) -> list[tuple[str, int, bytes]]:
+        """(job, partition, value) of the ``expire`` records that delete end marks
+        among the table's ``stored`` entries: on partitions this worker owns, marks
+        older than ``job_idle_ttl_s``, and the oldest beyond ``max_ended`` (jobs that
+        start and end fast must not grow the table without bound). A table entry is
+        deleted only while a record of its partition is handled (Faust writes the
+        changelog to the current record's partition), so the tick loop sends these."""
+        marks = []
+        for job_id, blob in stored:
+            mark = read_mark(job_id, blob, self.seal) if job_id not in self.jobs else None
+            if mark is not None and mark.partition in owned:
+                marks.append(mark)
+        marks.sort(key=lambda m: m.wall_s)
         wall = self.clock()
-        if wall - mark.wall_s < self.job_idle_ttl_s:
-            return None
-        return mark.partition, self._tick_value(job_id, wall)
+        excess = len(marks) - self.max_ended
+        due = [m for k, m in enumerate(marks)
+               if k < excess or wall - m.wall_s >= self.job_idle_ttl_s]  # fmt: skip
+        return [(m.job_id, m.partition, self._tick_value(m.job_id, wall, "expire")) for m in due]
 
-    def _tick_value(self, job_id: str, wall: float) -> bytes:
+    def _tick_value(self, job_id: str, wall: float, kind: str) -> bytes:
         body = json.dumps({"job_id": job_id, "wall_s": wall}).encode()
-        return self.seal.seal("tick", body) if self.seal is not None else body
+        return self.seal.seal(kind, body) if self.seal is not None else body

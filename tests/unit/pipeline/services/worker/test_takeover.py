@@ -323,18 +323,43 @@ def test_a_job_ended_just_before_its_worker_died_is_not_made_anew_by_its_replaye
     fresh = WorkerDetection(TOPICS, 8, clock=clock)  # a record read before any tick
     job.read(fresh, steps_from=30 * NODES, jobs_from=len(job.jobs))
     assert "j" not in fresh.jobs and fresh.after_end == 10 * NODES
+    stored = lambda: list(job.table.items())  # noqa: E731 - what the tick loop reads
     for _ in range(120):
         clock.now += 1.0
-        assert new.tick_record("j") is None and new.expiry_tick("j", job.table["j"], {0}) is None
+        assert new.tick_record("j") is None and new.expiry_ticks(stored(), {0}) == []
     assert hangs(alerts) == []
-    # the mark goes once the job idle time has passed, deleted by a tick of its own
+    # the mark goes once the job idle time has passed, deleted by a record of its own
     clock.now = mark.wall_s + 600.0
-    assert new.expiry_tick("j", job.table["j"], owned={1}) is None  # not our partition
-    partition, tick = new.expiry_tick("j", job.table["j"], owned={0})
-    out = new.handle_job_record(partition, 999, b"j", tick, "tick", "t", job.table.get)
+    assert new.expiry_ticks(stored(), owned={1}) == []  # not our partition
+    [(job_id, partition, value)] = new.expiry_ticks(stored(), owned={0})
+    tick = new.handle_job_record(partition, 998, b"j", value, "tick", "t", job.table.get)
+    assert not tick.tombstone  # only an expire record deletes a mark
+    out = new.handle_job_record(partition, 999, b"j", value, "expire", "e", job.table.get)
     job._done(out)
-    assert out.release == ["t"] and "j" not in job.table
+    assert (job_id, out.release) == ("j", ["e"]) and "j" not in job.table
     # and a new run under the same id starts from scratch
     job.publish_step(41)
     job.read(new, steps_from=len(job.steps) - NODES, jobs_from=len(job.jobs))
     assert new.jobs["j"].detection.last_step == -1  # fresh: none of the old run's steps
+
+
+def test_end_marks_beyond_max_ended_go_oldest_first_and_a_snapshot_never_goes():
+    clock = Clock()
+    core = WorkerDetection(TOPICS, 8, clock=clock, max_ended=2)
+    table: dict[str, bytes] = {}
+    for k in range(4):  # four jobs end, a second apart
+        clock.now += 1.0
+        end = JobEvent(job_id=f"j{k}", kind=JobEventKind.END, reason=EndReason.COMPLETED,
+                       ts=T0 + timedelta(seconds=k))  # fmt: skip
+        out = core.handle_job_record(0, k, b"x", encode(end), "lifecycle", k, table.get)
+        table[out.job_id] = out.snapshot
+    job = Job()  # and a live job holds a snapshot
+    play_live(job, core, clock, 1000.0, range(12))
+    table["j"] = job.table["j"]
+    due = core.expiry_ticks(list(table.items()), owned={0})
+    assert [j for j, _, _ in due] == ["j0", "j1"]
+    out = core.handle_job_record(0, 50, b"j", due[0][2], "expire", "e", table.get)
+    assert out.tombstone and out.job_id == "j0"
+    forged = core._tick_value("j", clock.now, "expire")  # an expire naming the live job
+    out = core.handle_job_record(0, 51, b"j", forged, "expire", "f", table.get)
+    assert not out.tombstone and out.release == ["f"]
