@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAD_TO_SIGMA", "EWArrays", "Groups", "robust_scale"]
+__all__ = ["MAD_TO_SIGMA", "EWArrays", "Groups", "median", "robust_scale"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -28,6 +28,35 @@ B = npt.NDArray[np.bool_]
 
 #: Scale factor that makes the MAD a consistent estimator of a normal sigma.
 MAD_TO_SIGMA = 1.4826
+
+
+def median(values: npt.NDArray[np.floating], keepdims: bool = False) -> npt.NDArray[np.float64]:
+    """``np.median(values, axis=-1)`` of a float array, the same bits, NaN included.
+
+    np.median spends most of its time in its generic wrapper (8-15 us a call, against
+    2-4 us here), and the detectors call it some twenty times a step. The same
+    partition (the middle element or two, and the last, where NaNs sort), the same
+    mean of the two middle ones, and NaN where a row holds one; anything else (no
+    values, not float64) goes to np.median itself.
+
+    >>> median(np.array([3.0, 1.0, 2.0, 10.0])), median(np.array([1.0, np.nan, 0.0]))
+    (np.float64(2.5), np.float64(nan))
+    """
+    n = values.shape[-1] if values.ndim else 0
+    if n == 0 or values.dtype != np.float64:
+        return np.median(values, axis=-1, keepdims=keepdims)  # type: ignore[no-any-return]
+    k = n // 2
+    if n % 2:
+        part = np.partition(values, (k, n - 1), axis=-1)
+        out = part[..., k]
+    else:
+        part = np.partition(values, (k - 1, k, n - 1), axis=-1)
+        out = (part[..., k - 1] + part[..., k]) / 2.0
+    last = part[..., -1]
+    if np.isnan(last).any():
+        out = np.where(np.isnan(last), np.nan, out)
+    out = out[()]  # 1-D in, a scalar out (``[...]`` indexing leaves a 0-d array)
+    return out[..., None] if keepdims else out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -67,12 +96,12 @@ class Groups:
     def median(self, values: F64) -> F64:
         """Per-group medians of each row of ``values`` (shape ``(m, n)`` -> ``(m, G)``)."""
         if self.n_groups == 1:
-            return np.median(values, axis=1, keepdims=True)
+            return median(values, keepdims=True)
         v = values[:, self.order]
         out = np.empty((values.shape[0], self.n_groups))
         for g in range(self.n_groups):
             lo, hi = int(self.bounds[g]), int(self.bounds[g + 1])
-            out[:, g] = np.median(v[:, lo:hi], axis=1)
+            out[:, g] = median(v[:, lo:hi])
         return out
 
     def median_and_mad(self, values: F64) -> tuple[F64, F64]:

@@ -452,7 +452,7 @@ class JobDetection:
             return
         top = max(listed)
         known = self._ranks
-        if top < known.shape[0] and all(map(memoryview(known).__getitem__, listed)):
+        if top < known.shape[0] and all(map(known.data.__getitem__, listed)):
             return  # all counted before: a node's every step after its first
         ranks = np.array(listed, dtype=np.int64)
         if top >= MAX_RANKS_PER_JOB:

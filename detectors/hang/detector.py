@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from detectors._stats import median
 from detectors.base import check_positive
 from detectors.hang.presence import HealthPresence, MissingRanks
 from detectors.steps.long_steps import AnnouncedPhases, PeriodicLongSteps
@@ -222,7 +223,7 @@ class HangDetector:
         """Median of the recent ordinary step intervals, or None while warming up."""
         if self._count < self.min_steps:
             return None
-        return float(np.median(self._intervals[: min(self._count, self.window)]))
+        return float(median(self._intervals[: min(self._count, self.window)]))
 
     @property
     def learned_periods(self) -> dict[int, float]:

@@ -36,6 +36,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from detectors._stats import median
 from detectors.base import Finding
 from detectors.frame import StepFrame
 from detectors.hang.detector import MissingRanks
@@ -197,6 +198,6 @@ def loss_values(frame: StepFrame, train: B) -> tuple[float, float]:
     when none does): what the divergence detector scores and learns."""
     lmask = frame.has_loss & train & np.isfinite(frame.loss)
     gmask = frame.has_grad_norm & train & np.isfinite(frame.grad_norm)
-    loss = float(np.median(frame.loss[lmask])) if lmask.any() else math.nan
-    grad = float(np.median(frame.grad_norm[gmask])) if gmask.any() else math.nan
+    loss = float(median(frame.loss[lmask])) if lmask.any() else math.nan
+    grad = float(median(frame.grad_norm[gmask])) if gmask.any() else math.nan
     return loss, grad

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors._stats import MAD_TO_SIGMA
+from detectors._stats import MAD_TO_SIGMA, median
 from detectors.base import check_non_negative, check_positive
 
 __all__ = ["DivergenceDetector", "DivergenceScore"]
@@ -103,8 +103,8 @@ class DivergenceDetector:
         if w.count < self.warmup or not math.isfinite(x):
             return 0.0, None
         data = w.data()
-        med = float(np.median(data))
-        mad = float(np.median(np.abs(data - med)))
+        med = float(median(data))
+        mad = float(median(np.abs(data - med)))
         scale = max(MAD_TO_SIGMA * mad, self.mad_floor_rel * abs(med), 1e-12)
         return max(0.0, (x - med) / scale), med
 

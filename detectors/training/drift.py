@@ -36,6 +36,7 @@ import math
 
 import numpy as np
 
+from detectors._stats import median
 from detectors.base import Finding
 
 __all__ = ["LossDrift", "drift_findings"]
@@ -71,7 +72,7 @@ class LossDrift:
         if math.isfinite(loss):  # this step replaces the oldest value
             keep = recent if n < self.short else np.delete(recent, self._count % self.short)
             recent = np.append(keep, loss)
-        return float(np.median(recent))
+        return float(median(recent))
 
     def score_one(self, loss: float) -> float:
         """The step's drift (fraction above the best recent median; 0 while warming up
@@ -92,7 +93,7 @@ class LossDrift:
         self._count += 1
         if self._count >= min(self.short, self.warmup):
             n = min(self._count, self.short)
-            self._best = min(self._best, float(np.median(self._recent[:n])))
+            self._best = min(self._best, float(median(self._recent[:n])))
 
     def reset(self) -> None:
         """Start over (the job was relaunched, perhaps from an earlier checkpoint)."""
