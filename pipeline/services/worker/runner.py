@@ -31,8 +31,27 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     if wa.control is not None:  # signed detector settings, read by every worker
         wa.control.start()
     _use_uvloop()
+    _tune_gc()
     worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
+
+
+#: Allocations between two collections of the youngest generation (CPython: 700).
+GC_GEN0_THRESHOLD = 20_000
+
+
+def _tune_gc() -> None:
+    """Collect cycles less often: the hot path allocates a tuple per rank sample and
+    a few objects per record, nearly none of them in cycles, and at CPython's default
+    threshold the cyclic collector ran every few dozen records (measured: 5 % of the core's
+    time at 128 nodes x 8 ranks). What the process holds at start (modules, Faust, the
+    app) is frozen out of every collection."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def _use_uvloop() -> None:
