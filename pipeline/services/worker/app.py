@@ -379,23 +379,26 @@ def build_app(
         metrics.process_seconds.observe(time.perf_counter() - started)
 
     async def handle_steps(event: Any) -> None:
-        """A fetch's records of one steps partition (:class:`StepBatch`), a record at a
-        time through the core; the batch is acked once a snapshot covers each of them
-        and every earlier batch of the partition is acked (:mod:`.bulk`)."""
+        """A fetch's records of one steps partition (:class:`StepBatch`) through the
+        core at once (:meth:`WorkerDetection.handle_steps`: one outcome per job, and
+        per record that went no further); the batch is acked once a snapshot covers
+        each of them and every earlier batch of the partition is acked (:mod:`.bulk`)."""
         batch: StepBatch = event.message
         partition, records = batch.partition, batch.records
         make_current(event)
         ticket = acks.line(partition).open(event.ack, len(records))
         started = time.perf_counter()
-        for record in records:
-            try:
-                out = core.handle_step(partition, record.offset, record.key, record.value,
-                                       ticket, load)  # fmt: skip
-                if out.acts():  # most records only join their step, held
+        try:
+            outs = core.handle_steps(
+                partition, [(r.offset, r.key, r.value) for r in records], ticket, load
+            )
+            for out in outs:
+                if out.acts():
                     await settle(out)
-            except Exception:  # never let one record kill the agent
-                log.exception("worker failed on %s[%d]@%d", batch.topic, partition,
-                              record.offset)  # fmt: skip
+        except Exception:  # never let one batch kill the agent (Faust would ack it)
+            log.exception("worker failed on %s[%d]@%d-%d", batch.topic, partition,
+                          records[0].offset if records else -1, batch.offset)  # fmt: skip
+            for _ in range(ticket.pending):
                 ticket.ack()
         if records:  # a batch's records: their mean (one observation per record costs
             # a lock and a bucket search each, a tenth of what the core spends on one)

@@ -428,13 +428,15 @@ class _JobRecords:
         letter = _dead_letter(value, str(exc), topic, partition, offset, key, "limit")
         return Handled(dead_letters=[letter], release=[token])
 
-    def _finish(self, st: JobState, out: Handled, token: Any) -> Handled:
+    def _finish(self, st: JobState, out: Handled, token: Any, records: int = 1) -> Handled:
+        """Hold ``token`` (once for each of ``records``) until a snapshot covers it, and
+        take that snapshot when it is due."""
         if not st.confirmed:  # pending: nothing of it is kept across a restart
             if token is not None:
-                out.release.append(token)
+                out.release += [token] * records
             return out
         if token is not None:
-            self._held.setdefault(st.job_id, []).append(token)
+            self._held.setdefault(st.job_id, []).extend([token] * records)
         wall = self.clock()
         since = wall - st.last_snapshot_wall
         due = since >= st.snapshot_cost_s / self.snapshot_budget and (

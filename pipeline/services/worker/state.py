@@ -423,6 +423,59 @@ class WorkerDetection(_JobRecords):
     ) -> Handled:
         """One StepTelemetry record from the steps topic."""
         self._saw_record()
+        taken = self._step(partition, offset, key, value, token, load, None)
+        if isinstance(taken, Handled):
+            return taken
+        st, out = taken
+        return self._finish(st, out, token)
+
+    def handle_steps(
+        self,
+        partition: int,
+        records: Iterable[tuple[int, bytes | None, bytes | None]],
+        token: Any,
+        load: Callable[[str], bytes | None] = lambda _: None,
+    ) -> list[Handled]:
+        """A fetch's records of one steps partition, ``(offset, key, value)`` in offset
+        order, each as :meth:`handle_step` handles it; but a job's records share one
+        :class:`Handled`, and whether its snapshot is due is asked once, after the last
+        of them (the snapshot then covers them all). ``token`` stands for every record:
+        it is released once per record."""
+        self._saw_record()
+        done: list[Handled] = []
+        outs: dict[str, Handled] = {}
+        taken: dict[str, tuple[JobState, int]] = {}
+        for offset, key, value in records:
+            try:
+                got = self._step(partition, offset, key, value, token, load, outs)
+            except Exception:  # never let one record stop the batch
+                log.exception("worker failed on %s[%d]@%d", self.topics.steps, partition,
+                              offset)  # fmt: skip
+                done.append(Handled(release=[token]))
+                continue
+            if isinstance(got, Handled):
+                done.append(got)
+                continue
+            st = got[0]
+            n = taken[st.job_id][1] if st.job_id in taken else 0
+            taken[st.job_id] = (st, n + 1)
+        for job_id, (st, n) in taken.items():
+            done.append(self._finish(st, outs[job_id], token, n))
+        return done
+
+    def _step(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        token: Any,
+        load: Callable[[str], bytes | None],
+        outs: dict[str, Handled] | None,
+    ) -> tuple[JobState, Handled] | Handled:
+        """Decode, take and detect one step record: its job's state and the Handled it
+        added to (the job's in ``outs``, when a batch shares one), or the Handled of a
+        record that goes no further (released, or dead-lettered)."""
         topic = self.topics.steps
         # the msgspec fast path takes common telemetry; pydantic decides the rest and
         # writes the dead letter's error
@@ -437,10 +490,14 @@ class WorkerDetection(_JobRecords):
         st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load)
         if isinstance(st, Handled):
             return st
-        out = Handled(job_id=msg.job_id)
-        st.active_wall = self.clock()
+        out = outs.get(msg.job_id) if outs is not None else None
+        if out is None:
+            out = Handled(job_id=msg.job_id)
+            if outs is not None:
+                outs[msg.job_id] = out
+        wall = self.clock()
+        st.active_wall = wall
         if st.last_event_ts is None or ts >= st.last_event_ts:
-            wall = self.clock()
             if st.last_event_ts is not None and wall < st.resume_wall:
                 # catching up after a takeover (:meth:`_resume`): a replayed step
                 # arrived as long after the one before it as its event time says
@@ -448,6 +505,7 @@ class WorkerDetection(_JobRecords):
             st.last_event_ts = ts
             st.arrived_wall = wall
         st.dirty = True
+        steps = out.steps
         try:
             out.add(st.detection.on_step(msg))
         except CapacityError as exc:
@@ -461,8 +519,8 @@ class WorkerDetection(_JobRecords):
             out.dead_letters.append(
                 _dead_letter(value, f"detect: {exc!r}", topic, partition, offset, key, "detect")
             )
-        st.steps_since_snapshot += out.steps
-        return self._finish(st, out, token)
+        st.steps_since_snapshot += out.steps - steps
+        return st, out
 
     def _to_job(self, job_id: str, value: bytes | None, kind: str) -> Forward:
         """A record re-keyed to the partition that holds ``job_id``'s state, sealed

@@ -574,3 +574,57 @@ def test_a_job_replayed_at_4x_has_its_silence_measured_at_4x():
     assert at_4x == pytest.approx(at_1x / 4, abs=1)
     with pytest.raises(ValueError, match="event_rate"):
         WorkerDetection(TOPICS, 8, event_rate=0)
+
+
+class Counted:
+    """A token that counts its releases (a batch's ticket)."""
+
+    def __init__(self) -> None:
+        self.released = 0
+
+    def ack(self) -> None:
+        self.released += 1
+
+
+def test_a_batch_of_steps_does_what_the_records_one_by_one_do():
+    """Two jobs interleaved (one with a straggler), a record that is not JSON and one
+    dated past the clock-skew limit: ``handle_steps`` in fetches of 37 records raises
+    the same alerts and dead letters, scores the same steps, and releases each record's
+    token exactly once in all (held ones once a snapshot covers them)."""
+    records = []
+    for step in range(40):
+        for node in range(8):
+            for job in ("a", "b"):
+                records.append((job.encode(), step_msg(step, node, 2.5 if job == "b" and
+                                                       node == 3 else 1.0, job=job)))  # fmt: skip
+    records.insert(101, (b"a", b"{not json"))
+    ahead = datetime.now(UTC) + timedelta(days=2)  # its time of day is early morning
+    records.insert(202, (b"a", step_msg(5, 0, job="a").replace(
+        b'"2026-01-01', ahead.strftime('"%Y-%m-%d').encode())))  # fmt: skip
+
+    def what(outs):
+        alerts = [(a.job_id, a.kind, a.node, a.grade, a.state) for o in outs for a in o.alerts]
+        letters = sorted((d.offset, d.stage) for o in outs for d in o.dead_letters)
+        return alerts, letters, sum(o.rank_steps for o in outs), sum(o.steps for o in outs)
+
+    one = WorkerDetection(TOPICS, 8, clock=Clock(), max_clock_skew_s=300.0)
+    singles = [one.handle_step(0, off, k, v, token=off) for off, (k, v) in enumerate(records)]
+    many = WorkerDetection(TOPICS, 8, clock=Clock(), max_clock_skew_s=300.0)
+    batches, tickets = [], []
+    for lo in range(0, len(records), 37):
+        ticket = Counted()
+        chunk = [(off, *records[off]) for off in range(lo, min(lo + 37, len(records)))]
+        outs = many.handle_steps(0, chunk, ticket)
+        for o in outs:
+            for t in o.release:
+                t.ack()
+        batches += outs
+        tickets.append((ticket, len(chunk)))
+    alerts, letters, rank_steps, steps = what(batches)
+    assert (alerts, letters, rank_steps, steps) == what(singles)
+    assert {a[2] for a in alerts if a[0] == "b"} == {"n3"} and [s for _, s in letters] == [
+        "decode", "clock"]  # fmt: skip
+    assert {j: st.detection.last_step for j, st in many.jobs.items()} == {"a": 39, "b": 39}
+    held = sum(many.held(j) for j in many.jobs)
+    assert sum(t.released for t, _ in tickets) + held == len(records)
+    assert all(t.released <= n for t, n in tickets)
