@@ -35,6 +35,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -284,7 +285,9 @@ WORKER_ENV: dict[str, str] = {}
 
 
 class WorkerProc:
-    def __init__(self, settings: Settings, tmp: Path, name: str = "") -> None:
+    def __init__(
+        self, settings: Settings, tmp: Path, name: str = "", session_timeout_s: float = 6.0
+    ) -> None:
         self.port = free_port()
         tag = f"{settings.consumer_group}{name}"
         env = (
@@ -296,7 +299,7 @@ class WorkerProc:
                 "STEPGUARD_CONSUMER_GROUP": settings.consumer_group,
                 "STEPGUARD_WORKER_METRICS_PORT": str(self.port),
                 "STEPGUARD_WORKER_DATA_DIR": str(tmp / f"w-{tag}"),
-                "STEPGUARD_WORKER_SESSION_TIMEOUT_S": "6",
+                "STEPGUARD_WORKER_SESSION_TIMEOUT_S": f"{session_timeout_s:g}",
             }
             | WORKER_ENV
         )
@@ -420,8 +423,11 @@ def bench_two_workers(
     the last, which any assignment of 8 partitions to two members splits), scored by
     one worker and then by two in one consumer group, the same records each time. The
     workers join and settle their assignment before any record is sent, so the rate is
-    the steady state, not the rebalance; it is measured while every worker still has
-    records to score (until the first is done with its job)."""
+    the steady state, not the rebalance. Then they are stopped (SIGSTOP, within their
+    session timeout) while every record is sent, and measured from the moment they go
+    on (SIGCONT) until the first is done with its job: each has its whole backlog
+    throughout, and the load generator takes none of their CPU (scoring while it still
+    sent, they scored at its pace, and a faster worker made the ratio noise)."""
     n_parts = TOPICS["steps"].partitions
     jobs = [_job_on(0, n_parts, "bench-a"), _job_on(n_parts - 1, n_parts, "bench-b")]
     total = len(jobs) * (steps - 2) * nodes * 8
@@ -429,7 +435,8 @@ def bench_two_workers(
     for n in (1, 2):
         s = fresh(settings)
         create_topics(s)
-        workers = [WorkerProc(s, tmp, name=f"-{i}") for i in range(n)]
+        # a session timeout that outlasts the prefill, while they are stopped
+        workers = [WorkerProc(s, tmp, name=f"-{i}", session_timeout_s=45) for i in range(n)]
         try:
             stable, last, deadline = 0, None, time.monotonic() + 120
             while stable < 6:  # every member assigned, and the assignment settled
@@ -439,9 +446,16 @@ def bench_two_workers(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{n} worker(s) never settled: partitions {owned}")
                 time.sleep(0.25)
-            prefill(s, jobs, nodes, steps)
-            t_first = v_first = busy_first = None
-            cpu_first: list[float] = []
+            v_first = sum(w.value("stepguard_worker_rank_steps_total") for w in workers)
+            for w in workers:
+                w.proc.send_signal(signal.SIGSTOP)
+            try:
+                prefill(s, jobs, nodes, steps)
+            finally:
+                for w in workers:
+                    w.proc.send_signal(signal.SIGCONT)
+            t_first = time.perf_counter()
+            busy_first, cpu_first = cores_busy(), [w.cpu_s() for w in workers]
             v = 0.0
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
@@ -453,18 +467,16 @@ def bench_two_workers(
                     for w, t in zip(workers, texts, strict=True)
                 ]
                 v = sum(per)
-                if v > 0 and t_first is None:
-                    t_first, v_first = time.perf_counter(), v
-                    busy_first, cpu_first = cores_busy(), [w.cpu_s() for w in workers]
                 # the window ends when a worker is done with its job: after that one
                 # of the two would be idle, which measures the jobs' ends, not scaling
-                if v >= total or (t_first is not None and max(per) >= total / n):
+                if v >= total or max(per) >= total / n:
                     break
                 time.sleep(0.05)
-            if t_first is None or v_first is None or max(per) < total / n:
+            if max(per) < total / n:
                 raise RuntimeError(f"{n} worker(s) scored {v} of {total} rank-steps")
             elapsed = time.perf_counter() - t_first
             out[f"workers_{n}_rank_steps_per_s"] = (v - v_first) / elapsed
+            out[f"workers_{n}_window_s"] = round(elapsed, 2)
             out[f"workers_{n}_shares"] = [round(x / v, 3) for x in per]
             # what the machine had left: its cores busy (broker and load included) and
             # the workers' own share of them, over the measured window
@@ -759,7 +771,7 @@ def main() -> None:
         if args.node_throughput_only:
             return
         print("one worker, then two, on two partitions ...", flush=True)
-        scaling = bench_two_workers(fresh(base), 64, steps // 2, tmp)
+        scaling = bench_two_workers(fresh(base), 64, 4 * steps, tmp)
         for key, value in scaling.items():
             results[key] = value
         big_steps = 8 if args.quick else 30
