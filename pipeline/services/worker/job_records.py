@@ -20,7 +20,7 @@ from pipeline.services.worker.records import (
     JobState,
     _dead_letter,
 )
-from pipeline.services.worker.seal import TickError, decode_tick
+from pipeline.services.worker.seal import Tick, TickError, decode_tick
 from schemas import (
     Command,
     CommandResult,
@@ -182,16 +182,25 @@ class _JobRecords:
         out = Handled(job_id=msg.job_id, alerts=st.detection.on_result(msg))
         return self._finish(st, out, token)
 
-    def _tick(
+    def _read_tick(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
-    ) -> Handled:
+    ) -> Tick | Handled:
+        """A tick or expire record's body, bounded and never beyond this worker's clock
+        (plus the skew allowed); or its dead letter."""
         skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
-        try:  # bounded, and never beyond this worker's clock (plus the skew allowed)
-            tick = decode_tick(value, max_wall=self.clock() + skew)
+        try:
+            return decode_tick(value, max_wall=self.clock() + skew)
         except TickError as exc:
             letter = _dead_letter(value, str(exc), self.topics.jobs, partition, offset, key,
                                   "decode")  # fmt: skip
             return Handled(dead_letters=[letter], release=[token])
+
+    def _tick(
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
+    ) -> Handled:
+        tick = self._read_tick(partition, offset, key, value, token)
+        if isinstance(tick, Handled):
+            return tick
         job_id, wall = tick.job_id, tick.wall_s
         st = self.jobs.get(job_id)  # only jobs this worker holds are ticked
         out = Handled(job_id=job_id, release=[token])
@@ -242,18 +251,16 @@ class _JobRecords:
         load: Callable[[str], bytes | None],
     ) -> Handled:
         """The tick loop's order to delete an ended job's mark (:meth:`expiry_ticks`):
-        done only while the table holds a mark under the job's id and this worker holds
-        no state of it (a new run since keeps its snapshot)."""
-        skew = self.max_clock_skew_s if self.max_clock_skew_s is not None else 300.0
-        try:
-            tick = decode_tick(value, max_wall=self.clock() + skew)
-        except TickError as exc:
-            letter = _dead_letter(value, str(exc), self.topics.jobs, partition, offset, key,
-                                  "decode")  # fmt: skip
-            return Handled(dead_letters=[letter], release=[token])
+        done only while the table holds a mark under the job's id no newer than the
+        order (a replayed order never deletes the mark of a later end) and this worker
+        holds no state of the job (a new run since keeps its snapshot)."""
+        tick = self._read_tick(partition, offset, key, value, token)
+        if isinstance(tick, Handled):
+            return tick
         out = Handled(job_id=tick.job_id, release=[token])
         if tick.job_id not in self.jobs:
-            out.tombstone = read_mark(tick.job_id, load(tick.job_id), self.seal) is not None
+            mark = read_mark(tick.job_id, load(tick.job_id), self.seal)
+            out.tombstone = mark is not None and mark.wall_s <= tick.wall_s
         return out
 
     def _lifecycle(

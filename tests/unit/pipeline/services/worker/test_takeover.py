@@ -360,6 +360,14 @@ def test_end_marks_beyond_max_ended_go_oldest_first_and_a_snapshot_never_goes():
     assert [j for j, _, _ in due] == ["j0", "j1"]
     out = core.handle_job_record(0, 50, b"j", due[0][2], "expire", "e", table.get)
     assert out.tombstone and out.job_id == "j0"
+    del table["j0"]
+    clock.now += 1.0  # j0 runs again and ends again: a newer mark
+    again = JobEvent(job_id="j0", kind=JobEventKind.END, reason=EndReason.COMPLETED,
+                     ts=T0 + timedelta(seconds=30))  # fmt: skip
+    out = core.handle_job_record(0, 60, b"x", encode(again), "lifecycle", "a", table.get)
+    table["j0"] = out.snapshot
+    replayed = core.handle_job_record(0, 50, b"j", due[0][2], "expire", "r", table.get)
+    assert not replayed.tombstone  # an old order never deletes a later end's mark
     forged = core._tick_value("j", clock.now, "expire")  # an expire naming the live job
     out = core.handle_job_record(0, 51, b"j", forged, "expire", "f", table.get)
     assert not out.tombstone and out.release == ["f"]
