@@ -360,8 +360,8 @@ def _phases(samples: list[_Sample]) -> npt.NDArray[np.int8]:
 
 def _versions_agree(m: _Step) -> bool:
     """Version 1: no sample names a node; version 2: every sample does (the schema)."""
-    named = sum(s.node is not None for s in m.samples)
-    return named == 0 if m.schema_version == 1 else named == len(m.samples)
+    unnamed = [s.node for s in m.samples].count(None)
+    return unnamed == (len(m.samples) if m.schema_version == 1 else 0)
 
 
 def _columns(
@@ -483,12 +483,8 @@ def decode_step(raw: bytes | None) -> StepView | None:
     if end < start:
         return None
     # msgspec has checked every field but two rules across samples (and bounded the
-    # timings, so none is infinite: JSON has no NaN): version 1 names no sample's node,
-    # version 2 every one; no rank twice
+    # timings, so none is infinite: JSON has no NaN): the versions, and no rank twice
     samples = m.samples
-    unnamed = [s.node for s in samples].count(None)
-    if unnamed != (len(samples) if m.schema_version == 1 else 0):
-        return None
-    if len({s.rank for s in samples}) != len(samples):
+    if not _versions_agree(m) or len({s.rank for s in samples}) != len(samples):
         return None
     return StepView(m.job_id, m.node, m.step, start, end, samples, m.run)
