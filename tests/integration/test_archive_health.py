@@ -26,16 +26,15 @@ HEALTH_V2_COLUMNS = frozenset(
         "pcie_gen_max", "pcie_width", "pcie_width_max", "remap_pending", "remap_failed",
     }
 )  # fmt: skip
-T = datetime(2026, 11, 30, 12, tzinfo=UTC)
 
 
-def _report(node: str, **gpu1) -> NodeHealth:
+def _report(node: str, ts: datetime, **gpu1) -> NodeHealth:
     gpus = tuple(
         GpuHealth(index=i, temperature_c=60.0, power_w=500.0, sm_clock_mhz=1980.0,
                   utilization_pct=99.0, **(gpu1 if i == 1 else {}))
         for i in range(2)
     )  # fmt: skip
-    return NodeHealth(job_id="j", node=node, ts=T, gpus=gpus)
+    return NodeHealth(job_id="j", node=node, ts=ts, gpus=gpus)
 
 
 @pytest.mark.parametrize("kind", ["chdb", "server"])
@@ -47,6 +46,7 @@ def test_migration_006_adds_the_health_signals(kind, _chdb_session):
     else:
         archive = _fresh_chdb(_chdb_session)
     db = archive.database
+    now = datetime.now(UTC).replace(microsecond=0)
     try:
         assert applied_migrations(archive) == []
         for version, name, sql in available_migrations():
@@ -54,13 +54,13 @@ def test_migration_006_adds_the_health_signals(kind, _chdb_session):
                 for stmt in split_statements(sql):
                     archive.execute(stmt.replace("{db}", db))
                 archive.insert("schema_migrations", {"version": [version], "name": [name],
-                                                     "applied_at": [T]})  # fmt: skip
-        old = rows_for([(_report("old"), 0)], [0])["health"]
+                                                     "applied_at": [now]})  # fmt: skip
+        old = rows_for([(_report("old", now), 0)], [0])["health"]
         assert set(old) >= HEALTH_V2_COLUMNS
         archive.insert("health", {c: v for c, v in old.items() if c not in HEALTH_V2_COLUMNS})
         assert "006_health_signals" in migrate(archive)
         new = _report(
-            "new", nvlink_crc_errors=16, nvlink_replay_errors=30, nvlink_links_down=1,
+            "new", now, nvlink_crc_errors=16, nvlink_replay_errors=30, nvlink_links_down=1,
             pcie_gen=5, pcie_gen_max=5, pcie_width=8, pcie_width_max=16, remap_pending=True,
         )  # fmt: skip
         for table, cols in rows_for([(new, 0)], [1]).items():

@@ -59,7 +59,7 @@ def _insert(archive, *messages):
 def test_label_is_archived_validated_and_the_latest_verdict_counts(archive):
     seeded = seed_job(archive, _slow("lab", 0.035, 2), truth=False, observed_with=SENSITIVE)
     incident = next(iter(seeded.incidents))
-    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
     label_incident(archive, incident, True, by="alice", note="looked slow", now=t0)
     label_incident(archive, incident, False, by="bob", note="data imbalance",
                    now=t0 + timedelta(minutes=5))  # fmt: skip
@@ -81,7 +81,7 @@ def test_approvals_rejections_and_outcomes_become_labels_and_a_label_outranks_th
     seeded = seed_job(archive, _slow("ops", 0.05, 4), truth=False, observed_with=SENSITIVE)
     alerts = sorted(seeded.incidents.values(), key=lambda a: a.incident)
     assert alerts, "the sensitive settings raised something to act on"
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
     fp = alerts[0].fingerprint
     # a forged (unsigned) approval of a forged hold is nobody's word ...
     _insert(
@@ -130,6 +130,7 @@ def test_calibration_recovers_the_planted_slowdown_threshold(archive):
     them); 8-10 % are faults (simulator truth). The threshold that separates them lies
     in (0.035, 0.08]: calibration must recommend one there, and the running defaults,
     which page on the benign ones, must score worse."""
+    t0 = datetime.now(UTC).replace(microsecond=0)  # the scenarios start now (or later)
     for name, magnitude, seed in (("fault-08", 0.08, 11), ("fault-10", 0.10, 12)):
         seed_job(archive, _slow(name, magnitude, seed))
     for name, magnitude, seed in (("benign-030", 0.03, 13), ("benign-035", 0.035, 14)):
@@ -138,7 +139,7 @@ def test_calibration_recovers_the_planted_slowdown_threshold(archive):
         assert seeded.incidents, name
         for incident in seeded.incidents:
             label_incident(archive, incident, False, by="sre", note="benign imbalance")
-    jobs = archived_jobs(archive, since=datetime(2025, 12, 1, tzinfo=UTC))
+    jobs = archived_jobs(archive, since=t0 - timedelta(days=1))
     assert sorted(j.job_id for j in jobs) == ["benign-030", "benign-035", "fault-08", "fault-10"]
     thresholds = [0.02, 0.03, 0.05, 0.065, 0.1]
     grid = {  # the straggler family's thresholds together (the intermittent score too)
@@ -169,7 +170,7 @@ def test_running_confirmation_is_the_settings_then_every_signed_control_change(a
 
     s = Settings(warning_confirm_steps=20, warning_confirm_s=300.0)
     assert running_actuator(s, archive) == {"warning_confirm_steps": 20, "warning_confirm_s": 300.0}
-    t0 = datetime(2026, 2, 1, tzinfo=UTC)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)  # c1..c3: in the past
     first = ControlMessage(change_id="c1", warning_confirm_steps=8, by="sre", ts=t0)
     later = ControlMessage(change_id="c2", warning_confirm_s=60.0, by="sre",
                            ts=t0 + timedelta(hours=1))  # fmt: skip

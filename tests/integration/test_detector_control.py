@@ -82,7 +82,7 @@ def test_a_running_worker_builds_a_new_jobs_detectors_with_the_applied_settings(
 def test_running_detector_settings_are_the_latest_signed_change_archived(archive):
     base = DetectorConfig(hang_factor=3.0)
     assert running_detector(archive, base) is base
-    t0 = datetime(2026, 2, 1, tzinfo=UTC)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)  # c1..c4: in the past
 
     def change(cid: str, minutes: int, settings: dict, signed: bool = True) -> ControlMessage:
         m = ControlMessage(change_id=cid, scope="detector", by="sre", detector_settings=settings,
