@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from detectors._stats import MAD_TO_SIGMA, Groups
+from detectors._stats import MAD_TO_SIGMA, Groups, median
 from detectors.steps.temporal import RankBaselines
 
 __all__ = ["anchor_first_step_outliers", "node_outliers", "warmup_outliers"]
@@ -71,14 +71,14 @@ def warmup_outliers(
     for g in np.unique(key[peers]).tolist():
         in_g = key == g
         ref = offset[in_g & peers]
-        typical[in_g] = float(np.median(ref))
+        typical[in_g] = float(median(ref))
         enough[in_g] = ref.shape[0] >= 3
     ok = peers & enough
     if not ok.any():
         return out, typical
     # one spread pooled over the groups: ranks spread alike in every stage, and a
     # stage of a few dozen ranks estimates it poorly
-    spread = MAD_TO_SIGMA * float(np.median(np.abs(offset[ok] - typical[ok])))
+    spread = MAD_TO_SIGMA * float(median(np.abs(offset[ok] - typical[ok])))
     cand = candidates & enough
     thr = np.maximum(floor, k * np.sqrt(spread**2 + se[cand] ** 2))
     out[cand] = offset[cand] - typical[cand] > thr

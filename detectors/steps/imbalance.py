@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from detectors._stats import median
 from detectors.base import Finding
 from detectors.frame import StepFrame
 
@@ -113,14 +114,14 @@ class StageImbalance:
         size = int(stage.max()) + 1
         gaps = np.full(size, np.nan)
         ids = np.unique(stage)
-        meds = np.array([float(np.median(compute[stage == s])) for s in ids])
+        meds = np.array([float(median(compute[stage == s])) for s in ids])
         counts = np.array([int((stage == s).sum()) for s in ids])
         ok = (counts >= self.min_ranks) & (meds > 0)
         ids, meds = ids[ok], meds[ok]
         if ids.shape[0] < 2:
             return gaps
         for i, s in enumerate(ids):
-            others = float(np.median(np.delete(meds, i)))
+            others = float(median(np.delete(meds, i)))
             gaps[s] = meds[i] / others - 1.0
         return gaps
 

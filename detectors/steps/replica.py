@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from detectors._stats import median
 from detectors.base import Finding
 
 __all__ = ["MAX_REPLICAS", "ReplicaDrift", "ReplicaStep"]
@@ -122,7 +123,7 @@ class ReplicaDrift:
         ids = np.flatnonzero(cnt > 0).astype(np.int64)
         if ids.shape[0] < 3:
             return none
-        rel = mean[ids] - float(np.median(mean[ids]))
+        rel = mean[ids] - float(median(mean[ids]))
         fast, base, seen = self._state(ids)
         wf, _ = self._weights(seen)
         fast = fast + wf * (rel - fast)

@@ -181,6 +181,12 @@ class RankBaselines:
 
     def _gather(self, slots: I64) -> tuple[F64, F64, npt.NDArray[np.int64]]:
         n = slots.shape[0]
+        if n and int(slots.max()) < self.n_slots:  # every rank has a slot: plain takes
+            return (
+                np.stack([ew.mean[slots] for ew in self._ew]).astype(np.float64, copy=False),
+                np.stack([ew.var[slots] for ew in self._ew]).astype(np.float64, copy=False),
+                np.stack([ew.n[slots] for ew in self._ew]).astype(np.int64, copy=False),
+            )
         mean = np.zeros((self.n_metrics, n))
         var = np.zeros((self.n_metrics, n))
         count = np.zeros((self.n_metrics, n), dtype=np.int64)
