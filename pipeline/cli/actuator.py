@@ -234,7 +234,7 @@ def actuator(
         logging.getLogger("pipeline.services.actuator").setLevel(logging.INFO)
     settings = load_settings()
     metrics = ActuatorMetrics()
-    serve_metrics(metrics.registry, settings, "actuator_metrics_port")
+    serve_metrics(metrics.registry, settings, "actuator_metrics_port", metrics.readiness)
     act = Actuator(settings, crash_after_publish=crash_after_publish, metrics=metrics)
     err.print(
         f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
@@ -488,7 +488,7 @@ def executor(
     # one INFO line per command it answers (id, kind, job, targets, result)
     logging.getLogger("pipeline.services.actuator.executors").setLevel(logging.INFO)
     metrics = ExecutorMetrics()
-    serve_metrics(metrics.registry, settings, "executor_metrics_port")
+    serve_metrics(metrics.registry, settings, "executor_metrics_port", metrics.readiness)
     runner = ExecutorRunner(settings, make_executor(kind, settings), metrics=metrics)
     err.print(f"executor {kind}: {len(runner.done)} commands already done")
     stop = stop_event()

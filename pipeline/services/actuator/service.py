@@ -428,6 +428,7 @@ class Actuator:
         now = self._clock()
         ages = [(now - r.ts).total_seconds() for r in self.policy.held]
         self.metrics.oldest_held.set(max(ages, default=0.0))
+        self.metrics.readiness.polled()
         return n
 
     def _count_input(self, rec: Decoded, out: Outcome, refused_before: int) -> None:
