@@ -169,6 +169,15 @@ def _untrusted(settings: Settings, command: str) -> str | None:
     return None
 
 
+def _refuse_untrusted(settings: Settings, command: str, what: str) -> None:
+    """Exit 1 (nothing sent) when the operator key is not one the services trust; a
+    missing key is a ConfigError naming the variable and the command (exit 2)."""
+    problem = _untrusted(settings, command)
+    if problem is not None:
+        err.print(f"{what} refused before sending: {problem}; nothing was sent")
+        raise typer.Exit(EXIT_REFUSED)
+
+
 def _send_and_wait(
     settings: Settings, logical: str, msg: Approval | ControlMessage, what: str, timeout_s: float
 ) -> Acknowledgement:
@@ -183,10 +192,7 @@ def _send_and_wait(
     from pipeline.services.actuator.records import AnswerWaiter
 
     command = "control" if logical == "control" else str(getattr(msg, "decision", "approve"))
-    problem = _untrusted(settings, command)
-    if problem is not None:
-        err.print(f"{what} refused before sending: {problem}; nothing was sent")
-        raise typer.Exit(EXIT_REFUSED)
+    _refuse_untrusted(settings, command, what)
     signed = sign(msg, signing_key(settings, "operator", f"`stepguard {command}`"))
     create_topics(settings, [logical])
     waiter = AnswerWaiter(settings)
@@ -297,6 +303,7 @@ def _decide(
     settings = load_settings()
     now = datetime.now(UTC)
     what = f"{decision.value} {action_id}"
+    _refuse_untrusted(settings, decision.value, what)  # before the broker is asked
     problem, rec = _still_held(settings, action_id, now)
     if problem is not None or rec is None:
         err.print(f"{decision.value} refused: {problem}; nothing was sent")
