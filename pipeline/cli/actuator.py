@@ -422,7 +422,8 @@ def resume_node(
             kube = KubernetesExecutor(
                 load_api_client(settings.kube_config, settings.kube_context),
                 node_condition=settings.kube_node_condition, timeout_s=settings.kube_timeout_s,
-                check_access=False,  # the API server answers 403 itself, naming the verb
+                # no access check: the API server answers 403 itself, naming the verb
+                device_taints=settings.kube_device_taints, check_access=False,
             )  # fmt: skip
             text = kube.resume(node, force=force).describe()
         else:

@@ -87,6 +87,8 @@ STEPGUARD_KUBE_NODE_CONDITION  write the StepguardHealthy condition (nodes/statu
 STEPGUARD_KUBE_JOB_LABELS     pod labels whose value is a job's id (its pods to evict)
 STEPGUARD_KUBE_NAMESPACES     namespaces whose pods may be evicted (empty: all)
 STEPGUARD_KUBE_TIMEOUT_S      per-request timeout of the Kubernetes executor
+STEPGUARD_KUBE_DEVICE_TAINTS  taint the one faulty GPU (DRA DeviceTaintRule) instead of
+                              the node; ``_DRA_DRIVER`` / ``_DRA_DEVICE`` name it
 STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
 STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
                               commands, actions, cooldowns, repair marks, job sizes)
@@ -442,6 +444,14 @@ class Settings(ClientSettings):
     #: namespaces whose pods may be evicted, comma-separated (empty: every namespace)
     kube_namespaces: str = ""
     kube_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    #: a fault on one named GPU taints that device (a DRA DeviceTaintRule) instead of
+    #: cordoning the node, where the node publishes it (a ResourceSlice of the driver)
+    kube_device_taints: bool = False
+    kube_dra_driver: str = Field(
+        default="gpu.nvidia.com", pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$"
+    )
+    #: the device's name in the driver's ResourceSlice, from the GPU index
+    kube_dra_device: str = Field(default="gpu-{index}", pattern=r"^[a-z0-9-]*\{index\}[a-z0-9-]*$")
     #: a held action nobody approved or rejected for this long expires (archived)
     hold_ttl_s: float = Field(default=1800.0, gt=0)
     #: hard cap of each of the actuator's memory maps (oldest dropped first); the

@@ -50,6 +50,7 @@ def executor_kubeconfig(kube: Kube) -> str:
     token (the ClusterRole's permissions, nothing more)."""
     admin = kube.admin()
     apply_manifests(admin)
+    apply_manifests(admin, kube_apiserver.MANIFESTS / "dra")  # device taints (optional)
     token = service_account_token(admin, "stepguard", "stepguard-executor")
     return str(kube.kubeconfig_for_token(token, "stepguard-executor"))
 
@@ -242,10 +243,11 @@ def command(kind: CommandKind, targets: tuple[str, ...], job_id: str) -> Command
     )  # fmt: skip
 
 
-def executor_for(kubeconfig: str) -> KubernetesExecutor:
+def executor_for(kubeconfig: str, **kwargs: Any) -> KubernetesExecutor:
     from kubernetes import config
 
-    return KubernetesExecutor(config.new_client_from_config(kubeconfig), job_labels=[JOB_LABEL])
+    api = config.new_client_from_config(kubeconfig)
+    return KubernetesExecutor(api, job_labels=[JOB_LABEL], **kwargs)
 
 
 def test_a_disruption_budget_keeps_its_pods_and_the_restart_fails_naming_them(
@@ -325,3 +327,44 @@ def test_rbac_refuses_what_the_role_does_not_grant_and_a_weak_identity_cannot_st
     assert "patch nodes" in text and "create pods/eviction" in text and "list pods" in text
     assert "get nodes" not in text
     assert isinstance(refused.value, ConfigError)  # the CLI prints it as one line, exit 2
+
+
+def test_one_faulty_gpu_is_a_device_taint_where_dra_publishes_it_else_the_node(
+    admin, executor_kubeconfig, tag
+):
+    dra_node, plain_node = f"k{tag}-11", f"k{tag}-12"
+    make_node(admin, dra_node)
+    make_node(admin, plain_node)
+    devices = [{"name": f"gpu-{i}"} for i in range(4)]
+    pool = {"name": dra_node, "generation": 1, "resourceSliceCount": 1}
+    rslice = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+              "metadata": {"name": f"{dra_node}-gpus"},
+              "spec": {"driver": "gpu.nvidia.com", "pool": pool, "nodeName": dra_node,
+                       "devices": devices}}  # fmt: skip
+    call(admin, "POST", "/apis/resource.k8s.io/v1/resourceslices", rslice)
+    kube_exec = executor_for(executor_kubeconfig, device_taints=True)
+
+    [done] = kube_exec.isolate(command(CommandKind.ISOLATE, (dra_node,), "job-dra"))
+    assert done.outcome.value == "device tainted" and done.rule
+    _, rule = call(admin, "GET", f"/apis/resource.k8s.io/v1/devicetaintrules/{done.rule}")
+    assert rule["spec"]["deviceSelector"] == {
+        "driver": "gpu.nvidia.com", "pool": dra_node, "device": "gpu-2",
+    }  # fmt: skip
+    assert rule["spec"]["taint"]["key"] == TAINT
+    assert "fatal XID 79" in rule["metadata"]["annotations"]["stepguard.io/cause"]
+    n = node(admin, dra_node)
+    assert not n["spec"].get("unschedulable") and not taints(n)  # the node stays in service
+    # again: stepguard's rule is there already
+    [again] = kube_exec.isolate(command(CommandKind.ISOLATE, (dra_node,), "job-dra"))
+    assert again.outcome.value == "already isolated by stepguard"
+
+    # a node that publishes no such device: the node is isolated instead
+    [fallback] = kube_exec.isolate(command(CommandKind.ISOLATE, (plain_node,), "job-dra"))
+    assert fallback.outcome.value == "cordoned and tainted"
+    assert node(admin, plain_node)["spec"]["unschedulable"] is True
+
+    # resume removes stepguard's rule of that node
+    assert kube_exec.resume(dra_node).outcome.value == "resumed"
+    status, _ = call(admin, "GET", f"/apis/resource.k8s.io/v1/devicetaintrules/{done.rule}",
+                     ok=False)  # fmt: skip
+    assert status == 404

@@ -276,7 +276,8 @@ def _kubernetes(settings: Settings) -> Executor:
         load_api_client(settings.kube_config, settings.kube_context),
         taint_effect=settings.kube_taint_effect, node_condition=settings.kube_node_condition,
         job_labels=settings.kube_job_label_keys, namespaces=settings.kube_namespace_list,
-        timeout_s=settings.kube_timeout_s,
+        device_taints=settings.kube_device_taints, dra_driver=settings.kube_dra_driver,
+        dra_device=settings.kube_dra_device, timeout_s=settings.kube_timeout_s,
     )  # fmt: skip
 
 

@@ -81,6 +81,8 @@ class IsolateOutcome(StrEnum):
     ALREADY_OURS = "already isolated by stepguard"
     #: cordoned or tainted out of service by someone else: nothing written
     ISOLATED_BY_OTHER = "already isolated by someone else"
+    #: only the faulty GPU taken out (a DRA DeviceTaintRule); the node stays in service
+    DEVICE_TAINTED = "device tainted"
 
 
 class ResumeOutcome(StrEnum):

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.io.errors import ConfigError
+from pipeline.services.actuator import kube_dra
 from pipeline.services.actuator.base import ExecutionError, Executor, validate_node_name
 from pipeline.services.actuator.kube_nodes import (
     CONDITION_TYPE,
@@ -58,6 +59,7 @@ from pipeline.services.actuator.kube_nodes import (
 from schemas import Command, CommandKind
 
 __all__ = [
+    "DRA",
     "OPTIONAL",
     "REQUIRED",
     "Access",
@@ -99,6 +101,13 @@ REQUIRED = (
 )
 #: the node condition, where the role may write it
 OPTIONAL = (Access("patch", "nodes", "status"),)
+#: device taints (``device_taints``): deploy/kubernetes/dra/ grants them
+DRA = (
+    Access("list", "resourceslices", group="resource.k8s.io"),
+    Access("create", "devicetaintrules", group="resource.k8s.io"),
+    Access("list", "devicetaintrules", group="resource.k8s.io"),
+    Access("delete", "devicetaintrules", group="resource.k8s.io"),
+)
 
 
 class PermissionMissing(ConfigError):
@@ -116,8 +125,14 @@ class Isolation:
     after: NodeView
     #: why the condition was not written ("" when it was, or was already there)
     condition_note: str = ""
+    #: the DeviceTaintRule of a device taint ("" for the node's own isolation)
+    rule: str = ""
 
     def describe(self) -> str:
+        if self.rule:
+            return (
+                f"{self.node}: {self.outcome.value} (DeviceTaintRule {self.rule}); node in service"
+            )
         text = f"{self.node}: {self.outcome.value} ({self.after.describe()})"
         return text + (f" [{self.condition_note}]" if self.condition_note else "")
 
@@ -178,6 +193,9 @@ class KubernetesExecutor(Executor):
         node_condition: bool = True,
         job_labels: Iterable[str] = (),
         namespaces: Iterable[str] = (),
+        device_taints: bool = False,
+        dra_driver: str = "gpu.nvidia.com",
+        dra_device: str = "gpu-{index}",
         timeout_s: float = 30.0,
         retries: int = 5,
         check_access: bool = True,
@@ -198,13 +216,21 @@ class KubernetesExecutor(Executor):
         self.retries = retries
         self._clock = clock
         self.node_condition = node_condition
+        self.device_taints = device_taints
+        self.dra_driver = dra_driver
+        self.dra_device = dra_device
         if check_access:
-            missing = [a for a in REQUIRED if not self.allowed(a)]
+            needed = REQUIRED + (DRA if device_taints else ())
+            try:
+                missing = [a for a in needed if not self.allowed(a)]
+            except Exception as exc:  # unreachable, TLS, 401: no executor to run
+                raise ConfigError(f"cannot ask the Kubernetes API server: {_error(exc)}") from exc
             if missing:
                 raise PermissionMissing(
                     "the Kubernetes executor may not "
                     + ", ".join(a.describe() for a in missing)
-                    + " (deploy/kubernetes/clusterrole.yaml grants what it needs)"
+                    + " (deploy/kubernetes/clusterrole.yaml grants what it needs; device "
+                    "taints: deploy/kubernetes/dra/)"
                 )
             if node_condition and not all(self.allowed(a) for a in OPTIONAL):
                 log.warning(
@@ -258,7 +284,7 @@ class KubernetesExecutor(Executor):
             return fn()
         except ApiException as exc:
             raise ExecutionError(f"{what}: HTTP {exc.status} {_reason(exc)}") from exc
-        except (OSError, ValueError) as exc:  # connection, TLS, timeout, bad JSON
+        except _network_errors() as exc:  # connection, TLS, timeout, bad JSON
             raise ExecutionError(f"{what}: {exc}") from exc
 
     def _patch_node(
@@ -281,7 +307,7 @@ class KubernetesExecutor(Executor):
                 raise ExecutionError(
                     f"patch node {name}: HTTP {exc.status} {_reason(exc)}"
                 ) from exc
-            except (OSError, ValueError) as exc:
+            except _network_errors() as exc:
                 raise ExecutionError(f"patch node {name}: {exc}") from exc
             return NodeView.of(out)
         raise ExecutionError(f"patch node {name}: still conflicting after {self.retries} reads")
@@ -313,6 +339,11 @@ class KubernetesExecutor(Executor):
         """Cordon and taint every target nobody isolated; leave the others as they are."""
         out = []
         for node in (validate_node_name(n) for n in cmd.targets):
+            tainted = self._taint_device(node, cmd) if self.device_taints else None
+            if tainted is not None:
+                out.append(tainted)
+                log.info("kubernetes: %s", tainted.describe())
+                continue
             decided: list[IsolateOutcome] = []
 
             def compute(
@@ -342,13 +373,55 @@ class KubernetesExecutor(Executor):
             log.info("kubernetes: %s", out[-1].describe())
         return out
 
+    def _taint_device(self, node: str, cmd: Command) -> Isolation | None:
+        """Taint the one GPU the cause names, if the node publishes it through DRA
+        (a ResourceSlice of the driver); ``None``: isolate the node instead."""
+        index = kube_dra.gpu_index(cmd.cause)
+        if index is None:
+            return None
+        device = self.dra_device.format(index=index)
+        query = [("fieldSelector", f"spec.nodeName={node}")]
+        slices = self._guard(f"list resourceslices of {node}", lambda: self._call(
+            "GET", kube_dra.SLICES, query=query))  # fmt: skip
+        found = kube_dra.device_in_slices(slices, node, self.dra_driver, device)
+        if found is None:
+            log.info("kubernetes: %s publishes no %s device %s: isolating the node",
+                     node, self.dra_driver, device)  # fmt: skip
+            return None
+        pool, device = found
+        rule = kube_dra.device_taint_rule(
+            node, self.dra_driver, pool, device, cmd, self._clock(), self.taint_effect
+        )
+        name = rule["metadata"]["name"]
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._call("POST", kube_dra.RULES, rule)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise ExecutionError(f"create DeviceTaintRule {name}: HTTP {exc.status} "
+                                     f"{_reason(exc)}") from exc  # fmt: skip
+            view = self._node(node)  # the rule exists: stepguard's name, stepguard's rule
+            return Isolation(node, IsolateOutcome.ALREADY_OURS, view, rule=name)
+        except _network_errors() as exc:
+            raise ExecutionError(f"create DeviceTaintRule {name}: {exc}") from exc
+        return Isolation(node, IsolateOutcome.DEVICE_TAINTED, self._node(node), rule=name)
+
+    def _our_rules(self, node: str) -> list[str]:
+        selector = f"{'='.join(kube_dra.MANAGED_BY)},{kube_dra.NODE_LABEL}={node}"
+        out = self._guard(f"list DeviceTaintRules of {node}", lambda: self._call(
+            "GET", kube_dra.RULES, query=[("labelSelector", selector)]))  # fmt: skip
+        return [str(r["metadata"]["name"]) for r in out.get("items") or ()]
+
     def resume(self, node: str, *, force: bool = False) -> Resume:
         """Undo stepguard's isolation of ``node``; someone else's only with ``force``
         (their cordon; their taints never). Raises :class:`ResumeRefused`."""
         node = validate_node_name(node)
         before = self._node(node)
         foreign = foreign_isolation(before)
+        rules = self._our_rules(node) if self.device_taints else []
         ours = before.our_taint is not None or before.our_cordon or bool(before.our_annotations)
+        ours = ours or bool(rules)
         if foreign is not None and not force:
             raise ResumeRefused(
                 f"{node} was isolated by someone else ({foreign}): not resuming it (--force "
@@ -358,6 +431,9 @@ class KubernetesExecutor(Executor):
             return Resume(node, ResumeOutcome.NOT_ISOLATED, before)
         if foreign is not None:
             log.warning("resume-node --force: %s was isolated by someone else (%s)", node, foreign)
+        for name in rules:
+            self._guard(f"delete DeviceTaintRule {name}", lambda n=name: self._call(
+                "DELETE", f"{kube_dra.RULES}/{n}"))  # fmt: skip
         after = self._patch_node(node, lambda view: resume_patch(view, force=force))
         if before.our_condition is not None:
             directive = {"type": CONDITION_TYPE, "$patch": "delete"}
@@ -412,7 +488,7 @@ class KubernetesExecutor(Executor):
                         terminating.append(f"{ns}/{name}")  # gone meanwhile
                     else:
                         blocked.append(f"{ns}/{name} (HTTP {exc.status} {_reason(exc)})")
-                except (OSError, ValueError) as exc:
+                except _network_errors() as exc:
                     blocked.append(f"{ns}/{name} ({exc})")
         text = f"evicted {len(evicted)} pod(s) of job {job_id}" + (
             f": {', '.join(evicted)}" if evicted else ""
@@ -424,6 +500,20 @@ class KubernetesExecutor(Executor):
         if blocked:
             raise ExecutionError(f"{text}; not evicted: {'; '.join(blocked)}")
         return text
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What a request raises short of an HTTP answer (urllib3's errors are no OSError)."""
+    from urllib3.exceptions import HTTPError
+
+    return (OSError, ValueError, HTTPError)
+
+
+def _error(exc: BaseException) -> str:
+    status = getattr(exc, "status", None)
+    if status:
+        return f"HTTP {status} {_reason(exc)}"
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _reason(exc: Any) -> str:

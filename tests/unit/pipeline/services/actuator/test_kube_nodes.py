@@ -159,3 +159,34 @@ def test_kubernetes_is_a_registered_executor_and_its_settings_fail_fast_naming_t
     ]:
         with pytest.raises(ConfigError, match=field):
             load_settings(env)
+
+
+def test_a_device_taint_names_the_one_gpu_of_the_cause_and_carries_provenance():
+    from pipeline.services.actuator import kube_dra
+
+    assert doctest.testmod(kube_dra, optionflags=doctest.ELLIPSIS).failed == 0
+    assert kube_dra.gpu_index("xid: GPU 7: XID 48 (DBE)") == 7
+    assert kube_dra.gpu_index("GPU 2 and gpu 2 again") == 2
+    assert kube_dra.gpu_index(None) is None
+    slices = {"items": [
+        {"spec": {"driver": "other.example.com", "nodeName": "node-3", "pool": {"name": "x"},
+                  "devices": [{"name": "gpu-2"}]}},
+        {"spec": {"driver": "gpu.nvidia.com", "nodeName": "node-3", "pool": {"name": "node-3"},
+                  "devices": [{"name": "gpu-0"}, {"name": "gpu-2"}]}},
+    ]}  # fmt: skip
+    assert kube_dra.device_in_slices(slices, "node-3", "gpu.nvidia.com", "gpu-2") == (
+        "node-3", "gpu-2",
+    )  # fmt: skip
+    assert kube_dra.device_in_slices(slices, "node-3", "gpu.nvidia.com", "gpu-5") is None
+    assert kube_dra.device_in_slices(slices, "node-4", "gpu.nvidia.com", "gpu-2") is None
+    rule = kube_dra.device_taint_rule("node-3", "gpu.nvidia.com", "node-3", "gpu-2", cmd(), NOW,
+                                      "NoSchedule")  # fmt: skip
+    assert rule["spec"]["deviceSelector"] == {
+        "driver": "gpu.nvidia.com", "pool": "node-3", "device": "gpu-2",
+    }  # fmt: skip
+    assert rule["spec"]["taint"]["key"] == TAINT_KEY
+    assert rule["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "stepguard", "stepguard.io/node": "node-3",
+    }  # fmt: skip
+    assert rule["metadata"]["annotations"]["stepguard.io/cause"] == "hardware: GPU 2: fatal XID 79"
+    assert kube_dra.rule_name("node-3", "gpu-2") != kube_dra.rule_name("node-3", "gpu-1")
