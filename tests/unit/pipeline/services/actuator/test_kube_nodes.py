@@ -190,3 +190,42 @@ def test_a_device_taint_names_the_one_gpu_of_the_cause_and_carries_provenance():
     }  # fmt: skip
     assert rule["metadata"]["annotations"]["stepguard.io/cause"] == "hardware: GPU 2: fatal XID 79"
     assert kube_dra.rule_name("node-3", "gpu-2") != kube_dra.rule_name("node-3", "gpu-1")
+
+
+def test_the_executor_refuses_to_start_without_a_reachable_api_server(tmp_path, monkeypatch):
+    """Before any broker: a kubeconfig that loads but reaches no API server is a
+    ConfigError (one line, exit 2 from ``stepguard``), never a traceback."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli.app import app
+
+    with socket_closed_port() as port:
+        config = tmp_path / "kubeconfig"
+        config.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: k, cluster: {{server: 'https://127.0.0.1:{port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        )
+        monkeypatch.setenv("STEPGUARD_KUBE_CONFIG", str(config))
+        monkeypatch.setenv("STEPGUARD_KUBE_TIMEOUT_S", "2")
+        result = CliRunner().invoke(app, ["executor", "kubernetes"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "cannot ask the Kubernetes API server" in str(result.exception)
+    bogus = CliRunner().invoke(app, ["executor", "bogus"])
+    assert bogus.exit_code == 2 and "kubernetes" in bogus.output
+
+
+def socket_closed_port():
+    """A context manager giving a loopback port nothing listens on."""
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def closed():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield port
+
+    return closed()
