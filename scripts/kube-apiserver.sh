@@ -223,7 +223,7 @@ write_credentials() {
   local token
   token="$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
   umask 077
-  printf '%s\n' "$token" >"$STATE/admin.token"
+  printf '%s' "$token" >"$STATE/admin.token"  # no newline: the Python client sends it as is
   printf '%s,stepguard-admin,stepguard-admin,"system:masters"\n' "$token" >"$STATE/tokens.csv"
   cat >"$STATE/admin.kubeconfig" <<KC
 apiVersion: v1

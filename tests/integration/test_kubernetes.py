@@ -78,11 +78,17 @@ def make_namespace(api: Any, ns: str) -> None:
 
 
 def make_pod(api: Any, ns: str, name: str, node: str, labels: dict[str, str]) -> None:
+    """A pod bound to ``node`` and reported Running and Ready (as a kubelet would: the
+    Eviction API ignores disruption budgets for pending pods)."""
     container = {"name": "train", "image": "example.invalid/train"}
     body = {"metadata": {"name": name, "labels": labels},
             "spec": {"nodeName": node, "automountServiceAccountToken": False,
                      "containers": [container]}}  # fmt: skip
     call(api, "POST", f"/api/v1/namespaces/{ns}/pods", body)
+    ready = [{"type": "Ready", "status": "True"}]
+    status = {"status": {"phase": "Running", "conditions": ready}}
+    call(api, "PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", status,
+         content_type="application/merge-patch+json")  # fmt: skip
 
 
 def node(api: Any, name: str) -> dict[str, Any]:
@@ -176,7 +182,8 @@ def test_the_production_path_isolates_the_culprit_with_provenance_and_touches_no
     assert ours["key"] == TAINT and ours["effect"] == "NoSchedule" and ours["value"]
     notes = n["metadata"]["annotations"]
     assert notes["stepguard.io/isolated-by"].startswith("stepguard (actuator key ")
-    assert "hardware" in notes["stepguard.io/cause"]  # the cause, not the remedy
+    # what the alert saw (its summary: the test alert has no evidence detail), not the remedy
+    assert notes["stepguard.io/cause"] == f"uncorrectable ECC on {culprit}"
     assert notes["stepguard.io/job"] == "job-1" and notes["stepguard.io/command-id"]
     assert notes["stepguard.io/cordoned"] == "true"
     cond = condition(n)
