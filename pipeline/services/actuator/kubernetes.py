@@ -39,6 +39,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +270,8 @@ class KubernetesExecutor(Executor):
             from kubernetes.client.exceptions import ApiException
 
             raise ApiException(http_resp=resp)
-        return json.loads(resp.data or b"{}")
+        out: dict[str, Any] = json.loads(resp.data or b"{}")
+        return out
 
     def _node(self, name: str) -> NodeView:
         return NodeView.of(self._get_node(name))
@@ -432,8 +434,8 @@ class KubernetesExecutor(Executor):
         if foreign is not None:
             log.warning("resume-node --force: %s was isolated by someone else (%s)", node, foreign)
         for name in rules:
-            self._guard(f"delete DeviceTaintRule {name}", lambda n=name: self._call(
-                "DELETE", f"{kube_dra.RULES}/{n}"))  # fmt: skip
+            path = f"{kube_dra.RULES}/{name}"
+            self._guard(f"delete DeviceTaintRule {name}", partial(self._call, "DELETE", path))
         after = self._patch_node(node, lambda view: resume_patch(view, force=force))
         if before.our_condition is not None:
             directive = {"type": CONDITION_TYPE, "$patch": "delete"}
@@ -454,8 +456,9 @@ class KubernetesExecutor(Executor):
             query = [("fieldSelector", field), ("labelSelector", f"{label}={value}")]
             for ns in self.namespaces or ("",):
                 path = f"/api/v1/namespaces/{ns}/pods" if ns else "/api/v1/pods"
-                got = self._guard(f"list pods on {node}", lambda p=path, q=query: self._call(
-                    "GET", p, query=q))  # fmt: skip
+                got = self._guard(
+                    f"list pods on {node}", partial(self._call, "GET", path, query=query)
+                )
                 for pod in got.get("items") or ():
                     meta = pod.get("metadata") or {}
                     if (pod.get("spec") or {}).get("nodeName") != node:
