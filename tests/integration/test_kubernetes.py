@@ -32,12 +32,14 @@ from schemas import (
     CommandStatus,
 )
 from tests.factories import key_settings
-from tests.integration import kube_apiserver
+from tests.integration import kube_apiserver, test_worker
 from tests.integration.kube_apiserver import Kube, apply_manifests, call, service_account_token
 from tests.integration.test_actuator import alert, env_of, poll_until, send, wait_topic
+from tests.integration.test_worker import firing, record_frame, scenario
 
 pytestmark = pytest.mark.integration
 kube = kube_apiserver.kube  # the session's API server (a fixture)
+workers, decisions = test_worker.workers, test_worker.decisions  # fixtures: the worker's
 
 TAINT = "stepguard.io/unhealthy"
 JOB_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -375,3 +377,63 @@ def test_one_faulty_gpu_is_a_device_taint_where_dra_publishes_it_else_the_node(
     status, _ = call(admin, "GET", f"/apis/resource.k8s.io/v1/devicetaintrules/{done.rule}",
                      ok=False)  # fmt: skip
     assert status == 404
+
+
+def test_a_straggler_played_through_the_worker_is_isolated_and_its_pods_evicted(
+    admin, executor_process, workers, decisions, tag
+):
+    """Steps from the job's exporters -> ``stepguard worker`` -> a signed alert -> the
+    actuator (auto) -> ``stepguard executor kubernetes``: node-0005 is isolated."""
+    from pipeline.client import StepExporter
+    from pipeline.tools.simulator import simulate
+    from schemas import AlertKind, Grade
+
+    s = executor_process
+    sc = scenario(
+        f"straggler-{tag}",
+        [{"kind": "straggler", "node": 5, "gpu": 2, "onset_step": 40, "magnitude": 0.25}],
+    )
+    names = [f"node-{i:04d}" for i in range(sc.nodes)]
+    for name in names:  # the simulator's node names; only this test makes them
+        make_node(admin, name)
+    ns = f"worker-{tag}"
+    make_namespace(admin, ns)
+    make_pod(admin, ns, "rank-5", "node-0005", {JOB_LABEL: sc.job})
+    make_pod(admin, ns, "rank-4", "node-0004", {JOB_LABEL: sc.job})
+    make_pod(admin, ns, "neighbour-5", "node-0005", {JOB_LABEL: "someone-else"})
+    before = {n: node(admin, n)["metadata"]["resourceVersion"] for n in names}
+
+    exporter = StepExporter.direct(
+        s, job_id=sc.job, node="node-0000", ranks_per_node=8, register_atexit=False
+    )
+    for ev in simulate(sc):
+        if ev.frame is not None:
+            record_frame(exporter, ev.frame)
+    assert exporter.close(timeout=30).dropped == 0
+    w = workers()
+    decisions.wait(firing(AlertKind.STRAGGLER, "node-0005", Grade.CRITICAL), 60, "straggler", w)
+
+    act = Actuator(s)
+    try:
+        poll_until(act, 1, max_polls=300)
+
+        def isolated(results: list[CommandResult]) -> bool:
+            return any(r.executor == "kubernetes" and "node-0005: " in r.detail for r in results)
+
+        for _ in range(300):  # the actuator keeps consuming while the executor works
+            act.poll_once(timeout_ms=200)
+            results = wait_topic(s, "results", lambda _r: True, max_polls=1)
+            if isolated(results):
+                break
+    finally:
+        act.close()
+    ours = [r for r in results if r.executor == "kubernetes"]
+    assert ours and all(r.status is CommandStatus.SUCCEEDED for r in ours), ours
+    n = node(admin, "node-0005")
+    assert n["spec"]["unschedulable"] is True and [t["key"] for t in taints(n)] == [TAINT]
+    assert n["metadata"]["annotations"]["stepguard.io/job"] == sc.job
+    assert pod_state(admin, ns, "rank-5") in ("evicted", "gone")
+    assert pod_state(admin, ns, "rank-4") == "running"
+    assert pod_state(admin, ns, "neighbour-5") == "running"
+    changed = [n for n in names if node(admin, n)["metadata"]["resourceVersion"] != before[n]]
+    assert changed == ["node-0005"]
