@@ -483,20 +483,33 @@ def keys(
     print(f"{prefix}_PUBLIC_KEYS={key.public_text()}")
 
 
+def _executor_kinds() -> str:
+    from pipeline.services.actuator.executors import EXECUTORS
+
+    return " | ".join(EXECUTORS)
+
+
 @commands.command()
 def executor(
-    kind: Annotated[str, typer.Argument(help="dry-run | slurm | webhook")] = "dry-run",
+    kind: Annotated[str, typer.Argument(help="dry-run | slurm | webhook | kubernetes")] = "dry-run",
 ) -> None:
-    """Run one executor on the commands topic (results go to the results topic)."""
-    from pipeline.io.metrics import ExecutorMetrics, serve_metrics
-    from pipeline.services.actuator.executors import ExecutorRunner, make_executor
+    """Run one executor on the commands topic (results go to the results topic).
 
+    ``kubernetes`` checks its permissions first (SelfSubjectAccessReview) and refuses to
+    start naming what is missing (docs/kubernetes.md).
+    """
+    from pipeline.io.metrics import ExecutorMetrics, serve_metrics
+    from pipeline.services.actuator.executors import EXECUTORS, ExecutorRunner, make_executor
+
+    if kind not in EXECUTORS:
+        raise typer.BadParameter(f"{kind!r}: expected {_executor_kinds()}", param_hint="KIND")
     settings = load_settings()
     # one INFO line per command it answers (id, kind, job, targets, result)
     logging.getLogger("pipeline.services.actuator.executors").setLevel(logging.INFO)
+    executor = make_executor(kind, settings)
     metrics = ExecutorMetrics()
     serve_metrics(metrics.registry, settings, "executor_metrics_port", metrics.readiness)
-    runner = ExecutorRunner(settings, make_executor(kind, settings), metrics=metrics)
+    runner = ExecutorRunner(settings, executor, metrics=metrics)
     err.print(f"executor {kind}: {len(runner.done)} commands already done")
     stop = stop_event()
     try:
@@ -505,25 +518,52 @@ def executor(
         runner.close()
 
 
+class ResumeOn(StrEnum):
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+
+
 @commands.command("resume-node")
 def resume_node(
-    node: Annotated[str, typer.Argument(help="Slurm node to put back.")],
+    node: Annotated[str, typer.Argument(help="Node to put back.")],
     force: Annotated[
-        bool, typer.Option("--force", help="Resume it even if someone else drained it (logged).")
+        bool, typer.Option("--force", help="Resume it even if someone else isolated it (logged).")
     ] = False,
+    on: Annotated[
+        ResumeOn, typer.Option("--executor", help="Where the node is: slurm | kubernetes.")
+    ] = ResumeOn.SLURM,
 ) -> None:
-    """Put a node stepguard drained back into service (`scontrol update ... State=RESUME`).
+    """Put a node stepguard isolated back into service.
 
-    A node drained, downed or failed by someone else (its reason does not begin with
-    ``stepguard:``) is left alone unless ``--force`` is given.
+    Slurm: ``scontrol update ... State=RESUME`` of a node whose drain reason begins with
+    ``stepguard:``. Kubernetes (``--executor kubernetes``): removes stepguard's taint,
+    annotations, condition and its own cordon. A node someone else isolated is left
+    alone (exit 1) unless ``--force``; on Kubernetes ``--force`` lifts their cordon but
+    never removes a taint of theirs.
     """
     from pipeline.services.actuator.executors import ExecutionError
-    from pipeline.services.actuator.slurm import SlurmExecutor
 
-    logging.getLogger("pipeline.services.actuator.slurm").setLevel(logging.INFO)
     try:
-        done = SlurmExecutor(load_settings().slurm_scontrol).resume(node, force=force)
+        if on is ResumeOn.KUBERNETES:
+            from pipeline.services.actuator.kubernetes import KubernetesExecutor, load_api_client
+
+            logging.getLogger("pipeline.services.actuator.kubernetes").setLevel(logging.INFO)
+            settings = load_settings()
+            kube = KubernetesExecutor(
+                load_api_client(settings.kube_config, settings.kube_context),
+                node_condition=settings.kube_node_condition, timeout_s=settings.kube_timeout_s,
+                # no access check: the API server answers 403 itself, naming the verb
+                device_taints=settings.kube_device_taints, check_access=False,
+            )  # fmt: skip
+            text = kube.resume(node, force=force).describe()
+        else:
+            from pipeline.services.actuator.slurm import SlurmExecutor
+
+            logging.getLogger("pipeline.services.actuator.slurm").setLevel(logging.INFO)
+            text = (
+                SlurmExecutor(load_settings().slurm_scontrol).resume(node, force=force).describe()
+            )
     except ExecutionError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{exc}[/red]", soft_wrap=True)
         raise typer.Exit(1) from exc
-    console.print(done.describe())
+    console.print(text, soft_wrap=True)

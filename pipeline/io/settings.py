@@ -80,6 +80,15 @@ STEPGUARD_SLURM_JOBS          stepguard jobs that are Slurm jobs: ``job=slurm_id
                               (the Slurm executor requeues them on RESTART)
 STEPGUARD_SLURM_JOB_PREFIX    ... and every job id ``<prefix><slurm_id>``, e.g.
                               ``slurm-`` for ``slurm-1234`` (empty: none)
+STEPGUARD_KUBE_CONFIG         kubeconfig of the Kubernetes executor (unset: in-cluster
+                              config in a pod, else ~/.kube/config); ``_CONTEXT`` picks one
+STEPGUARD_KUBE_TAINT_EFFECT   NoSchedule | NoExecute: the effect of stepguard's taint
+STEPGUARD_KUBE_NODE_CONDITION  write the StepguardHealthy condition (nodes/status)
+STEPGUARD_KUBE_JOB_LABELS     pod labels whose value is a job's id (its pods to evict)
+STEPGUARD_KUBE_NAMESPACES     namespaces whose pods may be evicted (empty: all)
+STEPGUARD_KUBE_TIMEOUT_S      per-request timeout of the Kubernetes executor
+STEPGUARD_KUBE_DEVICE_TAINTS  taint the one faulty GPU (DRA DeviceTaintRule) instead of
+                              the node; ``_DRA_DRIVER`` / ``_DRA_DEVICE`` name it
 STEPGUARD_HOLD_TTL_S          a held action (approve mode) undecided this long expires
 STEPGUARD_ACTUATOR_MAX_TRACKED  hard cap of every actuator memory map (episodes,
                               commands, actions, cooldowns, repair marks, job sizes)
@@ -124,6 +133,12 @@ __all__ = [
 ENV_PREFIX = "STEPGUARD_"
 _HOSTPORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 _KEY_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # schemas._base.KEY_ID_PATTERN
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: a Kubernetes label key: an optional DNS-subdomain prefix and a name of 63 at most
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 #: Who signs: the actuator (commands, action records), workers (alerts), operators
 #: (approvals, control), executors (command results), job controllers (the training
@@ -413,6 +428,30 @@ class Settings(ClientSettings):
     slurm_jobs: str = ""
     #: ... and job ids made of this prefix and a Slurm job id (empty: none)
     slurm_job_prefix: str = Field(default="", max_length=64)
+    #: the Kubernetes executor (pipeline/services/actuator/kubernetes.py): its
+    #: kubeconfig (None: in-cluster config in a pod, else ~/.kube/config) and context
+    kube_config: Path | None = None
+    kube_context: str = Field(default="", max_length=253)
+    #: the effect of stepguard's taint: NoSchedule (new pods stay off) or NoExecute
+    #: (pods without a toleration are evicted by Kubernetes too)
+    kube_taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+    #: write the condition StepguardHealthy=False (needs nodes/status patch)
+    kube_node_condition: bool = True
+    #: pod labels whose value is the stepguard job id (the pods a RESTART evicts)
+    kube_job_labels: str = (
+        "jobset.sigs.k8s.io/jobset-name,training.kubeflow.org/job-name,batch.kubernetes.io/job-name"
+    )
+    #: namespaces whose pods may be evicted, comma-separated (empty: every namespace)
+    kube_namespaces: str = ""
+    kube_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    #: a fault on one named GPU taints that device (a DRA DeviceTaintRule) instead of
+    #: cordoning the node, where the node publishes it (a ResourceSlice of the driver)
+    kube_device_taints: bool = False
+    kube_dra_driver: str = Field(
+        default="gpu.nvidia.com", pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$"
+    )
+    #: the device's name in the driver's ResourceSlice, from the GPU index
+    kube_dra_device: str = Field(default="gpu-{index}", pattern=r"^[a-z0-9-]*\{index\}[a-z0-9-]*$")
     #: a held action nobody approved or rejected for this long expires (archived)
     hold_ttl_s: float = Field(default=1800.0, gt=0)
     #: hard cap of each of the actuator's memory maps (oldest dropped first); the
@@ -471,6 +510,33 @@ class Settings(ClientSettings):
             )
         return self
 
+    @field_validator("kube_config")
+    @classmethod
+    def _check_kube_config(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @field_validator("kube_job_labels")
+    @classmethod
+    def _check_kube_job_labels(cls, value: str) -> str:
+        labels = [x.strip() for x in value.split(",") if x.strip()]
+        if not labels:
+            raise ValueError("expected at least one pod label key")
+        for label in labels:
+            if not _LABEL_KEY.fullmatch(label):
+                raise ValueError(f"{label!r} is not a label key (prefix/name)")
+        return ",".join(labels)
+
+    @field_validator("kube_namespaces")
+    @classmethod
+    def _check_kube_namespaces(cls, value: str) -> str:
+        names = [x.strip() for x in value.split(",") if x.strip()]
+        for name in names:
+            if not _DNS_LABEL.fullmatch(name):
+                raise ValueError(f"{name!r} is not a namespace name")
+        return ",".join(names)
+
     @field_validator("actuator_action_modes")
     @classmethod
     def _check_action_modes(cls, value: str) -> str:
@@ -481,6 +547,14 @@ class Settings(ClientSettings):
     def action_modes(self) -> list[tuple[str, str]]:
         """(recommended action, mode) pairs of ``actuator_action_modes``."""
         return _action_mode_pairs(self.actuator_action_modes)
+
+    @property
+    def kube_job_label_keys(self) -> list[str]:
+        return [x for x in self.kube_job_labels.split(",") if x]
+
+    @property
+    def kube_namespace_list(self) -> list[str]:
+        return [x for x in self.kube_namespaces.split(",") if x]
 
     @property
     def spare_pool(self) -> list[str]:

@@ -7,7 +7,10 @@
 - :mod:`~pipeline.services.actuator.executors` — dry-run and webhook executors and the
   runner that feeds every executor;
 - :mod:`~pipeline.services.actuator.slurm` — the Slurm executor (drains it owns, resumes,
-  requeues); :mod:`~pipeline.services.actuator.base` — what every executor shares.
+  requeues); :mod:`~pipeline.services.actuator.base` — what every executor shares;
+- :mod:`~pipeline.services.actuator.kubernetes` — the Kubernetes executor (cordon, taint,
+  provenance, evictions; :mod:`.kube_nodes` decides what it writes and whose a node's
+  state is, :mod:`.kube_dra` the DRA device taints).
 
 The job-controller executor lives in :mod:`pipeline.client.listener` (imported by training
 code).

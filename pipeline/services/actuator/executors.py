@@ -17,6 +17,10 @@ Executor            Effect
                     URL, with a timeout and retries; every command kind: ``firing`` when
                     it runs, ``resolved`` once the command has expired (for receivers
                     without Alertmanager; ``stepguard alertmanager`` sends episodes)
+Kubernetes          ISOLATE: cordon + a ``stepguard.io/unhealthy`` taint + provenance
+                    annotations + a ``StepguardHealthy=False`` condition, on nodes nobody
+                    else isolated; RESTART: evicts the job's pods on its targets (Eviction
+                    API). In :mod:`pipeline.services.actuator.kubernetes`
 job controller      the training job itself, via :class:`pipeline.client.listener.CommandListener`
 ==================  ======================================================================
 
@@ -76,6 +80,7 @@ from pipeline.services.actuator.slurm import SlurmExecutor, SlurmJobs
 from schemas import Command, CommandKind, CommandResult, CommandStatus
 
 __all__ = [
+    "EXECUTORS",
     "NODE_NAME",
     "DryRunExecutor",
     "ExecutionError",
@@ -251,18 +256,46 @@ class WebhookExecutor(Executor):
         return error
 
 
+def _slurm(settings: Settings) -> Executor:
+    jobs = SlurmJobs.parse(settings.slurm_jobs, settings.slurm_job_prefix)
+    return SlurmExecutor(settings.slurm_scontrol, jobs=jobs)
+
+
+def _webhook(settings: Settings) -> Executor:
+    return WebhookExecutor(
+        settings.webhooks, timeout_s=settings.webhook_timeout_s,
+        retries=settings.webhook_retries,
+    )  # fmt: skip
+
+
+def _kubernetes(settings: Settings) -> Executor:
+    # imported here: the kubernetes client is an optional extra
+    from pipeline.services.actuator.kubernetes import KubernetesExecutor, load_api_client
+
+    return KubernetesExecutor(
+        load_api_client(settings.kube_config, settings.kube_context),
+        taint_effect=settings.kube_taint_effect, node_condition=settings.kube_node_condition,
+        job_labels=settings.kube_job_label_keys, namespaces=settings.kube_namespace_list,
+        device_taints=settings.kube_device_taints, dra_driver=settings.kube_dra_driver,
+        dra_device=settings.kube_dra_device, timeout_s=settings.kube_timeout_s,
+    )  # fmt: skip
+
+
+#: every executor ``stepguard executor KIND`` runs, by kind (the CLI lists these)
+EXECUTORS: dict[str, Callable[[Settings], Executor]] = {
+    "dry-run": lambda _settings: DryRunExecutor(),
+    "slurm": _slurm,
+    "webhook": _webhook,
+    "kubernetes": _kubernetes,
+}
+
+
 def make_executor(kind: str, settings: Settings) -> Executor:
-    if kind == "dry-run":
-        return DryRunExecutor()
-    if kind == "slurm":
-        jobs = SlurmJobs.parse(settings.slurm_jobs, settings.slurm_job_prefix)
-        return SlurmExecutor(settings.slurm_scontrol, jobs=jobs)
-    if kind == "webhook":
-        return WebhookExecutor(
-            settings.webhooks, timeout_s=settings.webhook_timeout_s,
-            retries=settings.webhook_retries,
-        )  # fmt: skip
-    raise ValueError(f"unknown executor {kind!r}; expected dry-run, slurm or webhook")
+    """The executor of ``kind`` (one of :data:`EXECUTORS`) built from ``settings``."""
+    factory = EXECUTORS.get(kind)
+    if factory is None:
+        raise ValueError(f"unknown executor {kind!r}; expected {', '.join(EXECUTORS)}")
+    return factory(settings)
 
 
 class ExecutorRunner:
