@@ -25,7 +25,7 @@ from schemas.commands import (
     CommandStatus,
     command_id,
 )
-from schemas.control import ActionRecord, ActionState, ControlMessage
+from schemas.control import Acknowledgement, AckOutcome, ActionRecord, ActionState, ControlMessage
 from schemas.deadletter import DeadLetter
 from schemas.lifecycle import EndReason, JobEvent, JobEventKind
 from schemas.telemetry import GpuHealth, NodeHealth, Phase, RankSample, StepTelemetry
@@ -45,12 +45,15 @@ MESSAGE_MODELS: tuple[type[Message], ...] = (
     ControlMessage,
     ActionRecord,
     JobEvent,
+    Acknowledgement,
 )
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGE_MODELS",
     "TOPICS",
+    "AckOutcome",
+    "Acknowledgement",
     "ActionRecord",
     "ActionState",
     "ActuatorMode",

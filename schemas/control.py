@@ -21,6 +21,18 @@ Examples
 ...                ).detector_settings
 {'straggler_warning': 0.06, 'hang_factor': 3}
 
+``Acknowledgement`` (topic ``acks``) is the actuator's answer to each approval and
+control message it consumes (applied or refused, and why; the commands an approval
+issued) and its status at start; every one carries the mode it runs in after it, so
+``stepguard approve``/``reject``/``control`` wait for it and ``stepguard pending`` shows
+the running actuator's mode.
+
+>>> ack = Acknowledgement(subject="act-1234", request="approval", source_topic="t",
+...                       partition=0, offset=7, outcome=AckOutcome.REFUSED,
+...                       detail="unknown key id 'op-1'", mode=ActuatorMode.APPROVE, ts=t)
+>>> ack.took_effect
+False
+
 ``detector_settings`` is for the workers (``scope`` ``detector``): every worker reads
 the control topic and builds new jobs' detectors from the latest signed set
 (``stepguard calibrate --apply``); the actuator's fields leave it alone.
@@ -37,7 +49,15 @@ from schemas._base import KeyId, Message, Signature
 from schemas.alerts import Alert, RecommendedAction
 from schemas.commands import ActuatorMode, Command
 
-__all__ = ["ActionRecord", "ActionState", "ControlMessage", "DetectorValue", "ModeOverride"]
+__all__ = [
+    "AckOutcome",
+    "Acknowledgement",
+    "ActionRecord",
+    "ActionState",
+    "ControlMessage",
+    "DetectorValue",
+    "ModeOverride",
+]
 
 #: ``ControlMessage.action_modes`` value: a mode for the kind, or ``default`` (follow
 #: the global mode again)
@@ -123,3 +143,53 @@ class ActionRecord(Message):
     #: signed by the actuator (its start-up rebuild restores only what it signed)
     key_id: KeyId | None = None
     signature: Signature | None = None
+
+
+class AckOutcome(StrEnum):
+    """Whether an operator's message took effect."""
+
+    APPLIED = "applied"
+    REFUSED = "refused"
+
+
+class Acknowledgement(Message):
+    """The actuator's answer to one operator message, or its status at start (topic
+    key: subject).
+
+    An answer names the message it answers by its topic, partition and offset (what the
+    sender's broker acknowledgement told it), so the sender waits for exactly its own.
+    """
+
+    kind_name = "acknowledgement"
+    schema_version: Literal[1] = 1
+    subject: str = Field(
+        min_length=1, max_length=64,
+        description="The action id (approval), change id (control) or 'actuator' (start).",
+    )  # fmt: skip
+    request: Literal["approval", "control", "start"]
+    source_topic: str = Field(default="", max_length=256, description="Where it was read.")
+    partition: NonNegativeInt = 0
+    offset: int = Field(default=-1, ge=-1, description="-1: answers no message (start).")
+    outcome: AckOutcome
+    state: ActionState | None = Field(
+        default=None, description="The action's state after an approval or rejection."
+    )
+    detail: str = Field(default="", max_length=2000, description="Why it was refused.")
+    by: str = Field(default="", max_length=256, description="Who the message says sent it.")
+    commands: tuple[str, ...] = Field(
+        default=(), max_length=64, description="Ids of the commands it issued."
+    )
+    mode: ActuatorMode = Field(description="The actuator's global mode after it.")
+    action_modes: dict[RecommendedAction, ActuatorMode] = Field(
+        default_factory=dict,
+        max_length=len(RecommendedAction),
+        description="Per-kind mode overrides after it.",
+    )
+    ts: AwareDatetime
+    #: signed by the actuator: a reader counts only what an actuator key signed
+    key_id: KeyId | None = None
+    signature: Signature | None = None
+
+    @property
+    def took_effect(self) -> bool:
+        return self.outcome is AckOutcome.APPLIED

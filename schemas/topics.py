@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from schemas._base import Message
 from schemas.alerts import Alert
 from schemas.commands import Approval, Command, CommandResult
-from schemas.control import ActionRecord, ControlMessage
+from schemas.control import Acknowledgement, ActionRecord, ControlMessage
 from schemas.deadletter import DeadLetter
 from schemas.lifecycle import JobEvent
 from schemas.telemetry import NodeHealth, StepTelemetry
@@ -52,6 +52,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("approvals", "action_id", 1, Approval, "Human approve/reject decisions."),
         TopicSpec("control", "scope", 1, ControlMessage, "Runtime actuator changes (archived)."),
         TopicSpec("actions", "action_id", 1, ActionRecord, "Actuator action records (held ...)."),
+        TopicSpec("acks", "subject", 1, Acknowledgement, "The actuator's answers and status."),
         TopicSpec("deadletter", "source_topic", 1, DeadLetter, "Undecodable or unstorable input."),
     )
 }

@@ -348,7 +348,7 @@ acl_spec() {
   # the actuator: alerts, approvals and control in; commands, action records and its
   # own guardrail alerts out; reads back commands, actions, control and results
   allow actuator READ decisions approvals control commands actions results
-  allow actuator WRITE decisions commands actions deadletter
+  allow actuator WRITE decisions commands actions acks deadletter
   echo "User:actuator GROUP LITERAL $g.actuator READ"
   # executors: commands in, results out (each executor its own group)
   allow executor READ commands results
@@ -359,10 +359,10 @@ acl_spec() {
   allow listener WRITE results lifecycle
   # operators (stepguard approve/reject/control/pending)
   allow operator WRITE approvals control
-  allow operator READ actions
+  allow operator READ actions acks
   # the archiver reads everything and writes dead letters
   allow archiver READ steps health truth decisions commands results lifecycle approvals \
-    control actions deadletter
+    control actions acks deadletter
   allow archiver WRITE deadletter
   echo "User:archiver GROUP LITERAL $g.archiver READ"
   # the Alertmanager bridge (stepguard alertmanager): alerts in, dead letters out

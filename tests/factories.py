@@ -12,6 +12,8 @@ from pydantic import SecretStr
 
 from pipeline.io.trust import SigningKey, job_controller_key_id
 from schemas import (
+    Acknowledgement,
+    AckOutcome,
     ActionRecord,
     ActionState,
     ActuatorMode,
@@ -170,6 +172,11 @@ def samples() -> dict[str, Message]:
         "actions": ActionRecord(
             action_id=aid, state=ActionState.HELD, job_id="job-1",
             mode=ActuatorMode.APPROVE, reason=(fp,), summary="replace node-3", ts=T0,
+        ),
+        "acks": Acknowledgement(
+            subject=aid, request="approval", source_topic="x.stepguard.approvals",
+            partition=0, offset=3, outcome=AckOutcome.APPLIED, state=ActionState.APPROVED,
+            by="sre@example.com", commands=(cid,), mode=ActuatorMode.APPROVE, ts=T0,
         ),
         "deadletter": DeadLetter(
             source_topic="x.steps", partition=2, offset=41, key=b"job-1",

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.cli.util import console, err, stop_event
@@ -20,6 +21,7 @@ from pipeline.io.settings import Role, Settings, load_settings
 from pipeline.io.trust import PublicKeys
 from pipeline.policy import PolicyParams
 from schemas import (
+    Acknowledgement,
     ActionRecord,
     ActionState,
     ActuatorMode,
@@ -113,18 +115,112 @@ def modes_line(params: PolicyParams) -> str:
     return text
 
 
-def _send_signed(settings: Settings, logical: str, msg: Approval | ControlMessage) -> None:
-    """Sign with the operator's key (STEPGUARD_OPERATOR_PRIVATE_KEY) and publish."""
+#: Exit codes of ``approve``, ``reject`` and ``control``: 0 the actuator applied it;
+#: 1 refused (by the actuator, or before anything was sent: not held, a key the services
+#: do not trust); 2 bad arguments or settings; 3 sent, but no answer within --timeout
+#: (it may still take effect: see ``stepguard pending --all``).
+EXIT_REFUSED, EXIT_NO_ANSWER = 1, 3
+
+_EXIT_CODES = (
+    "Exit codes: 0 applied; 1 refused (by the actuator, or before anything was sent); "
+    "2 bad arguments or settings; 3 no answer within --timeout (it may still take effect)."
+)
+
+
+def _person() -> str:
+    """The login name of whoever runs the command (``--by`` defaults to it)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER
+        return "unknown"
+
+
+def _untrusted(settings: Settings, command: str) -> str | None:
+    """Why the operator key would be refused by the running services, or ``None``.
+
+    The services trust the operator public keys of their STEPGUARD_OPERATOR_PUBLIC_KEYS,
+    which ``stepguard up`` hands to the operator's shell too (``up.env``): the key this
+    shell signs with must be listed there, under its id, with its own public key. Where
+    this shell lists none, nothing can be checked here and the actuator's answer says.
+    """
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from pipeline.io.trust import signing_key
+
+    key = signing_key(settings, "operator", f"`stepguard {command}`")
+    listed = dict(settings.public_keys("operator"))
+    if not listed:
+        return None
+    known = ", ".join(listed)
+    raw = listed.get(key.key_id)
+    if raw is None:
+        return (
+            f"your operator key {key.key_id!r} (STEPGUARD_OPERATOR_PRIVATE_KEY) is not one "
+            f"the services trust (STEPGUARD_OPERATOR_PUBLIC_KEYS lists {known}); add its "
+            "public key there for the actuator and restart it"
+        )
+    if raw != key.public.public_bytes(Encoding.Raw, PublicFormat.Raw):
+        return (
+            f"your operator key {key.key_id!r} does not match the public key the services "
+            f"list under that id (STEPGUARD_OPERATOR_PUBLIC_KEYS)"
+        )
+    return None
+
+
+def _refuse_untrusted(settings: Settings, command: str, what: str) -> None:
+    """Exit 1 (nothing sent) when the operator key is not one the services trust; a
+    missing key is a ConfigError naming the variable and the command (exit 2)."""
+    problem = _untrusted(settings, command)
+    if problem is not None:
+        err.print(f"{what} refused before sending: {problem}; nothing was sent")
+        raise typer.Exit(EXIT_REFUSED)
+
+
+def _send_and_wait(
+    settings: Settings, logical: str, msg: Approval | ControlMessage, what: str, timeout_s: float
+) -> Acknowledgement:
+    """Check the key, sign with it (STEPGUARD_OPERATOR_PRIVATE_KEY), publish, and wait up
+    to ``timeout_s`` for the actuator's answer (:class:`~schemas.Acknowledgement`).
+
+    Exits 1 before sending when the key is one the services do not trust, 3 when no
+    answer came in time.
+    """
     from pipeline.io.kafka import control_producer, create_topics, publish, registry_of
     from pipeline.io.trust import sign, signing_key
+    from pipeline.services.actuator.records import AnswerWaiter
 
-    signed = sign(msg, signing_key(settings, "operator", f"`stepguard {logical}`"))
+    command = "control" if logical == "control" else str(getattr(msg, "decision", "approve"))
+    _refuse_untrusted(settings, command, what)
+    signed = sign(msg, signing_key(settings, "operator", f"`stepguard {command}`"))
     create_topics(settings, [logical])
-    producer = control_producer(settings)
+    waiter = AnswerWaiter(settings)
     try:
-        publish(producer, registry_of(settings), logical, signed).get(timeout=30)
+        producer = control_producer(settings)
+        try:
+            meta = publish(producer, registry_of(settings), logical, signed).get(timeout=30)
+        finally:
+            producer.close()
+        unverified = "" if waiter.keys else " (no STEPGUARD_ACTUATOR_PUBLIC_KEYS here to verify it)"
+        err.print(f"{what}: sent, waiting up to {timeout_s:.0f}s for the actuator's answer"
+                  f"{unverified} ...")  # fmt: skip
+        ack = waiter.wait((meta.topic, meta.partition, meta.offset), timeout_s)
     finally:
-        producer.close()
+        waiter.close()
+    if ack is None:
+        err.print(
+            f"{what}: sent, but no answer from the actuator within {timeout_s:.0f}s (is it "
+            "running? `stepguard status`); it may still take effect: `stepguard pending --all`"
+        )
+        raise typer.Exit(EXIT_NO_ANSWER)
+    return ack
+
+
+_TIMEOUT = typer.Option(
+    "--timeout", min=0.1, help="Seconds to wait for the actuator's answer.", show_default=True
+)
+_BY_HELP = "Who decides: recorded, signed, with the decision (default: your login name)."
 
 
 @commands.command()
@@ -144,7 +240,7 @@ def actuator(
         logging.getLogger("pipeline.services.actuator").setLevel(logging.INFO)
     settings = load_settings()
     metrics = ActuatorMetrics()
-    serve_metrics(metrics.registry, settings, "actuator_metrics_port")
+    serve_metrics(metrics.registry, settings, "actuator_metrics_port", metrics.readiness)
     act = Actuator(settings, crash_after_publish=crash_after_publish, metrics=metrics)
     err.print(
         f"actuator: mode {act.policy.params.mode.value}, {len(act.policy.issued)} commands "
@@ -199,47 +295,64 @@ def _why_not_held(
     return None
 
 
-def _decide(action_id: str, decision: ApprovalDecision, by: str, reason: str) -> None:
+def _decide(
+    action_id: str, decision: ApprovalDecision, by: str | None, reason: str, timeout_s: float
+) -> None:
+    """Send one decision on a held action, wait for the actuator's answer and print it;
+    exit non-zero unless it took effect (:data:`EXIT_REFUSED`, :data:`EXIT_NO_ANSWER`)."""
     settings = load_settings()
     now = datetime.now(UTC)
+    what = f"{decision.value} {action_id}"
+    _refuse_untrusted(settings, decision.value, what)  # before the broker is asked
     problem, rec = _still_held(settings, action_id, now)
     if problem is not None or rec is None:
         err.print(f"{decision.value} refused: {problem}; nothing was sent")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_REFUSED)
     # bound to this hold: the approval decides nothing else, replayed or not
-    msg = Approval(action_id=action_id, decision=decision, by=by, reason=reason, ts=now,
-                   held_at=rec.ts)  # fmt: skip
-    _send_signed(settings, "approvals", msg)
+    msg = Approval(action_id=action_id, decision=decision, by=by or _person(), reason=reason,
+                   ts=now, held_at=rec.ts)  # fmt: skip
+    ack = _send_and_wait(settings, "approvals", msg, what, timeout_s)
+    if not ack.took_effect:
+        err.print(f"[red]{decision.value} of {action_id} refused by the actuator:[/] "
+                  f"{escape(ack.detail)}")  # fmt: skip
+        raise typer.Exit(EXIT_REFUSED)
+    if decision is ApprovalDecision.REJECT:
+        console.print(f"rejected {action_id} by {ack.by}: nothing issued")
+        return
+    issued = ", ".join(ack.commands) or "no new commands (already issued)"
+    console.print(f"approved {action_id} by {ack.by}: issued {issued}")
 
 
-@commands.command()
+@commands.command(epilog=_EXIT_CODES)
 def approve(
     action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
-    by: Annotated[str, typer.Option(help="Who approves.")] = "cli",
+    by: Annotated[str | None, typer.Option(help=_BY_HELP, show_default=False)] = None,
     reason: Annotated[str, typer.Option(help="Why.")] = "",
+    timeout: Annotated[float, _TIMEOUT] = 30.0,
 ) -> None:
-    """Approve a held action; the actuator issues its commands (guardrails re-checked).
+    """Approve a held action and wait for the actuator to issue its commands
+    (guardrails re-checked); prints the command ids, or why it was refused.
 
-    Exits 1 without sending anything when the action is unknown, expired or already
-    decided.
+    Nothing is sent when the action is unknown, expired or already decided, or when
+    the operator key is not one the services trust (STEPGUARD_OPERATOR_PUBLIC_KEYS).
     """
-    _decide(action_id, ApprovalDecision.APPROVE, by, reason)
-    console.print(f"approved {action_id}")
+    _decide(action_id, ApprovalDecision.APPROVE, by, reason, timeout)
 
 
-@commands.command()
+@commands.command(epilog=_EXIT_CODES)
 def reject(
     action_id: Annotated[str, typer.Argument(help="Held action id (see `stepguard pending`).")],
     reason: Annotated[str, typer.Option(help="Why (kept as a calibration label).")],
-    by: Annotated[str, typer.Option(help="Who rejects.")] = "cli",
+    by: Annotated[str | None, typer.Option(help=_BY_HELP, show_default=False)] = None,
+    timeout: Annotated[float, _TIMEOUT] = 30.0,
 ) -> None:
-    """Reject a held action; nothing is issued and the decision is archived.
+    """Reject a held action and wait for the actuator to record it; nothing is issued
+    and the decision is archived.
 
-    Exits 1 without sending anything when the action is unknown, expired or already
-    decided.
+    Nothing is sent when the action is unknown, expired or already decided, or when
+    the operator key is not one the services trust (STEPGUARD_OPERATOR_PUBLIC_KEYS).
     """
-    _decide(action_id, ApprovalDecision.REJECT, by, reason)
-    console.print(f"rejected {action_id}")
+    _decide(action_id, ApprovalDecision.REJECT, by, reason, timeout)
 
 
 @commands.command()
@@ -247,13 +360,19 @@ def pending(
     all_states: Annotated[bool, typer.Option("--all", help="Every action, not only held.")] = False,
 ) -> None:
     """List held actions (rebuilt from the actions topic)."""
-    from pipeline.services.actuator.records import latest_actions
+    from pipeline.services.actuator.records import latest_actions, running_status
 
     settings = load_settings()
     now = datetime.now(UTC)
-    params, ignored = running_params(settings)
-    err.print(modes_line(params) + (f" ({ignored} unsigned or stale control changes ignored)"
-                                    if ignored else ""))  # fmt: skip
+    status = running_status(settings)
+    if status is not None:  # what the running actuator said, not this shell's settings
+        since = status.ts.isoformat(timespec="seconds")
+        err.print(f"{_ack_modes(status)} (reported by the actuator at {since})")
+    else:
+        params, ignored = running_params(settings)
+        note = f"; {ignored} unsigned or stale control changes ignored" if ignored else ""
+        err.print(f"{modes_line(params)} (no actuator has reported its mode: from this "
+                  f"shell's settings and the control topic{note})")  # fmt: skip
     records = latest_actions(settings)
     table = Table("state", "job", "commands", "summary", "since")
     table.add_column("action id", no_wrap=True, min_width=28)  # to copy into `approve`
@@ -270,7 +389,12 @@ def pending(
     err.print(f"{shown} action(s)")
 
 
-@commands.command()
+def _ack_modes(ack: Acknowledgement) -> str:
+    over = ", ".join(f"{k.value}={m.value}" for k, m in ack.action_modes.items())
+    return f"actuator mode {ack.mode.value}; per-kind overrides: {over or 'none'}"
+
+
+@commands.command(epilog=_EXIT_CODES)
 def control(
     mode: Annotated[ActuatorMode | None, typer.Option(help="observe | approve | auto")] = None,
     warning_confirm_steps: Annotated[int | None, typer.Option(min=1)] = None,
@@ -292,11 +416,13 @@ def control(
             "restart=approve; MODE default removes it). Repeatable."
         ),
     ] = None,
-    by: Annotated[str, typer.Option(help="Who changes it.")] = "cli",
+    by: Annotated[str | None, typer.Option(help=_BY_HELP, show_default=False)] = None,
     reason: Annotated[str, typer.Option(help="Why (archived with the change).")] = "",
+    timeout: Annotated[float, _TIMEOUT] = 30.0,
 ) -> None:
     """Change the running actuator's mode (globally or per action kind) and thresholds
-    (signed, archived, no restart)."""
+    (signed, archived, no restart); waits for the actuator to apply it and prints the
+    mode it runs in after."""
     msg = ControlMessage(
         change_id=uuid.uuid4().hex, mode=mode, warning_confirm_steps=warning_confirm_steps,
         warning_confirm_s=warning_confirm_s, stale_alert_s=stale_alert_s,
@@ -306,10 +432,14 @@ def control(
         spare_nodes=None if spares is None else _nodes(spares),
         job_id=job_id, job_nodes=job_nodes, reset_breaker=reset_breaker,
         action_modes=_action_modes(mode_for),  # type: ignore[arg-type]
-        by=by, reason=reason, ts=datetime.now(UTC),
+        by=by or _person(), reason=reason, ts=datetime.now(UTC),
     )  # fmt: skip
-    _send_signed(load_settings(), "control", msg)
-    console.print(f"control change {msg.change_id} sent")
+    what = f"control change {msg.change_id}"
+    ack = _send_and_wait(load_settings(), "control", msg, what, timeout)
+    if not ack.took_effect:
+        err.print(f"[red]{what} refused by the actuator:[/] {escape(ack.detail)}")
+        raise typer.Exit(EXIT_REFUSED)
+    console.print(f"{what} applied by the actuator: {_ack_modes(ack)}")
 
 
 class KeysAction(StrEnum):
@@ -378,7 +508,7 @@ def executor(
     logging.getLogger("pipeline.services.actuator.executors").setLevel(logging.INFO)
     executor = make_executor(kind, settings)
     metrics = ExecutorMetrics()
-    serve_metrics(metrics.registry, settings, "executor_metrics_port")
+    serve_metrics(metrics.registry, settings, "executor_metrics_port", metrics.readiness)
     runner = ExecutorRunner(settings, executor, metrics=metrics)
     err.print(f"executor {kind}: {len(runner.done)} commands already done")
     stop = stop_event()

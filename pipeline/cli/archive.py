@@ -44,7 +44,7 @@ def archiver(
 
     settings = load_settings()
     metrics = ArchiverMetrics()
-    serve_metrics(metrics.registry, settings, "archiver_metrics_port")
+    serve_metrics(metrics.registry, settings, "archiver_metrics_port", metrics.readiness)
     backend = open_backend(settings)
     migrate(backend)
     stop = stop_event()

@@ -65,8 +65,9 @@ def simulate(
         bool,
         typer.Option(
             "--from-now/--scenario-time",
-            help="Date events by the wall clock (default; faster than real time the last "
-            "step is dated about when it is played, never ahead), or by the scenario's "
+            help="Date events from now, the stack's clock (default; faster than real time "
+            "an event is held back until it is no more than 80% of "
+            "STEPGUARD_MAX_CLOCK_SKEW_S ahead of the wall clock), or by the scenario's "
             "own start time (reproducible runs).",
         ),
     ] = True,
@@ -83,15 +84,17 @@ def simulate(
 ) -> None:
     """Play a scenario to the broker (steps, health, truth, lifecycle) in real time x
     SPEED."""
-    from pipeline.tools.simulator import find_scenario, start_from_now
+    from pipeline.tools.simulator import find_scenario, lead_budget_s, start_from_now
     from pipeline.tools.simulator.player import play
 
     settings = load_settings()
     sc = find_scenario(scenario)
     pace = None if max_speed else speed
     update: dict[str, object] = {"job_id": job_id or run_job_id(sc.job)}
+    lead = None
     if from_now:
         update["start_time"] = start_from_now(sc, pace)
+        lead = lead_budget_s(settings.max_clock_skew_s)
     sc = sc.model_copy(update=update)
     err.print(f"simulate {sc.name} as job {sc.job}: {sc.nodes} nodes, {sc.steps} steps -> "
               f"{settings.kafka_bootstrap}")  # fmt: skip
@@ -103,14 +106,14 @@ def simulate(
         controller = JobController(SimulatedJob(sc))
         stats = play_with_controller(
             settings, controller, speed=pace, truth=truth, lifecycle=lifecycle,
-            announce_phases=announce_phases, on_command=_print_command,
+            announce_phases=announce_phases, on_command=_print_command, lead_s=lead,
         )  # fmt: skip
         for step, kind, detail in controller.applied:
             err.print(f"job applied at step {step}: {kind} {detail}".rstrip())
     else:
         stats = play(
             settings, sc, speed=pace, truth=truth, lifecycle=lifecycle,
-            announce_phases=announce_phases,
+            announce_phases=announce_phases, lead_s=lead,
         )  # fmt: skip
     err.print(
         f"published {stats.steps} steps: {stats.step_messages} step messages, "

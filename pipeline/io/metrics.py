@@ -18,6 +18,11 @@ job controller      STEPGUARD_LISTENER_METRICS_PORT   :class:`ExecutorMetrics`, 
 (CommandListener)   (0: off; runs in training code)   ``job-controller``
 ==================  ================================  =====================================
 
+Every endpoint also answers ``/healthz`` (200 while the process serves) and ``/readyz``
+(200 once the service consumes its topics: its last poll of the broker, or the worker's
+last partition assignment, is recent; else 503 with the reason, one line), for a
+supervisor or Kubernetes probe (:class:`Readiness`).
+
 Every endpoint listens on ``STEPGUARD_METRICS_BIND_ADDRESS``: 127.0.0.1 unless set
 (the Docker image and docker-compose set ``0.0.0.0``, for a scraper in another
 container). Two services of one kind on one host need a port each (``stepguard up``
@@ -68,7 +73,10 @@ consumer_lag{topic}                    high watermark - next offset to fetch
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -76,7 +84,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 
 from pipeline.io.errors import ConfigError
@@ -86,6 +94,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 __all__ = [
+    "Readiness",
     "ActuatorMetrics",
     "ArchiverMetrics",
     "ExecutorMetrics",
@@ -105,10 +114,82 @@ def service_registry(registry: CollectorRegistry | None = None) -> CollectorRegi
     return reg
 
 
+class Readiness:
+    """Whether a service is ready: it has polled its topics within ``stale_s`` seconds
+    (``None``: once is enough, e.g. the worker's partition assignment).
+
+    >>> clock = [0.0]
+    >>> r = Readiness(stale_s=30, clock=lambda: clock[0])
+    >>> r.problem()
+    'not consuming yet (starting)'
+    >>> r.polled(); r.problem() is None
+    True
+    >>> clock[0] = 45.0; r.problem()
+    'no poll of its topics for 45s (more than 30s)'
+    """
+
+    def __init__(
+        self, stale_s: float | None = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.stale_s = stale_s
+        self._clock = clock
+        self._last: float | None = None
+
+    def polled(self) -> None:
+        """The service has just polled its topics (or been assigned them)."""
+        self._last = self._clock()
+
+    def problem(self) -> str | None:
+        """Why the service is not ready, or ``None``."""
+        if self._last is None:
+            return "not consuming yet (starting)"
+        age = self._clock() - self._last
+        if self.stale_s is not None and age > self.stale_s:
+            return f"no poll of its topics for {age:.0f}s (more than {self.stale_s:.0f}s)"
+        return None
+
+
+def _app(registry: CollectorRegistry, readiness: Readiness | None) -> Callable[..., Any]:
+    """``/metrics`` of ``registry``, ``/healthz`` and ``/readyz``."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            why = readiness.problem() if path == "/readyz" and readiness else None
+            status = "200 OK" if why is None else "503 Service Unavailable"
+            start(status, [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"{why or 'ok'}\n".encode()]
+        return metrics(environ, start)  # type: ignore[no-any-return]
+
+    return app
+
+
+def _start(port: int, addr: str, app: Callable[..., Any]) -> WSGIServer:
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family
+
+    class Server(ThreadingWSGIServer):
+        address_family, _ = _get_best_family(addr, port)  # IPv6 addresses too
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """Every scrape is not a log line."""
+
+    server = make_server(addr, port, app, Server, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
+    return server
+
+
 def serve_metrics(
-    registry: CollectorRegistry, settings: ClientSettings, setting: str
+    registry: CollectorRegistry,
+    settings: ClientSettings,
+    setting: str,
+    readiness: Readiness | None = None,
 ) -> WSGIServer | None:
-    """Serve ``/metrics`` of ``registry`` on the port of ``setting`` (0: do nothing),
+    """Serve ``/metrics`` of ``registry``, ``/healthz`` and ``/readyz`` (``readiness``;
+    ``None``: ready while it serves) on the port of ``setting`` (0: do nothing),
     listening on ``settings.metrics_bind_address`` (loopback unless configured).
 
     ``setting`` is the field name of the port (``worker_metrics_port``), named in the
@@ -125,7 +206,7 @@ def serve_metrics(
         return None
     addr = settings.metrics_bind_address
     try:
-        server, _thread = start_http_server(port, addr=addr, registry=registry)
+        server = _start(port, addr, _app(registry, readiness))
     except OSError as exc:
         var = f"{ENV_PREFIX}{setting.upper()}"
         why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
@@ -140,6 +221,8 @@ class ActuatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = reg = service_registry(registry)
+        #: ``/readyz``: ready while it polls its topics
+        self.readiness = Readiness()
         p = "stepguard_actuator_"
         self.inputs = Counter(p + "inputs", "Records read.", ["topic"], registry=reg)
         self.alerts = Counter(
@@ -171,6 +254,8 @@ class ExecutorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = reg = service_registry(registry)
+        #: ``/readyz``: ready while it polls its topics
+        self.readiness = Readiness()
         p = "stepguard_executor_"
         self.commands = Counter(
             p + "commands", "Commands answered.", ["executor", "kind", "result"], registry=reg
@@ -186,6 +271,8 @@ class ArchiverMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = reg = service_registry(registry)
+        #: ``/readyz``: ready while it polls its topics
+        self.readiness = Readiness()
         p = "stepguard_archiver_"
         self.messages = Counter(p + "messages", "Messages stored and committed.", registry=reg)
         self.rows = Counter(p + "rows", "Rows inserted.", ["table"], registry=reg)

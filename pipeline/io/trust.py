@@ -72,6 +72,7 @@ from cryptography.hazmat.primitives.serialization import (
 from pipeline.io.errors import ConfigError
 from pipeline.io.settings import KeySettings, Role
 from schemas import (
+    Acknowledgement,
     ActionRecord,
     ActuatorMode,
     Alert,
@@ -96,8 +97,12 @@ __all__ = [
     "signing_key",
 ]
 
-Signable = Command | Approval | ControlMessage | Alert | ActionRecord | CommandResult
-Signed = TypeVar("Signed", Command, Approval, ControlMessage, Alert, ActionRecord, CommandResult)
+Signable = (
+    Command | Approval | ControlMessage | Alert | ActionRecord | CommandResult | Acknowledgement
+)
+Signed = TypeVar(
+    "Signed", Command, Approval, ControlMessage, Alert, ActionRecord, CommandResult, Acknowledgement
+)
 #: key id -> public key: what a verifier holds
 PublicKeys = Mapping[str, Ed25519PublicKey]
 _UNSIGNED = {"key_id", "signature"}

@@ -202,9 +202,12 @@ class Policy:
         held = self.actions.get(approval.action_id)
         if held is None or held.state is not ActionState.HELD:
             out.note = "no such held action"
+            now_in = "unknown to the actuator" if held is None else held.state.value
+            out.refusal = f"action {approval.action_id} is not held ({now_in})"
             return out
         if approval.held_at != held.ts:  # bound to one hold: a replay decides no other
             out.note = "approval of another hold" if approval.held_at else "names no hold"
+            out.refusal = f"{out.note}: this one has been held since {held.ts.isoformat()}"
             return out
         if approval.decision is ApprovalDecision.REJECT:
             out.records.append(

@@ -154,6 +154,9 @@ class Outcome:
     issued: list[Issued] = field(default_factory=list)
     #: why nothing happened, when nothing happened (for logs and tests)
     note: str = ""
+    #: why an operator's message (approval, control) was refused; its acknowledgement
+    #: says so (empty: not refused, or not an operator's message)
+    refusal: str = ""
 
     def extend(self, other: Outcome) -> None:
         self.commands += other.commands
@@ -161,3 +164,4 @@ class Outcome:
         self.alerts += other.alerts
         self.issued += other.issued
         self.note = self.note or other.note
+        self.refusal = self.refusal or other.refusal

@@ -54,9 +54,10 @@ from pipeline.services.archive.backend import ArchiveBackend
 from pipeline.tools.demo_summary import (
     DEFAULT_SPEED,
     DemoSummary,
+    command_outcomes,
     match_alerts,
 )
-from pipeline.tools.simulator import Scenario, SimulatedJob, start_from_now
+from pipeline.tools.simulator import Scenario, SimulatedJob, lead_s, start_from_now
 from pipeline.tools.simulator.closed_loop import play_with_controller
 from pipeline.tools.simulator.control import JobController
 from pipeline.tools.simulator.player import PlayStats
@@ -71,10 +72,13 @@ from pipeline.tools.up import (
 )
 from pipeline.tools.up_board import status_table
 from schemas import (
+    TOPICS,
+    ActionRecord,
     Alert,
     AlertKind,
     AlertState,
     Command,
+    CommandResult,
     FaultTruth,
     Rejected,
     decode,
@@ -123,19 +127,22 @@ def _actuator_env(settings: Settings, job: SimulatedJob, speed: float) -> dict[s
 
 
 class _Watch:
-    """The demo's view of the topics, as any subscriber's: this job's alerts and
-    commands, the ground truth, and how far the decisions topic goes."""
+    """The demo's view of the topics, as any subscriber's: this job's alerts, commands,
+    their results and the actuator's action records, the ground truth, and how far the
+    decisions topic goes."""
 
     def __init__(self, settings: Settings, job_id: str) -> None:
         self.job_id = job_id
         self.registry = registry_of(settings)
-        names = ("decisions", "commands", "truth")
+        names = ("decisions", "commands", "truth", "results", "actions")
         self.topics = {self.registry.name(n): n for n in names}
         self.consumer = make_consumer(settings, list(self.topics), None)
         self.alerts: list[Alert] = []  #: detection's (the workers')
         self.guardrails: list[Alert] = []  #: the actuator's guardrail alerts
         self.commands: dict[str, Command] = {}
         self.truth: dict[str, FaultTruth] = {}
+        self.results: list[CommandResult] = []
+        self.actions: dict[str, ActionRecord] = {}  #: latest record per action
         self.undecodable = 0
         #: next offset of each decisions partition read so far
         self.decisions_end: dict[int, int] = {}
@@ -148,9 +155,7 @@ class _Watch:
                 got += 1
                 if logical == "decisions":
                     self.decisions_end[tp.partition] = rec.offset + 1
-                model = {"decisions": Alert, "commands": Command, "truth": FaultTruth}[
-                    logical or "truth"
-                ]
+                model = TOPICS[logical or "truth"].model
                 msg = decode(model, rec.value, topic=tp.topic, partition=tp.partition,
                              offset=rec.offset, key=rec.key)  # fmt: skip
                 if isinstance(msg, Rejected):
@@ -163,7 +168,11 @@ class _Watch:
                     self.alerts.append(msg)
                 elif isinstance(msg, Command):
                     self.commands.setdefault(msg.command_id, msg)
-                else:
+                elif isinstance(msg, CommandResult):
+                    self.results.append(msg)
+                elif isinstance(msg, ActionRecord):
+                    self.actions[msg.action_id] = msg
+                elif isinstance(msg, FaultTruth):
                     self.truth[msg.fault_id] = msg
         return got
 
@@ -182,6 +191,15 @@ class _WorkerGauges:
     steps: int  #: job steps scored, all workers
     jobs: int  #: jobs held, all workers
     least_assigned: int  #: partitions owned by the worker that owns the fewest
+
+
+def _signed_results(settings: Settings, results: list[CommandResult]) -> list[CommandResult]:
+    """The results an executor's or the job controller's key signed (nothing read from
+    a topic is trusted)."""
+    from pipeline.io.trust import public_keys, signature_problem
+
+    keys = public_keys(settings, "executor") | public_keys(settings, "job_controller")
+    return [r for r in results if signature_problem(r, keys) is None]
 
 
 def _worker_gauges(ports: list[int]) -> _WorkerGauges | None:
@@ -267,9 +285,8 @@ def run_demo(
 
     run = secrets.token_hex(4)
     job_id = f"{scenario.job}-{run}"
-    start = start_from_now(scenario, speed)
-    scenario = scenario.model_copy(update={"job_id": job_id, "start_time": start})
-    job = SimulatedJob(scenario)
+    scenario = scenario.model_copy(update={"job_id": job_id})
+    job = SimulatedJob(scenario)  # dated when it plays (below): the spares are the same
     scratch = (settings.state_dir / "demo" / run).resolve()
     logs = scratch / "logs"
     env = _base_env(settings, os.environ if base_env is None else base_env, run)
@@ -277,6 +294,11 @@ def run_demo(
     # in the worker (hangs, presence, and the job's end, confirmed end_confirm_s of event
     # time after it: 60 s of wall time at 1x, a third of the demo's wall time)
     env[ENV_PREFIX + "WORKER_EVENT_RATE"] = f"{speed:g}"
+    # the job starts when it plays, on the stack's clock, and its clock runs ahead of
+    # the wall clock by up to its lead: this throw-away stack allows that much more skew
+    # (every record stays dated after the stack started, and effects after causes)
+    skew = settings.max_clock_skew_s + lead_s(scenario, speed)
+    env[ENV_PREFIX + "MAX_CLOCK_SKEW_S"] = f"{skew:.0f}"
     plan = build_plan(
         settings.model_copy(update={"state_dir": scratch}),
         UpOptions(workers=workers, grace_s=10.0),
@@ -436,6 +458,10 @@ def run_demo(
         def player_done() -> bool:
             return "stats" in outcome
 
+        # the job starts now, on the stack's clock: never before the stack started
+        scenario = scenario.model_copy(update={"start_time": start_from_now(scenario, speed)})
+        job = SimulatedJob(scenario)
+        controller = JobController(job)
         player = threading.Thread(target=play_job, name="simulated-job", daemon=True)
         player.start()
         event("job", f"{job_id} plays at {speed:g}x: {scenario.nodes} nodes, "
@@ -497,7 +523,10 @@ def run_demo(
     outcomes, trap_alerts, false_alerts = match_alerts(truth, alerts)
     cmds = list(watch.commands.values())
     faulty = {t.node for t in truth if not t.is_trap and t.node}
-    isolated = [n for c in cmds if c.kind.value == "isolate" for n in c.targets]
+    # what took effect: the job's own results, not what was issued
+    done = command_outcomes(cmds, _signed_results(job_settings, watch.results),
+                            list(watch.actions.values()))  # fmt: skip
+    isolated = done.isolated
     grades = Counter(a.grade.value for a in alerts if a.state is AlertState.FIRING)
     published = stats.step_messages + stats.health_messages + stats.truth_messages + 2
     return DemoSummary(
@@ -513,7 +542,8 @@ def run_demo(
         archived_rows=archived, dead_letters=int(dl[0][0]),
         alerts_by_grade=dict(grades), faults=outcomes,
         commands=dict(Counter(c.kind.value for c in cmds)),
-        isolated_nodes=isolated,
+        isolated_nodes=isolated, applied=done.applied, refused=done.refused,
+        unanswered=done.unanswered,
         actions_applied=[f"step {s}: {k} {d}".strip() for s, k, d in controller.applied],
         notes=[
             *notes,
@@ -521,5 +551,5 @@ def run_demo(
             f"archive: {backend.name} database {db}",
         ],
         speed=speed, played_seconds=round(stats.wall_s, 2), service_restarts=restarts,
-        phase_seconds=phases,
+        phase_seconds=phases, job_started_at=scenario.start_time.isoformat(),
     )  # fmt: skip

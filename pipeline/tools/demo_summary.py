@@ -12,17 +12,25 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas import (
+    ActionRecord,
+    ActionState,
     Alert,
     AlertKind,
     AlertState,
+    Command,
+    CommandKind,
+    CommandResult,
+    CommandStatus,
     FaultKind,
     FaultTruth,
 )
 
 __all__ = [
     "DEFAULT_SPEED",
+    "CommandOutcomes",
     "DemoSummary",
     "FaultOutcome",
+    "command_outcomes",
     "match_alerts",
     "print_summary",
     "write_json",
@@ -65,8 +73,14 @@ class DemoSummary:
     alerts_by_grade: dict[str, int]
     faults: list[FaultOutcome] = field(default_factory=list)
     commands: dict[str, int] = field(default_factory=dict)
+    #: nodes whose isolation the job applied (a succeeded result, not a dry run)
     isolated_nodes: list[str] = field(default_factory=list)
     actions_applied: list[str] = field(default_factory=list)
+    #: commands the job applied, refused (and why), and left unanswered
+    #: (:func:`command_outcomes`); actions the actuator refused, and why
+    applied: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     speed: float = DEFAULT_SPEED
     #: wall seconds the job took to play (``wall_seconds`` adds start-up and the end)
@@ -78,9 +92,87 @@ class DemoSummary:
     #: (detection and the actuator done), ``archive`` (the archive's end), ``stop``
     #: (the children stopped); they add up to ``wall_seconds``
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    #: when the job's clock started (ISO 8601): when it was played, on the stack's
+    #: clock, never before the stack started
+    job_started_at: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Executors that apply nothing (their results say what would have been done).
+DRY_RUN_EXECUTORS = frozenset({"dry-run"})
+
+
+@dataclass
+class CommandOutcomes:
+    """What came of the commands: applied, refused (and why), not answered."""
+
+    applied: list[str] = field(default_factory=list)
+    isolated: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
+
+
+def _what(cmd: Command) -> str:
+    return f"{cmd.kind.value} {list(cmd.targets)}" if cmd.targets else cmd.kind.value
+
+
+def command_outcomes(
+    commands: list[Command], results: list[CommandResult], actions: list[ActionRecord]
+) -> CommandOutcomes:
+    """What the job did with each command, from the executors' results (a dry run
+    applies nothing; NOTIFY is not applied to a job), and the actions the actuator
+    refused (a guardrail), with why.
+
+    >>> from datetime import UTC, datetime
+    >>> from schemas import ActuatorMode
+    >>> t = datetime(2026, 1, 1, tzinfo=UTC)
+    >>> def cmd(cid, kind, node):
+    ...     return Command(command_id=cid, kind=kind, job_id="j", targets=(node,),
+    ...                    reason=("fp",), mode=ActuatorMode.AUTO, issued_at=t)
+    >>> def res(cid, status, executor="simulated-job", detail=""):
+    ...     return CommandResult(command_id=cid, job_id="j", executor=executor,
+    ...                          status=status, detail=detail, ts=t)
+    >>> cmds = [cmd("cmd-1", CommandKind.ISOLATE, "n1"), cmd("cmd-2", CommandKind.ISOLATE, "n2"),
+    ...         cmd("cmd-3", CommandKind.RESTART, "n3")]
+    >>> out = command_outcomes(cmds, [res("cmd-1", CommandStatus.SUCCEEDED),
+    ...     res("cmd-2", CommandStatus.SUCCEEDED, "dry-run"),
+    ...     res("cmd-3", CommandStatus.REFUSED, detail="no checkpoint yet")], [])
+    >>> out.isolated
+    ['n1']
+    >>> out.refused
+    ["restart ['n3'] (cmd-3): refused by simulated-job: no checkpoint yet"]
+    >>> out.unanswered  # a dry run applies nothing
+    ["isolate ['n2'] (cmd-2)"]
+    """
+    by_command: dict[str, list[CommandResult]] = {}
+    for r in results:
+        if r.executor not in DRY_RUN_EXECUTORS:
+            by_command.setdefault(r.command_id, []).append(r)
+    out = CommandOutcomes()
+    for cmd in commands:
+        if cmd.kind is CommandKind.NOTIFY:
+            continue
+        got = by_command.get(cmd.command_id, [])
+        done = [r for r in got if r.status is CommandStatus.SUCCEEDED]
+        ended = [r for r in got if r.status in (CommandStatus.REFUSED, CommandStatus.FAILED)]
+        what = f"{_what(cmd)} ({cmd.command_id})"
+        if done:
+            out.applied.append(f"{what} by {done[0].executor}")
+            if cmd.kind is CommandKind.ISOLATE:
+                out.isolated += [n for n in cmd.targets if n not in out.isolated]
+        elif ended:
+            r = ended[-1]
+            why = f": {r.detail}" if r.detail else ""
+            out.refused.append(f"{what}: {r.status.value} by {r.executor}{why}")
+        else:
+            out.unanswered.append(what)
+    for rec in actions:
+        if rec.state is ActionState.REFUSED:
+            kinds = " + ".join(c.kind.value for c in rec.commands) or "action"
+            out.refused.append(f"{kinds} ({rec.action_id}): refused by the actuator: {rec.detail}")
+    return out
 
 
 #: Faults that leave a rank dead: nothing completes until the job is restarted.
@@ -156,9 +248,15 @@ def print_summary(summary: DemoSummary, console: Console) -> None:
     )  # fmt: skip
     cmds = ", ".join(f"{n} {k}" for k, n in sorted(summary.commands.items())) or "none"
     console.print(
-        f"commands issued: {cmds}; isolated {summary.isolated_nodes or 'no node'} "
+        f"commands issued: {cmds}; applied by the job (its results): "
+        f"{len(summary.applied)}, refused: {len(summary.refused)}, no result: "
+        f"{len(summary.unanswered)}; isolated {summary.isolated_nodes or 'no node'} "
         f"(false isolations {summary.false_isolations})"
     )
+    for line in summary.refused:
+        console.print(f"  refused: {line}")
+    for line in summary.unanswered:
+        console.print(f"  no result: {line}")
     for line in summary.actions_applied:
         console.print(f"  job applied {line}")
     if summary.service_restarts:

@@ -234,7 +234,9 @@ def build_plan(
         common[f"{ENV_PREFIX}CHDB_PATH"] = str(state / "archive")
     job_id = options.job or job  # a watched job's controller key is bound to it
     if options.scenario is not None:
-        job_id, scenario_env, scenario_notes = _scenario_env(options.scenario, base_env, run_id)
+        job_id, scenario_env, scenario_notes = _scenario_env(
+            options.scenario, base_env, run_id, options.mode
+        )
     keys, key_notes = signing_env(settings, run_id, job_id)
     notes += key_notes
 

@@ -133,16 +133,20 @@ def _alertmanager_target(url: str | None) -> tuple[str, ...]:
 
 
 def _scenario_env(
-    name: str, base_env: Mapping[str, str], run_id: str
+    name: str, base_env: Mapping[str, str], run_id: str, mode: str | None = None
 ) -> tuple[str, dict[str, str], list[str]]:
-    """The job id of the played scenario, and the actuator settings it needs."""
+    """The job id of the played scenario, and the actuator settings it needs (``mode``:
+    ``--mode``, which wins over STEPGUARD_ACTUATOR_MODE and the scenario's auto)."""
     from pipeline.tools.simulator import SimulatedJob, find_scenario
 
     sc = find_scenario(name)
     job_id = f"{sc.job}-{run_id}"
     env: dict[str, str] = {f"{ENV_PREFIX}GUARD_JOB_NODES": str(sc.nodes)}
     notes = [f"scenario {sc.name}: job {job_id}, {sc.nodes} nodes, {sc.steps} steps"]
-    if f"{ENV_PREFIX}ACTUATOR_MODE" not in base_env:
+    if mode is not None:
+        env[f"{ENV_PREFIX}ACTUATOR_MODE"] = mode
+        notes.append(f"actuator in {mode} mode for the simulated job (--mode)")
+    elif f"{ENV_PREFIX}ACTUATOR_MODE" not in base_env:
         env[f"{ENV_PREFIX}ACTUATOR_MODE"] = "auto"
         notes.append("actuator in auto mode for the simulated job (STEPGUARD_ACTUATOR_MODE)")
     if f"{ENV_PREFIX}SPARE_NODES" not in base_env:

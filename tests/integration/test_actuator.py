@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import re
 import stat
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -128,6 +130,21 @@ def poll_until(actuator: Actuator, consumed: int, max_polls: int = 100) -> None:
             return
         actuator.poll_once(timeout_ms=200)
     raise AssertionError(f"actuator consumed {actuator.stats.consumed} < {consumed}")
+
+
+def invoke_while_polling(actuator: Actuator, args, env, max_polls=300):
+    """Run a ``stepguard`` command (it waits for the actuator's answer) while the
+    actuator polls in this thread; the command's result."""
+    done: list = []
+    cmd = threading.Thread(target=lambda: done.append(CliRunner().invoke(app, args, env=env)))
+    cmd.start()
+    for _ in range(max_polls):
+        if not cmd.is_alive():
+            break
+        actuator.poll_once(timeout_ms=200)
+    cmd.join(timeout=60)
+    assert done, f"stepguard {' '.join(args)} did not end"
+    return done[0]
 
 
 def topic(settings, logical):
@@ -273,14 +290,18 @@ def test_approval_flow_end_to_end_with_pending_rebuilt_after_restart(act_setting
     act = Actuator(s)  # restarted: the held actions come back from the actions topic
     try:
         assert {r.action_id for r in act.policy.held} == set(held.values())
-        ok = cli.invoke(app, ["approve", held["node-3"], "--by", "sre"], env=env)
-        no = cli.invoke(app, ["reject", held["node-5"], "--reason", "known slow"], env=env)
+        ok = invoke_while_polling(act, ["approve", held["node-3"], "--by", "sre"], env)
+        no = invoke_while_polling(act, ["reject", held["node-5"], "--reason", "known slow"], env)
         assert ok.exit_code == 0 and no.exit_code == 0, ok.output + no.output
         # resumes after the committed decisions: the two approvals (and the notices)
         poll_until_topic(act, s, "actions", lambda got: len(got) >= 4)
     finally:
         act.close()
     cmds = topic(s, "commands")[2:]
+    # each command tells what the actuator did: the ids it issued, and who decided
+    issued = ", ".join(c.command_id for c in cmds)
+    assert f"approved {held['node-3']} by sre: issued {issued}" in " ".join(ok.output.split())
+    assert f"rejected {held['node-5']} by {getpass.getuser()}" in no.output
     assert [(c.kind, c.mode) for c in cmds] == [
         (CommandKind.CHECKPOINT, ActuatorMode.APPROVE),
         (CommandKind.ISOLATE, ActuatorMode.APPROVE),
@@ -288,7 +309,7 @@ def test_approval_flow_end_to_end_with_pending_rebuilt_after_restart(act_setting
     ]
     states = [(r.alert.node, r.state, r.by) for r in topic(s, "actions")[2:]]
     assert states == [("node-3", ActionState.APPROVED, "sre"),
-                      ("node-5", ActionState.REJECTED, "cli")]  # fmt: skip
+                      ("node-5", ActionState.REJECTED, getpass.getuser())]  # fmt: skip
     after = cli.invoke(app, ["pending"], env=env)
     assert "0 action(s)" in after.output
 
@@ -303,9 +324,9 @@ def test_mode_changes_at_runtime_and_forged_control_is_ignored(act_settings):
         forged = ControlMessage(change_id="evil", mode=ActuatorMode.AUTO, by="x",
                                 ts=datetime.now(UTC))  # fmt: skip
         send(s, "control", forged)
-        res = CliRunner().invoke(app, ["control", "--mode", "auto", "--reason", "go"],
-                                 env=env_of(s))  # fmt: skip
+        res = invoke_while_polling(act, ["control", "--mode", "auto", "--reason", "go"], env_of(s))
         assert res.exit_code == 0, res.output
+        assert "applied by the actuator: actuator mode auto" in " ".join(res.output.split())
         poll_until(act, 3)
         assert act.policy.params.mode is ActuatorMode.AUTO
         send(s, "decisions", alert(seq=1))
@@ -316,7 +337,9 @@ def test_mode_changes_at_runtime_and_forged_control_is_ignored(act_settings):
     assert observed.state is ActionState.OBSERVED
     assert len(topic(s, "commands")) == 3
     changes = topic(s, "control")  # every change is archived, the forged one too
-    assert [(c.by, c.signature is not None) for c in changes] == [("x", False), ("cli", True)]
+    assert [(c.by, c.signature is not None) for c in changes] == [
+        ("x", False), (getpass.getuser(), True)
+    ]  # fmt: skip
     # a restarted actuator comes back in the mode the control topic says
     act = Actuator(s)
     try:
@@ -579,8 +602,10 @@ def test_approve_and_reject_refuse_unknown_expired_and_decided_actions(act_setti
         res = cli.invoke(app, [verb, aid, *extra], env=env_of(s))
         said = " ".join(res.output.split())
         assert res.exit_code == 1 and why in said and "nothing was sent" in said, (verb, said)
-    ok = cli.invoke(app, ["approve", "act-fresh"], env=env_of(s))
-    assert ok.exit_code == 0, ok.output
+    # no actuator runs here: sent, no answer, exit 3 (it may still take effect)
+    sent = cli.invoke(app, ["approve", "act-fresh", "--timeout", "1"], env=env_of(s))
+    said = " ".join(sent.output.split())
+    assert sent.exit_code == 3 and "no answer from the actuator within 1s" in said, said
     assert [a.action_id for a in topic(s, "approvals")] == ["act-fresh"]
     listed = " ".join(cli.invoke(app, ["pending", "--all"], env=env_of(s)).output.split())
     assert "expired" in listed
@@ -642,7 +667,7 @@ def test_a_replayed_control_message_is_not_applied_again(act_settings):
     act = Actuator(s)
     try:
         for args, n in ((["--mode", "auto", "--reset-breaker"], 1), (["--mode", "observe"], 2)):
-            res = CliRunner().invoke(app, ["control", *args], env=env_of(s))
+            res = invoke_while_polling(act, ["control", *args], env_of(s))
             assert res.exit_code == 0, res.output
             poll_until(act, n)
         assert act.policy.params.mode is ActuatorMode.OBSERVE
@@ -666,7 +691,7 @@ def test_a_reset_breaker_sent_before_a_trip_does_not_close_it_at_restart(act_set
     s = act_settings.model_copy(update={"guard_max_isolations": 1})
     act = Actuator(s)
     try:
-        res = CliRunner().invoke(app, ["control", "--reset-breaker"], env=env_of(s))
+        res = invoke_while_polling(act, ["control", "--reset-breaker"], env_of(s))
         assert res.exit_code == 0, res.output
         poll_until(act, 1)
         send(s, "decisions", alert(), alert("fp-node5-0001", node="node-5"))
@@ -677,7 +702,7 @@ def test_a_reset_breaker_sent_before_a_trip_does_not_close_it_at_restart(act_set
     act = Actuator(s)  # yesterday's reset is not replayed over today's trip
     try:
         assert act.policy.breaker_open("job-1")
-        res = CliRunner().invoke(app, ["control", "--reset-breaker"], env=env_of(s))
+        res = invoke_while_polling(act, ["control", "--reset-breaker"], env_of(s))
         assert res.exit_code == 0, res.output
         poll_until_topic(
             act,
@@ -877,3 +902,61 @@ def test_a_warning_firing_before_a_restart_confirms_after_it(act_settings):
         assert CommandKind.ISOLATE in kinds, act.policy.memory()
     finally:
         act.close()
+
+
+# -- operator actions are acknowledged (issue 41 item 1) --------------------------------
+def test_an_operator_key_the_actuator_does_not_trust_is_refused_and_said_so(act_settings):
+    """`approve` used to print `approved act-...` and exit 0 while the actuator ignored
+    the approval (`unknown key id`). Now: a key this shell's STEPGUARD_OPERATOR_PUBLIC_KEYS
+    does not list is refused before anything is sent; where the shell lists none, the
+    actuator's own answer says the approval was refused and why (exit 1 both ways)."""
+    s = act_settings.model_copy(update={"actuator_mode": "approve"})
+    act = Actuator(s)
+    stranger = test_key("op-stranger")
+    try:
+        send(s, "decisions", alert())
+        [held] = poll_until_topic(act, s, "actions", lambda got: len(got) >= 1)
+        env = env_of(s, STEPGUARD_OPERATOR_PRIVATE_KEY=stranger.private_text())
+        before = invoke_while_polling(act, ["approve", held.action_id], env)
+        said = " ".join(before.output.split())
+        assert before.exit_code == 1 and "refused before sending" in said, said
+        assert "'op-stranger'" in said and "nothing was sent" in said
+        assert topic(s, "approvals") == []
+
+        # a shell without the services' operator public keys cannot check: it sends,
+        # and the actuator answers
+        blind = env | {"STEPGUARD_OPERATOR_PUBLIC_KEYS": ""}
+        refused = invoke_while_polling(act, ["approve", held.action_id], blind)
+        said = " ".join(refused.output.split())
+        assert refused.exit_code == 1, said
+        assert "refused by the actuator" in said and "unknown key id 'op-stranger'" in said
+        assert "approved" not in said.replace("approve ", "")
+    finally:
+        act.close()
+    assert [r.state for r in topic(s, "actions")] == [ActionState.HELD]  # still held
+    [ack] = [a for a in topic(s, "acks") if a.request == "approval"]
+    assert (ack.outcome.value, ack.subject, ack.by) == (
+        "refused",
+        held.action_id,
+        getpass.getuser(),
+    )
+    assert signature_problem(ack, ACTUATOR_KEY.verifier()) is None
+
+
+def test_pending_shows_the_running_actuators_mode_not_this_shells(act_settings):
+    """`pending` against `up --mode approve` printed `actuator mode observe` (the shell's
+    default): the mode now comes from what the running actuator published."""
+    s = act_settings.model_copy(update={"actuator_mode": "approve"})
+    act = Actuator(s)
+    try:
+        act.announce()
+        send(s, "decisions", alert())
+        poll_until_topic(act, s, "actions", lambda got: len(got) >= 1)
+    finally:
+        act.close()
+    shell = env_of(s, STEPGUARD_ACTUATOR_MODE="observe")  # the operator's shell: no mode
+    listed = CliRunner().invoke(app, ["pending"], env=shell)
+    said = " ".join(listed.output.split())
+    assert listed.exit_code == 0, said
+    assert "actuator mode approve" in said and "reported by the actuator" in said
+    assert "1 action(s)" in said

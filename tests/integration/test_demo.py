@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def test_demo_plays_ci_smoke_against_the_services_and_scores_it(broker_settings,
         "STEPGUARD_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
     }
     out = tmp_path / "demo.json"
+    launched = datetime.now(UTC)
     done = subprocess.run(
         [STEPGUARD, "demo", "--scenario", "ci_smoke", "--json", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
@@ -50,6 +52,12 @@ def test_demo_plays_ci_smoke_against_the_services_and_scores_it(broker_settings,
     assert s["isolated_nodes"] == ["node-0005"] and s["false_isolations"] == 0, s
     assert any("isolate node-0005->spare-000" in a for a in s["actions_applied"]), s
     assert s["commands"].get("isolate") == 1, s
+    # counted from what the job applied (its signed results), not from what was issued
+    (applied,) = [a for a in s["applied"] if a.startswith("isolate ['node-0005']")]
+    assert applied.endswith("by simulated-job") and s["unanswered"] == [], s
+    # the job is dated from the stack's clock: never before the demo started (it was
+    # back-dated by what the 8x speed-up gains, ~3 minutes before the demo for ci_smoke)
+    assert datetime.fromisoformat(s["job_started_at"]) >= launched, s["job_started_at"]
     # every rank-step the job played was archived by the archiver (and its hand-over)
     assert s["steps_completed"] >= scenario.steps
     assert s["archived_rows"] >= s["steps_completed"] * scenario.n_ranks, s

@@ -219,3 +219,40 @@ def test_the_actuator_reports_held_actions_and_the_age_of_the_oldest(act_setting
     assert value(reg, "stepguard_actuator_actions_total", mode="approve", state="held") == 1
     assert value(reg, "stepguard_actuator_held_actions") == 1
     assert value(reg, "stepguard_actuator_oldest_held_seconds") == 120
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_healthz_and_readyz_say_whether_the_actuator_consumes(act_settings):
+    """Issue 41 item 6: the metrics port answered only /metrics; a probe could not tell
+    a live service that consumes from one that is stuck before its first poll."""
+    from pipeline.io.embedded import free_port
+    from pipeline.io.metrics import serve_metrics
+
+    port = free_port()
+    s = act_settings.model_copy(update={"actuator_metrics_port": port})
+    metrics = ActuatorMetrics()
+    server = serve_metrics(metrics.registry, s, "actuator_metrics_port", metrics.readiness)
+    assert server is not None
+    base = f"http://127.0.0.1:{port}"
+    act = Actuator(s, metrics=metrics)
+    try:
+        assert _get(f"{base}/healthz") == (200, "ok\n")
+        assert _get(f"{base}/readyz") == (503, "not consuming yet (starting)\n")
+        act.poll_once(timeout_ms=200)
+        assert _get(f"{base}/readyz") == (200, "ok\n")
+        status, body = _get(f"{base}/metrics")
+        assert status == 200 and "stepguard_actuator_inputs_total" in body
+    finally:
+        act.close()
+        server.shutdown()
+        server.server_close()

@@ -78,7 +78,9 @@ class Up:
         self.out = tmp / "up.out"
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
         env |= {
-            "STEPGUARD_STATE_DIR": str(self.state),
+            # relative, as by default: Prometheus resolved the targets file from the
+            # config's folder and scraped nothing (issue 41 item 6)
+            "STEPGUARD_STATE_DIR": ".stepguard",
             "STEPGUARD_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
             "STEPGUARD_CONSUMER_GROUP": f"g{uuid.uuid4().hex[:10]}",
         }
@@ -142,6 +144,22 @@ def running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+def active_alerts(url: str) -> set[str]:
+    """Names of the alerts pending or firing now."""
+    return {a["labels"]["alertname"] for a in api(url, "alerts")["alerts"]}
+
+
+def fetch(url: str) -> int:
+    """HTTP status of a GET (a probe)."""
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def service_down(url: str) -> dict[str, str]:
     """Labels of each StepguardServiceDown alert, by job, with its state."""
     alerts = api(url, "alerts")["alerts"]
@@ -168,6 +186,15 @@ def test_prometheus_scrapes_up_and_service_down_fires_when_a_service_is_killed(u
     assert all(r["health"] == "ok" for r in rules.values()), rules
     # targets down while they started leave pending alerts until the next evaluation
     poll(lambda: not service_down(url), 30, "no service reported down", up.tail)
+    # the worker is up, so "no worker up" is silent (it fired while nothing was scraped)
+    poll(lambda: "StepguardNoWorkerUp" not in active_alerts(url), 30,
+         "StepguardNoWorkerUp silent while the worker runs", up.tail)  # fmt: skip
+    # every service answers its probes on its metrics port
+    for target in api(url, "targets")["activeTargets"]:
+        base = target["scrapeUrl"].removesuffix("/metrics")
+        assert fetch(f"{base}/healthz") == 200, target["labels"]
+        assert poll(lambda b=base: fetch(f"{b}/readyz") == 200, 60,
+                    f"{target['labels']['service']} ready", up.tail)  # fmt: skip
     # the documented families are really there, under the rules' job names
     names = set(api(url, "label/__name__/values"))
     assert {

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -132,20 +133,25 @@ def test_every_service_does_its_job_with_its_own_principal(secure_kafka, topics,
     stats = exporter.close()
     assert (stats.sent, stats.dropped) == (5 + 2, 0)
 
-    # operator: `stepguard control --mode auto`, signed with the operator's key
+    # operator: `stepguard control --mode auto`, signed with the operator's key; it waits
+    # for the actuator's answer (topic acks), so the actuator polls meanwhile
     operator_env = k.env("operator") | key_env(("operator",))
-    result = CliRunner().invoke(app, ["control", "--mode", "auto", "--reason", "acl test"],
-                                env=operator_env)  # fmt: skip
-    assert result.exit_code == 0, result.output
-
-    # actuator: applies the change, then turns a worker-signed alert into commands
     act_settings = k.settings(
         "actuator", **key_settings(), spare_nodes="spare-0", guard_max_isolation_pct=100.0
     )
     actuator = Actuator(act_settings)
     try:
+        done: list = []
+        args = ["control", "--mode", "auto", "--reason", "acl test"]
+        cli = threading.Thread(
+            target=lambda: done.append(CliRunner().invoke(app, args, env=operator_env))
+        )
+        cli.start()
         _until("the control change", lambda: actuator.poll_once(200),
-               lambda: actuator.stats.consumed >= 1)  # fmt: skip
+               lambda: not cli.is_alive())  # fmt: skip
+        cli.join(timeout=60)
+        result = done[0]
+        assert result.exit_code == 0, result.output
         assert actuator.policy.params.mode is ActuatorMode.AUTO
         # the worker's principal writes decisions (its Faust producer is checked below)
         producer = control_producer(k.settings("worker"))

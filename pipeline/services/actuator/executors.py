@@ -402,6 +402,7 @@ class ExecutorRunner:
         self.done.expire(self._clock())
         self.executor.tick(self._clock())
         self.metrics.consumed.labels(self.executor.name).inc(n)
+        self.metrics.readiness.polled()
         return n
 
     def _account(self, cmd: Command, result: CommandResult) -> None:

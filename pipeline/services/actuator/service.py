@@ -56,6 +56,7 @@ from pipeline.io.metrics import ActuatorMetrics
 from pipeline.io.settings import Settings
 from pipeline.io.trust import public_keys, sign, signature_problem, signing_key
 from pipeline.policy import Outcome, Policy, PolicyParams
+from pipeline.services.actuator.acks import answer, started
 from schemas import (
     ActionRecord,
     Alert,
@@ -73,12 +74,20 @@ log = logging.getLogger(__name__)
 
 #: Topics the actuator reads or writes (created at start if missing).
 ACTUATOR_TOPICS = (
-    "decisions", "commands", "results", "approvals", "control", "actions", "deadletter",
+    "decisions", "commands", "results", "approvals", "control", "actions", "acks", "deadletter",
 )  # fmt: skip
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _hint(problem: str) -> str:
+    """Why an operator's message was refused, with what to do about an unknown key."""
+    if problem.startswith("unknown key id"):
+        return (f"{problem}: the actuator trusts only the operator keys in its "
+                "STEPGUARD_OPERATOR_PUBLIC_KEYS")  # fmt: skip
+    return problem
 
 
 @dataclass
@@ -264,7 +273,7 @@ class Actuator:
         if problem is not None:
             self.stats.refused += 1
             log.warning("ignoring control %s from %s: %s", msg.change_id, msg.by, problem)
-            return Outcome(note=f"control refused: {problem}")
+            return Outcome(note=f"control refused: {problem}", refusal=_hint(problem))
         self._control_ts = msg.ts
         self._control_ids[msg.change_id] = None
         while len(self._control_ids) > self.policy.params.max_tracked:
@@ -334,7 +343,7 @@ class Actuator:
             if problem is not None:
                 self.stats.refused += 1
                 log.warning("ignoring approval of %s by %s: %s", msg.action_id, msg.by, problem)
-                return Outcome(note=f"approval refused: {problem}")
+                return Outcome(note=f"approval refused: {problem}", refusal=_hint(problem))
             return self.policy.on_approval(msg, now)
         if isinstance(msg, ControlMessage):
             return self._control(rec, now)
@@ -363,6 +372,21 @@ class Actuator:
         self.stats.alerts += len(out.alerts)
         return futures
 
+    def _answer(self, rec: Decoded, out: Outcome) -> list[Any]:
+        """Publish the answer to an operator's message (:mod:`.acks`), if it is one."""
+        ack = answer(rec.message, (rec.topic, rec.partition, rec.offset), out,
+                     self.policy.params, self._clock())  # fmt: skip
+        if ack is None:
+            return []
+        log.info("answered %s %s by %s: %s %s", ack.request, ack.subject, ack.by,
+                 ack.outcome.value, ack.detail)  # fmt: skip
+        return [publish(self._producer, self.registry, "acks", sign(ack, self._key))]
+
+    def announce(self) -> None:
+        """Say which mode this actuator runs in (``stepguard pending`` reads it)."""
+        ack = sign(started(self.policy.params, self._clock()), self._key)
+        publish(self._producer, self.registry, "acks", ack).get(timeout=30)
+
     def poll_once(self, timeout_ms: int = 500) -> int:
         """One poll: decide, publish, wait for acks, commit. Returns records consumed."""
         futures: list[Any] = []
@@ -373,9 +397,12 @@ class Actuator:
             letter = self.future_letter(rec, self._clock())
             if letter is not None:  # never reaches the policy; committed with the rest
                 futures.append(publish(self._producer, self.registry, "deadletter", letter))
-                self._count_input(rec, Outcome(note="dated in the future"), refused)
+                late = Outcome(note="dated in the future", refusal=letter.error)
+                self._count_input(rec, late, refused)
+                futures += self._answer(rec, late)
                 continue
             out = self.handle(rec)
+            futures += self._answer(rec, out)
             self._count_input(rec, out, refused)
             if not (out.commands or out.records or out.alerts):
                 self.stats.ignored += 1
@@ -401,6 +428,7 @@ class Actuator:
         now = self._clock()
         ages = [(now - r.ts).total_seconds() for r in self.policy.held]
         self.metrics.oldest_held.set(max(ages, default=0.0))
+        self.metrics.readiness.polled()
         return n
 
     def _count_input(self, rec: Decoded, out: Outcome, refused_before: int) -> None:
@@ -420,6 +448,7 @@ class Actuator:
         return self.stats.refused + self.stats.unsigned_alerts + self.stats.future_dated
 
     def run(self, stop: Callable[[], bool]) -> ActuatorStats:
+        self.announce()
         while not stop():
             self.poll_once()
         return self.stats

@@ -161,11 +161,14 @@ class Resume:
     node: str
     outcome: ResumeOutcome
     before: NodeState
+    #: the node read back after the update (``None``: nothing was updated)
+    after: NodeState | None = None
 
     def describe(self) -> str:
         if self.outcome is ResumeOutcome.NOT_ISOLATED:
             return f"{self.node} is not isolated ({self.before.state}): nothing to resume"
-        return f"{self.outcome.value} {self.node} (was {self.before.describe()})"
+        now = f", now {self.after.state}" if self.after is not None else ""
+        return f"{self.outcome.value} {self.node} (was {self.before.describe()}{now})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +343,9 @@ class SlurmExecutor(Executor):
     def resume(self, node: str, *, force: bool = False) -> Resume:
         """Put back a node stepguard drained; ``force``: whoever isolated it (logged).
 
-        Raises :class:`ResumeRefused` for a node someone else isolated without ``force``.
+        Raises :class:`ResumeRefused` for a node someone else isolated without ``force``,
+        and :class:`ExecutionError` when the node, read back after the update, is still
+        out of service.
         """
         before = self.node(node)
         if not before.out_of_service:
@@ -354,9 +359,15 @@ class SlurmExecutor(Executor):
             log.warning("resume-node --force: resuming %s, isolated by someone else (%s)",
                         node, before.describe())  # fmt: skip
         self._update_node(node, "RESUME", None)
+        after = self.node(node)  # what took effect, not what was asked
+        if after.out_of_service:
+            raise ExecutionError(
+                f"scontrol accepted State=RESUME but {node} is still out of service "
+                f"({after.describe()})"
+            )
         outcome = ResumeOutcome.RESUMED if before.ours else ResumeOutcome.FORCED
         log.info("%s %s (was %s)", outcome.value, node, before.describe())
-        return Resume(node, outcome, before)
+        return Resume(node, outcome, before, after)
 
     # -- jobs ----------------------------------------------------------------------------
     def requeue(self, cmd: Command) -> Requeue:

@@ -171,6 +171,7 @@ class Archiver:
         set the lag: per topic, the partitions' high watermarks less the next offset to
         fetch (partitions not fetched from yet count from 0 only once seen)."""
         m, s, c = self.metrics, self.stats, self._counted
+        m.readiness.polled()  # after every poll of its topics
         m.messages.inc(max(0, s.messages - c.messages))
         m.dead_letters.inc(max(0, s.dead_letters - c.dead_letters))
         for table, rows in list(s.rows_by_table.items()):

@@ -10,7 +10,7 @@ __all__ = ["ARCHIVE_TABLES", "prune"]
 
 ARCHIVE_TABLES = (
     "steps", "health", "alerts", "commands", "command_results", "approvals",
-    "dead_letters", "fault_truth", "control_changes", "actions",
+    "dead_letters", "fault_truth", "control_changes", "actions", "acks",
 )  # fmt: skip
 
 

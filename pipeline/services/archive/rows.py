@@ -37,6 +37,7 @@ from pipeline.io.errors import ArchiveRowError
 from pipeline.io.fastdecode import StepColumns, decode_steps, from_models
 from pipeline.services.archive.backend import Columns
 from schemas import (
+    Acknowledgement,
     ActionRecord,
     Alert,
     Approval,
@@ -81,7 +82,7 @@ def ingest_version(offset: Any) -> Any:
 
 #: The signed kinds: an unverified row of these is versioned below every verified one.
 SIGNED_KINDS: frozenset[type[Message]] = frozenset(
-    {Alert, Command, CommandResult, Approval, ControlMessage, ActionRecord}
+    {Alert, Command, CommandResult, Approval, ControlMessage, ActionRecord, Acknowledgement}
 )
 _UNVERIFIED_BAND = 2**62
 
@@ -227,6 +228,17 @@ def _action(m: ActionRecord, _rec_ms: int) -> Iterable[Row]:
     }  # fmt: skip
 
 
+def _ack(m: Acknowledgement, _rec_ms: int) -> Iterable[Row]:
+    ms = _ms(m.ts)
+    yield {
+        "subject": m.subject, "request": m.request, "source_topic": m.source_topic,
+        "source_partition": m.partition, "source_offset": m.offset,
+        "outcome": m.outcome.value, "state": m.state.value if m.state is not None else "",
+        "detail": m.detail, "by": m.by, "commands": list(m.commands), "mode": m.mode.value,
+        "signed": int(m.signature is not None), "ts": _utc(m.ts), "ts_ms": ms,
+    }  # fmt: skip
+
+
 def _job_event(m: JobEvent, _rec_ms: int) -> Iterable[Row]:
     ms = _ms(m.ts)
     yield {
@@ -252,6 +264,7 @@ TABLE_OF: dict[type[Message], tuple[str, Callable[[Any, int], Iterable[Row]]]] =
     ControlMessage: ("control_changes", _control),
     ActionRecord: ("actions", _action),
     JobEvent: ("job_events", _job_event),
+    Acknowledgement: ("acks", _ack),
 }
 
 

@@ -30,7 +30,16 @@ from typing import TypeVar, cast
 
 from pipeline.io.settings import ROLES, Role, Settings
 from pipeline.io.trust import PublicKeys, Signable, public_keys, signature_problem
-from schemas import ActionRecord, Alert, Approval, Command, CommandResult, ControlMessage, Message
+from schemas import (
+    Acknowledgement,
+    ActionRecord,
+    Alert,
+    Approval,
+    Command,
+    CommandResult,
+    ControlMessage,
+    Message,
+)
 
 __all__ = ["RESULT_ROLES", "SignatureCheck", "WRITER_ROLES"]
 
@@ -48,6 +57,7 @@ WRITER_ROLES: dict[type[Message], tuple[Role, ...]] = {
     Alert: ("worker", "actuator"),
     Command: ("actuator",),
     ActionRecord: ("actuator",),
+    Acknowledgement: ("actuator",),
     Approval: ("operator",),
     ControlMessage: ("operator",),
     CommandResult: RESULT_ROLES,

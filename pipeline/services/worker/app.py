@@ -511,6 +511,7 @@ def build_app(
     async def on_assigned(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
         mine = [tp for tp in assigned if tp.topic in (names.steps, names.jobs)]
         metrics.assigned.set(len(mine))
+        metrics.readiness.polled()  # consuming: /readyz answers 200
         log.info("rebalance: own %d partitions of %s and %s", len(mine), names.steps,
                  names.jobs)  # fmt: skip
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pipeline.io.metrics import serve_metrics, service_registry
+from pipeline.io.metrics import Readiness, serve_metrics, service_registry
 from pipeline.io.settings import Settings
 
 __all__ = ["WorkerMetrics"]
@@ -38,6 +38,8 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = reg = service_registry(registry)
+        #: ``/readyz``: ready once Faust assigned it partitions (a rebalance marks it)
+        self.readiness = Readiness(stale_s=None)
         p = "stepguard_worker_"
         self.records = Counter(p + "records", "Records consumed.", ["topic"], registry=reg)
         self.rank_steps = Counter(p + "rank_steps", "Rank-steps scored.", registry=reg)
@@ -77,4 +79,4 @@ class WorkerMetrics:
         """Expose ``/metrics`` on ``worker_metrics_port`` (0: do nothing) and
         ``metrics_bind_address``; a port in use is a
         :class:`~pipeline.io.errors.ConfigError` naming STEPGUARD_WORKER_METRICS_PORT."""
-        serve_metrics(self.registry, settings, "worker_metrics_port")
+        serve_metrics(self.registry, settings, "worker_metrics_port", self.readiness)

@@ -172,7 +172,21 @@ def prometheus_service(
     targets (``ports``: service name to metrics port) under ``folder``, and returns the
     spec that runs ``binary`` on 127.0.0.1:``port`` with its data in ``folder/data``
     (kept across runs), the shipped rules loaded. Stops first (tier 0): nothing
-    reports the stack down while it stops."""
+    reports the stack down while it stops.
+
+    Every path in the config is absolute: Prometheus resolves a relative ``file_sd``
+    path from the config's own folder, not from where it was started, so a relative
+    state dir (the default ``.stepguard``) left it scraping nothing.
+
+    >>> import contextlib, tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+    ...     _ = prometheus_service("prometheus", Path("state/prometheus"), 9090, {"worker-1": 1})
+    ...     config = json.loads(Path("state/prometheus/prometheus.yml").read_text())
+    ...     [sd] = config["scrape_configs"][0]["file_sd_configs"][0]["files"]
+    ...     Path(sd).is_absolute() and Path(sd).is_file()
+    True
+    """
+    folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     targets = folder / "targets.json"
     targets.write_text(json.dumps(file_sd(ports), indent=2) + "\n")

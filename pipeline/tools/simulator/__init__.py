@@ -24,11 +24,19 @@ from pipeline.tools.simulator.scenario import (
     load_suite,
     node_name,
 )
-from pipeline.tools.simulator.timing import RUN_MARGIN, back_dating_s, start_from_now
+from pipeline.tools.simulator.timing import (
+    LEAD_SHARE,
+    RUN_MARGIN,
+    back_dating_s,
+    lead_budget_s,
+    lead_s,
+    start_from_now,
+)
 
 __all__ = [
     "DEMO_DIR",
     "JOB_STOPPING_KINDS",
+    "LEAD_SHARE",
     "RUN_MARGIN",
     "SCENARIO_DIR",
     "TRAP_KINDS",
@@ -41,6 +49,8 @@ __all__ = [
     "SimulatedJob",
     "SimulationError",
     "back_dating_s",
+    "lead_budget_s",
+    "lead_s",
     "find_scenario",
     "load_suite",
     "node_name",

@@ -65,6 +65,7 @@ def play_with_controller(
     announce_phases: bool | None = None,
     on_command: OnCommand | None = None,
     name: str = "simulated-job",
+    lead_s: float | None = None,
 ) -> PlayStats:
     """Play ``controller.job`` to the broker with a command listener as its job
     controller, and close the listener when the job ends.
@@ -83,6 +84,8 @@ def play_with_controller(
         Called with ``(step, command)`` for each command taken at a step boundary.
     name
         The executor name on the listener's results.
+    lead_s
+        The most an event may be dated ahead of the wall clock (:func:`.player.play`).
     """
     job = controller.job
     listener = CommandListener(
@@ -94,7 +97,7 @@ def play_with_controller(
         return play(
             settings, job.scenario, speed=speed, truth=truth, lifecycle=lifecycle,
             announce_phases=announce_phases, job=job,
-            on_event=at_step_boundary(listener, controller, on_command),
+            on_event=at_step_boundary(listener, controller, on_command), lead_s=lead_s,
         )  # fmt: skip
     finally:
         listener.close()

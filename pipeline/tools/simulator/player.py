@@ -35,6 +35,7 @@ def play(
     announce_phases: bool | None = None,
     job: SimulatedJob | None = None,
     on_event: Callable[[SimulatedJob], None] | None = None,
+    lead_s: float | None = None,
 ) -> PlayStats:
     """Publish the scenario's steps and health; ``speed=None`` means as fast as possible.
 
@@ -44,6 +45,9 @@ def play(
     scenario says (``Scenario.announce_phases``).
     ``stop_after_step`` ends the playback after that step without an end (the job goes
     silent, as a hung job does).
+
+    ``lead_s``: the most an event may be dated ahead of the wall clock; the player holds
+    it back until then (``None``: no bound; see :mod:`.timing`).
 
     Closed loop: pass the ``job`` to play and ``on_event``, called after each event is
     published, applies the commands that arrived meanwhile (isolate, restart, ...) to
@@ -81,9 +85,11 @@ def play(
                     said.append(wait)
             for at, event in said:  # while the step runs, as the client says them
                 _wait(t0, at - start_ts, speed)
+                _not_ahead(at, lead_s)
                 publish(producer, registry, "lifecycle", event)
                 producer.flush()
             _wait(t0, ev.ts - start_ts, speed)
+            _not_ahead(ev.ts, lead_s)
             if ev.frame is not None:
                 for m in ev.frame.to_messages():
                     publish(producer, registry, "steps", m)
@@ -113,5 +119,14 @@ def play(
 def _wait(t0: float, offset_s: float, speed: float | None) -> None:
     if speed is not None:
         delay = t0 + offset_s / speed - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _not_ahead(ts: float, lead_s: float | None) -> None:
+    """Hold an event dated ``ts`` until it is at most ``lead_s`` ahead of the wall clock
+    (the services refuse records dated beyond their clock + the allowed skew)."""
+    if lead_s is not None:
+        delay = ts - lead_s - time.time()
         if delay > 0:
             time.sleep(delay)

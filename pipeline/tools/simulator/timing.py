@@ -1,44 +1,60 @@
-"""Dating a played job by the wall clock: what ``stepguard simulate`` and ``stepguard
+"""Dating a played job by the stack's clock: what ``stepguard simulate`` and ``stepguard
 demo`` share, so that their jobs' event times cannot drift apart.
 
-A job played at SPEED x real time runs its own clock SPEED times faster than the wall
-clock. Started at now, its events would run ahead of the wall clock by
-``elapsed x (1 - 1/SPEED)``, and every service refuses records dated beyond its wall
-clock + ``STEPGUARD_MAX_CLOCK_SKEW_S`` (300 s by default: after ~43 s of wall time at
-8x). So the job starts back-dated by what the speed-up gains over its expected length
-(restarts and stalls included, hence :data:`RUN_MARGIN`): its last event is dated about
-when it is played and none is ahead of the wall clock. At or below real time it starts
-now (never ahead).
+A played job starts at the wall clock's now, when it is played (never before: its first
+record, alert and command come after the stack that watches it started), and runs its
+own clock SPEED times faster. Its events then run ahead of the wall clock by ``elapsed x
+(1 - 1/SPEED)`` (:func:`lead_s`, at the end of a job of its expected length, restarts and
+stalls included, hence :data:`RUN_MARGIN`), and every service refuses records dated more
+than ``STEPGUARD_MAX_CLOCK_SKEW_S`` beyond its wall clock (300 s by default). So either
+the stack allows the job's lead (the demo: its own throw-away stack) or the player holds
+each event back until it is no more than :func:`lead_budget_s` ahead (``stepguard
+simulate`` against a stack it does not own: it then plays at real time once the budget
+is used). Effects are thus dated after their causes: a command (dated by the actuator's
+wall clock) comes before the relaunch it causes (dated by the job's clock), and report
+and queries order one clock.
 
 Examples
 --------
 >>> from datetime import UTC, datetime
 >>> from pipeline.tools.simulator import find_scenario
 >>> sc = find_scenario("ci_smoke")  # 160 steps of ~1.01 s
->>> round(back_dating_s(sc, 8.0), 1)  # 160 x 1.0105 s x 1.25 x (1 - 1/8)
+>>> round(lead_s(sc, 8.0), 1)  # 160 x 1.0105 s x 1.25 x (1 - 1/8)
 176.8
->>> back_dating_s(sc, 1.0)
+>>> lead_s(sc, 1.0)
 0.0
 >>> now = datetime(2026, 1, 1, tzinfo=UTC)
->>> start_from_now(sc, 8.0, now=now).isoformat(timespec="seconds")
-'2025-12-31T23:57:03+00:00'
+>>> start_from_now(sc, 8.0, now=now) == now  # never before the stack's clock
+True
+>>> lead_budget_s(300.0)
+240.0
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from pipeline.tools.simulator.scenario import Scenario
 
-__all__ = ["RUN_MARGIN", "back_dating_s", "start_from_now"]
+__all__ = ["LEAD_SHARE", "RUN_MARGIN", "back_dating_s", "lead_budget_s", "lead_s", "start_from_now"]
 
 #: A played job's expected length over its scenario's steps x nominal step time: room
 #: for restarts (the relaunch, the steps run again), checkpoints and stalls.
 RUN_MARGIN = 1.25
+#: The share of the services' clock-skew allowance a played job's events may lead the
+#: wall clock by (the rest is room for the hosts' own skew).
+LEAD_SHARE = 0.8
 
 
-def back_dating_s(scenario: Scenario, speed: float | None) -> float:
-    """How far before now a job played at ``speed`` x real time starts.
+def lead_budget_s(max_clock_skew_s: float) -> float:
+    """How far ahead of the wall clock a played job's events may be dated: a share
+    (:data:`LEAD_SHARE`) of the services' ``STEPGUARD_MAX_CLOCK_SKEW_S``."""
+    return max_clock_skew_s * LEAD_SHARE
+
+
+def lead_s(scenario: Scenario, speed: float | None) -> float:
+    """How far ahead of the wall clock a job played at ``speed`` x real time, started
+    now, is by its expected end.
 
     Parameters
     ----------
@@ -57,11 +73,11 @@ def back_dating_s(scenario: Scenario, speed: float | None) -> float:
     --------
     >>> from pipeline.tools.simulator import find_scenario
     >>> sc = find_scenario("ci_smoke")
-    >>> back_dating_s(sc, 0.5)  # slower than real time: dated now, never ahead
+    >>> lead_s(sc, 0.5)  # slower than real time: never ahead
     0.0
-    >>> back_dating_s(sc, None) == sc.steps * sc.nominal_step_s * RUN_MARGIN
+    >>> lead_s(sc, None) == sc.steps * sc.nominal_step_s * RUN_MARGIN
     True
-    >>> back_dating_s(sc, 0)
+    >>> lead_s(sc, 0)
     Traceback (most recent call last):
     ...
     ValueError: speed must be positive (or None: as fast as possible), got 0
@@ -74,19 +90,24 @@ def back_dating_s(scenario: Scenario, speed: float | None) -> float:
     return expected_s * max(0.0, 1.0 - 1.0 / speed)
 
 
+#: The name this had when a played job was back-dated by it.
+back_dating_s = lead_s
+
+
 def start_from_now(
     scenario: Scenario, speed: float | None, *, now: datetime | None = None
 ) -> datetime:
-    """The start time that dates ``scenario`` played at ``speed`` by the wall clock:
-    ``now`` (default: the wall clock) less :func:`back_dating_s`.
+    """The start time that dates ``scenario`` by the stack's clock: ``now`` (default:
+    the wall clock), whatever the speed; never before it. ``scenario`` and ``speed``
+    size its lead (:func:`lead_s`), which the caller bounds.
 
     Examples
     --------
     >>> from datetime import UTC, datetime
     >>> from pipeline.tools.simulator import find_scenario
     >>> now = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> start_from_now(find_scenario("ci_smoke"), 1.0, now=now) == now
+    >>> start_from_now(find_scenario("ci_smoke"), None, now=now) == now
     True
     """
-    now = datetime.now(UTC) if now is None else now
-    return now - timedelta(seconds=back_dating_s(scenario, speed))
+    lead_s(scenario, speed)  # the speed is checked
+    return datetime.now(UTC) if now is None else now

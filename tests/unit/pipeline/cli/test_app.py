@@ -141,3 +141,24 @@ def test_json_lines_are_strict_json_with_times_and_nan(monkeypatch):
         {"ts": "2026-01-02T03:04:05+00:00", "loss": "NaN", "nodes": ["a", "b"], "n": None},
         {"ts": "2026-01-02T03:04:05+00:00", "loss": 1.5, "nodes": [], "n": 3},
     ]
+
+
+@pytest.mark.parametrize("argv", [["approve", "act-x"], ["reject", "act-x", "--reason", "r"],
+                                  ["control", "--mode", "auto"]])  # fmt: skip
+def test_an_operator_command_without_a_key_names_itself_and_the_command_that_makes_one(argv):
+    """Issue 41 item 1: `approve` without a key pointed to `stepguard approvals`, which
+    does not exist; and the key is checked before the broker is asked (none here)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
+    env["STEPGUARD_KAFKA_BOOTSTRAP"] = "127.0.0.1:1"  # nothing listens: never reached
+    stepguard = str(Path(sys.executable).parent / "stepguard")
+    done = subprocess.run([stepguard, *argv], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, said
+    assert f"STEPGUARD_OPERATOR_PRIVATE_KEY is required by `stepguard {argv[0]}`" in said
+    assert "`stepguard keys generate --role operator`" in said and "approvals`" not in said

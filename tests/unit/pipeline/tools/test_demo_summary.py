@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pipeline.tools.demo_summary import match_alerts
 from schemas import AlertKind, AlertState, FaultKind, FaultTruth
-from tests.factories import samples
+from tests.factories import T0, samples
 
 BASE = samples()["decisions"]
 
@@ -49,15 +49,66 @@ def test_a_job_hang_during_a_slow_node_is_still_a_false_alert():
     assert unmatched == 1 and outcomes[0].alert_kinds == ["straggler"]
 
 
-def test_the_job_is_back_dated_by_what_the_speed_up_gains():
-    # the helper stepguard simulate shares (tests/unit/pipeline/tools/simulator/test_closed_loop.py)
-    from pipeline.tools.simulator import back_dating_s, find_scenario
+def test_the_summary_counts_what_the_job_applied_and_says_what_was_refused():
+    """Issue 41 item 4: the summary said `isolated [node-0010, node-0032, node-0050]`
+    from the commands issued while the job applied two, and a refused restart was not
+    mentioned. It now counts the job's own results (a dry run applies nothing)."""
+    from io import StringIO
 
-    sc = find_scenario("ci_smoke")
-    expected = sc.steps * sc.nominal_step_s * 1.25
-    assert back_dating_s(sc, 1.0) == 0.0  # real time: dated now
-    assert back_dating_s(sc, 0.5) == 0.0  # slower than real time: never ahead
-    assert abs(back_dating_s(sc, 8.0) - expected * 7 / 8) < 1e-9
+    from rich.console import Console
+
+    from pipeline.tools.demo_summary import DemoSummary, command_outcomes, print_summary
+    from schemas import (
+        ActionRecord,
+        ActionState,
+        ActuatorMode,
+        Command,
+        CommandKind,
+        CommandResult,
+        CommandStatus,
+    )
+
+    def cmd(cid, kind, node):
+        return Command(command_id=cid, kind=kind, job_id="j", targets=(node,), reason=("fp",),
+                       mode=ActuatorMode.AUTO, issued_at=T0)  # fmt: skip
+
+    def res(cid, status, executor="simulated-job", detail=""):
+        return CommandResult(command_id=cid, job_id="j", executor=executor, status=status,
+                             detail=detail, ts=T0)  # fmt: skip
+
+    cmds = [
+        cmd(f"cmd-{n}", CommandKind.ISOLATE, n) for n in ("node-0010", "node-0032", "node-0050")
+    ]
+    cmds.append(cmd("cmd-r", CommandKind.RESTART, "node-0050"))
+    results = [res(c.command_id, CommandStatus.SUCCEEDED, "dry-run") for c in cmds]
+    why = "no checkpoint to restart from"
+    results += [res("cmd-node-0010", CommandStatus.SUCCEEDED),
+                res("cmd-node-0032", CommandStatus.SUCCEEDED),
+                res("cmd-r", CommandStatus.REFUSED, detail=why)]  # fmt: skip
+    guard = ActionRecord(action_id="act-guard", state=ActionState.REFUSED, job_id="j",
+                         mode=ActuatorMode.AUTO, commands=(cmds[0],), reason=("fp",),
+                         detail="circuit breaker open", ts=T0)  # fmt: skip
+    done = command_outcomes(cmds, results, [guard])
+    assert done.isolated == ["node-0010", "node-0032"]
+    assert done.unanswered == ["isolate ['node-0050'] (cmd-node-0050)"]
+    assert done.refused == [
+        "restart ['node-0050'] (cmd-r): refused by simulated-job: no checkpoint to restart from",
+        "isolate (act-guard): refused by the actuator: circuit breaker open",
+    ]
+    summary = DemoSummary(
+        scenario="s", job_id="j", nodes=64, ranks=512, steps_completed=1, faults_injected=0,
+        faults_detected=0, traps=0, trap_alerts=0, false_alerts=0, false_isolations=0,
+        goodput=1.0, wall_seconds=1.0, messages_published=1, archived_rows=1, dead_letters=0,
+        alerts_by_grade={}, commands={"isolate": 3, "restart": 1},
+        isolated_nodes=done.isolated, applied=done.applied, refused=done.refused,
+        unanswered=done.unanswered,
+    )  # fmt: skip
+    out = StringIO()
+    print_summary(summary, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "isolated ['node-0010', 'node-0032']" in text
+    assert "applied by the job (its results): 2, refused: 2, no result: 1" in text
+    assert "refused: restart ['node-0050'] (cmd-r): refused by simulated-job" in text
 
 
 def test_actuator_runs_auto_with_the_spares_and_guard_times_divided_by_the_speed():

@@ -185,3 +185,21 @@ def test_compose_runs_prometheus_with_the_shipped_files_and_opens_the_endpoints(
     for name in ("worker", "actuator", "archiver"):
         env = compose["services"][name]["environment"]
         assert env["STEPGUARD_METRICS_BIND_ADDRESS"] == "0.0.0.0", name
+
+
+def test_the_config_names_its_files_by_absolute_paths_from_a_relative_state_dir(
+    tmp_path, monkeypatch
+):
+    """Issue 41 item 6: with the default relative state dir, prometheus.yml named
+    `.stepguard/prometheus/targets.json`, which Prometheus resolves from the config's
+    own folder: it scraped nothing and StepguardNoWorkerUp fired while workers ran."""
+    from pipeline.tools.prometheus import prometheus_service
+
+    monkeypatch.chdir(tmp_path)
+    spec = prometheus_service("prometheus", Path(".stepguard/prometheus"), 9090, {"worker-1": 1})
+    config_path = tmp_path / ".stepguard" / "prometheus" / "prometheus.yml"
+    config = json.loads(config_path.read_text())
+    [sd] = config["scrape_configs"][0]["file_sd_configs"][0]["files"]
+    assert Path(sd) == tmp_path / ".stepguard" / "prometheus" / "targets.json"
+    assert all(Path(r).is_absolute() for r in config["rule_files"])
+    assert f"--config.file={config_path}" in spec.argv

@@ -128,6 +128,15 @@ def test_a_job_without_mode_is_observed_and_a_count_of_nodes_is_enough(tmp_path)
     assert "STEPGUARD_NODES" not in p.shell_env and "STEPGUARD_SPARE_NODES" not in act
 
 
+def test_mode_applies_to_a_played_scenario_too(tmp_path):
+    """Issue 41: `up --mode approve --scenario ...` ran the actuator in auto mode (the
+    scenario's default), silently: --mode now wins, and the notes say so."""
+    p = plan(tmp_path, scenario="ci_smoke", mode="approve")
+    act = {s.name: s for s in p.specs}["actuator"].env
+    assert act["STEPGUARD_ACTUATOR_MODE"] == "approve"
+    assert any("approve mode" in n and "--mode" in n for n in p.notes), p.notes
+
+
 def test_job_and_scenario_together_are_refused():
     with pytest.raises(ValueError, match="--job and --scenario"):
         UpOptions(job="j", scenario="ci_smoke")

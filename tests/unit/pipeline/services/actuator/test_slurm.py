@@ -81,7 +81,7 @@ elif args[0] == "update" and args[1].startswith("NodeName="):
     kv = dict(a.split("=", 1) for a in args[1:])
     if kv["State"] == "DRAIN":
         node["state"], node["reason"] = "IDLE+DRAIN", kv["Reason"]
-    elif kv["State"] == "RESUME":
+    elif kv["State"] == "RESUME" and not db.get("resume_ignored"):
         node["state"], node["reason"] = "IDLE", None
     save()
 elif args[0] == "update" and args[1].startswith("JobId="):
@@ -280,6 +280,22 @@ def test_resume_refuses_someone_elses_drain_and_force_overrides_it_logged(fake, 
     assert done.outcome is ResumeOutcome.FORCED
     assert fake.node("node-3")["state"] == "IDLE"
     assert any("--force" in r.message and "admin: bad fan" in r.message for r in caplog.records)
+
+
+def test_resume_reads_the_node_back_and_says_when_it_did_not_take_effect(fake):
+    """Issue 41 item 1: resume-node printed `resumed` once scontrol accepted the update;
+    a node still drained afterwards (Slurm kept it down) is now an error, exit 1."""
+    slurm = fake.executor()
+    slurm.isolate(command())
+    fake.db = json.loads(fake.state.read_text()) | {"resume_ignored": True}
+    fake.save()
+    with pytest.raises(ExecutionError, match=r"node-3 is still out of service.*DRAIN"):
+        slurm.resume("node-3")
+    fake.db["resume_ignored"] = False
+    fake.save()
+    done = slurm.resume("node-3")
+    assert done.after is not None and not done.after.out_of_service
+    assert done.describe().endswith(", now IDLE)")
 
 
 def test_resume_of_a_node_in_service_does_nothing(fake):
