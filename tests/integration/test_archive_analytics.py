@@ -103,14 +103,16 @@ def test_timeline_top_nodes_and_command_outcomes_run(smoke_run):
     assert by_kind.get("isolate") == "succeeded" and by_kind.get("checkpoint") == "succeeded"
 
 
-def test_report_renders_plots_and_html(smoke_run, tmp_path):
+def test_report_renders_one_file_with_its_plots_inline(smoke_run, tmp_path):
     _, summary, archive = smoke_run
     result = render_report(archive, summary.job_id, tmp_path / "r" / "report.html")
-    assert result.images, "one plot per incident"
+    panels = [p for ps in result.panels.values() for p in ps]
+    assert panels, "a panel per incident"
     html = result.html_path.read_text()
-    for image in result.images:
-        assert image.stat().st_size > 5000
-        assert image.name in html
+    assert [p.name for p in result.html_path.parent.iterdir()] == ["report.html"]
+    for panel in panels:
+        assert len(panel.png) > 5000
+    assert html.count("src='data:image/png;base64,") == len(panels)
     assert "node-0005" in html and "straggler" in result.text
 
 
