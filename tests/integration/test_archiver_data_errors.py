@@ -95,19 +95,22 @@ def _burst_and_family(now: datetime) -> tuple[list[JobEvent], list[JobEvent]]:
 def test_a_burst_dated_on_300_past_days_is_archived_and_the_archiver_goes_on(settings, archive):
     now = datetime.now(UTC)
     burst, bad = _burst_and_family(now)
-    mixed = burst[:150] + bad[:1] + burst[150:] + bad[1:]
+    # and 50 more dated on future days, in the same batch
+    ahead = [_event("burst", now + timedelta(days=d), source=f"a{d}") for d in range(1, 51)]
+    mixed = burst[:150] + bad[:1] + ahead + burst[150:] + bad[1:]
     offsets = _publish(settings, mixed)
     db = archive.database
-    stored = (f"SELECT count() FROM {db}.job_events FINAL", BURST)
+    stored = (f"SELECT count() FROM {db}.job_events FINAL", BURST + len(ahead))
     assert _archive(settings, archive, stored, (_letters_sql(settings, archive), len(bad))) == [
-        BURST,
+        BURST + len(ahead),
         len(bad),
     ]
     _, rows = archive.query(
         f"SELECT uniqExact(toDate(ts)), uniqExact(toYYYYMMDD(received)) FROM {db}.job_events"
     )
     days, partitions = rows[0]
-    assert days == BURST and partitions <= 2  # partitioned by when stored, not by ts
+    # partitioned by when the archive stored them (one day, two across midnight)
+    assert days == BURST + len(ahead) and partitions <= 2
     letters = _letters(settings, archive)
     want = {offsets[mixed.index(e)] for e in bad}
     assert set(letters) == want
