@@ -13,12 +13,71 @@ import threading
 
 from rich.console import Console
 
-__all__ = ["EXTRA_OF", "console", "err", "missing_extra", "stop_event"]
+__all__ = [
+    "EXIT",
+    "EXTRA_OF",
+    "console",
+    "err",
+    "exit_code",
+    "fail_line",
+    "missing_extra",
+    "quiet_library_logs",
+    "stop_event",
+]
 
 #: Results a person or a script reads (tables, ids): standard output.
 console = Console()
 #: Progress, summaries and errors: standard error.
 err = Console(stderr=True)
+
+
+#: The exit codes of every ``stepguard`` command (docs/cli.md lists them).
+EXIT = {
+    "ok": 0,
+    "failed": 1,  # an unexpected failure (a traceback), or a command's own "no"
+    "usage": 2,  # a bad argument or setting: the line names it
+    "broker": 3,  # no broker (unset, unreachable, refused): the line says how to get one
+    "archive": 4,  # no archive (ClickHouse/chDB unreachable or refused)
+}
+
+
+def exit_code(exc: BaseException) -> int:
+    """The documented exit code of an error that reached the top of the command line.
+
+    >>> from pipeline.io.errors import ArchiveError, BrokerError, ConfigError
+    >>> [exit_code(e) for e in (BrokerError(), ArchiveError(), ConfigError())]
+    [3, 4, 2]
+    """
+    from pipeline.io.errors import ArchiveError, BrokerError
+
+    if isinstance(exc, BrokerError):
+        return EXIT["broker"]
+    if isinstance(exc, ArchiveError):
+        return EXIT["archive"]
+    return EXIT["usage"]
+
+
+def fail_line(text: str) -> None:
+    """Write ``error: <text>`` as exactly one line on standard error (never wrapped, no
+    markup): what every failed command ends with."""
+    import sys
+
+    sys.stderr.write("error: " + " ".join(text.split()) + "\n")
+    sys.stderr.flush()
+
+
+#: Client libraries whose own log lines (every reconnect try, every timeout) are noise on
+#: an operator's screen; ``stepguard -v`` shows them.
+LIBRARY_LOGGERS = ("kafka", "aiokafka", "clickhouse_driver")
+
+
+def quiet_library_logs(verbose: bool) -> None:
+    """Client libraries log only CRITICAL lines unless ``verbose``; stepguard's own
+    errors reach the person as one line each (:func:`fail_line`)."""
+    import logging
+
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.CRITICAL)
 
 
 def stop_event() -> threading.Event:
