@@ -484,7 +484,9 @@ def run_up(
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
             console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
                           f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
-        console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
+        # a watched job's ranks need its controller key too, or every rank raises
+        sources = f". {state / ENV_FILE}" + (f"; . {state / JOB_ENV_FILE}" if plan.job_env else "")
+        console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; {sources}; set +a")
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
             console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "

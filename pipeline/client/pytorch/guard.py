@@ -199,9 +199,10 @@ class TorchGuard:
         #: steps from collecting one exchange to collecting the next (rank 0's pace)
         self._gap = 1
         self._started: tuple[int, float] | None = None  # (step, time) of the last start
-        if self._agree(problem):  # also: no rank sends before its aggregator is bound
+        problem = self._agree(problem)  # also: no rank sends before its aggregator is bound
+        if problem:
             self._stop_aggregator()
-            raise RuntimeError(f"stepguard: the command listener did not start: {problem}")
+            raise RuntimeError(f"stepguard: the command listener (rank 0) did not start: {problem}")
         self.exporter = StepExporter.to_aggregator(
             sock, job_id=topology.job_id, node=topology.node, run=topology.run,
             announce_start=topology.is_job_leader, register_atexit=False, poll_s=0.05,
@@ -236,13 +237,22 @@ class TorchGuard:
             self._aggregator.close()
             self._aggregator = None
 
-    def _agree(self, problem: str) -> bool:
-        """True on every rank when rank 0 reports a problem (a barrier too)."""
+    def _agree(self, problem: str) -> str:
+        """Rank 0's problem (``""``: none) on every rank, its text too (at most 2 KiB),
+        so that every rank's error says why; a barrier too."""
         if not self._distributed:
-            return bool(problem)
-        flag = torch.tensor([1 if problem else 0], dtype=torch.int64, device=self._device())
-        dist.broadcast(flag, src=self._src(), group=self._group)
-        return bool(flag.item())
+            return problem
+        text = problem.encode()[:2048]
+        size = torch.tensor([len(text)], dtype=torch.int64, device=self._device())
+        dist.broadcast(size, src=self._src(), group=self._group)
+        n = int(size.item())
+        if n == 0:
+            return ""
+        buf = torch.zeros(n, dtype=torch.uint8, device=self._device())
+        if text:
+            buf.copy_(torch.tensor(list(text), dtype=torch.uint8))
+        dist.broadcast(buf, src=self._src(), group=self._group)
+        return bytes(buf.cpu().tolist()).decode(errors="replace") or "(no reason given)"
 
     def _device(self) -> torch.device:
         if dist.get_backend(self._group) == "nccl":
