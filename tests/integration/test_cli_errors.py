@@ -144,7 +144,7 @@ def test_alerts_follow_survives_a_broker_restart_and_ends_on_ctrl_c(tmp_path):
                STEPGUARD_BROKER_FLAVOR="tansu", STEPGUARD_TOPIC_PREFIX="restart.")  # fmt: skip
     proc = subprocess.Popen([*CMD, "alerts", "--follow", "--json"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    (out, _), (err, err_pump) = _lines(proc.stdout), _lines(proc.stderr)
+    (out, out_pump), (err, err_pump) = _lines(proc.stdout), _lines(proc.stderr)
     seen_out: list[str] = []
     seen_err: list[str] = []
     try:
@@ -165,7 +165,11 @@ def test_alerts_follow_survives_a_broker_restart_and_ends_on_ctrl_c(tmp_path):
             proc.kill()
             proc.wait(timeout=30)
         broker.stop()
-    err_pump.join(timeout=30)  # the process is gone: its stderr ends
+    err_pump.join(timeout=30)  # the process is gone: its pipes end
+    out_pump.join(timeout=30)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
     while not err.empty():
         seen_err.append(err.get())
     text = "\n".join(seen_err)
