@@ -90,7 +90,8 @@ def alert_line(a: Alert, mark: str = "") -> Text:
     if a.recommended_action.value != "none":
         text.append(f" -> {a.recommended_action.value}")
     if a.incident:
-        text.append(f" [incident {a.incident[:12]}]", style="dim")
+        # the whole key, as query incidents prints it and report/label take it
+        text.append(f" [incident {a.incident}]", style="dim")
     if mark:
         text.append(f" {mark}", style="bold magenta reverse")
     return text
