@@ -176,3 +176,14 @@ def test_alerts_follow_survives_a_broker_restart_and_ends_on_ctrl_c(tmp_path):
     assert "Traceback" not in text and "WARNING" not in text and "ERROR" not in text, text
     # one notice when it was lost, one when it was back: no line per retry
     assert sum("broker lost" in line for line in seen_err) == 1, seen_err
+
+
+@pytest.mark.parametrize("args", [["query", "incidents", "--job", "j"], ["sql", "SELECT 1"]])
+def test_no_archive_is_one_line_with_its_own_exit_code(tmp_path, args):
+    port = free_port()  # no ClickHouse there
+    env = _env(tmp_path, STEPGUARD_CLICKHOUSE_DSN=f"clickhouse://default@127.0.0.1:{port}/default")
+    done = subprocess.run([*CMD, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    lines = done.stderr.splitlines()
+    assert done.returncode == 4, (done.returncode, done.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"127.0.0.1:{port}" in lines[0]
