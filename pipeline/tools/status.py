@@ -451,7 +451,7 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
         where = _short(i.nodes) or (f"ranks {_short(i.ranks)}" if i.ranks else "job")
         inc.add_row(*_plain(Text(GRADE_SHORT[grade], style=GRADE_STYLE[grade]), i.job_id,
                             i.kind, where, f"{i.since:%H:%M:%S}", i.action,
-                            i.incident))  # fmt: skip (the whole id: what report/label take)
+                            i.incident))  # fmt: skip
     parts.append(inc if snap.incidents else Text("firing incidents: none", style="green"))
 
     held = Table(title="held actions (stepguard approve/reject ID)", title_justify="left")
