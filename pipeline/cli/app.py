@@ -46,7 +46,6 @@ from pipeline.io.settings import Settings, load_settings
 
 app = typer.Typer(
     name="stepguard",
-    help="Keeps large training jobs alive: detect slow/failing nodes, act safely, archive.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -219,7 +218,7 @@ def plan(
         float, typer.Option(min=1, help="Checkpoint interval today (wall seconds).")
     ] = 300.0,
     rates: Annotated[
-        Path | None, typer.Option(help="JSON/TOML fault rates and delays (see README).")
+        Path | None, typer.Option(help="JSON/TOML fault rates and delays (docs/proactive.md).")
     ] = None,
     sweep_gpus: Annotated[
         str | None, typer.Option(help="Comma-separated scales, e.g. 64,512,4096,16384.")
@@ -442,7 +441,7 @@ def up(
     A table shows each service; logs go to .stepguard/logs/<service>.log and
     .stepguard/up.json; Ctrl-C stops everything (the broker last). A crashed service
     is restarted with backoff (1 s doubling to 30 s). With --job, the stack watches that
-    real job (README "Watching a PyTorch job"): the actuator knows its nodes, spares and
+    real job (docs/pytorch.md): the actuator knows its nodes, spares and
     mode, up.env names them, job-controller.env (0600) holds the job's signing key.
     """
     import os

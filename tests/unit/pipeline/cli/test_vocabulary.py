@@ -67,6 +67,12 @@ def test_every_command_spells_the_shared_options_one_way(path, cmd):
             assert not p.is_flag, f"{path}: --out takes a FILE"
 
 
+def test_the_docs_list_every_command():
+    table = (ROOT / "docs" / "cli.md").read_text().split("## Commands", 1)[1]
+    listed = set(re.findall(r"`([a-z][a-z-]*)`", table.split("\n## ", 1)[0]))
+    assert set(typer.main.get_command(app).commands) <= listed
+
+
 def test_the_docs_table_names_every_shared_option():
     table = (ROOT / "docs" / "cli.md").read_text()
     for option, (_, meaning) in SHARED.items():
