@@ -36,7 +36,7 @@ from kafka.errors import (
 from kafka.net.compat import KafkaNetClient as KafkaClient
 
 from pipeline.io.errors import BrokerError
-from pipeline.io.reach import require_broker, unset_bootstrap_message
+from pipeline.io.reach import BROKER_DEADLINE_S, require_broker, unset_bootstrap_message
 from pipeline.io.settings import KafkaSettings
 from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, key_of
 
@@ -92,10 +92,14 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
     return cfg
 
 
-def reach(settings: KafkaSettings) -> None:
+def reach(settings: KafkaSettings, deadline_s: float = BROKER_DEADLINE_S) -> None:
     """Fail fast, in one line, when no bootstrap server accepts a connection (before a
     client library retries it for a minute, logging every try): :mod:`pipeline.io.reach`."""
-    require_broker(settings.kafka_bootstrap, state_dir=getattr(settings, "state_dir", None))
+    require_broker(
+        settings.kafka_bootstrap,
+        deadline_s=deadline_s,
+        state_dir=getattr(settings, "state_dir", None),
+    )
 
 
 def make_producer(settings: KafkaSettings, **overrides: Any) -> KafkaProducer:
@@ -108,7 +112,8 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> KafkaProducer:
         "enable_idempotence": not settings.is_tansu,
     }
     cfg.update(overrides)
-    reach(settings)
+    # a caller that bounds the bootstrap (the training side's sink) bounds the probe too
+    reach(settings, min(BROKER_DEADLINE_S, cfg.get("bootstrap_timeout_ms", 5000) / 1000))
     # kafka-python builds its client before it bootstraps and drops it unclosed when
     # the bootstrap fails (a wrong password, a broker not up yet): close it here, or its
     # sockets live on until some later garbage collection
