@@ -153,16 +153,17 @@ class Stack:
 
     # -- the job -----------------------------------------------------------------------
     def run_job(
-        self, *args: str, steps: int, timeout: float = 600, script: Path = JOB_SCRIPT
-    ) -> dict[str, Any]:
+        self, *args: str, steps: int, timeout: float = 600, script: Path = JOB_SCRIPT,
+        sourced: tuple[str, ...] | None = None, check: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
         # docs/pytorch.md's step 4 as written: the files up wrote sourced, the venv not
         # activated (its bin is off PATH: stepguard-torchrun finds torchrun itself)
         page = job_step()
         env = dict(self.base_env)
         path = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if Path(p) != BIN]
         env["PATH"] = os.pathsep.join(path)
-        for sourced in page.sourced:  # .stepguard/X: the files of this test's up
-            env |= _env_file(self.state / Path(sourced).name)
+        for name in page.sourced if sourced is None else sourced:  # this test's up wrote
+            env |= _env_file(self.state / Path(name).name)
         env |= page.env | {"OMP_NUM_THREADS": "1"}
         summary = self.tmp / "relaunch.json"
         out = self.tmp / "ranks"
@@ -183,6 +184,8 @@ class Stack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
             pytest.fail(f"the job ran past {timeout} s\n{self.job_log.read_text()[-4000:]}")
+        if not check:
+            return {"exit_code": code, "log": self.job_log.read_text(errors="replace")}
         assert code == 0, self.job_log.read_text()[-6000:]
         doc = json.loads(summary.read_text())
         doc["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
@@ -401,3 +404,17 @@ def test_close_after_one_epoch_short_of_total_announces_no_end(settings):
     assert run(1) == [None]  # 3 of 6 steps: the job may go on
     assert run(1, reason="completed", explicit=True) == ["completed"]
     assert run(2) == [EndReason.COMPLETED]  # two epochs of 3 reach total=6
+
+
+def test_sourcing_only_up_env_stops_every_rank_saying_why_and_which_file_to_source(stack):
+    """Issue 41 item 7: with only up.env sourced, rank 0's listener has no key; every
+    rank (not only rank 0) says why, and the advice is the job-controller.env that up
+    wrote (the key the running actuator trusts), not a key of a new `keys generate`."""
+    s = stack("observe")
+    doc = s.run_job(steps=20, sourced=(".stepguard/up.env",), check=False)
+    assert doc["exit_code"] != 0
+    said = [line for line in doc["log"].splitlines() if "did not start:" in line]
+    assert len(said) >= 4, doc["log"][-4000:]  # each of the 4 ranks
+    for line in said:
+        assert "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY is not set" in line, line
+        assert "job-controller.env" in line and "keys generate" not in line, line
