@@ -665,8 +665,28 @@ def old_spellings(argv: list[str]) -> list[str]:
     return out
 
 
+def verbose_first(argv: list[str]) -> list[str]:
+    """``-v``/``--verbose`` given after a command that has none of its own is the
+    command line's: ``stepguard status -v`` is ``stepguard -v status``.
+
+    >>> verbose_first(["status", "--follow", "-v"])
+    ['-v', 'status', '--follow']
+    >>> verbose_first(["actuator", "-v"])
+    ['actuator', '-v']
+    """
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in ("actuator", "alertmanager") or command is None:
+        return argv
+    at = argv.index(command)
+    flags = [a for a in argv[at + 1 :] if a in ("-v", "--verbose")]
+    if not flags:
+        return argv
+    rest = [a for a in argv[at + 1 :] if a not in ("-v", "--verbose")]
+    return ["-v", *argv[:at], command, *rest]
+
+
 def main() -> None:
-    sys.argv[1:] = old_spellings(sys.argv[1:])
+    sys.argv[1:] = verbose_first(old_spellings(sys.argv[1:]))
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
