@@ -16,3 +16,16 @@ def test_the_job_step_runs_without_an_activated_venv_and_follows_ups_hint():
     assert "--standalone" in step.argv  # a free port, not 29500 on a shared host
     assert step.env == {"STEPGUARD_RANKS_PER_NODE": "2"}
     assert step.argv[-1] == "train.py"
+
+
+def test_the_page_sources_what_up_tells_another_shell_to_source():
+    import re
+    from pathlib import Path
+
+    from pipeline.tools.up import shell_hint
+    from tests.integration.pytorch_page import PAGE
+
+    text = PAGE.read_text()
+    block = re.search(r"```bash\n(.*?)```", text[text.index("**4. Run the job**") :], re.S)
+    assert block is not None
+    assert block.group(1).splitlines()[0] == shell_hint(Path(".stepguard"), watched_job=True)
