@@ -39,7 +39,7 @@ def worker(
 
 @commands.command()
 def simulate(
-    scenario: Annotated[str | None, scenario_option()] = None,
+    scenario: Annotated[str, scenario_option()],
     speed: Annotated[float, speed_option()] = 1.0,
     max_speed: Annotated[bool, typer.Option("--max", help="Publish as fast as possible.")] = False,
     truth: Annotated[bool, typer.Option(help="Also publish the ground truth.")] = True,
@@ -86,8 +86,6 @@ def simulate(
     from pipeline.tools.simulator import find_scenario, start_from_now
     from pipeline.tools.simulator.player import play
 
-    if scenario is None:
-        raise typer.BadParameter("which scenario? (stepguard scenarios)", param_hint="--scenario")
     job_id = pick("--job", job, job_id)
     settings = load_settings()
     sc = find_scenario(scenario)
