@@ -54,6 +54,7 @@ class TopicTail:
 
     def __init__(self, settings: Settings, logical: str) -> None:
         self.topic = registry_of(settings).name(logical)
+        self.bootstrap = settings.kafka_bootstrap
         self.model = TOPICS[logical].model
         self.consumer = assigned_consumer(settings, [self.topic], None)
         self.parts: list[TopicPartition] = sorted(self.consumer.assignment())
@@ -88,9 +89,17 @@ class TopicTail:
             kept: dict[TopicPartition, deque[Any]] = {tp: deque(maxlen=last_n) for tp in self.parts}
             done: set[TopicPartition] = set()
             deadline = time.monotonic() + timeout_s
+            heard = time.monotonic()
             while len(done) < len(self.parts) and time.monotonic() < deadline:
-                for tp, records in c.poll(timeout_ms=200).items():
+                batches = c.poll(timeout_ms=200)
+                for tp, records in batches.items():
                     kept[tp].extend(records)
+                if batches:
+                    heard = time.monotonic()
+                elif time.monotonic() - heard > 2.0:  # silent: is the broker still there?
+                    if not reachable(self.bootstrap):
+                        raise BrokerError(f"{self.bootstrap} stopped answering")
+                    heard = time.monotonic()
                 for tp in self.parts:
                     high = c.highwater(tp)
                     if tp in done or high is None:

@@ -187,3 +187,46 @@ def test_no_archive_is_one_line_with_its_own_exit_code(tmp_path, args):
     lines = done.stderr.splitlines()
     assert done.returncode == 4, (done.returncode, done.stderr[-2000:])
     assert len(lines) == 1 and lines[0].startswith("error: ") and f"127.0.0.1:{port}" in lines[0]
+
+
+def test_status_follow_says_the_broker_is_lost_and_comes_back_with_it(tmp_path):
+    """`status --follow` across a broker stop and restart: a line that says the broker
+    is lost (no traceback, no client log lines), the tables again once it is back, and
+    Ctrl-C ends it with 0. Rich is told the pipe is an interactive terminal, so every
+    refresh is written as it happens."""
+    port = free_port()
+    broker = TansuBroker(log_dir=tmp_path / "tansu-1", port=port).start()
+    settings = load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="tansu",
+                             topic_prefix="sfollow.")  # fmt: skip
+    create_topics(settings)
+    env = _env(tmp_path, STEPGUARD_KAFKA_BOOTSTRAP=broker.bootstrap,
+               STEPGUARD_BROKER_FLAVOR="tansu", STEPGUARD_TOPIC_PREFIX="sfollow.",
+               TTY_INTERACTIVE="1", TTY_COMPATIBLE="1", COLUMNS="200")  # fmt: skip
+    proc = subprocess.Popen([*CMD, "status", "--follow", "--every", "0.5"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    (out, out_pump), (err, err_pump) = _lines(proc.stdout), _lines(proc.stderr)
+    seen: list[str] = []
+    try:
+        _wait_for(out, "firing incidents", seen)
+        broker.stop()
+        _wait_for(out, "broker lost", seen)
+        broker = TansuBroker(log_dir=tmp_path / "tansu-2", port=port).start()
+        create_topics(settings)  # in-memory Tansu: the topics are gone
+        _wait_for(out, "firing incidents", seen)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        broker.stop()
+    err_pump.join(timeout=30)
+    out_pump.join(timeout=30)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    errors = []
+    while not err.empty():
+        errors.append(err.get())
+    text = "\n".join(seen + errors)
+    assert "Traceback" not in text and " WARNING " not in text and " ERROR " not in text, text
