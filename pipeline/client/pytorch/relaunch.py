@@ -120,7 +120,7 @@ def find_program(name: str, env: Mapping[str, str], bin_dir: Path | None = None)
         return found
     raise FileNotFoundError(
         f"stepguard-torchrun: no {name!r} in {bin_dir} or on PATH; torch is not installed "
-        f"here: {bin_dir / 'pip'} install 'stepguard[torch]' (about 2.5 GB; 10-15 min)"
+        f"here: {bin_dir / 'pip'} install 'stepguard[torch]' (several GB; 10-15 min)"
     )
 
 
