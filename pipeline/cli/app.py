@@ -27,6 +27,7 @@ from pipeline.cli import worker as worker_cli
 from pipeline.cli.options import (
     job_option,
     json_flag,
+    old_spellings,
     out_option,
     scenario_option,
     speed_option,
@@ -38,8 +39,11 @@ from pipeline.cli.util import (
     exit_code,
     fail_line,
     missing_extra,
+    plain_help,
+    print_version,
     quiet_library_logs,
     stop_event,
+    verbose_first,
 )
 from pipeline.io.errors import StepguardError
 from pipeline.io.settings import Settings, load_settings
@@ -67,17 +71,6 @@ SERVICE_COMMANDS = frozenset({
 })  # fmt: skip
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            console.print(f"stepguard {version('stepguard')}", highlight=False)
-        except PackageNotFoundError:  # a checkout that was never installed
-            console.print("stepguard (not installed)", highlight=False)
-        raise typer.Exit()
-
-
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -93,7 +86,7 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+            "--version", callback=print_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
 ) -> None:
@@ -616,73 +609,7 @@ for _service in (
     app.registered_groups.extend(_service.registered_groups)
 
 
-def _plain_help(typer_app: typer.Typer) -> None:
-    """Help shows text, not reST: ``code`` and :role:`x` in a docstring read as `code`
-    and x on a terminal (tests/unit/pipeline/cli/test_vocabulary.py checks every one)."""
-    import re
-
-    for info in typer_app.registered_commands:
-        text = info.help or (info.callback.__doc__ if info.callback else None)
-        if text:
-            text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text.replace("``", "`"))
-            info.help = text
-    for group in typer_app.registered_groups:
-        if group.typer_instance is not None:
-            _plain_help(group.typer_instance)
-
-
-_plain_help(app)
-
-
-#: commands whose ``--json FILE`` (before the shared vocabulary) is now ``--out FILE``
-_JSON_FILE_COMMANDS = frozenset({"demo", "compare", "plan", "calibrate"})
-
-
-def old_spellings(argv: list[str]) -> list[str]:
-    """``argv`` with the old spellings that an option cannot alias spelt the shared way
-    (docs/cli.md; accepted until the next release): ``--json FILE`` of demo, compare,
-    plan and calibrate is ``--out FILE``; ``simulate SCENARIO`` is ``simulate
-    --scenario SCENARIO``.
-
-    >>> old_spellings(["demo", "--json", "s.json", "--speed", "3"])
-    ['demo', '--out', 's.json', '--speed', '3']
-    >>> old_spellings(["alerts", "--json", "--job", "j"])
-    ['alerts', '--json', '--job', 'j']
-    >>> old_spellings(["-v", "simulate", "ci_smoke", "--max"])
-    ['-v', 'simulate', '--scenario', 'ci_smoke', '--max']
-    """
-    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    command = None if at is None else argv[at]
-    positional = at is not None and at + 1 < len(argv) and not argv[at + 1].startswith("-")
-    if command == "simulate" and positional and at is not None:
-        return [*argv[: at + 1], "--scenario", *argv[at + 1 :]]
-    if command not in _JSON_FILE_COMMANDS:
-        return argv
-    out = list(argv)
-    for i, arg in enumerate(out[:-1]):
-        if arg == "--json" and not out[i + 1].startswith("-"):
-            out[i] = "--out"
-    return out
-
-
-def verbose_first(argv: list[str]) -> list[str]:
-    """``-v``/``--verbose`` given after a command that has none of its own is the
-    command line's: ``stepguard status -v`` is ``stepguard -v status``.
-
-    >>> verbose_first(["status", "--follow", "-v"])
-    ['-v', 'status', '--follow']
-    >>> verbose_first(["actuator", "-v"])
-    ['actuator', '-v']
-    """
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command in ("actuator", "alertmanager") or command is None:
-        return argv
-    at = argv.index(command)
-    flags = [a for a in argv[at + 1 :] if a in ("-v", "--verbose")]
-    if not flags:
-        return argv
-    rest = [a for a in argv[at + 1 :] if a not in ("-v", "--verbose")]
-    return ["-v", *argv[:at], command, *rest]
+plain_help(app)
 
 
 def main() -> None:

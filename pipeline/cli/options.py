@@ -33,6 +33,7 @@ __all__ = [
     "alias_of",
     "job_option",
     "json_flag",
+    "old_spellings",
     "pick",
     "out_option",
     "scenario_option",
@@ -98,3 +99,34 @@ def pick(name: str, new: Any, old: Any) -> Any:
     if new is not None and old is not None and new != old:
         raise typer.BadParameter(f"give {name} once (its old spelling is an alias)")
     return new if new is not None else old
+
+
+#: commands whose ``--json FILE`` (before the shared vocabulary) is now ``--out FILE``
+_JSON_FILE_COMMANDS = frozenset({"demo", "compare", "plan", "calibrate"})
+
+
+def old_spellings(argv: list[str]) -> list[str]:
+    """``argv`` with the old spellings that an option cannot alias spelt the shared way
+    (docs/cli.md; accepted until the next release): ``--json FILE`` of demo, compare,
+    plan and calibrate is ``--out FILE``; ``simulate SCENARIO`` is ``simulate
+    --scenario SCENARIO``.
+
+    >>> old_spellings(["demo", "--json", "s.json", "--speed", "3"])
+    ['demo', '--out', 's.json', '--speed', '3']
+    >>> old_spellings(["alerts", "--json", "--job", "j"])
+    ['alerts', '--json', '--job', 'j']
+    >>> old_spellings(["-v", "simulate", "ci_smoke", "--max"])
+    ['-v', 'simulate', '--scenario', 'ci_smoke', '--max']
+    """
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    command = None if at is None else argv[at]
+    positional = at is not None and at + 1 < len(argv) and not argv[at + 1].startswith("-")
+    if command == "simulate" and positional and at is not None:
+        return [*argv[: at + 1], "--scenario", *argv[at + 1 :]]
+    if command not in _JSON_FILE_COMMANDS:
+        return argv
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--json" and not out[i + 1].startswith("-"):
+            out[i] = "--out"
+    return out

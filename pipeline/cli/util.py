@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import threading
 
+import typer
 from rich.console import Console
 
 __all__ = [
@@ -21,8 +22,11 @@ __all__ = [
     "exit_code",
     "fail_line",
     "missing_extra",
+    "plain_help",
+    "print_version",
     "quiet_library_logs",
     "stop_event",
+    "verbose_first",
 ]
 
 #: Results a person or a script reads (tables, ids): standard output.
@@ -119,3 +123,50 @@ def missing_extra(exc: ModuleNotFoundError) -> str | None:
     if extra is None:
         return None
     return f"this command needs the {extra!r} extra: pip install 'stepguard[{extra}]'"
+
+
+def verbose_first(argv: list[str]) -> list[str]:
+    """``-v``/``--verbose`` given after a command that has none of its own is the
+    command line's: ``stepguard status -v`` is ``stepguard -v status``.
+
+    >>> verbose_first(["status", "--follow", "-v"])
+    ['-v', 'status', '--follow']
+    >>> verbose_first(["actuator", "-v"])
+    ['actuator', '-v']
+    """
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in ("actuator", "alertmanager") or command is None:
+        return argv
+    at = argv.index(command)
+    flags = [a for a in argv[at + 1 :] if a in ("-v", "--verbose")]
+    if not flags:
+        return argv
+    rest = [a for a in argv[at + 1 :] if a not in ("-v", "--verbose")]
+    return ["-v", *argv[:at], command, *rest]
+
+
+def plain_help(typer_app: typer.Typer) -> None:
+    """Help shows text, not reST: ``code`` and :role:`x` in a docstring read as `code`
+    and x on a terminal (tests/unit/pipeline/cli/test_vocabulary.py checks every one)."""
+    import re
+
+    for info in typer_app.registered_commands:
+        text = info.help or (info.callback.__doc__ if info.callback else None)
+        if text:
+            text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text.replace("``", "`"))
+            info.help = text
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
+
+
+def print_version(value: bool) -> None:
+    """``stepguard --version``: the installed distribution's version, then exit."""
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"stepguard {version('stepguard')}", highlight=False)
+        except PackageNotFoundError:  # a checkout that was never installed
+            console.print("stepguard (not installed)", highlight=False)
+        raise typer.Exit()

@@ -13,8 +13,8 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from pipeline.cli.app import app, old_spellings
-from pipeline.cli.options import ALIASES, SHARED
+from pipeline.cli.app import app
+from pipeline.cli.options import ALIASES, SHARED, old_spellings
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[4]
