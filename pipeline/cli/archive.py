@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from pipeline.cli.options import job_option
 from pipeline.cli.util import console, err, stop_event
 from pipeline.io.settings import load_settings
 
@@ -122,7 +123,7 @@ def archive_prune(
 @commands.command()
 def query(
     name: Annotated[str, typer.Argument(help="Query name; see --help for the list.")],
-    job: Annotated[str, typer.Option(help="Job id.")] = "",
+    job: Annotated[str, job_option("Job id.")] = "",
     limit: Annotated[int, typer.Option(min=1)] = 50,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per row (JSON lines), no table.")
