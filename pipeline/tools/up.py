@@ -76,6 +76,7 @@ from pipeline.tools.up_env import (
     _scenario_env,
     _write_atomic,
     child_env,
+    is_secret_variable,
     signing_env,
     write_job_env,
 )
@@ -347,7 +348,7 @@ def build_plan(
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     if prometheus is not None:
         shell["PROMETHEUS_URL"] = prometheus[1]
-    job_env = {k: v for k, v in keys["job"].items() if k.endswith("_PRIVATE_KEY")}
+    job_env = {k: v for k, v in keys["job"].items() if is_secret_variable(k)}
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
 
 
@@ -482,13 +483,13 @@ def run_up(
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
-                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+            console.print(f"[bold]up[/]: the job's keys (controller of job {plan.job_id}, "
+                          f"telemetry) in {state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
-                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+            console.print(f"[bold]up[/]: the job's keys (controller of job {plan.job_id}, "
+                          f"telemetry) in {state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns
 

@@ -1,0 +1,387 @@
+"""Authenticated telemetry: a record speaks only for its own node.
+
+Every steps, health and lifecycle record carries a proof of its writer in a Kafka
+record header (:data:`PROOF_HEADER`), computed over the record's exact value bytes, so
+the proof costs one HMAC per node and message and needs no canonical JSON:
+
+- ``node:<node>:<hex>``: HMAC-SHA256 (first :data:`MAC_BYTES` bytes) with ``<node>``'s
+  key. A node's key is derived from one cluster telemetry secret with HKDF-SHA256
+  (:func:`derive_node_key`, info ``b"stepguard telemetry node:" + node``), so
+  provisioning is one secret per node: a node's agent and the training processes on
+  it hold that node's key (``stepguard keys node``), a rack aggregator the keys of
+  the nodes it serves (one proof per node, over the same bytes), and only the worker
+  holds the cluster secret (or the list of node keys).
+- ``jc:<key_id>:<hex>``: an Ed25519 signature by the job controller's key
+  (:mod:`pipeline.io.trust`; its key id binds it to one job), for the lifecycle events
+  that speak for the whole job (:data:`JOB_LEVEL`).
+
+The worker (:class:`TelemetryVerifier`) accepts a steps record only when a proof covers
+its node (a rack's message: its sender and every sample's node), a health record only
+with its node's proof, a lifecycle event that ends the job, announces a phase or
+declares its nodes only with its own job controller's signature, and any other
+lifecycle event with its job controller's signature or the proof of its ``source``
+node. Everything else is refused: a copy of another node's record is not raced, since
+the copy carries no proof of that node.
+
+Examples
+--------
+>>> secret = bytes(32)
+>>> keys = NodeKeys(keys={"n1": derive_node_key(secret, "n1")})
+>>> headers = keys.proofs(b'{"node":"n1"}', ["n1"])
+>>> headers[0][0], headers[0][1][:8]
+('sg-proof', b'node:n1:')
+>>> check = TelemetryVerifier(NodeKeys(secret=secret))
+>>> check.nodes_problem(headers, b'{"node":"n1"}', ["n1"]) is None
+True
+>>> check.nodes_problem(headers, b'{"node":"n2"}', ["n2"])
+"no proof of node 'n2'"
+>>> check.nodes_problem(headers, b'{"node":"n1","x":1}', ["n1"])
+"no proof of node 'n1'"
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from hashlib import sha256
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import parse_node_keys
+from pipeline.io.trust import PublicKeys, SigningKey, job_controller_key_id
+
+__all__ = [
+    "JOB_LEVEL",
+    "MAC_BYTES",
+    "PROOF_HEADER",
+    "Headers",
+    "NodeKeys",
+    "TelemetryProver",
+    "TelemetryVerifier",
+    "derive_node_key",
+    "message_nodes",
+    "parse_node_keys",
+]
+
+log = logging.getLogger(__name__)
+
+#: the Kafka record header that carries a writer's proof (one per node or controller)
+PROOF_HEADER = "sg-proof"
+#: HMAC-SHA256 truncated to 128 bits (RFC 2104 section 5 allows it; forging one takes
+#: 2**128 tries on average and the worker counts every failure)
+MAC_BYTES = 16
+_INFO = b"stepguard telemetry node:"
+_NODE = b"node:"
+_JC = b"jc:"
+#: lifecycle kinds that speak for the whole job: only its controller's signature counts
+#: (a START counts as one when it declares the job's nodes)
+JOB_LEVEL = frozenset({"end", "phase"})
+
+#: what a Kafka record carries: (name, value) pairs (kafka-python, aiokafka)
+Headers = Sequence[tuple[str, bytes]]
+
+
+def derive_node_key(secret: bytes, node: str) -> bytes:
+    """The 32-byte key of ``node``: HKDF-SHA256 of the cluster ``secret``.
+
+    >>> k = derive_node_key(b"s" * 32, "node-1")
+    >>> len(k), k == derive_node_key(b"s" * 32, "node-1"), k == derive_node_key(b"s" * 32, "node-2")
+    (32, True, False)
+    """
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO + node.encode())
+    return hkdf.derive(secret)
+
+
+def parse_secret(text: str) -> bytes:
+    """The cluster telemetry secret from its base64 text (at least 32 bytes).
+
+    >>> len(parse_secret(base64.b64encode(bytes(32)).decode()))
+    32
+    >>> parse_secret("short")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected at least 32 bytes of standard base64 (`stepguard keys telemetry`)
+    """
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) < 32:
+        raise ValueError(
+            "expected at least 32 bytes of standard base64 (`stepguard keys telemetry`)"
+        )
+    return raw
+
+
+def node_key_text(node: str, key: bytes) -> str:
+    """``node=base64``: how one node's key travels (``STEPGUARD_TELEMETRY_NODE_KEYS``)."""
+    return f"{node}={base64.b64encode(key).decode('ascii')}"
+
+
+class NodeKeys:
+    """The node keys a process holds: derived on demand from the cluster ``secret``
+    (the worker, the simulator), or a fixed map (a node's agent, a rack aggregator).
+
+    Derived keys are cached (at most ``max_cached`` nodes, the oldest half dropped when
+    full), each as a ready HMAC state, so a proof costs one copy, one update and one
+    digest (~1-2 us for a node's message).
+    """
+
+    def __init__(
+        self,
+        *,
+        secret: bytes | None = None,
+        keys: Mapping[str, bytes] | None = None,
+        max_cached: int = 65_536,
+    ) -> None:
+        if secret is None and not keys:
+            raise ValueError("NodeKeys needs a secret or at least one node key")
+        if secret is not None and len(secret) < 32:
+            raise ValueError("the cluster telemetry secret must be at least 32 bytes")
+        if max_cached < 1:
+            raise ValueError("max_cached must be >= 1")
+        self.secret = secret
+        self.max_cached = max_cached
+        self._fixed = {n: hmac.new(k, digestmod=sha256) for n, k in (keys or {}).items()}
+        self._cache: dict[str, Any] = {}
+
+    def holds(self, node: str) -> bool:
+        """Whether a proof of ``node`` can be made (or checked) here."""
+        return self.secret is not None or node in self._fixed
+
+    def _state(self, node: str) -> Any:
+        state = self._fixed.get(node)
+        if state is not None or self.secret is None:
+            return state
+        state = self._cache.get(node)
+        if state is None:
+            if len(self._cache) >= self.max_cached:  # bounded: drop the oldest half
+                for old in list(self._cache)[: self.max_cached // 2 + 1]:
+                    del self._cache[old]
+            state = self._cache[node] = hmac.new(
+                derive_node_key(self.secret, node), digestmod=sha256
+            )
+        return state
+
+    def mac(self, node: str, value: bytes) -> bytes | None:
+        """The MAC of ``value`` under ``node``'s key, or None when not held."""
+        state = self._state(node)
+        if state is None:
+            return None
+        h = state.copy()
+        h.update(value)
+        return h.digest()[:MAC_BYTES]
+
+    def proofs(self, value: bytes, nodes: Iterable[str]) -> list[tuple[str, bytes]]:
+        """The proof headers of ``value`` for each of ``nodes`` held here."""
+        out = []
+        for node in nodes:
+            mac = self.mac(node, value)
+            if mac is not None:
+                out.append((PROOF_HEADER, b"node:" + node.encode() + b":" + mac.hex().encode()))
+        return out
+
+
+def message_nodes(msg: Any) -> list[str]:
+    """The nodes a telemetry message speaks for: a health report's node; a steps
+    message's node and, in a rack's message (version 2), every sample's node."""
+    nodes = [msg.node]
+    samples = getattr(msg, "samples", None)
+    if samples and getattr(samples[0], "node", None) is not None:
+        seen = {msg.node}
+        for s in samples:
+            n = s.node
+            if n is not None and n not in seen:
+                seen.add(n)
+                nodes.append(n)
+    return nodes
+
+
+class TelemetryProver:
+    """What a producer of telemetry signs with: the node keys it holds and, for a
+    training job's own lifecycle, its job controller's key (:data:`JOB_LEVEL`)."""
+
+    def __init__(self, nodes: NodeKeys | None, controller: SigningKey | None = None) -> None:
+        self.nodes = nodes
+        self.controller = controller
+
+    def headers(self, logical: str, msg: Any, value: bytes) -> list[tuple[str, bytes]]:
+        """The proof headers of ``msg`` (encoded as ``value``) on topic ``logical``."""
+        if logical == "lifecycle":
+            out: list[tuple[str, bytes]] = []
+            key = self.controller
+            if key is not None and key.key_id.split(".", 1)[0] == job_controller_key_id(msg.job_id):
+                sig = key.private.sign(value).hex()
+                out.append((PROOF_HEADER, f"jc:{key.key_id}:{sig}".encode()))
+            if self.nodes is not None and msg.source:
+                out += self.nodes.proofs(value, [msg.source])
+            return out
+        if logical in ("steps", "health") and self.nodes is not None:
+            return self.nodes.proofs(value, message_nodes(msg))
+        return []
+
+
+def _proofs(headers: Headers | None) -> list[bytes]:
+    if not headers:
+        return []
+    return [v for k, v in headers if k == PROOF_HEADER and isinstance(v, bytes)]
+
+
+class TelemetryVerifier:
+    """The worker's check of a telemetry record's proofs; every ``*_problem`` returns
+    why a record is refused, or None, and never raises on what a header holds."""
+
+    def __init__(self, nodes: NodeKeys, controller_keys: PublicKeys | None = None) -> None:
+        self.nodes = nodes
+        self.controller_keys: PublicKeys = controller_keys or {}
+
+    def proven(self, headers: Headers | None, value: bytes) -> set[str]:
+        """The nodes whose valid proof of ``value`` the headers carry."""
+        out: set[str] = set()
+        for proof in _proofs(headers):
+            if not proof.startswith(_NODE):
+                continue
+            node_b, sep, mac_hex = proof[5:].rpartition(b":")
+            if not sep or len(mac_hex) != 2 * MAC_BYTES:
+                continue
+            try:
+                node, mac = node_b.decode(), bytes.fromhex(mac_hex.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            want = self.nodes.mac(node, value)
+            if want is not None and hmac.compare_digest(want, mac):
+                out.add(node)
+        return out
+
+    def nodes_problem(
+        self, headers: Headers | None, value: bytes | None, nodes: Sequence[str]
+    ) -> str | None:
+        """Why ``value`` does not speak for every one of ``nodes``, or None."""
+        raw = value or b""
+        if len(nodes) == 1 and headers:  # a node's own message: one proof, no set
+            node = nodes[0]
+            want = self.nodes.mac(node, raw)
+            if want is not None:
+                expect = b"node:" + node.encode() + b":" + want.hex().encode()
+                for proof in _proofs(headers):
+                    if hmac.compare_digest(proof, expect):
+                        return None
+            return f"no proof of node {node[:100]!r}"
+        proven = self.proven(headers, raw)
+        missing = [n for n in nodes if n not in proven]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            return f"no proof of node {missing[0][:100]!r}{more}"
+        return None
+
+    def controller_problem(self, headers: Headers | None, value: bytes, job_id: str) -> str | None:
+        """Why ``value`` is not signed by ``job_id``'s own controller key, or None."""
+        bound = job_controller_key_id(job_id)
+        seen = False
+        for proof in _proofs(headers):
+            if not proof.startswith(_JC):
+                continue
+            seen = True
+            kid_b, sep, sig_hex = proof[3:].rpartition(b":")
+            try:
+                kid, sig = kid_b.decode("ascii"), bytes.fromhex(sig_hex.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if not sep or kid.split(".", 1)[0] != bound:
+                continue
+            public = self.controller_keys.get(kid)
+            if public is None:
+                continue
+            try:
+                public.verify(sig, value)
+            except InvalidSignature:
+                continue
+            return None
+        if seen:
+            return f"no valid signature of job {job_id[:100]!r}'s controller"
+        return f"not signed by job {job_id[:100]!r}'s controller"
+
+    def lifecycle_problem(
+        self, headers: Headers | None, value: bytes | None, event: Any
+    ) -> str | None:
+        """Why a lifecycle event is refused: an end, a phase or a start that declares
+        the job's nodes needs the job's controller; any other event the controller or
+        its ``source`` node."""
+        raw = value or b""
+        job_level = event.kind.value in JOB_LEVEL or bool(getattr(event, "nodes", ()))
+        problem = self.controller_problem(headers, raw, event.job_id)
+        if problem is None or job_level:
+            return problem
+        if event.source and self.nodes_problem(headers, raw, [event.source]) is None:
+            return None
+        return f"{problem}, nor proven by its source node {event.source[:100]!r}"
+
+
+def telemetry_prover(settings: Any, needed_by: str) -> TelemetryProver | None:
+    """What a producer of ``settings`` signs telemetry with; None when telemetry is
+    not authenticated (``STEPGUARD_TELEMETRY_AUTH=off``, logged as a warning). Neither
+    a node key nor the cluster secret is a :class:`ConfigError` naming the variable."""
+    if settings.telemetry_auth == "off":
+        _warn_off(needed_by)
+        return None
+    nodes = _node_keys(settings)
+    if nodes is None:
+        raise ConfigError(
+            f"STEPGUARD_TELEMETRY_NODE_KEYS is required by {needed_by}: telemetry is "
+            "authenticated (`stepguard keys node --node NODE` derives a node's key from the "
+            "cluster secret; STEPGUARD_TELEMETRY_AUTH=off turns authentication off, logged)"
+        )
+    controller = None
+    pair = settings.private_key("job_controller")
+    if pair is not None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        controller = SigningKey(pair[0], Ed25519PrivateKey.from_private_bytes(pair[1]))
+    return TelemetryProver(nodes, controller)
+
+
+def telemetry_verifier(
+    settings: Any, controller_keys: PublicKeys, needed_by: str
+) -> TelemetryVerifier | None:
+    """The worker's check of telemetry; None when it is not authenticated (logged)."""
+    if settings.telemetry_auth == "off":
+        _warn_off(needed_by)
+        return None
+    nodes = _node_keys(settings)
+    if nodes is None:
+        raise ConfigError(
+            f"STEPGUARD_TELEMETRY_SECRET is required by {needed_by}: it accepts a record "
+            "about a node only with that node's proof (`stepguard keys telemetry` makes "
+            "the cluster secret; STEPGUARD_TELEMETRY_AUTH=off turns authentication off, "
+            "logged)"
+        )
+    return TelemetryVerifier(nodes, controller_keys)
+
+
+def _node_keys(settings: Any) -> NodeKeys | None:
+    secret = settings.telemetry_secret
+    listed = settings.telemetry_node_keys
+    keys = parse_node_keys(listed.get_secret_value()) if listed is not None else {}
+    raw = parse_secret(secret.get_secret_value()) if secret is not None else None
+    if raw is None and not keys:
+        return None
+    return NodeKeys(secret=raw, keys=keys)
+
+
+_warned: set[str] = set()
+
+
+def _warn_off(needed_by: str) -> None:
+    if needed_by not in _warned:
+        _warned.add(needed_by)
+        log.warning(
+            "STEPGUARD_TELEMETRY_AUTH=off: %s sends or accepts telemetry without proof "
+            "(any writer of the topics can speak for any node and job)", needed_by,
+        )  # fmt: skip
