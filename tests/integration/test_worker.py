@@ -47,7 +47,7 @@ from schemas import (
     encode,
 )
 from tests.conftest import fresh_settings
-from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_env
+from tests.factories import ACTUATOR_KEY, TELEMETRY_SECRET, WORKER_KEY, key_env
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +260,8 @@ def test_degradation_played_by_simulate_command(settings, workers, decisions, tm
         "STEPGUARD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "STEPGUARD_BROKER_FLAVOR": settings.broker_flavor,
         "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
+        # it plays every node: the cluster telemetry secret
+        "STEPGUARD_TELEMETRY_SECRET": TELEMETRY_SECRET,
     }
     w = workers()
     out = subprocess.run(
