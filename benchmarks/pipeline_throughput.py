@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import re
@@ -61,9 +62,17 @@ from pipeline.client import StepExporter  # noqa: E402
 from pipeline.io.embedded import TansuBroker, free_port  # noqa: E402
 from pipeline.io.kafka import create_topics, make_producer, registry_of  # noqa: E402
 from pipeline.io.settings import Settings, load_settings  # noqa: E402
+from pipeline.io.telemetry_auth import NodeKeys, TelemetryVerifier  # noqa: E402
 from pipeline.io.trust import ephemeral_keys  # noqa: E402
 from pipeline.services.worker.records import partition_for  # noqa: E402
 from schemas import TOPICS, RankSample, StepTelemetry, encode  # noqa: E402
+
+#: the benchmark's cluster telemetry secret: every message carries its nodes' proofs
+#: (as exporters and rack aggregators send them), and the workers verify them, unless
+#: a row measures the worker without authentication (``AUTH["on"] = False``)
+BENCH_SECRET = os.urandom(32)
+BENCH_KEYS = NodeKeys(secret=BENCH_SECRET)
+AUTH = {"on": True}
 
 
 def node_model(job: str, node: int, step: int, ts: float, gpus: int = 8) -> StepTelemetry:
@@ -112,6 +121,12 @@ class NodeMessages:
             ]
             for group in range(0, nodes, rack)
         ]
+        #: the nodes each sender's message speaks for (its proofs)
+        self.senders = [
+            [f"node-{group:05d}"] if rack == 1 else
+            [f"rack-{group // rack:05d}"] + [f"node-{n:05d}" for n in range(group, group + rack)]
+            for group in range(0, nodes, rack)
+        ]  # fmt: skip
 
     def _message(self, job: str, first: int, step: int, rack: int) -> bytes:
         if rack == 1:
@@ -128,6 +143,18 @@ class NodeMessages:
             b"end": datetime.fromtimestamp(ts, UTC).strftime(fmt).encode(),
         }
         return [variants[step % 11] % args for variants in self.templates]
+
+    def send(self, producer: Any, topic: str, key: bytes, step: int, ts: float) -> int:
+        """Send every sender's message for ``step``, with its nodes' proofs (when
+        ``AUTH["on"]``); returns how many."""
+        values = self.render(step, ts)
+        for value, nodes in zip(values, self.senders, strict=True):
+            if AUTH["on"]:
+                headers = BENCH_KEYS.proofs(value, nodes)
+                producer.send(topic, key=key, value=value, headers=headers)
+            else:
+                producer.send(topic, key=key, value=value)
+        return len(values)
 
 
 def fresh(settings: Settings) -> Settings:
@@ -165,9 +192,7 @@ def prefill(settings: Settings, job: str | list[str], nodes: int, steps: int, ra
     n = 0
     for step in range(steps):
         for j, msgs in zip(jobs, messages, strict=True):
-            for value in msgs.render(step, t0 + step):
-                producer.send(topic, key=j.encode(), value=value)
-                n += 1
+            n += msgs.send(producer, topic, j.encode(), step, t0 + step)
     producer.flush(timeout=120)
     producer.close()
     return n
@@ -198,19 +223,27 @@ def bench_bare_consumer(settings: Settings, expected: int) -> float:
 
 
 # -- the worker's core without Faust ---------------------------------------------------
-def bench_core(nodes: int, steps: int, rack: int = 1) -> float:
+def bench_core(nodes: int, steps: int, rack: int = 1, auth: bool = False) -> float:
     """Rank-steps/s of :class:`WorkerDetection` alone (decode, assembly, detection, snapshots)
-    on pre-encoded records, in this process: what the worker would do without Faust."""
+    on pre-encoded records, in this process: what the worker would do without Faust.
+    ``auth``: each record carries its nodes' proofs and the core verifies them."""
     from pipeline.services.worker.state import CoreTopics, WorkerDetection
 
     messages = NodeMessages("core-job", nodes, rack)
     t0 = time.time() - steps
     values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
-    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
+    senders = messages.senders * steps
+    headers = [
+        BENCH_KEYS.proofs(v, n) if auth else None for v, n in zip(values, senders, strict=True)
+    ]
+    check = TelemetryVerifier(NodeKeys(secret=BENCH_SECRET)) if auth else None
+    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0,
+                           telemetry=check)  # fmt: skip
     scored, letters = 0, 0
     start = time.perf_counter()
     for offset, value in enumerate(values):
-        out = core.handle_step(0, offset, b"core-job", value, token=None)
+        out = core.handle_step(0, offset, b"core-job", value, token=None,
+                               headers=headers[offset])  # fmt: skip
         scored += out.rank_steps
         letters += len(out.dead_letters)
     elapsed = time.perf_counter() - start
@@ -251,6 +284,36 @@ def bench_core_parts(nodes: int, steps: int) -> dict[str, float]:
     on_step_s = time.perf_counter() - start
     n = len(values) / 1e6
     return {"decode_us": decode_s / n, "frame_us": frame_s / n, "on_step_us": on_step_s / n}
+
+
+def bench_auth(base: Settings, steps: int, tmp: Path, rack: int) -> dict[str, float]:
+    """The cost of authenticated telemetry, same run: the core with and without proofs
+    (node messages and rack messages), and the worker on the embedded broker with and
+    without (128 nodes x ``steps``; each worker gets its own freshly filled topic)."""
+    out: dict[str, float] = {}
+    plain = bench_core(128, 60)
+    signed = bench_core(128, 60, auth=True)
+    out["core_rank_steps_per_s_noauth"], out["core_rank_steps_per_s_auth"] = plain, signed
+    # per node message: 8 rank-steps each
+    out["auth_core_us_per_message"] = (8 / signed - 8 / plain) * 1e6
+    plain_r = bench_core(2048, 8, rack=rack)
+    signed_r = bench_core(2048, 8, rack=rack, auth=True)
+    out["core_rank_steps_per_s_rack_noauth"], out["core_rank_steps_per_s_rack_auth"] = (
+        plain_r, signed_r,
+    )  # fmt: skip
+    AUTH["on"] = False
+    try:
+        out["worker_rank_steps_per_s_noauth"], _ = bench_worker_throughput(
+            fresh(base), 128, steps, tmp
+        )
+    finally:
+        AUTH["on"] = True
+    out["worker_rank_steps_per_s_auth"], _ = bench_worker_throughput(fresh(base), 128, steps, tmp)
+    out["auth_worker_cost_pct"] = 100.0 * (
+        1 - out["worker_rank_steps_per_s_auth"] / out["worker_rank_steps_per_s_noauth"]
+    )
+    out["auth_core_cost_pct"] = 100.0 * (1 - signed / plain)
+    return out
 
 
 # -- faust baseline --------------------------------------------------------------------
@@ -316,6 +379,11 @@ class WorkerProc:
             }
             | WORKER_ENV
         )
+        # telemetry proofs: the cluster secret, or authentication off (logged)
+        if AUTH["on"]:
+            env["STEPGUARD_TELEMETRY_SECRET"] = base64.b64encode(BENCH_SECRET).decode()
+        else:
+            env["STEPGUARD_TELEMETRY_AUTH"] = "off"
         # the worker signs its alerts and verifies commands: throwaway keys
         keys = ephemeral_keys(settings, "bench", ("worker", "actuator"))
         for name, value in keys.items():
@@ -545,9 +613,7 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path, rack:
             time.sleep(0.25)
         step = 0
         while w.value("stepguard_worker_steps_total") < 3 and time.monotonic() < deadline:
-            now = time.time()
-            for value in messages.render(step, now):
-                producer.send(topic, key=job.encode(), value=value)
+            messages.send(producer, topic, job.encode(), step, time.time())
             producer.flush()
             step += 1
             time.sleep(1.0)
@@ -557,9 +623,8 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path, rack:
         t_next = time.monotonic()
         for _ in range(seconds):
             t_next += 1.0
-            now = time.time()  # every rank of the synchronous job ends the step now
-            for value in messages.render(step, now):
-                producer.send(topic, key=job.encode(), value=value)
+            # every rank of the synchronous job ends the step now
+            messages.send(producer, topic, job.encode(), step, time.time())
             producer.flush()
             step += 1
             time.sleep(max(0.0, t_next - time.monotonic()))
@@ -763,6 +828,15 @@ def main() -> None:
         help="skip the two-workers row (implied on the embedded broker, where it hangs)",
     )  # fmt: skip
     ap.add_argument(
+        "--auth-only",
+        action="store_true",
+        help="only the cost of authenticated telemetry: the core and the worker with and "
+        "without proofs, same run (--json keys auth_*, *_auth, *_noauth)",
+    )
+    ap.add_argument(
+        "--auth-steps", type=int, default=0, help="steps of the --auth-only worker runs",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch-max", type=int, default=0,
         help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one event per call; 0: "
         "the default)",
@@ -790,6 +864,15 @@ def main() -> None:
             results["command"], ("faust-streaming", "aiokafka", "msgspec", "numpy", "pydantic")
         )
         results["load_average_start"] = os.getloadavg()[0]
+        if args.auth_only:
+            print("authenticated telemetry: with and without ...", flush=True)
+            for key, value in bench_auth(base, args.auth_steps or steps, tmp, args.rack).items():
+                results[key] = value
+            results["load_average_end"] = os.getloadavg()[0]
+            print(json.dumps(results, indent=2))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            return
         print("detector baseline (one core) ...", flush=True)
         results["detector_full_rank_steps_per_s"] = bench_size(1024, 2.0)["full"]
         results["core_rank_steps_per_s"] = bench_core(128, 60)
