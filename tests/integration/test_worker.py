@@ -47,7 +47,14 @@ from schemas import (
     encode,
 )
 from tests.conftest import fresh_settings
-from tests.factories import ACTUATOR_KEY, TELEMETRY_SECRET, WORKER_KEY, key_env
+from tests.factories import (
+    ACTUATOR_KEY,
+    TELEMETRY_SECRET,
+    WORKER_KEY,
+    job_controller_key,
+    job_controller_settings,
+    key_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -660,9 +667,12 @@ def test_announced_checkpoints_are_not_hangs_and_an_ended_job_raises_none(
     that goes silent afterwards hangs, which proves the timer ran past the first
     job's threshold."""
     sc = scenario("ckpt-announced", [], steps=120, **CHECKPOINTED)
-    # an end takes effect once no step contradicts it for STEPGUARD_END_CONFIRM_S
-    w = workers(end_confirm_s="5")
-    play(settings, sc, speed=1.0, announce_phases=True)
+    # an end takes effect once no step contradicts it for STEPGUARD_END_CONFIRM_S; the
+    # job's end and phases count only when its own controller signed them
+    controller = job_controller_key(sc.job)
+    w = workers(end_confirm_s="5", job_controller_public_keys=controller.public_text())
+    play(settings.model_copy(update=job_controller_settings(sc.job)), sc, speed=1.0,
+         announce_phases=True)  # fmt: skip
     other = scenario("after-end", [], steps=60, job_id="after-end", **CHECKPOINTED)
     play(settings, other, speed=1.0, stop_after_step=40)
     items = decisions.wait(firing(AlertKind.HANG), 60, "the second job's hang", w)

@@ -136,12 +136,15 @@ def test_a_step_naming_a_node_its_writer_holds_no_key_for_is_refused_by_the_work
         sink.flush(30)
         assert sink.stats.sent == 1
         play(settings, sc, speed=None)
-        letters = dead.wait(lambda xs: any(d.stage == "auth" for d in xs), 60, "refusal", w)
-        [letter] = [d for d in letters if d.stage == "auth"]
-        assert letter.source_topic == registry_of(settings).name("steps")
+        steps = registry_of(settings).name("steps")
+
+        def refused(xs: list) -> list:
+            return [d for d in xs if d.stage == "auth" and d.source_topic == steps]
+
+        letters = dead.wait(lambda xs: bool(refused(xs)), 60, "refusal", w)
+        [letter] = refused(letters)
         assert "login-1" in letter.error and letter.offset >= 0
-        counted = (f'stepguard_worker_refused_telemetry_total{{topic="{letter.source_topic}",'
-                   'node="login-1"}')  # fmt: skip
+        counted = f'stepguard_worker_refused_telemetry_total{{topic="{steps}",node="login-1"}}'
         _until("the refusal counted", lambda: w.metric(counted) == 1, 30, w)
         decisions.wait(firing(AlertKind.STRAGGLER, "node-0005"), 60, "the straggler", w)
         assert all(a.node != "login-1" for a in decisions.items), decisions.describe()
