@@ -43,7 +43,8 @@ def test_a_proof_is_a_truncated_hmac_of_the_exact_bytes():
     keys = NodeKeys(keys={"n1": derive_node_key(SECRET, "n1")})
     [(name, proof)] = keys.proofs(b"value", ["n1", "n2"])  # n2 not held: no proof
     assert name == PROOF_HEADER
-    mac = hmac.new(derive_node_key(SECRET, "n1"), b"value", sha256).digest()[:MAC_BYTES]
+    digest = sha256(b"value").digest()  # the bytes hashed once, then one HMAC per node
+    mac = hmac.new(derive_node_key(SECRET, "n1"), digest, sha256).digest()[:MAC_BYTES]
     assert proof == b"node:n1:" + mac.hex().encode()
 
 
