@@ -352,6 +352,14 @@ def build_plan(
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
 
 
+def _job_keys(plan: Plan) -> str:
+    """What job-controller.env holds, in words."""
+    what = [f"job {plan.job_id}'s controller key"] if plan.job_id else []
+    if any(k.endswith("TELEMETRY_SECRET") for k in plan.job_env):
+        what.append("the telemetry secret")
+    return " and ".join(what)
+
+
 def _job_env(
     options: UpOptions, base_env: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -483,13 +491,13 @@ def run_up(
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's keys (controller of job {plan.job_id}, "
-                          f"telemetry) in {state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+            console.print(f"[bold]up[/]: {_job_keys(plan)} in {state / JOB_ENV_FILE} "
+                          "(mode 0600)")  # fmt: skip
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's keys (controller of job {plan.job_id}, "
-                          f"telemetry) in {state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+            console.print(f"[bold]up[/]: {_job_keys(plan)} in {state / JOB_ENV_FILE} "
+                          "(mode 0600)")  # fmt: skip
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns
 

@@ -144,7 +144,7 @@ def test_a_step_naming_a_node_its_writer_holds_no_key_for_is_refused_by_the_work
         letters = dead.wait(lambda xs: bool(refused(xs)), 60, "refusal", w)
         [letter] = refused(letters)
         assert "login-1" in letter.error and letter.offset >= 0
-        counted = f'stepguard_worker_refused_telemetry_total{{topic="{steps}",node="login-1"}}'
+        counted = f'stepguard_worker_refused_telemetry_total{{node="login-1",topic="{steps}"}}'
         _until("the refusal counted", lambda: w.metric(counted) == 1, 30, w)
         decisions.wait(firing(AlertKind.STRAGGLER, "node-0005"), 60, "the straggler", w)
         assert all(a.node != "login-1" for a in decisions.items), decisions.describe()
