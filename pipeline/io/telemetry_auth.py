@@ -46,6 +46,7 @@ import base64
 import binascii
 import hmac
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from hashlib import sha256
 from typing import Any
@@ -242,9 +243,42 @@ class TelemetryVerifier:
     """The worker's check of a telemetry record's proofs; every ``*_problem`` returns
     why a record is refused, or None, and never raises on what a header holds."""
 
-    def __init__(self, nodes: NodeKeys, controller_keys: PublicKeys | None = None) -> None:
+    def __init__(
+        self,
+        nodes: NodeKeys,
+        controller_keys: PublicKeys | None = None,
+        max_remembered: int = 65_536,
+    ) -> None:
+        if max_remembered < 1:
+            raise ValueError("max_remembered must be >= 1")
         self.nodes = nodes
         self.controller_keys: PublicKeys = controller_keys or {}
+        self.max_remembered = max_remembered
+        #: digest of a proven health or lifecycle record -> where it was first read
+        self._seen: OrderedDict[bytes, tuple[str, int, int]] = OrderedDict()
+
+    def replay_problem(self, topic: str, partition: int, offset: int, value: bytes) -> str | None:
+        """Why a proven record is a replay of one read before at another place (its
+        exact bytes, proofs and all, written again), or None; the same record read
+        again at its own offset (a redelivery) is not one. The last ``max_remembered``
+        records are remembered (oldest first out).
+
+        >>> v = TelemetryVerifier(NodeKeys(secret=bytes(32)))
+        >>> v.replay_problem("h", 0, 5, b"x"), v.replay_problem("h", 0, 5, b"x")
+        (None, None)
+        >>> v.replay_problem("h", 1, 9, b"x")
+        'a replay of h[0]@5'
+        """
+        digest = sha256(value).digest()
+        first = self._seen.get(digest)
+        here = (topic, partition, offset)
+        if first is not None and first != here:
+            return f"a replay of {first[0]}[{first[1]}]@{first[2]}"
+        self._seen[digest] = here
+        self._seen.move_to_end(digest)
+        while len(self._seen) > self.max_remembered:
+            self._seen.popitem(last=False)
+        return None
 
     def proven(
         self, headers: Headers | None, value: bytes, wanted: Iterable[str] | None = None

@@ -200,3 +200,22 @@ def test_malformed_proof_headers_never_raise():
     assert [d.stage for d in out.dead_letters] == ["auth"]
     end = _event(JobEventKind.END, reason=EndReason.FAILED)
     assert isinstance(core.route_lifecycle(0, 2, b"j", end, junk), Rejected)
+
+
+def test_a_replayed_health_report_or_end_is_refused_a_redelivery_is_not():
+    """Written again at another offset, a node's own proven report (a fatal XID of the
+    past) or its job's signed end is a replay, refused; read again at its own offset
+    (a redelivery after a rebalance) it is the same record."""
+    core = _core()
+    gpu = GpuHealth(index=0, temperature_c=60, power_w=300, sm_clock_mhz=1400,
+                    utilization_pct=90, xid_events=(79,))  # fmt: skip
+    value = encode(NodeHealth(job_id="j", node="n3", ts=T0, gpus=(gpu,)))
+    proof = proofs(value, "n3")
+    assert not isinstance(core.route_health(2, 19, b"n3", value, proof), Rejected)
+    assert not isinstance(core.route_health(2, 19, b"n3", value, proof), Rejected)
+    again = core.route_health(5, 700, b"n3", value, proof)
+    assert isinstance(again, Rejected) and "replay of health[2]@19" in again.letter.error
+    end = _event(JobEventKind.END, reason=EndReason.COMPLETED)
+    signed = _controller_proof(end, "j")
+    assert not isinstance(core.route_lifecycle(0, 7, b"j", end, signed), Rejected)
+    assert isinstance(core.route_lifecycle(1, 70, b"j", end, signed), Rejected)

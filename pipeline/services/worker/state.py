@@ -183,7 +183,8 @@ class WorkerDetection(_JobRecords):
         message: its node; a rack's: its sender and every sample's node), a health
         record only with its node's proof, a lifecycle event only with its job
         controller's signature (an end, a phase, a start naming the job's nodes) or,
-        for the others, its controller's or its source node's proof. The rest is
+        for the others, its controller's or its source node's proof; a proven health
+        or lifecycle record written again elsewhere (a replay) is refused too. The rest is
         dead-lettered (stage ``auth``) before it reaches any job, and counted per
         claimed node (``refused_proof``, ``on_refused``). None: telemetry is not
         authenticated (``STEPGUARD_TELEMETRY_AUTH=off``; unit tests and benchmarks).
@@ -588,6 +589,8 @@ class WorkerDetection(_JobRecords):
             return msg
         if self.telemetry is not None:
             problem = self.telemetry.nodes_problem(headers, value, [msg.node])
+            if problem is None:  # a node's own old report, written again: not its word now
+                problem = self.telemetry.replay_problem(topic, partition, offset, value or b"")
             if problem is not None:
                 return Rejected(
                     self._unproven(msg.node, problem, value, topic, partition, offset, key)
@@ -670,6 +673,8 @@ class WorkerDetection(_JobRecords):
             return msg
         if self.telemetry is not None:
             problem = self.telemetry.lifecycle_problem(headers, value, msg)
+            if problem is None:
+                problem = self.telemetry.replay_problem(topic, partition, offset, value or b"")
             if problem is not None:
                 claimed = msg.source or f"job:{msg.job_id}"
                 return Rejected(
