@@ -330,7 +330,7 @@ def bench_auth(base: Settings, steps: int, tmp: Path, rack: int, rounds: int = 3
     core_us = 8 / out["core_rank_steps_per_s_noauth"] * 1e6
     out["auth_verify_share_of_core_pct"] = 100.0 * out["auth_verify_us_per_message"] / core_us
     worker_plain, worker_signed = [], []
-    for _ in range(max(1, rounds - 1)):
+    for _ in range(rounds):
         AUTH["on"] = False
         try:
             worker_plain.append(bench_worker_throughput(fresh(base), 128, steps, tmp)[0])
@@ -868,6 +868,10 @@ def main() -> None:
         "--auth-steps", type=int, default=0, help="steps of the --auth-only worker runs",
     )  # fmt: skip
     ap.add_argument(
+        "--auth-rounds", type=int, default=3,
+        help="--auth-only: runs of each kind, alternating (the best of each is kept)",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch-max", type=int, default=0,
         help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one event per call; 0: "
         "the default)",
@@ -897,7 +901,9 @@ def main() -> None:
         results["load_average_start"] = os.getloadavg()[0]
         if args.auth_only:
             print("authenticated telemetry: with and without ...", flush=True)
-            for key, value in bench_auth(base, args.auth_steps or steps, tmp, args.rack).items():
+            for key, value in bench_auth(
+                base, args.auth_steps or steps, tmp, args.rack, args.auth_rounds
+            ).items():
                 results[key] = value
             results["load_average_end"] = os.getloadavg()[0]
             print(json.dumps(results, indent=2))

@@ -153,31 +153,39 @@ class NodeKeys:
         self.secret = secret
         self.max_cached = max_cached
         self._fixed = dict(keys or {})
-        self._cache: dict[str, bytes] = {}
+        self._cache: dict[str, tuple[Any, Any]] = {}
 
     def holds(self, node: str) -> bool:
         """Whether a proof of ``node`` can be made (or checked) here."""
         return self.secret is not None or node in self._fixed
 
-    def _key(self, node: str) -> bytes | None:
+    def _pads(self, node: str) -> tuple[Any, Any] | None:
+        pads = self._cache.get(node)
+        if pads is not None:
+            return pads
         key = self._fixed.get(node)
-        if key is not None or self.secret is None:
-            return key
-        key = self._cache.get(node)
         if key is None:
-            if len(self._cache) >= self.max_cached:  # bounded: drop the oldest half
-                for old in list(self._cache)[: self.max_cached // 2 + 1]:
-                    del self._cache[old]
-            key = self._cache[node] = derive_node_key(self.secret, node)
-        return key
+            if self.secret is None:
+                return None
+            key = derive_node_key(self.secret, node)
+        if len(self._cache) >= self.max_cached:  # bounded: drop the oldest half
+            for old in list(self._cache)[: self.max_cached // 2 + 1]:
+                del self._cache[old]
+        pads = self._cache[node] = _hmac_pads(key)
+        return pads
 
     def mac_of_digest(self, node: str, digest: bytes) -> bytes | None:
         """The MAC of a value whose SHA-256 is ``digest`` under ``node``'s key, or None
-        when not held."""
-        key = self._key(node)
-        if key is None:
+        when not held (HMAC-SHA256 from the key's precomputed inner and outer states:
+        a third of ``hmac.digest``'s cost, which sets its state up on every call)."""
+        pads = self._pads(node)
+        if pads is None:
             return None
-        return hmac.digest(key, digest, "sha256")[:MAC_BYTES]
+        inner = pads[0].copy()
+        inner.update(digest)
+        outer = pads[1].copy()
+        outer.update(inner.digest())
+        return outer.digest()[:MAC_BYTES]
 
     def mac(self, node: str, value: bytes) -> bytes | None:
         """The MAC of ``value`` under ``node``'s key, or None when not held."""
@@ -192,6 +200,13 @@ class NodeKeys:
             if mac is not None:
                 out.append((PROOF_HEADER, b"node:" + node.encode() + b":" + mac.hex().encode()))
         return out
+
+
+def _hmac_pads(key: bytes) -> tuple[Any, Any]:
+    """SHA-256 states after HMAC's inner and outer key blocks (RFC 2104, a key of at
+    most one block)."""
+    block = key.ljust(64, b"\0")
+    return sha256(bytes(b ^ 0x36 for b in block)), sha256(bytes(b ^ 0x5C for b in block))
 
 
 def message_nodes(msg: Any) -> list[str]:
