@@ -303,20 +303,18 @@ class TelemetryVerifier:
         want = None if wanted is None else set(wanted)
         digest = sha256(value).digest()
         out: set[str] = set()
+        tail = 2 * MAC_BYTES + 1  # ":" and the MAC's hex
         for proof in _proofs(headers):
-            if not proof.startswith(_NODE):
-                continue
-            node_b, sep, mac_hex = proof[5:].rpartition(b":")
-            if not sep or len(mac_hex) != 2 * MAC_BYTES:
+            if len(proof) <= 5 + tail or not proof.startswith(_NODE) or proof[-tail] != 58:
                 continue
             try:
-                node, mac = node_b.decode(), bytes.fromhex(mac_hex.decode("ascii"))
-            except (UnicodeDecodeError, ValueError):
+                node = proof[5:-tail].decode()
+            except UnicodeDecodeError:
                 continue
             if node in out or (want is not None and node not in want):
                 continue
             expect = self.nodes.mac_of_digest(node, digest)
-            if expect is not None and hmac.compare_digest(expect, mac):
+            if expect is not None and hmac.compare_digest(proof[1 - tail :], expect.hex().encode()):
                 out.add(node)
         return out
 
