@@ -70,10 +70,12 @@ from schemas import TOPICS, RankSample, StepTelemetry, encode  # noqa: E402
 
 #: the benchmark's cluster telemetry secret: every message carries its nodes' proofs
 #: (as exporters and rack aggregators send them), and the workers verify them, unless
-#: a row measures the worker without authentication (``AUTH["on"] = False``)
+#: a row measures the worker without authentication (``AUTH["on"] = False``), or the
+#: proof headers carried but not checked (``AUTH["check"] = False``: what the header's
+#: transport costs apart from the check)
 BENCH_SECRET = os.urandom(32)
 BENCH_KEYS = NodeKeys(secret=BENCH_SECRET)
-AUTH = {"on": True}
+AUTH = {"on": True, "check": True}
 
 
 def node_model(job: str, node: int, step: int, ts: float, gpus: int = 8) -> StepTelemetry:
@@ -330,7 +332,7 @@ def bench_auth(base: Settings, steps: int, tmp: Path, rack: int, rounds: int = 3
     # a node message is 8 rank-steps: the core's time per message, and the check's share
     core_us = 8 / out["core_rank_steps_per_s_noauth"] * 1e6
     out["auth_verify_share_of_core_pct"] = 100.0 * out["auth_verify_us_per_message"] / core_us
-    worker_plain, worker_signed, cpu_plain, cpu_signed = [], [], [], []
+    worker_plain, worker_signed, cpu_plain, cpu_signed, cpu_carried = [], [], [], [], []
     for _ in range(rounds):
         AUTH["on"] = False
         try:
@@ -342,6 +344,12 @@ def bench_auth(base: Settings, steps: int, tmp: Path, rack: int, rounds: int = 3
         worker_signed.append(
             bench_worker_throughput(fresh(base), 128, steps, tmp, cpu_out=cpu_signed)[0]
         )
+        AUTH["check"] = False  # the headers travel, the worker does not check them
+        try:
+            bench_worker_throughput(fresh(base), 128, steps, tmp, cpu_out=cpu_carried)
+        finally:
+            AUTH["check"] = True
+    out["worker_cpu_us_per_rank_step_headers_unchecked"] = statistics.median(cpu_carried)
     out["worker_rank_steps_per_s_noauth"] = max(worker_plain)
     out["worker_rank_steps_per_s_auth"] = max(worker_signed)
     out["auth_worker_cost_pct"] = 100.0 * (
@@ -423,7 +431,7 @@ class WorkerProc:
             | WORKER_ENV
         )
         # telemetry proofs: the cluster secret, or authentication off (logged)
-        if AUTH["on"]:
+        if AUTH["on"] and AUTH["check"]:
             env["STEPGUARD_TELEMETRY_SECRET"] = base64.b64encode(BENCH_SECRET).decode()
         else:
             env["STEPGUARD_TELEMETRY_AUTH"] = "off"
