@@ -248,10 +248,14 @@ class TelemetryProver:
         return []
 
 
-def _proofs(headers: Headers | None) -> list[bytes]:
+def _proofs(headers: Headers | Mapping[str, bytes] | None) -> list[bytes]:
     if not headers:
         return []
-    return [v for k, v in headers if k == PROOF_HEADER and isinstance(v, bytes)]
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    try:
+        return [v for k, v in items if k == PROOF_HEADER and isinstance(v, bytes)]
+    except (TypeError, ValueError):  # not (name, value) pairs
+        return []
 
 
 class TelemetryVerifier:

@@ -200,6 +200,9 @@ def test_malformed_proof_headers_never_raise():
     assert [d.stage for d in out.dead_letters] == ["auth"]
     end = _event(JobEventKind.END, reason=EndReason.FAILED)
     assert isinstance(core.route_lifecycle(0, 2, b"j", end, junk), Rejected)
+    for odd in ({"sg-proof": b"x"}, [("sg-proof",)], [b"sg-proof"], [("sg-proof", None)]):
+        out = core.handle_step(0, 3, b"j", value, token="t", headers=odd)  # type: ignore[arg-type]
+        assert [d.stage for d in out.dead_letters] == ["auth"], odd
 
 
 def test_a_replayed_health_report_or_end_is_refused_a_redelivery_is_not():
