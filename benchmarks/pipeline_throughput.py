@@ -226,10 +226,13 @@ def bench_bare_consumer(settings: Settings, expected: int) -> float:
 
 
 # -- the worker's core without Faust ---------------------------------------------------
-def bench_core(nodes: int, steps: int, rack: int = 1, auth: bool = False) -> float:
+def bench_core(
+    nodes: int, steps: int, rack: int = 1, auth: bool = False, cpu_out: list[float] | None = None
+) -> float:
     """Rank-steps/s of :class:`WorkerDetection` alone (decode, assembly, detection, snapshots)
     on pre-encoded records, in this process: what the worker would do without Faust.
-    ``auth``: each record carries its nodes' proofs and the core verifies them."""
+    ``auth``: each record carries its nodes' proofs and the core verifies them; with
+    ``cpu_out``, this process's CPU microseconds per message are appended to it."""
     from pipeline.services.worker.state import CoreTopics, WorkerDetection
 
     messages = NodeMessages("core-job", nodes, rack)
@@ -243,13 +246,15 @@ def bench_core(nodes: int, steps: int, rack: int = 1, auth: bool = False) -> flo
     core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0,
                            telemetry=check)  # fmt: skip
     scored, letters = 0, 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for offset, value in enumerate(values):
         out = core.handle_step(0, offset, b"core-job", value, token=None,
                                headers=headers[offset])  # fmt: skip
         scored += out.rank_steps
         letters += len(out.dead_letters)
     elapsed = time.perf_counter() - start
+    if cpu_out is not None:
+        cpu_out.append((time.process_time() - cpu) / len(values) * 1e6)
     if letters or not scored:
         raise RuntimeError(f"the core dead-lettered {letters} records, scored {scored}")
     return scored / elapsed
@@ -321,14 +326,22 @@ def bench_auth(base: Settings, steps: int, tmp: Path, rack: int, rounds: int = 3
         bench_verify(2048, 8, rack=rack) for _ in range(rounds)
     )
     plain, signed, plain_r, signed_r = [], [], [], []
+    cpu_core: list[float] = []
+    cpu_core_auth: list[float] = []
     for _ in range(rounds):
-        plain.append(bench_core(128, 60))
-        signed.append(bench_core(128, 60, auth=True))
+        plain.append(bench_core(128, 60, cpu_out=cpu_core))
+        signed.append(bench_core(128, 60, auth=True, cpu_out=cpu_core_auth))
         plain_r.append(bench_core(2048, 8, rack=rack))
         signed_r.append(bench_core(2048, 8, rack=rack, auth=True))
     out["core_rank_steps_per_s_noauth"], out["core_rank_steps_per_s_auth"] = max(plain), max(signed)
     out["core_rank_steps_per_s_rack_noauth"] = max(plain_r)
     out["core_rank_steps_per_s_rack_auth"] = max(signed_r)
+    # this process's CPU per node message in the core, with and without (median)
+    out["core_cpu_us_per_message_noauth"] = statistics.median(cpu_core)
+    out["core_cpu_us_per_message_auth"] = statistics.median(cpu_core_auth)
+    out["auth_core_cpu_cost_pct"] = 100.0 * (
+        out["core_cpu_us_per_message_auth"] / out["core_cpu_us_per_message_noauth"] - 1
+    )
     # a node message is 8 rank-steps: the core's time per message, and the check's share
     core_us = 8 / out["core_rank_steps_per_s_noauth"] * 1e6
     out["auth_verify_share_of_core_pct"] = 100.0 * out["auth_verify_us_per_message"] / core_us
