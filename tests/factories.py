@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from pipeline.io.telemetry_auth import NodeKeys, derive_node_key
+from pipeline.io.telemetry_auth import NodeKeys, TelemetryProver, derive_node_key
 from pipeline.io.trust import SigningKey, job_controller_key_id
 from schemas import (
     ActionRecord,
@@ -125,6 +125,16 @@ def node_settings(*nodes: str) -> dict[str, Any]:
     text = ",".join(f"{n}={base64.b64encode(node_key(n)).decode()}" for n in nodes)
     return {"telemetry_auth": "on", "telemetry_secret": None,
             "telemetry_node_keys": SecretStr(text)}  # fmt: skip
+
+
+def signed_headers(logical: str, msg: Message, value: bytes) -> list[tuple[str, bytes]]:
+    """The proof headers a deployment's producer of ``msg`` (encoded as ``value``) sends:
+    its nodes' proofs under the test cluster secret and, for lifecycle, its job's test
+    controller key."""
+    job = getattr(msg, "job_id", None)
+    controller = job_controller_key(job) if isinstance(job, str) and job else None
+    nodes = NodeKeys(secret=base64.b64decode(TELEMETRY_SECRET))
+    return TelemetryProver(nodes, controller).headers(logical, msg, value)
 
 
 def proofs(value: bytes, *nodes: str) -> list[tuple[str, bytes]]:

@@ -54,6 +54,7 @@ from tests.factories import (
     job_controller_key,
     job_controller_settings,
     key_env,
+    signed_headers,
 )
 
 pytestmark = pytest.mark.integration
@@ -373,7 +374,9 @@ def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers
     for ev in simulate(sc):
         if ev.frame is not None and ev.frame.step > 90:
             for m in ev.frame.to_messages():
-                producer.send(registry.name("steps"), key=sc.job.encode(), value=encode(m))
+                value = encode(m)  # as its node's exporter sends it: with its proof
+                producer.send(registry.name("steps"), key=sc.job.encode(), value=value,
+                              headers=signed_headers("steps", m, value))  # fmt: skip
     producer.flush()
     producer.close()
     w2 = workers("second")
@@ -508,7 +511,9 @@ def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
     dead = Topic(settings, "deadletter", DeadLetter)
     try:
         w = workers(worker_max_message_bytes="32768")
-        play(settings, sc, speed=None, truth=False)
+        # no lifecycle: the simulator holds no controller key of this job here, and a
+        # start it sent would be one more (unauthenticated) dead letter
+        play(settings, sc, speed=None, truth=False, lifecycle=False)
         decisions.wait(firing(AlertKind.STRAGGLER, "node-0007"), 40, "straggler", w)
         letters = dead.wait(lambda xs: len(xs) >= 4, 30, "four dead letters", w)
     finally:
