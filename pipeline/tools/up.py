@@ -76,6 +76,7 @@ from pipeline.tools.up_env import (
     _scenario_env,
     _write_atomic,
     child_env,
+    is_secret_variable,
     signing_env,
     write_job_env,
 )
@@ -349,8 +350,16 @@ def build_plan(
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     if prometheus is not None:
         shell["PROMETHEUS_URL"] = prometheus[1]
-    job_env = {k: v for k, v in keys["job"].items() if k.endswith("_PRIVATE_KEY")}
+    job_env = {k: v for k, v in keys["job"].items() if is_secret_variable(k)}
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
+
+
+def _job_keys(plan: Plan) -> str:
+    """What job-controller.env holds, in words."""
+    what = [f"job {plan.job_id}'s controller key"] if plan.job_id else []
+    if any(k.endswith("TELEMETRY_SECRET") for k in plan.job_env):
+        what.append("the telemetry secret")
+    return " and ".join(what)
 
 
 def _job_env(
@@ -484,14 +493,10 @@ def run_up(
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
-                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+            console.print(f"[bold]up[/]: {_job_keys(plan)} in {state / JOB_ENV_FILE} "
+                          "(mode 0600)")  # fmt: skip
         hint = shell_hint(state, watched_job=bool(plan.job_env))
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: {hint}")
-        if plan.job_env:
-            write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
-                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns
 

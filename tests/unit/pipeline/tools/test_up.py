@@ -115,8 +115,11 @@ def test_a_watched_job_gets_its_nodes_spares_mode_and_its_own_signing_key(tmp_pa
     assert p.shell_env["STEPGUARD_SPARES"] == "spare-0"
     assert not [k for k in p.shell_env if k.endswith("_PRIVATE_KEY")]
     # ... and from job-controller.env (0600) the one key its results are signed with
-    (key,) = p.job_env
-    assert key.endswith("_PRIVATE_KEY")
+    # ... and the cluster telemetry secret (this job's processes speak for its nodes)
+    assert sorted(p.job_env) == [
+        "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY", "STEPGUARD_TELEMETRY_SECRET",
+    ]  # fmt: skip
+    assert "STEPGUARD_TELEMETRY_SECRET" not in p.shell_env  # up.env is not 0600
     assert p.shell_env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]  # it verifies commands
     assert any("job ddp-1: 2 nodes" in n and "auto mode" in n for n in p.notes), p.notes
 
@@ -154,17 +157,21 @@ def test_up_writes_the_jobs_controller_key_where_only_the_user_reads_it(tmp_path
     from pipeline.tools.up import JOB_ENV_FILE, write_job_env
 
     p = plan(tmp_path, scenario="ci_smoke")
-    assert list(p.job_env) == ["STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY"]
+    assert list(p.job_env) == [
+        "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY", "STEPGUARD_TELEMETRY_SECRET",
+    ]  # fmt: skip
     assert not any(k.endswith("_PRIVATE_KEY") for k in p.shell_env)  # up.env: no secret
     path = tmp_path / JOB_ENV_FILE
     write_job_env(path, p.job_env)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    name, _, value = path.read_text().strip().partition("=")
-    key = signing_key(load_settings({name: value}), "job_controller", "t")
+    written = dict(line.split("=", 1) for line in path.read_text().splitlines())
+    assert written == p.job_env
+    key = signing_key(load_settings(written), "job_controller", "t")
     assert key.key_id.split(".")[0] == job_controller_key_id("ci_smoke-r1")
     public = {s.name: s.env.get("STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS", "") for s in p.specs}
     assert key.public_text() in public["worker-1"]
-    assert plan(tmp_path).job_env == {}  # no job: no controller key
+    # no job: no controller key (the telemetry secret, for a job started by hand)
+    assert list(plan(tmp_path).job_env) == ["STEPGUARD_TELEMETRY_SECRET"]
 
 
 def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
@@ -187,3 +194,17 @@ def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
         client.close()
         assert not _port_free(port)  # still listening
     assert _port_free(port)
+
+
+def test_up_hands_the_ephemeral_telemetry_secret_to_the_workers_and_the_simulator_only(tmp_path):
+    """Issue 39: the embedded default authenticates telemetry out of the box: one
+    ephemeral cluster secret for the run, given to the workers (they verify), the
+    simulator (it plays every node) and the watched job, to no other child."""
+    p = plan(tmp_path, scenario="ci_smoke")
+    holders = {s.name for s in p.specs if "STEPGUARD_TELEMETRY_SECRET" in s.env}
+    assert holders == {n for n in (s.name for s in p.specs) if n.startswith("worker-")} | {
+        "simulate"
+    }
+    secrets = {s.env["STEPGUARD_TELEMETRY_SECRET"] for s in p.specs if s.name in holders}
+    assert len(secrets) == 1 and secrets == {p.job_env["STEPGUARD_TELEMETRY_SECRET"]}
+    assert any("telemetry" in n for n in p.notes), p.notes
