@@ -407,6 +407,10 @@ class JobDetection:
             out.alerts += self._stamp(self._end(end))
         return out
 
+    def clock_at(self, ts: float) -> float:
+        """The event time a step record dated ``ts`` lets the job's tick clock reach."""
+        return ts
+
     def _frames(self, frames: list[StepFrame], out: Detected) -> Detected:
         """Process assembled ``frames`` in order, into ``out``."""
         for frame in frames:
