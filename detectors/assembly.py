@@ -104,6 +104,11 @@ class StepAssembler:
         buf.newest_ts = max(buf.newest_ts, ts)
         return self._drain(buf)
 
+    def reporting(self, job_id: str) -> frozenset[str]:
+        """The nodes of ``job_id``'s latest assembled step (empty before the first)."""
+        buf = self._jobs.get(job_id)
+        return frozenset(buf.known_nodes) if buf is not None else frozenset()
+
     def expire(self, now: float) -> list[StepFrame]:
         """The clock at event time ``now`` with no message: hand out the steps of a job
         whose nodes are not known yet that the clock is ``lag_s`` past (a job shorter

@@ -49,6 +49,15 @@ messages). The core restores one order, on event time:
    (seen in its steps, or declared by its start event) never reaches the detectors,
    so it cannot lead to isolating that node: one INFO notice per node instead.
 
+8. **A record speaks only for its own node's ranks.** A rank belongs to the first node
+   that reported it; while that node still reports (it is in the job's latest step) the
+   rank does not move, and a step record of another node carrying it is refused
+   (:class:`~detectors.errors.RefusedRecord`), so no node joins the job on the strength
+   of another's ranks. A rank far beyond those the job has shown (more than twice its
+   highest, once a step was assembled) is refused too. Each refused node is named in a
+   WARNING (``guardrail``, metric ``refused_records``): its problem, not the job's.
+   Ownership starts afresh when the job relaunches (ranks move to new hardware).
+
 Everything kept is bounded: held health and remembered commands (``max_held_health``,
 ``max_commands``: beyond them the oldest report is processed at once, the oldest
 command forgotten), the ranks and nodes of the job (``max_ranks``, ``max_nodes``: a
@@ -88,7 +97,7 @@ import numpy as np
 
 from detectors.assembly import StepAssembler
 from detectors.engine import DetectorConfig, DetectorSuite
-from detectors.errors import CapacityError
+from detectors.errors import CapacityError, RefusedRecord
 from detectors.frame import NodeStep, StepFrame
 from detectors.job_guard import JobGuard, LifecycleLimits, PendingEnd
 from schemas import (
@@ -234,14 +243,24 @@ class JobDetection:
         self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
         #: commands whose SUCCEEDED result was acted on (once each; at most max_commands)
         self._acted: OrderedDict[str, None] = OrderedDict()
+        self._owners = _RankOwners()
 
     # -- inputs ------------------------------------------------------------------------
     def on_step(self, msg: NodeStep) -> Detected:
         """One node's telemetry of one step: the alerts of the frames it completed."""
         self._check_job(msg.job_id)
-        self._count_ranks(msg)
-        self.guard.join(msg.node)
-        return self._frames(self.assembler.add(msg), Detected())
+        owners = self._rank_owners()
+        if not owners.same(msg):
+            try:
+                owners.check(msg, self.assembler.reporting(self.job_id), self.frames > 0)
+            except RefusedRecord as exc:
+                self._noted = self._refusals().note(msg, str(exc), max(self.last_step, 0))
+                raise
+            self._count_ranks(msg)
+            self.guard.join(msg.node)
+            owners.take(msg)
+        out = Detected(alerts=self._take_notes())
+        return self._frames(self.assembler.add(msg), out)
 
     def on_frame(self, frame: StepFrame) -> list[Alert]:
         """One assembled step (rules 2 and 3): held health up to its end time, the
@@ -316,6 +335,7 @@ class JobDetection:
         not a hang for the relaunch grace."""
         self._grace(now, removed_nodes)
         self.relaunches += 1
+        self._rank_owners().clear()  # the new run may place its ranks anew
 
     def resume(self, at: float) -> None:
         """The pipeline, not the job, was away until about event time ``at`` (this state
@@ -392,7 +412,7 @@ class JobDetection:
         """:meth:`tick`, with the frames the clock completed: buffered steps it is
         the assembler's ``lag_s`` past, and every buffered step when a pending end is
         confirmed (they were sent before it)."""
-        out = self._frames(self.assembler.expire(now), Detected())
+        out = self._frames(self.assembler.expire(now), Detected(alerts=self._take_notes()))
         if self.now is not None and now <= self.now:
             return out
         alerts = self._release_health(now, tick=True)
@@ -474,6 +494,23 @@ class JobDetection:
         self._ranks[ranks] = True
         self._n_ranks += new
 
+    def _rank_owners(self) -> _RankOwners:
+        owners: _RankOwners | None = self.__dict__.get("_owners")
+        if owners is None:  # a snapshot from before rule 8
+            owners = self._owners = _RankOwners()
+        return owners
+
+    def _refusals(self) -> _Refusals:
+        refusals: _Refusals | None = self.__dict__.get("_refused")
+        if refusals is None:
+            refusals = self._refused = _Refusals(self.job_id)
+        return refusals
+
+    def _take_notes(self) -> list[Alert]:
+        noted: list[Alert] = self.__dict__.get("_noted") or []
+        self._noted = []
+        return self._stamp(noted)
+
     def _acted_results(self) -> OrderedDict[str, None]:
         acted: OrderedDict[str, None] | None = self.__dict__.get("_acted")
         if acted is None:  # a snapshot from before this set existed
@@ -542,3 +579,88 @@ class JobDetection:
         into.move_to_end(key)
         while len(into) > self.max_commands:
             into.popitem(last=False)
+
+
+class _RankOwners:
+    """Which node holds each rank of the job (rule 8); plain data for the state codec."""
+
+    def __init__(self) -> None:
+        self.node_ranks: dict[str, tuple[int, ...]] = {}  #: each node's last rank set
+        self.owner: dict[int, str] = {}  #: rank -> node holding it
+        self.top = -1  #: highest rank of an admitted record
+
+    def same(self, msg: NodeStep) -> bool:
+        """The node reports the ranks it reported last time (the hot path)."""
+        ranks = self.node_ranks.get(msg.node)
+        return ranks is not None and ranks == tuple(s.rank for s in msg.samples)
+
+    def check(self, msg: NodeStep, reporting: frozenset[str], assembled: bool) -> None:
+        """Refuse ``msg`` if it carries a rank a node still reporting holds, or a rank
+        far beyond the job's once a step was assembled."""
+        listed = [s.rank for s in msg.samples]
+        if assembled and listed and self.top >= 0 and max(listed) > 2 * self.top + 1:
+            raise RefusedRecord(
+                f"node {msg.node} reports rank {max(listed)}, far beyond the job's highest "
+                f"rank {self.top}: refused"
+            )
+        for r in listed:
+            held = self.owner.get(r)
+            if held is not None and held != msg.node and held in reporting:
+                raise RefusedRecord(
+                    f"node {msg.node} reports rank {r}, which node {held} holds and still "
+                    "reports: refused (a record speaks only for its own node)"
+                )
+
+    def take(self, msg: NodeStep) -> None:
+        ranks = tuple(s.rank for s in msg.samples)
+        old = self.node_ranks.get(msg.node, ())
+        for r in old:
+            if self.owner.get(r) == msg.node:
+                del self.owner[r]
+        for r in ranks:
+            self.owner[r] = msg.node
+        self.node_ranks[msg.node] = ranks
+        if ranks:
+            self.top = max(self.top, *ranks)
+
+    def clear(self) -> None:
+        self.node_ranks.clear()
+        self.owner.clear()
+
+
+class _Refusals:
+    """One WARNING episode per node whose records were refused (bounded)."""
+
+    MAX_NODES = 64
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.count: dict[str, int] = {}
+
+    def note(self, msg: NodeStep, why: str, step: int) -> list[Alert]:
+        n = self.count.get(msg.node, 0)
+        if n == 0 and len(self.count) >= self.MAX_NODES:
+            return []
+        self.count[msg.node] = n + 1
+        if n & (n + 1):  # updates at 1, 2, 4, 8 ... refusals: bounded, still counted
+            return []
+        at = msg.ts_end
+        return [
+            Alert(
+                fingerprint=episode_fingerprint(self.job_id, "refused", msg.node, None, 0),
+                seq=n.bit_length(),
+                kind=AlertKind.GUARDRAIL,
+                grade=Grade.WARNING,
+                state=AlertState.FIRING,
+                job_id=self.job_id,
+                node=msg.node,
+                step=step,
+                started_at=at,
+                ts=at,
+                evidence=Evidence(
+                    metric="refused_records", value=float(n + 1), deviation=0.0, detail=why[:500]
+                ),
+                recommended_action=RecommendedAction.INVESTIGATE,
+                summary=f"records of {msg.node} refused for job {self.job_id}: {why}"[:1000],
+            )
+        ]
