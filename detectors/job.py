@@ -29,8 +29,9 @@ messages). The core restores one order, on event time:
 3. **A frame is scored, then the clock is checked at its end time.** A long step
    that just ended (a checkpoint save) is progress, not a hang.
 4. **Ticks check the clock** at an event time the driver estimates (the worker:
-   newest step time plus the wall time since it arrived). A tick never goes back in
-   time.
+   newest step time, bounded by :meth:`~JobDetection.clock_at`, plus the wall time
+   since it arrived). A tick never goes back in time. A step's time is its nodes'
+   robust time (:func:`~detectors.frame.step_times`): one node's clock cannot move it.
 5. **Lifecycle events** are the exporter's word, unsigned, and never switch detection
    off alone (:mod:`detectors.job_guard`). An announced long phase (checkpoint,
    evaluation) gives the clock the phase's expected duration until the next step
@@ -54,7 +55,9 @@ messages). The core restores one order, on event time:
    rank does not move, and a step record of another node carrying it is refused
    (:class:`~detectors.errors.RefusedRecord`), so no node joins the job on the strength
    of another's ranks. A rank far beyond those the job has shown (more than twice its
-   highest, once a step was assembled) is refused too. Each refused node is named in a
+   highest, once a step was assembled) is refused too, and so is a step number further
+   ahead of the job's last step than the assembler's ``max_lag_steps`` strides (it
+   would force the job's steps out and shrink its nodes). Each refused node is named in a
    WARNING (``guardrail``, metric ``refused_records``): its problem, not the job's.
    Ownership starts afresh when the job relaunches (ranks move to new hardware).
 
@@ -249,6 +252,14 @@ class JobDetection:
     def on_step(self, msg: NodeStep) -> Detected:
         """One node's telemetry of one step: the alerts of the frames it completed."""
         self._check_job(msg.job_id)
+        last = self.last_step
+        if self.frames and msg.step > last + self.assembler.max_lag_steps * self._stride():
+            why = (
+                f"node {msg.node} reports step {msg.step} while the job completed step "
+                f"{last}: too far ahead of the job's progress, refused"
+            )
+            self._noted = self._refusals().note(msg, why, max(last, 0))
+            raise RefusedRecord(why)
         owners = self._rank_owners()
         if not owners.same(msg):
             try:
@@ -266,6 +277,10 @@ class JobDetection:
         """One assembled step (rules 2 and 3): held health up to its end time, the
         step, then the clock at its end time."""
         self._check_job(frame.job_id)
+        prev = self.__dict__.get("_prev_step")
+        if prev is not None and frame.step > prev:
+            self._step_stride = frame.step - prev
+        self._prev_step = frame.step
         self.guard.learn(frame.nodes)
         self._saw_nodes(frame.nodes)
         alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
@@ -428,8 +443,24 @@ class JobDetection:
         return out
 
     def clock_at(self, ts: float) -> float:
-        """The event time a step record dated ``ts`` lets the job's tick clock reach."""
-        return ts
+        """The event time a step record dated ``ts`` lets the job's tick clock reach
+        (rule 4): no further than the job's frames support, its newest processed time
+        plus 1.5 median step times (the next step's records; the assembler's ``lag_s``
+        before a step time is known). One record dated
+        +290 s (inside the skew a worker accepts) otherwise moved the worker's tick
+        clock ahead of the job, and the job was called hung while it kept stepping.
+
+        >>> det = JobDetection("j")
+        >>> det.clock_at(1000.0)          # no frame yet: nothing to bound it by
+        1000.0
+        >>> det.now = 100.0
+        >>> det.clock_at(390.0), det.clock_at(101.0)     # lag_s before a step time
+        (102.0, 101.0)
+        """
+        if self.now is None:
+            return ts
+        med = self.suite.hang.median_step_time if isinstance(self.suite, DetectorSuite) else None
+        return min(ts, self.now + (1.5 * med if med else self.assembler.lag_s))
 
     def _frames(self, frames: list[StepFrame], out: Detected) -> Detected:
         """Process assembled ``frames`` in order, into ``out``."""
@@ -493,6 +524,10 @@ class JobDetection:
             )
         self._ranks[ranks] = True
         self._n_ranks += new
+
+    def _stride(self) -> int:
+        """Steps between the job's last two frames (at least 1): how step numbers move."""
+        return max(1, int(self.__dict__.get("_step_stride", 1)))
 
     def _rank_owners(self) -> _RankOwners:
         owners: _RankOwners | None = self.__dict__.get("_owners")
@@ -595,8 +630,9 @@ class _RankOwners:
         return ranks is not None and ranks == tuple(s.rank for s in msg.samples)
 
     def check(self, msg: NodeStep, reporting: frozenset[str], assembled: bool) -> None:
-        """Refuse ``msg`` if it carries a rank a node still reporting holds, or a rank
-        far beyond the job's once a step was assembled."""
+        """Refuse ``msg`` if it carries a rank another node holds and still reports (in
+        the job's latest step, or before any step was assembled), or a rank far beyond
+        the job's once a step was assembled."""
         listed = [s.rank for s in msg.samples]
         if assembled and listed and self.top >= 0 and max(listed) > 2 * self.top + 1:
             raise RefusedRecord(
@@ -605,7 +641,7 @@ class _RankOwners:
             )
         for r in listed:
             held = self.owner.get(r)
-            if held is not None and held != msg.node and held in reporting:
+            if held is not None and held != msg.node and (held in reporting or not reporting):
                 raise RefusedRecord(
                     f"node {msg.node} reports rank {r}, which node {held} holds and still "
                     "reports: refused (a record speaks only for its own node)"

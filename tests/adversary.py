@@ -71,17 +71,27 @@ def play(
     *,
     tick_s: float = 1.0,
     clock_from_records: bool = True,
+    bounded: bool = True,
 ) -> Outcome:
     """Play ``scenario`` into a fresh core, through ``inject`` when given.
 
     Ticks come every ``tick_s`` of event time between records, as the worker's timer
     does; with ``clock_from_records`` the tick time is the worker's estimate (the
-    newest step record's event time, bounded by :meth:`JobDetection.clock_at`), not the
-    simulator's truth.
+    newest step record's event time plus the time since it arrived), not the
+    simulator's truth; ``bounded`` bounds that record time as the worker does
+    (:meth:`JobDetection.clock_at`; False: the worker before issue 39).
     """
     det = JobDetection(scenario.job)
     out = Outcome()
-    newest: float | None = None
+    #: the worker's clock: newest step record time it took, and when it arrived
+    newest: tuple[float, float] | None = None
+    arrived = scenario.start_ts
+
+    def clock(t: float) -> float:
+        """Event time now, as the worker estimates it at simulated time ``t``."""
+        if not clock_from_records or newest is None:
+            return t
+        return newest[0] + max(0.0, t - newest[1])
 
     def feed(rec: object) -> None:
         nonlocal newest
@@ -92,9 +102,10 @@ def play(
                 out.alerts += det.on_lifecycle(rec)
             else:
                 msg: NodeStep = rec  # type: ignore[assignment]
+                ts = msg.ts_end.timestamp()
+                if newest is None or ts >= newest[0]:  # the worker's rule
+                    newest = (det.clock_at(ts) if bounded else ts, arrived)
                 out.alerts += det.on_step(msg).alerts
-                ts = det.clock_at(msg.ts_end.timestamp())
-                newest = ts if newest is None else max(newest, ts)
         except (CapacityError, ValueError):
             out.refused += 1
 
@@ -103,9 +114,9 @@ def play(
         # the worker's timer: event time moves on from the newest record it read
         t = last + tick_s
         while t < ev.ts:
-            base = newest if clock_from_records and newest is not None else None
-            out.alerts += det.tick(t if base is None else max(base, t))
+            out.alerts += det.tick(clock(t))
             t += tick_s
+        arrived = ev.ts
         for h in ev.health:
             feed(h)
         if ev.frame is not None:
@@ -113,7 +124,7 @@ def play(
             recs = inject(ev.frame.step, msgs) if inject is not None else msgs
             for rec in recs:
                 feed(rec)
-        out.alerts += det.tick(ev.ts if newest is None else max(ev.ts, newest))
+        out.alerts += det.tick(clock(ev.ts))
         last = ev.ts
     out.alerts += det.flush()
     return out

@@ -1,0 +1,67 @@
+"""No single record moves the job's clock or its steps (issue 39, finding 3).
+
+One step record dated +290 s (inside the 300 s skew the worker accepts) moved the tick
+clock ahead of the job's frames: CRITICAL hang updates recommending RESTART while the
+job kept stepping. Driven as the worker drives the core: its tick clock follows the
+newest step record (bounded by ``JobDetection.clock_at``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import pytest
+
+from detectors.frame import NodeStep
+from pipeline.tools.simulator import Scenario
+from tests.adversary import play
+
+JOB = {"name": "clock", "nodes": 8, "gpus_per_node": 2, "tp": 2, "steps": 160, "seed": 9,
+       "base_compute_s": 0.2}  # fmt: skip
+
+
+def ahead(seconds: float, at_step: int = 60):
+    def inject(step: int, msgs: Sequence[NodeStep]) -> list[NodeStep]:
+        out = list(msgs)
+        if step == at_step:
+            m = out[4]
+            out[4] = m.model_copy(  # type: ignore[attr-defined]
+                update={"ts_end": m.ts_end + timedelta(seconds=seconds),
+                        "ts_start": m.ts_start + timedelta(seconds=seconds)}
+            )  # fmt: skip
+        return out
+
+    return inject
+
+
+@pytest.mark.parametrize("seconds", [290.0, 30.0, -290.0])
+def test_one_record_dated_ahead_does_not_make_the_job_hang(seconds):
+    out = play(Scenario.model_validate(JOB), ahead(seconds))
+    assert out.job_hangs() == []
+    assert out.condemned() == set()
+
+
+def test_a_step_jump_is_refused_and_forces_nothing_out():
+    def jump(step: int, msgs: Sequence[NodeStep]) -> list[NodeStep]:
+        out = list(msgs)
+        if step == 60:
+            out.append(msgs[3].model_copy(update={"step": step + 100_000}))  # type: ignore[attr-defined]
+        return out
+
+    out = play(Scenario.model_validate(JOB), jump)
+    assert out.refused == 1
+    assert out.firing("missing") == [] and out.job_hangs() == []
+    assert [a.node for a in out.firing("guardrail")] == ["node-0003"]
+
+
+def test_a_node_whose_records_are_all_refused_is_its_problem_not_a_job_hang():
+    def impostor(step: int, msgs: Sequence[NodeStep]) -> list[NodeStep]:
+        # node-0005 claims node-0004's ranks on every step: all its records refused
+        return [m.model_copy(update={"samples": msgs[4].samples}) if m.node == "node-0005"  # type: ignore[attr-defined]
+                else m for m in msgs]  # fmt: skip
+
+    out = play(Scenario.model_validate(JOB), impostor)
+    assert out.job_hangs() == []
+    assert "node-0005" in {a.node for a in out.firing("guardrail")}
+    assert out.condemned() <= {"node-0005"}
