@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the catalogue reads one injection a line)
 """Drive the detection core the way the worker does, with hostile or glitchy records.
 
 :func:`play` plays a simulator :class:`~pipeline.tools.simulator.Scenario` through
@@ -14,14 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from detectors.errors import CapacityError
 from detectors.frame import NodeStep
 from detectors.job import JobDetection
 from pipeline.tools.simulator import Scenario, simulate
-from schemas import Alert, JobEvent, NodeHealth, RecommendedAction
+from schemas import Alert, EndReason, JobEvent, JobEventKind, NodeHealth, RecommendedAction
 
-__all__ = ["Inject", "Outcome", "play"]
+__all__ = ["CATALOGUE", "SCENARIOS", "Inject", "Outcome", "changed", "play"]
 
 #: An injection: given the step and the honest messages of one step, the records to
 #: feed instead (messages, health reports or lifecycle events, in order).
@@ -128,3 +130,104 @@ def play(
         last = ev.ts
     out.alerts += det.flush()
     return out
+
+
+# -- the catalogue ---------------------------------------------------------------------
+
+
+def _at(at: int, rewrite: Callable[[Sequence[NodeStep]], list[object]]) -> Inject:
+    def inject(step: int, msgs: Sequence[NodeStep]) -> Iterable[object]:
+        return rewrite(msgs) if step == at else list(msgs)
+
+    return inject
+
+
+def _shift(m: NodeStep, seconds: float) -> NodeStep:
+    d = timedelta(seconds=seconds)
+    return m.model_copy(update={"ts_end": m.ts_end + d, "ts_start": m.ts_start + d})  # type: ignore[attr-defined,no-any-return]
+
+
+def _sample(m: NodeStep, **update: object) -> NodeStep:
+    first = m.samples[0].model_copy(update=update)  # type: ignore[attr-defined]
+    return m.model_copy(update={"samples": (first, *m.samples[1:])})  # type: ignore[attr-defined,no-any-return]
+
+
+def _end(m: NodeStep) -> JobEvent:
+    return JobEvent(job_id=m.job_id, kind=JobEventKind.END, ts=m.ts_end, step=m.step,
+                    reason=EndReason.COMPLETED)  # fmt: skip
+
+
+#: name -> (what it is, the defence that handles it, injection at a step)
+CATALOGUE: dict[str, tuple[str, str, Callable[[int], Inject]]] = {
+    "duplicate": ("every record of a step sent twice", "assembler: one record per node and step",
+                  lambda s: _at(s, lambda ms: [*ms, *ms])),
+    "impostor": ("another node's record under an outside node's name",
+                 "rule 8: a rank held by a reporting node does not move",
+                 lambda s: _at(s, lambda ms: [*ms, ms[2].model_copy(update={"node": "login-01"})])),  # type: ignore[attr-defined]
+    "ahead_290s": ("one record dated +290 s (inside the skew)", "step_times + clock_at",
+                   lambda s: _at(s, lambda ms: [*ms[:4], _shift(ms[4], 290.0), *ms[5:]])),
+    "behind_290s": ("one record dated -290 s", "step_times (start bounded by the nodes' median)",
+                    lambda s: _at(s, lambda ms: [*ms[:4], _shift(ms[4], -290.0), *ms[5:]])),
+    "ahead_3600s": ("one record dated +1 h (beyond the skew; the core's worst case)",
+                    "step_times + clock_at",
+                    lambda s: _at(s, lambda ms: [*ms[:4], _shift(ms[4], 3600.0), *ms[5:]])),
+    "compute_1e6": ("one rank's compute_s = 10^6 s (the schema's maximum)",
+                    "replica_corrected winsorised pooling; temporal learn gate and clipped noise",
+                    lambda s: _at(s, lambda ms: [ms[0], _sample(ms[1], compute_s=1e6), *ms[2:]])),
+    "step_time_1e6": ("one rank's step_time_s and compute_s = 10^6 s",
+                      "as compute_1e6; hang intervals from robust frame times",
+                      lambda s: _at(s, lambda ms: [ms[0], _sample(ms[1], compute_s=1e6,
+                                                                  step_time_s=1e6), *ms[2:]])),
+    "zero_interval": ("one record whose step lasted 0 s (start = end)",
+                      "step_times (start bounded by the nodes' median)",
+                      lambda s: _at(s, lambda ms: [*ms[:3], ms[3].model_copy(update={"ts_start": ms[3].ts_end}), *ms[4:]])),  # type: ignore[attr-defined]
+    "step_jump": ("one record 100000 steps ahead", "refused beyond max_lag_steps strides",
+                  lambda s: _at(s, lambda ms: [*ms, ms[3].model_copy(update={"step": ms[3].step + 100_000})])),  # type: ignore[attr-defined]
+    "far_rank": ("a record of a new node with rank 900000", "rule 8: far beyond the job's ranks",
+                 lambda s: _at(s, lambda ms: [*ms, _sample(ms[0], rank=900_000).model_copy(update={"node": "node-0099"})])),  # type: ignore[attr-defined]
+    "other_job": ("a record naming another job", "the core refuses records of other jobs",
+                  lambda s: _at(s, lambda ms: [*ms, ms[0].model_copy(update={"job_id": "other"})])),  # type: ignore[attr-defined]
+    "end_mid_job": ("an END while the job keeps stepping", "job_guard: a step after an end refuses it",
+                    lambda s: _at(s, lambda ms: [_end(ms[0]), *ms])),
+}  # fmt: skip
+
+
+#: small jobs of the suite's fault kinds (replicas across nodes, a 0.2 s step)
+SCENARIOS: dict[str, dict[str, object]] = {
+    "straggler_rank_30pct_8n": {
+        "name": "adv-straggler", "nodes": 8, "gpus_per_node": 2, "tp": 2, "pp": 4,
+        "steps": 220, "seed": 3, "base_compute_s": 0.2,
+        "faults": [{"kind": "straggler", "node": 3, "gpu": 1, "onset_step": 150,
+                    "magnitude": 0.3}],
+    },
+    "hang_8n": {
+        "name": "adv-hang", "nodes": 8, "gpus_per_node": 2, "tp": 2, "steps": 200, "seed": 4,
+        "base_compute_s": 0.2,
+        "faults": [{"kind": "hang", "onset_step": 150, "duration_steps": 30}],
+    },
+    "trap_blip_8n": {
+        "name": "adv-trap", "nodes": 8, "gpus_per_node": 2, "tp": 2, "steps": 200, "seed": 5,
+        "base_compute_s": 0.2,
+        "faults": [{"kind": "single_step_blip", "node": 2, "onset_step": 120, "magnitude": 0.5}],
+    },
+}  # fmt: skip
+
+#: alert kinds that are notes about records, not outcomes of the job
+_NOTES = {"guardrail", "lifecycle"}
+
+
+def changed(honest: Outcome, attacked: Outcome, hostile_nodes: set[str]) -> list[str]:
+    """How the attacked run's honest outcome differs from the honest run's: an honest
+    node condemned, a fault missed (a kind and node the honest run named), a job-level
+    hang the honest run did not have, or a job silenced (no alert where there were)."""
+    why: list[str] = []
+    extra = attacked.condemned() - honest.condemned() - hostile_nodes
+    if extra:
+        why.append(f"honest nodes condemned: {sorted(extra)}")
+    named = {k for k in honest.named() if k[0] not in _NOTES}
+    missed = named - attacked.named()
+    if missed:
+        why.append(f"faults missed: {sorted(missed, key=str)}")
+    if attacked.job_hangs() and not honest.job_hangs():
+        why.append("job called hung")
+    return why
