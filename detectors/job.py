@@ -39,7 +39,9 @@ messages). The core restores one order, on event time:
    said it stopped) until ``end_confirm_s`` of event time pass without a step after
    it, or :meth:`~JobDetection.flush`; then every open episode resolves ("job ended:
    <reason>") and the job is :attr:`~JobDetection.ended`: drivers drop its state. A
-   step after it refuses it. Refusals and cuts are ``lifecycle`` WARNINGs.
+   step after it refuses it. Refusals and cuts are ``lifecycle`` WARNINGs. An event
+   other than a start that comes before the job's first step is held (at most
+   ``MAX_HELD_EVENTS``) until that step confirms the job, then judged.
 6. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
    starts its relaunch grace at the current event time (the job goes quiet while it
    relaunches); the executor's SUCCEEDED result for a RESTART or ROLLBACK starts it
@@ -114,6 +116,7 @@ from schemas import (
     Evidence,
     Grade,
     JobEvent,
+    JobEventKind,
     NodeHealth,
     RecommendedAction,
     episode_fingerprint,
@@ -128,6 +131,8 @@ __all__ = ["Detected", "Detectors", "JobDetection"]
 _RELAUNCHED = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK})
 #: most nodes remembered as having sent steps of one job (oldest first out)
 MAX_STEP_NODES = 4096
+#: lifecycle events held before the job's first step (more are dropped)
+MAX_HELD_EVENTS = 16
 
 
 class Detectors(Protocol):
@@ -289,6 +294,11 @@ class JobDetection:
         alerts += self.suite.tick(frame.ts)
         self._advance(frame.ts)
         self.frames += 1
+        held = self.__dict__.get("_events_held")
+        if held:  # the job's first step confirms it: what it said before counts now
+            self._events_held = []
+            for event in held:
+                alerts += self.on_lifecycle(event)
         return self._stamp(alerts)
 
     def on_health(self, msg: NodeHealth) -> list[Alert]:
@@ -368,6 +378,12 @@ class JobDetection:
         anomalies it raised (refused or cut short)."""
         self._check_job(event.job_id)
         if self.ended is not None:
+            return []
+        if self.frames == 0 and event.kind is not JobEventKind.START:
+            # rule 5: no step of the job confirms it yet; held until its first step
+            held = self._held_events()
+            if len(held) < MAX_HELD_EVENTS:
+                held.append(event)
             return []
         verdict = self.guard.on_event(event, self.now, self.last_step)
         max_s = self.guard.limits.max_phase_s  # it bounds an unsaid length too
@@ -524,6 +540,12 @@ class JobDetection:
             )
         self._ranks[ranks] = True
         self._n_ranks += new
+
+    def _held_events(self) -> list[JobEvent]:
+        held: list[JobEvent] | None = self.__dict__.get("_events_held")
+        if held is None:
+            held = self._events_held = []
+        return held
 
     def _stride(self) -> int:
         """Steps between the job's last two frames (at least 1): how step numbers move."""

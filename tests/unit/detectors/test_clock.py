@@ -65,3 +65,20 @@ def test_a_node_whose_records_are_all_refused_is_its_problem_not_a_job_hang():
     assert out.job_hangs() == []
     assert "node-0005" in {a.node for a in out.firing("guardrail")}
     assert out.condemned() <= {"node-0005"}
+
+
+def test_a_lifecycle_event_before_the_jobs_first_step_is_held_until_a_step_confirms_it():
+    from detectors.job import JobDetection
+    from pipeline.tools.simulator import simulate
+    from schemas import EndReason, JobEvent, JobEventKind
+
+    sc = Scenario.model_validate(JOB)
+    det = JobDetection(sc.job)
+    events = [ev for ev in simulate(sc) if ev.frame is not None][:10]
+    end = JobEvent(job_id=sc.job, kind=JobEventKind.END, ts=events[5].frame.to_messages()[0].ts_end,
+                   reason=EndReason.COMPLETED)  # fmt: skip
+    assert det.on_lifecycle(end) == [] and det.ending is None  # held: no step yet
+    for ev in events:
+        for m in ev.frame.to_messages():
+            det.on_step(m)
+    assert det.ended is None
