@@ -296,7 +296,7 @@ class JobDetection:
         self.frames += 1
         held = self.__dict__.get("_events_held")
         if held:  # the job's first step confirms it: what it said before counts now
-            self._events_held = []
+            self._events_held: list[JobEvent] = []
             for event in held:
                 alerts += self.on_lifecycle(event)
         return self._stamp(alerts)
