@@ -3,7 +3,7 @@ x every injection of its catalogue x a few steps, played through the detection c
 the worker drives it; counts the runs whose honest outcome changed (must be 0) and
 writes the table into BENCHMARKS.md.
 
-    python benchmarks/adversary.py [--steps 30,90,140] [--no-md]
+    python benchmarks/adversary.py [--steps 30,90,149] [--no-md]
 """
 
 from __future__ import annotations
@@ -16,39 +16,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import BENCHMARKS_MD, environment
 from pipeline.tools.simulator import Scenario
-from tests.adversary import CATALOGUE, SCENARIOS, changed, play
+from tests.adversary import CATALOGUE, JOB_LEVEL, SCENARIOS, changed, play
 
 HOSTILE = {"login-01", "node-0099"}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", default="30,90,140", help="steps at which to inject")
+    ap.add_argument("--steps", default="30,90,149", help="steps at which to inject")
     ap.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
     args = ap.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     env = environment(f"python benchmarks/adversary.py --steps {args.steps}", ("numpy",))
-    rows, total, bad = [], 0, 0
+    rows, total, bad, job_level, condemned = [], 0, 0, 0, 0
     for name, spec in SCENARIOS.items():
         honest = play(Scenario.model_validate(spec))
         for inj, (_, defence, make) in CATALOGUE.items():
-            why: list[str] = []
+            n_changed, why = 0, []
             for at in steps:
-                why += changed(honest, play(Scenario.model_validate(spec), make(at)), HOSTILE)
+                w = changed(honest, play(Scenario.model_validate(spec), make(at)), HOSTILE)
                 total += 1
-            bad += bool(why)
-            rows.append((name, inj, defence, len(steps), "; ".join(why) or "0"))
+                n_changed += bool(w)
+                why += [f"step {at}: {x}" for x in w]
+                condemned += any(x.startswith("honest nodes condemned") for x in w)
+            if inj in JOB_LEVEL:
+                job_level += n_changed
+            else:
+                bad += n_changed
+            kind = "job-level lifecycle" if inj in JOB_LEVEL else "node"
+            rows.append((name, inj, kind, defence, len(steps), n_changed, "; ".join(why)))
             print(f"{name} x {inj}: {why or 'unchanged'}", flush=True)
     md = [
         f"`{env['command']}` — {env['date']}; {env['machine']}; Python "
         f"{env['versions']['python']}, numpy {env['versions']['numpy']}.",
         "",
         f"{len(SCENARIOS)} scenarios x {len(CATALOGUE)} injections x {len(steps)} steps = "
-        f"{total} runs; **outcomes changed: {bad}** (must be 0).",
+        f"{total} runs. **Node-writer injections: outcomes changed {bad}** (must be 0). "
+        f"Job-level lifecycle injections (unsigned END/PHASE/WAIT; their defence is the "
+        f"job controller's key at the worker's intake): outcomes changed {job_level}, "
+        f"of which an honest node condemned: {condemned} (must be 0).",
         "",
-        "| scenario | injection | defence | runs | outcomes changed |",
-        "|---|---|---|---|---|",
-        *(f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows),
+        "| scenario | injection | writer | defence | runs | changed | how |",
+        "|---|---|---|---|---|---|---|",
+        *(f"| {a} | {b} | {c} | {d} | {e} | {f} | {g} |" for a, b, c, d, e, f, g in rows),
     ]
     print("\n".join(md))
     if not args.no_md:
@@ -60,7 +70,7 @@ def main() -> int:
         else:
             text = text.rstrip() + "\n\n" + block + "\n"
         BENCHMARKS_MD.write_text(text)
-    return 1 if bad else 0
+    return 1 if bad or condemned else 0
 
 
 if __name__ == "__main__":

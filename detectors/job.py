@@ -21,7 +21,8 @@ messages). The core restores one order, on event time:
 2. **Health waits for the steps to pass it.** A health report is held until a frame
    ends at or after its event time, and is then processed just before that frame;
    or until a :meth:`~JobDetection.tick` reaches its event time (the job is stalled:
-   the report is processed and the clock checked at the report's own time). A report
+   the report is processed and the clock checked at the report's own time, as far as
+   the job's frames support it, :meth:`~JobDetection.clock_at`). A report
    therefore cannot make a job look hung while its steps are still in flight. When
    it *arrived* (the core's event time then) is noted at once
    (:meth:`~detectors.hang.presence.HealthPresence.arrived`): a node is silent only while
@@ -619,10 +620,14 @@ class JobDetection:
             alerts = self.suite.process_health(msg)
         else:  # rule 7: not judged for the job, so never a reason to isolate the node
             alerts = self.guard.outsider(msg, max(self.last_step, 0))
-        if tick and (self.now is None or hts >= self.now):
+        # a report moves the clock no further than the job's frames support (rule 4):
+        # one dated +290 s, released at the end of input or by an overflow of the hold,
+        # otherwise checked the job for a hang 290 s after its last step
+        at = self.clock_at(hts)
+        if tick and (self.now is None or at >= self.now):
             if self.guard.ending is None:
-                alerts += self.suite.tick(hts)
-            self._advance(hts)
+                alerts += self.suite.tick(at)
+            self._advance(at)
         return alerts
 
     def _end(self, end: PendingEnd) -> list[Alert]:

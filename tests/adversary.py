@@ -21,9 +21,18 @@ from detectors.errors import CapacityError
 from detectors.frame import NodeStep
 from detectors.job import JobDetection
 from pipeline.tools.simulator import Scenario, simulate
-from schemas import Alert, EndReason, JobEvent, JobEventKind, NodeHealth, RecommendedAction
+from schemas import (
+    Alert,
+    EndReason,
+    GpuHealth,
+    JobEvent,
+    JobEventKind,
+    NodeHealth,
+    Phase,
+    RecommendedAction,
+)
 
-__all__ = ["CATALOGUE", "SCENARIOS", "Inject", "Outcome", "changed", "play"]
+__all__ = ["CATALOGUE", "JOB_LEVEL", "SCENARIOS", "Inject", "Outcome", "changed", "play"]
 
 #: An injection: given the step and the honest messages of one step, the records to
 #: feed instead (messages, health reports or lifecycle events, in order).
@@ -189,7 +198,38 @@ CATALOGUE: dict[str, tuple[str, str, Callable[[int], Inject]]] = {
                   lambda s: _at(s, lambda ms: [*ms, ms[0].model_copy(update={"job_id": "other"})])),  # type: ignore[attr-defined]
     "end_mid_job": ("an END while the job keeps stepping", "job_guard: a step after an end refuses it",
                     lambda s: _at(s, lambda ms: [_end(ms[0]), *ms])),
+    "phase_3600s": ("a checkpoint PHASE of 3600 s announced at the step", "job_guard: cut to max_phase_s; the next step ends it",
+                    lambda s: _at(s, lambda ms: [_event(ms[0], JobEventKind.PHASE, phase=Phase.CHECKPOINT, expected_s=3600.0), *ms])),
+    "wait_at_step": ("a WAIT for input announced at the step", "hang detector: a wait is bounded by max_phase_s and the job's own waits",
+                     lambda s: _at(s, lambda ms: [_event(ms[0], JobEventKind.WAIT), *ms])),
+    "end_at_step": ("an END dated at the step (a hang that follows looks like the end)", "job_guard: pending for end_confirm_s, refused by any later step",
+                    lambda s: _at(s, lambda ms: [_event(ms[0], JobEventKind.END, reason=EndReason.COMPLETED), *ms])),
+    "health_tiny_interval": ("an honest node's health report with interval_s = 0.001 s", "presence: silence is judged against a node's own reports and arrivals",
+                             lambda s: _at(s, lambda ms: [*ms, NodeHealth(job_id=ms[2].job_id, node=ms[2].node, ts=ms[2].ts_end, interval_s=1e-3)])),
+    "health_ahead_290s": ("an honest node's health report dated +290 s", "core rule 2: held until the steps or a tick pass its time",
+                          lambda s: _at(s, lambda ms: [*ms, NodeHealth(job_id=ms[2].job_id, node=ms[2].node, ts=ms[2].ts_end + timedelta(seconds=290))])),
+    "health_outsider_xid79": ("XID 79 health of a node outside the job", "core rule 7: health judges members only",
+                              lambda s: _at(s, lambda ms: [*ms, _xid79(ms[0], "login-01")])),
 }  # fmt: skip
+
+
+#: job-level lifecycle: what one node's credentials cannot write once the job
+#: controller's key is checked at the intake (issue 39, authenticated telemetry). The
+#: core bounds them (phases cut to max_phase_s, an end pending and refused by a later
+#: step) but cannot tell an END or a long PHASE dated at a hang's onset from the truth:
+#: a hang that follows is held as the end or the phase. Only "no honest node
+#: condemned" is asserted for them; their other changes are reported apart.
+JOB_LEVEL = frozenset({"phase_3600s", "wait_at_step", "end_at_step", "end_mid_job"})
+
+
+def _event(m: NodeStep, kind: JobEventKind, **kw: object) -> JobEvent:
+    return JobEvent(job_id=m.job_id, kind=kind, ts=m.ts_end, step=m.step, **kw)  # type: ignore[arg-type]
+
+
+def _xid79(m: NodeStep, node: str) -> NodeHealth:
+    gpu = GpuHealth(index=0, temperature_c=60, power_w=500, sm_clock_mhz=1800,
+                    utilization_pct=99, xid_codes=(79,))  # fmt: skip
+    return NodeHealth(job_id=m.job_id, node=node, ts=m.ts_end, gpus=(gpu,))
 
 
 #: small jobs of the suite's fault kinds (replicas across nodes, a 0.2 s step)

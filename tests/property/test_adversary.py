@@ -5,7 +5,9 @@ The catalogue (``tests.adversary.CATALOGUE``, documented in ``docs/adversary.md`
 duplicates, copies of another node's records under an outside name, timestamps ahead
 and behind within and beyond the skew, extreme values the schema allows, records naming
 other nodes and jobs, step jumps, an end at a bad moment, intervals near zero. A quick,
-deterministic run here; the full matrix is ``benchmarks/adversary.py``.
+deterministic run here; the full matrix is ``benchmarks/adversary.py``. Job-level
+lifecycle injections (``JOB_LEVEL``) are held only to "no honest node condemned": the
+job controller's key is their defence.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.tools.simulator import Scenario
-from tests.adversary import CATALOGUE, SCENARIOS, Outcome, changed, play
+from tests.adversary import CATALOGUE, JOB_LEVEL, SCENARIOS, Outcome, changed, play
 
 HOSTILE = {"login-01", "node-0099"}
 
@@ -36,4 +38,7 @@ def honest(name: str) -> Outcome:
 def test_an_injection_changes_no_honest_outcome(scenario, injection, at_step):
     inject = CATALOGUE[injection][2](at_step)
     attacked = play(Scenario.model_validate(SCENARIOS[scenario]), inject)
-    assert changed(honest(scenario), attacked, HOSTILE) == []
+    why = changed(honest(scenario), attacked, HOSTILE)
+    if injection in JOB_LEVEL:  # the job controller's key is their defence
+        why = [w for w in why if w.startswith("honest nodes condemned")]
+    assert why == []

@@ -82,3 +82,24 @@ def test_a_lifecycle_event_before_the_jobs_first_step_is_held_until_a_step_confi
         for m in ev.frame.to_messages():
             det.on_step(m)
     assert det.ended is None
+
+
+def test_a_health_report_dated_ahead_moves_no_clock():
+    """Released at the end of input, a report dated +290 s checked the job for a hang
+    290 s after its last step."""
+    from tests.adversary import CATALOGUE, SCENARIOS
+
+    sc = Scenario.model_validate(SCENARIOS["trap_blip_8n"])
+    out = play(sc, CATALOGUE["health_ahead_290s"][2](60))
+    assert out.job_hangs() == []
+
+
+def test_one_report_with_a_tiny_interval_condemns_no_honest_node():
+    """An honest node whose one report said 0.001 s was judged missing (CRITICAL) while
+    the job hung: a report interval counts within bounds of the fleet's."""
+    from tests.adversary import CATALOGUE, SCENARIOS
+
+    sc = Scenario.model_validate(SCENARIOS["hang_8n"])
+    out = play(sc, CATALOGUE["health_tiny_interval"][2](149))
+    assert "node-0002" not in out.condemned()
+    assert out.job_hangs()  # the hang is still named
