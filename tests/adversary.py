@@ -115,7 +115,9 @@ def play(
                 msg: NodeStep = rec  # type: ignore[assignment]
                 ts = msg.ts_end.timestamp()
                 if newest is None or ts >= newest[0]:  # the worker's rule
-                    newest = (det.clock_at(ts) if bounded else ts, arrived)
+                    # (a core without clock_at: the worker before issue 39)
+                    bound = getattr(det, "clock_at", None) if bounded else None
+                    newest = (bound(ts) if bound is not None else ts, arrived)
                 out.alerts += det.on_step(msg).alerts
         except (CapacityError, ValueError):
             out.refused += 1
