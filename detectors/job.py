@@ -292,7 +292,7 @@ class JobDetection:
         alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
         alerts += self._release_health(frame.ts, tick=False)
         alerts += self.suite.process_step(frame)
-        alerts += self.suite.tick(frame.ts)
+        alerts += self._tick_suite(frame.ts)
         self._advance(frame.ts)
         self.frames += 1
         held = self.__dict__.get("_events_held")
@@ -450,7 +450,7 @@ class JobDetection:
         alerts = self._release_health(now, tick=True)
         if self.now is None or now > self.now:  # not ticked there by a report already
             if self.guard.ending is None:  # a pending end holds the clock
-                alerts += self.suite.tick(now)
+                alerts += self._tick_suite(now)
             self._advance(now)
         out.alerts += self._stamp(alerts)
         end = self.guard.due(now)
@@ -548,6 +548,14 @@ class JobDetection:
             held = self._events_held = []
         return held
 
+    def _tick_suite(self, at: float) -> list[Alert]:
+        """The suite's clock at ``at``, told how far the job has stepped: a step most
+        of its nodes reported is progress though one node's record of it is missing
+        (refused, or that node died: the missing detector names it)."""
+        if isinstance(self.suite, DetectorSuite):
+            self.suite.stepping_at = self.assembler.progress(self.job_id)
+        return self.suite.tick(at)
+
     def _stride(self) -> int:
         """Steps between the job's last two frames (at least 1): how step numbers move."""
         return max(1, int(self.__dict__.get("_step_stride", 1)))
@@ -626,7 +634,7 @@ class JobDetection:
         at = self.clock_at(hts)
         if tick and (self.now is None or at >= self.now):
             if self.guard.ending is None:
-                alerts += self.suite.tick(at)
+                alerts += self._tick_suite(at)
             self._advance(at)
         return alerts
 

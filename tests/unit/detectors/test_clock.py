@@ -103,3 +103,15 @@ def test_one_report_with_a_tiny_interval_condemns_no_honest_node():
     out = play(sc, CATALOGUE["health_tiny_interval"][2](149))
     assert "node-0002" not in out.condemned()
     assert out.job_hangs()  # the hang is still named
+
+
+def test_a_node_whose_records_stop_being_accepted_mid_job_is_no_job_hang():
+    """Its records dead-lettered at the intake from step 50 on (a group id the schema
+    refuses): the job keeps stepping, so the node is missing, the job is not hung."""
+
+    def refused_from_50(step: int, msgs: Sequence[NodeStep]) -> list[NodeStep]:
+        return [m for m in msgs if m.node != "node-0005" or step < 50]
+
+    out = play(Scenario.model_validate(JOB), refused_from_50)
+    assert out.job_hangs() == []
+    assert ("missing", "node-0005") in out.named()

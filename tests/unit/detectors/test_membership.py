@@ -89,3 +89,18 @@ def test_ranks_move_to_a_replacement_once_their_node_stopped_reporting():
             elif i >= 3:
                 det.on_step(m.model_copy(update={"node": "spare-000"}))  # type: ignore[attr-defined]
     assert "spare-000" in det.guard.members
+
+
+def test_rank_ownership_and_refusals_survive_a_snapshot():
+    from pipeline.io import statecodec
+
+    det, steps = first_steps()
+    for msgs in steps[:5]:
+        for m in msgs:
+            det.on_step(m)
+    with pytest.raises(RefusedRecord):
+        det.on_step(steps[5][2].model_copy(update={"node": "login-01"}))  # type: ignore[attr-defined]
+    back = statecodec.loads(statecodec.dumps(det))
+    with pytest.raises(RefusedRecord):  # the restored core still knows who holds what
+        back.on_step(steps[6][2].model_copy(update={"node": "login-01"}))  # type: ignore[attr-defined]
+    assert "login-01" not in back.guard.members
