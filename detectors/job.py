@@ -259,19 +259,29 @@ class JobDetection:
         """One node's telemetry of one step: the alerts of the frames it completed."""
         self._check_job(msg.job_id)
         last = self.last_step
-        if self.frames and msg.step > last + self.assembler.max_lag_steps * self._stride():
-            why = (
-                f"node {msg.node} reports step {msg.step} while the job completed step "
-                f"{last}: too far ahead of the job's progress, refused"
-            )
-            self._noted = self._refusals().note(msg, why, max(last, 0))
-            raise RefusedRecord(why)
+        reach = self.assembler.max_lag_steps * self._stride()
+        if self.frames and msg.step > last + reach:
+            refusals = self._refusals()
+            if not refusals.jumped(
+                msg.node, msg.step, last, reach, self.assembler.reporting(self.job_id)
+            ):
+                why = (
+                    f"node {msg.node} reports step {msg.step} while the job completed step "
+                    f"{last}: too far ahead of the job's progress, refused"
+                )
+                self._note(msg, why)
+                raise RefusedRecord(why)
         owners = self._rank_owners()
         if not owners.same(msg):
             try:
-                owners.check(msg, self.assembler.reporting(self.job_id), self.frames > 0)
+                owners.check(
+                    msg,
+                    self.assembler.reporting(self.job_id),
+                    assembled=self.frames > 0,
+                    declared=msg.node in self.guard.members,
+                )
             except RefusedRecord as exc:
-                self._noted = self._refusals().note(msg, str(exc), max(self.last_step, 0))
+                self._note(msg, str(exc))
                 raise
             self._count_ranks(msg)
             self.guard.join(msg.node)
@@ -572,6 +582,11 @@ class JobDetection:
             refusals = self._refused = _Refusals(self.job_id)
         return refusals
 
+    def _note(self, msg: NodeStep, why: str) -> None:
+        """A refused record of ``msg.node``: its WARNING goes out with the next call."""
+        noted: list[Alert] = self.__dict__.get("_noted") or []
+        self._noted = noted + self._refusals().note(msg, why, max(self.last_step, 0))
+
     def _take_notes(self) -> list[Alert]:
         noted: list[Alert] = self.__dict__.get("_noted") or []
         self._noted = []
@@ -652,11 +667,14 @@ class JobDetection:
 
 
 class _RankOwners:
-    """Which node holds each rank of the job (rule 8); plain data for the state codec."""
+    """Which node holds each rank of the job (rule 8); plain data for the state codec:
+    an array of node indices by rank, so a job of 131k ranks keeps one int32 each."""
 
     def __init__(self) -> None:
         self.node_ranks: dict[str, tuple[int, ...]] = {}  #: each node's last rank set
-        self.owner: dict[int, str] = {}  #: rank -> node holding it
+        self.names: list[str] = []  #: node names by index
+        self.index: dict[str, int] = {}
+        self.owner = np.full(0, -1, dtype=np.int32)  #: node index by rank (-1: none)
         self.top = -1  #: highest rank of an admitted record
 
     def same(self, msg: NodeStep) -> bool:
@@ -664,39 +682,58 @@ class _RankOwners:
         ranks = self.node_ranks.get(msg.node)
         return ranks is not None and ranks == tuple(s.rank for s in msg.samples)
 
-    def check(self, msg: NodeStep, reporting: frozenset[str], assembled: bool) -> None:
+    def check(
+        self, msg: NodeStep, reporting: frozenset[str], *, assembled: bool, declared: bool
+    ) -> None:
         """Refuse ``msg`` if it carries a rank another node holds and still reports (in
-        the job's latest step, or before any step was assembled), or a rank far beyond
-        the job's once a step was assembled."""
+        the job's latest step, or before any step was assembled), or, from a node the
+        job has not declared, a rank far beyond the job's once a step was assembled."""
         listed = [s.rank for s in msg.samples]
-        if assembled and listed and self.top >= 0 and max(listed) > 2 * self.top + 1:
+        if not listed:
+            return
+        top = max(listed)
+        if assembled and not declared and self.top >= 0 and top > 2 * self.top + 1:
             raise RefusedRecord(
-                f"node {msg.node} reports rank {max(listed)}, far beyond the job's highest "
+                f"node {msg.node} reports rank {top}, far beyond the job's highest "
                 f"rank {self.top}: refused"
             )
-        for r in listed:
-            held = self.owner.get(r)
-            if held is not None and held != msg.node and (held in reporting or not reporting):
-                raise RefusedRecord(
-                    f"node {msg.node} reports rank {r}, which node {held} holds and still "
-                    "reports: refused (a record speaks only for its own node)"
-                )
+        known = [r for r in listed if r < self.owner.shape[0]]
+        if not known:
+            return
+        held = self.owner[np.array(known, dtype=np.int64)]
+        me = self.index.get(msg.node, -2)
+        for r, h in zip(known, held.tolist(), strict=True):
+            if h >= 0 and h != me:
+                holder = self.names[h]
+                if holder in reporting or not reporting:
+                    raise RefusedRecord(
+                        f"node {msg.node} reports rank {r}, which node {holder} holds and "
+                        "still reports: refused (a record speaks only for its own node)"
+                    )
 
     def take(self, msg: NodeStep) -> None:
         ranks = tuple(s.rank for s in msg.samples)
-        old = self.node_ranks.get(msg.node, ())
-        for r in old:
-            if self.owner.get(r) == msg.node:
-                del self.owner[r]
-        for r in ranks:
-            self.owner[r] = msg.node
-        self.node_ranks[msg.node] = ranks
+        me = self.index.get(msg.node)
+        if me is None:
+            me = self.index[msg.node] = len(self.names)
+            self.names.append(msg.node)
+        old = np.array(self.node_ranks.get(msg.node, ()), dtype=np.int64)
+        if old.shape[0]:
+            old = old[old < self.owner.shape[0]]
+            self.owner[old[self.owner[old] == me]] = -1
         if ranks:
-            self.top = max(self.top, *ranks)
+            need = max(ranks) + 1
+            if need > self.owner.shape[0]:
+                grown = np.full(max(need, 2 * self.owner.shape[0]), -1, dtype=np.int32)
+                grown[: self.owner.shape[0]] = self.owner
+                self.owner = grown
+            self.owner[np.array(ranks, dtype=np.int64)] = me
+            self.top = max(self.top, need - 1)
+        self.node_ranks[msg.node] = ranks
 
     def clear(self) -> None:
         self.node_ranks.clear()
-        self.owner.clear()
+        self.owner[:] = -1
 
 
 class _Refusals:
@@ -707,6 +744,27 @@ class _Refusals:
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         self.count: dict[str, int] = {}
+        #: nodes whose step was refused as far ahead of the job
+        self.jumping: set[str] = set()
+        #: the step a jump of the whole job was accepted at (its records go in)
+        self.accepted: int | None = None
+
+    def jumped(
+        self, node: str, step: int, last: int, reach: int, reporting: frozenset[str]
+    ) -> bool:
+        """``node`` reports ``step``, far ahead of the job's ``last``: True once at least
+        half of the job's nodes did (the job itself moved on, e.g. relaunched from a
+        later checkpoint: its records around that step go in until the job gets
+        there), False while it is one node's word."""
+        if self.accepted is not None and self.accepted > last and step >= self.accepted - reach:
+            return True
+        if len(self.jumping) < 4096:
+            self.jumping.add(node)
+        if reporting and 2 * len(self.jumping & reporting) >= len(reporting):
+            self.jumping.clear()
+            self.accepted = step
+            return True
+        return False
 
     def note(self, msg: NodeStep, why: str, step: int) -> list[Alert]:
         n = self.count.get(msg.node, 0)

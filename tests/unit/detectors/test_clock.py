@@ -115,3 +115,30 @@ def test_a_node_whose_records_stop_being_accepted_mid_job_is_no_job_hang():
     out = play(Scenario.model_validate(JOB), refused_from_50)
     assert out.job_hangs() == []
     assert ("missing", "node-0005") in out.named()
+
+
+def test_the_whole_job_jumping_ahead_is_followed():
+    """One node's word is refused; the job's nodes moving on together are the job."""
+    from detectors.errors import RefusedRecord
+    from detectors.job import JobDetection
+    from pipeline.tools.simulator import simulate
+
+    sc = Scenario.model_validate(JOB)
+    steps = [list(ev.frame.to_messages()) for ev in simulate(sc) if ev.frame is not None]
+    det = JobDetection(sc.job)
+    for msgs in steps[:10]:
+        for m in msgs:
+            det.on_step(m)
+    refused = 0
+    for msgs in steps[10:20]:  # the job relaunched from a checkpoint 5000 steps on
+        for m in msgs:
+            later = m.model_copy(  # type: ignore[attr-defined]
+                update={"step": m.step + 5000, "ts_end": m.ts_end + timedelta(seconds=30),
+                        "ts_start": m.ts_start + timedelta(seconds=30)}
+            )  # fmt: skip
+            try:
+                det.on_step(later)
+            except RefusedRecord:
+                refused += 1
+    assert refused < len(steps[10])  # only until half of the job's nodes had moved on
+    assert det.last_step >= 5010

@@ -104,3 +104,19 @@ def test_rank_ownership_and_refusals_survive_a_snapshot():
     with pytest.raises(RefusedRecord):  # the restored core still knows who holds what
         back.on_step(steps[6][2].model_copy(update={"node": "login-01"}))  # type: ignore[attr-defined]
     assert "login-01" not in back.guard.members
+
+
+def test_a_node_the_start_declared_may_bring_high_ranks():
+    from schemas import JobEvent, JobEventKind
+
+    det, steps = first_steps()
+    start = JobEvent(job_id=det.job_id, kind=JobEventKind.START, ts=steps[0][0].ts_start,
+                     nodes=("node-0099",))  # fmt: skip
+    det.on_lifecycle(start)
+    for msgs in steps[:5]:
+        for m in msgs:
+            det.on_step(m)
+    m = steps[5][0]
+    far = m.samples[0].model_copy(update={"rank": 900_000})  # type: ignore[attr-defined]
+    det.on_step(m.model_copy(update={"node": "node-0099", "samples": (far,)}))  # type: ignore[attr-defined]
+    assert "node-0099" in det.guard.members
