@@ -172,9 +172,9 @@ def _end(m: NodeStep) -> JobEvent:
 CATALOGUE: dict[str, tuple[str, str, Callable[[int], Inject]]] = {
     "duplicate": ("every record of a step sent twice", "assembler: one record per node and step",
                   lambda s: _at(s, lambda ms: [*ms, *ms])),
-    "impostor": ("another node's record under an outside node's name",
-                 "rule 8: a rank held by a reporting node does not move",
-                 lambda s: _at(s, lambda ms: [*ms, ms[2].model_copy(update={"node": "login-01"})])),  # type: ignore[attr-defined]
+    "impostor": ("another node's record under an outside node's name, then a fatal XID in that node's health",
+                 "rule 8: a rank held by a reporting node does not move; rule 7: health judges members only",
+                 lambda s: _at(s, lambda ms: [*ms, ms[2].model_copy(update={"node": "login-01"}), _xid79(ms[0], "login-01")])),  # type: ignore[attr-defined]
     "ahead_290s": ("one record dated +290 s (inside the skew)", "step_times + clock_at",
                    lambda s: _at(s, lambda ms: [*ms[:4], _shift(ms[4], 290.0), *ms[5:]])),
     "behind_290s": ("one record dated -290 s", "step_times (start bounded by the nodes' median)",
