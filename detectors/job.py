@@ -687,7 +687,8 @@ class _RankOwners:
     ) -> None:
         """Refuse ``msg`` if it carries a rank another node holds and still reports (in
         the job's latest step, or before any step was assembled), or, from a node the
-        job has not declared, a rank far beyond the job's once a step was assembled."""
+        job has not declared, a rank far beyond the job's once a step was assembled.
+        A rank's node is its sample's (a rack's message names each), else the sender."""
         listed = [s.rank for s in msg.samples]
         if not listed:
             return
@@ -697,39 +698,43 @@ class _RankOwners:
                 f"node {msg.node} reports rank {top}, far beyond the job's highest "
                 f"rank {self.top}: refused"
             )
-        known = [r for r in listed if r < self.owner.shape[0]]
-        if not known:
-            return
-        held = self.owner[np.array(known, dtype=np.int64)]
-        me = self.index.get(msg.node, -2)
-        for r, h in zip(known, held.tolist(), strict=True):
-            if h >= 0 and h != me:
-                holder = self.names[h]
+        if len(self.names) >= 2 * MAX_NODES_PER_JOB and any(
+            (s.node or msg.node) not in self.index for s in msg.samples
+        ):
+            raise RefusedRecord(f"job has named {len(self.names)} nodes: {msg.node} refused")
+        size = self.owner.shape[0]
+        for s in msg.samples:
+            if s.rank >= size:
+                continue
+            held = int(self.owner[s.rank])
+            node = s.node or msg.node
+            if held >= 0 and held != self.index.get(node, -2):
+                holder = self.names[held]
                 if holder in reporting or not reporting:
                     raise RefusedRecord(
-                        f"node {msg.node} reports rank {r}, which node {holder} holds and "
+                        f"node {node} reports rank {s.rank}, which node {holder} holds and "
                         "still reports: refused (a record speaks only for its own node)"
                     )
 
     def take(self, msg: NodeStep) -> None:
         ranks = tuple(s.rank for s in msg.samples)
-        me = self.index.get(msg.node)
-        if me is None:
-            me = self.index[msg.node] = len(self.names)
-            self.names.append(msg.node)
-        old = np.array(self.node_ranks.get(msg.node, ()), dtype=np.int64)
-        if old.shape[0]:
-            old = old[old < self.owner.shape[0]]
-            self.owner[old[self.owner[old] == me]] = -1
         if ranks:
             need = max(ranks) + 1
             if need > self.owner.shape[0]:
                 grown = np.full(max(need, 2 * self.owner.shape[0]), -1, dtype=np.int32)
                 grown[: self.owner.shape[0]] = self.owner
                 self.owner = grown
-            self.owner[np.array(ranks, dtype=np.int64)] = me
+            for s in msg.samples:
+                self.owner[s.rank] = self._index(s.node or msg.node)
             self.top = max(self.top, need - 1)
         self.node_ranks[msg.node] = ranks
+
+    def _index(self, node: str) -> int:
+        at = self.index.get(node)
+        if at is None:
+            at = self.index[node] = len(self.names)
+            self.names.append(node)
+        return at
 
     def clear(self) -> None:
         self.node_ranks.clear()

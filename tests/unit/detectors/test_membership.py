@@ -120,3 +120,21 @@ def test_a_node_the_start_declared_may_bring_high_ranks():
     far = m.samples[0].model_copy(update={"rank": 900_000})  # type: ignore[attr-defined]
     det.on_step(m.model_copy(update={"node": "node-0099", "samples": (far,)}))  # type: ignore[attr-defined]
     assert "node-0099" in det.guard.members
+
+
+def test_a_rack_message_speaks_for_the_nodes_its_samples_name():
+    from pipeline.agents.rack import merge_nodes
+
+    det, steps = first_steps()
+    for msgs in steps[:5]:
+        for m in msgs:
+            det.on_step(m)
+    # nodes 0-3 now report through their rack: the same ranks, the same nodes
+    for m in [merge_nodes(list(steps[5][:4]), "rack-0"), *steps[5][4:]]:
+        det.on_step(m)
+    # a rack message attributing node-0002's ranks to another node is refused
+    stolen = [s.model_copy(update={"node": "login-01"}) for s in steps[6][2].samples]  # type: ignore[attr-defined]
+    forged = merge_nodes([steps[6][2].model_copy(update={"samples": tuple(stolen)})], "rack-9")  # type: ignore[attr-defined]
+    assert {s.node for s in forged.samples} == {"login-01"}
+    with pytest.raises(RefusedRecord, match=r"node login-01 reports rank .* node node-0002 holds"):
+        det.on_step(forged)
