@@ -29,37 +29,48 @@ def main() -> int:
     args = ap.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
     env = environment(f"python benchmarks/adversary.py --steps {args.steps}", ("numpy",))
-    rows, total, bad, job_level, condemned = [], 0, 0, 0, 0
+    cells: dict[str, dict[str, str]] = {inj: {} for inj in CATALOGUE}
+    details: list[str] = []
+    total, bad, job_level, condemned = 0, 0, 0, 0
     for name, spec in SCENARIOS.items():
         honest = play(Scenario.model_validate(spec))
-        for inj, (_, defence, make) in CATALOGUE.items():
-            n_changed, why = 0, []
+        for inj, (_, _, make) in CATALOGUE.items():
+            n_changed = 0
             for at in steps:
-                w = changed(honest, play(Scenario.model_validate(spec), make(at)), HOSTILE)
+                why = changed(honest, play(Scenario.model_validate(spec), make(at)), HOSTILE)
                 total += 1
-                n_changed += bool(w)
-                why += [f"step {at}: {x}" for x in w]
-                condemned += any(x.startswith("honest nodes condemned") for x in w)
+                n_changed += bool(why)
+                details += [f"{name} x {inj} at step {at}: {w}" for w in why]
+                if inj in JOB_LEVEL:
+                    condemned += any(w.startswith("honest nodes condemned") for w in why)
             if inj in JOB_LEVEL:
                 job_level += n_changed
             else:
                 bad += n_changed
-            kind = "job-level lifecycle" if inj in JOB_LEVEL else "node"
-            rows.append((name, inj, kind, defence, len(steps), n_changed, "; ".join(why)))
-            print(f"{name} x {inj}: {why or 'unchanged'}", flush=True)
+            cells[inj][name] = f"{n_changed}/{len(steps)}"
+            print(f"{name} x {inj}: {n_changed} changed", flush=True)
     md = [
         f"`{env['command']}` — {env['date']}; {env['machine']}; Python "
         f"{env['versions']['python']}, numpy {env['versions']['numpy']}.",
         "",
-        f"{len(SCENARIOS)} scenarios x {len(CATALOGUE)} injections x {len(steps)} steps = "
-        f"{total} runs. **Node-writer injections: outcomes changed {bad}** (must be 0). "
-        f"Job-level lifecycle injections (unsigned END/PHASE/WAIT; their defence is the "
-        f"job controller's key at the worker's intake): outcomes changed {job_level}, "
-        f"of which an honest node condemned: {condemned} (must be 0).",
+        f"{len(SCENARIOS)} scenarios x {len(CATALOGUE)} injections x {len(steps)} steps "
+        f"(injected at steps {args.steps}) = {total} runs, each against the same scenario "
+        f"played honestly. **Node-writer injections: outcomes changed {bad}** (must be 0). "
+        f"Job-level lifecycle injections (unsigned END/PHASE/WAIT, whose defence is the "
+        f"job controller's key at the worker's intake): outcomes changed {job_level}, an "
+        f"honest node condemned in {condemned} (must be 0).",
         "",
-        "| scenario | injection | writer | defence | runs | changed | how |",
-        "|---|---|---|---|---|---|---|",
-        *(f"| {a} | {b} | {c} | {d} | {e} | {f} | {g} |" for a, b, c, d, e, f, g in rows),
+        "| injection | writer | defence | " + " | ".join(SCENARIOS) + " |",
+        "|---|---|---|" + "---|" * len(SCENARIOS),
+        *(
+            f"| `{inj}` | {'job-level lifecycle' if inj in JOB_LEVEL else 'node'} | "
+            f"{CATALOGUE[inj][1]} | " + " | ".join(cells[inj][n] for n in SCENARIOS) + " |"
+            for inj in CATALOGUE
+        ),
+        "",
+        "Changed outcomes (changed/runs per cell above):",
+        "",
+        *(f"- {d}" for d in details or ["none"]),
     ]
     print("\n".join(md))
     if not args.no_md:
