@@ -182,6 +182,10 @@ CATALOGUE: dict[str, tuple[str, str, Callable[[int], Inject]]] = {
     "ahead_3600s": ("one record dated +1 h (beyond the skew; the core's worst case)",
                     "step_times + clock_at",
                     lambda s: _at(s, lambda ms: [*ms[:4], _shift(ms[4], 3600.0), *ms[5:]])),
+    "behind_3600s": ("one record dated -1 h (beyond the skew)", "step_times (start bounded by the nodes' median); a late record of a step already out is dropped",
+                     lambda s: _at(s, lambda ms: [*ms[:4], _shift(ms[4], -3600.0), *ms[5:]])),
+    "duplicate_altered": ("a second copy of a node's record with its first rank's compute at 10^6 s", "as compute_1e6: the copy speaks only for the node's own ranks",
+                          lambda s: _at(s, lambda ms: [*ms, _sample(ms[1], compute_s=1e6)])),
     "compute_1e6": ("one rank's compute_s = 10^6 s (the schema's maximum)",
                     "replica_corrected winsorised pooling; temporal learn gate and clipped noise",
                     lambda s: _at(s, lambda ms: [ms[0], _sample(ms[1], compute_s=1e6), *ms[2:]])),
@@ -234,7 +238,8 @@ def _xid79(m: NodeStep, node: str) -> NodeHealth:
     return NodeHealth(job_id=m.job_id, node=node, ts=m.ts_end, gpus=(gpu,))
 
 
-#: small jobs of the suite's fault kinds (replicas across nodes, a 0.2 s step)
+#: small jobs of the suite's fault kinds (a rank straggler with replicas across nodes, a
+#: hang, an ECC storm ending in a crash, a single-step blip trap; a 0.2 s step)
 SCENARIOS: dict[str, dict[str, object]] = {
     "straggler_rank_30pct_8n": {
         "name": "adv-straggler", "nodes": 8, "gpus_per_node": 2, "tp": 2, "pp": 4,
@@ -246,6 +251,12 @@ SCENARIOS: dict[str, dict[str, object]] = {
         "name": "adv-hang", "nodes": 8, "gpus_per_node": 2, "tp": 2, "steps": 200, "seed": 4,
         "base_compute_s": 0.2,
         "faults": [{"kind": "hang", "onset_step": 150, "duration_steps": 30}],
+    },
+    "ecc_storm_8n": {
+        "name": "adv-ecc", "nodes": 8, "gpus_per_node": 2, "tp": 2, "steps": 200, "seed": 6,
+        "base_compute_s": 0.2,
+        "faults": [{"kind": "ecc_storm", "node": 5, "gpu": 1, "onset_step": 100,
+                    "magnitude": 40, "duration_steps": 40}],
     },
     "trap_blip_8n": {
         "name": "adv-trap", "nodes": 8, "gpus_per_node": 2, "tp": 2, "steps": 200, "seed": 5,
