@@ -117,7 +117,8 @@ def play(
                 if newest is None or ts >= newest[0]:  # the worker's rule
                     # (a core without clock_at: the worker before issue 39)
                     bound = getattr(det, "clock_at", None) if bounded else None
-                    newest = (bound(ts) if bound is not None else ts, arrived)
+                    took = bound(ts) if bound is not None else ts
+                    newest = (took if newest is None else max(newest[0], took), arrived)
                 out.alerts += det.on_step(msg).alerts
         except (CapacityError, ValueError):
             out.refused += 1
