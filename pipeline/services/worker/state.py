@@ -533,7 +533,9 @@ class WorkerDetection(_JobRecords):
                 # catching up after a takeover (:meth:`_resume`): a replayed step
                 # arrived as long after the one before it as its event time says
                 wall = min(wall, st.arrived_wall + (ts - st.last_event_ts))
-            st.last_event_ts = ts
+            # bounded by what the job's frames support (issue 39): one record dated
+            # ahead must not move the tick clock
+            st.last_event_ts = max(st.last_event_ts or ts, st.detection.clock_at(ts))
             st.arrived_wall = wall
         st.dirty = True
         steps = out.steps
