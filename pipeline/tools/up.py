@@ -14,7 +14,7 @@ executor-dry-run    ``stepguard executor dry-run``                              
 archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
 alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
                     or with ``--durable``)
-simulate            ``stepguard simulate S --control`` (with ``--scenario``)     first
+simulate            ``stepguard simulate --scenario S --control``               first
 ==================  ==========================================================  ==========
 
 With ``STEPGUARD_KAFKA_BOOTSTRAP`` set, no broker is started; with ``--durable``
@@ -206,6 +206,28 @@ def _metrics_ready(port: int) -> Callable[[], bool]:
     return probe
 
 
+def _skew_for_scenario(
+    settings: Settings, options: UpOptions, base_env: Mapping[str, str], notes: list[str]
+) -> dict[str, str]:
+    """The clock-skew allowance of a stack ``up`` starts itself (embedded broker) for a
+    played scenario: the default plus the job's lead at ``--speed``
+    (:func:`~pipeline.tools.simulator.lead_s`), as the demo allows, so the job is never
+    held back to real time. Nothing when the operator set ``STEPGUARD_MAX_CLOCK_SKEW_S``
+    (theirs wins; the simulator then holds events to 80 % of it)."""
+    from pipeline.tools.simulator import find_scenario, lead_s
+
+    var = f"{ENV_PREFIX}MAX_CLOCK_SKEW_S"
+    if options.scenario is None or any(k.upper() == var for k in base_env):
+        return {}
+    lead = lead_s(find_scenario(options.scenario), options.speed)
+    if lead <= 0:
+        return {}
+    skew = settings.max_clock_skew_s + lead
+    speed = f"--speed {options.speed:g}"
+    notes.append(f"clock-skew allowance {skew:.0f} s: the job's lead at {speed} ({var})")
+    return {var: f"{skew:.0f}"}
+
+
 def _broker_ready(port: int) -> Callable[[], bool]:
     return lambda: probe_kafka("127.0.0.1", port, timeout=0.5)
 
@@ -256,6 +278,8 @@ def build_plan(
         specs.append(ServiceSpec("broker", argv, stop_tier=9, ready=_broker_ready(port)))
         after_broker = ("broker",)
         notes.append(MEMORY_ONLY)
+        if options.scenario is not None:
+            common |= _skew_for_scenario(settings, options, base_env, notes)
     common |= {f"{ENV_PREFIX}KAFKA_BOOTSTRAP": bootstrap, f"{ENV_PREFIX}BROKER_FLAVOR": flavor}
     topics = ServiceSpec("topics", (*cmd, "topics"), one_shot=True, restart="on-failure")
     specs.append(replace(topics, after=after_broker))
@@ -313,8 +337,8 @@ def build_plan(
         specs.append(bridge)
         notes.append(f"alert episodes go to Alertmanager at {url_origin(am_url)}")
     if options.scenario is not None:
-        argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
-                "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
+        argv = (*cmd, "simulate", "--scenario", options.scenario, "--speed",
+                str(options.speed), "--job", str(job_id), "--from-now", "--control")  # fmt: skip
         after = (*workers, "actuator", "executor-dry-run")
         port = ports.take("simulate (job controller) metrics")
         extra["simulate"] = extra["simulate"] | {f"{ENV_PREFIX}LISTENER_METRICS_PORT": str(port)}

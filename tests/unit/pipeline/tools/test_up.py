@@ -35,8 +35,8 @@ def test_the_plan_runs_the_compose_services_with_their_own_ports_and_keys(tmp_pa
     assert w1.env["STEPGUARD_WORKER_DATA_DIR"] != w2.env["STEPGUARD_WORKER_DATA_DIR"]
     assert specs["archiver"].env["STEPGUARD_CHDB_PATH"] == str(tmp_path / "st" / "archive")
     assert specs["simulate"].argv[3:] == (
-        "simulate", "ci_smoke", "--speed", "4.0", "--job-id", "ci_smoke-r1", "--from-now",
-        "--control",
+        "simulate", "--scenario", "ci_smoke", "--speed", "4.0", "--job", "ci_smoke-r1",
+        "--from-now", "--control",
     )  # fmt: skip
     private = {n: sorted(k for k in s.env if k.endswith("_PRIVATE_KEY")) for n, s in specs.items()}
     assert private["actuator"] == ["STEPGUARD_ACTUATOR_PRIVATE_KEY"]
@@ -138,6 +138,37 @@ def test_mode_applies_to_a_played_scenario_too(tmp_path):
     act = {s.name: s for s in p.specs}["actuator"].env
     assert act["STEPGUARD_ACTUATOR_MODE"] == "approve"
     assert any("approve mode" in n and "--mode" in n for n in p.notes), p.notes
+
+
+def test_a_played_scenario_gets_the_skew_its_lead_needs_on_ups_own_stack(tmp_path):
+    """Issue 41: `up --scenario X --speed 8` held the job to real time once its lead
+    reached 80 % of the default 300 s allowance (a 2-minute play took ~12). On a stack
+    up starts itself the allowance grows by the job's lead, as the demo's does; the
+    simulator's argv uses the canonical spellings."""
+    from pipeline.tools.simulator import find_scenario, lead_s
+
+    p = plan(tmp_path, scenario="ci_smoke", speed=8.0)
+    specs = {s.name: s for s in p.specs}
+    want = str(round(300 + lead_s(find_scenario("ci_smoke"), 8.0)))
+    for name in ("simulate", "worker-1", "actuator", "archiver", "executor-dry-run"):
+        assert specs[name].env["STEPGUARD_MAX_CLOCK_SKEW_S"] == want, name
+    assert any("clock-skew allowance" in n for n in p.notes), p.notes
+    argv = specs["simulate"].argv
+    assert "--job-id" not in argv and argv[argv.index("--job") + 1] == "ci_smoke-r1"
+    # real time: no lead, nothing raised
+    p = plan(tmp_path, scenario="ci_smoke", speed=1.0)
+    assert "STEPGUARD_MAX_CLOCK_SKEW_S" not in {s.name: s for s in p.specs}["simulate"].env
+
+
+def test_an_operators_own_skew_or_broker_is_never_overridden(tmp_path):
+    settings = load_settings({"STEPGUARD_MAX_CLOCK_SKEW_S": "120"}, state_dir=tmp_path)
+    base = {"STEPGUARD_MAX_CLOCK_SKEW_S": "120"}
+    p = build_plan(settings, UpOptions(scenario="ci_smoke", speed=8.0), base, python="py")
+    assert {s.env["STEPGUARD_MAX_CLOCK_SKEW_S"] for s in p.specs} == {"120"}
+    # a broker up does not start is shared: its other clients keep the default
+    settings = load_settings({}, state_dir=tmp_path, kafka_bootstrap="k:9092")
+    p = build_plan(settings, UpOptions(scenario="ci_smoke", speed=8.0), {}, python="py")
+    assert all("STEPGUARD_MAX_CLOCK_SKEW_S" not in s.env for s in p.specs)
 
 
 def test_job_and_scenario_together_are_refused():
