@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
@@ -20,6 +20,7 @@ from pipeline.cli.util import console, err, stop_event
 from pipeline.io.settings import Role, Settings, load_settings
 from pipeline.io.trust import PublicKeys
 from pipeline.policy import PolicyParams
+from pipeline.services.actuator.kinds import EXECUTOR_KINDS, kind_names
 from schemas import (
     Acknowledgement,
     ActionRecord,
@@ -504,12 +505,6 @@ def keys(
     print(f"{prefix}_PUBLIC_KEYS={key.public_text()}")
 
 
-def _executor_kinds() -> str:
-    from pipeline.services.actuator.executors import EXECUTORS
-
-    return " | ".join(EXECUTORS)
-
-
 def _telemetry_keys(action: KeysAction, nodes: list[str]) -> None:
     import base64
     import os
@@ -535,7 +530,7 @@ def _telemetry_keys(action: KeysAction, nodes: list[str]) -> None:
 
 @commands.command()
 def executor(
-    kind: Annotated[str, typer.Argument(help="dry-run | slurm | webhook | kubernetes")] = "dry-run",
+    kind: Annotated[str, typer.Argument(help=kind_names())] = "dry-run",
 ) -> None:
     """Run one executor on the commands topic (results go to the results topic).
 
@@ -543,10 +538,10 @@ def executor(
     start naming what is missing (docs/kubernetes.md).
     """
     from pipeline.io.metrics import ExecutorMetrics, serve_metrics
-    from pipeline.services.actuator.executors import EXECUTORS, ExecutorRunner, make_executor
+    from pipeline.services.actuator.executors import ExecutorRunner, make_executor
 
-    if kind not in EXECUTORS:
-        raise typer.BadParameter(f"{kind!r}: expected {_executor_kinds()}", param_hint="KIND")
+    if kind not in EXECUTOR_KINDS:
+        raise typer.BadParameter(f"{kind!r}: expected {kind_names()}", param_hint="KIND")
     settings = load_settings()
     # one INFO line per command it answers (id, kind, job, targets, result)
     logging.getLogger("pipeline.services.actuator.executors").setLevel(logging.INFO)
@@ -562,9 +557,36 @@ def executor(
         runner.close()
 
 
-class ResumeOn(StrEnum):
-    SLURM = "slurm"
-    KUBERNETES = "kubernetes"
+def _resume_slurm(node: str, force: bool) -> str:
+    from pipeline.services.actuator.slurm import SlurmExecutor
+
+    logging.getLogger("pipeline.services.actuator.slurm").setLevel(logging.INFO)
+    return SlurmExecutor(load_settings().slurm_scontrol).resume(node, force=force).describe()
+
+
+def _resume_kubernetes(node: str, force: bool) -> str:
+    from pipeline.services.actuator.kubernetes import KubernetesExecutor, load_api_client
+
+    logging.getLogger("pipeline.services.actuator.kubernetes").setLevel(logging.INFO)
+    settings = load_settings()
+    kube = KubernetesExecutor(
+        load_api_client(settings.kube_config, settings.kube_context),
+        node_condition=settings.kube_node_condition, timeout_s=settings.kube_timeout_s,
+        # no access check: the API server answers 403 itself, naming the verb
+        device_taints=settings.kube_device_taints, check_access=False,
+    )  # fmt: skip
+    return kube.resume(node, force=force).describe()
+
+
+#: ``resume-node --executor KIND``, for each kind of EXECUTOR_KINDS that ``resumes``
+#: (tests/unit/pipeline/services/actuator/test_kinds.py holds the two together)
+RESUMERS: dict[str, Callable[[str, bool], str]] = {
+    "slurm": _resume_slurm,
+    "kubernetes": _resume_kubernetes,
+}
+ResumeOn = StrEnum(  # type: ignore[misc]
+    "ResumeOn", {k.upper().replace("-", "_"): k for k, v in EXECUTOR_KINDS.items() if v.resumes}
+)
 
 
 @commands.command("resume-node")
@@ -574,7 +596,7 @@ def resume_node(
         bool, typer.Option("--force", help="Resume it even if someone else isolated it (logged).")
     ] = False,
     on: Annotated[
-        ResumeOn, typer.Option("--executor", help="Where the node is: slurm | kubernetes.")
+        ResumeOn, typer.Option("--executor", help=f"Where the node is: {kind_names(resumes=True)}.")
     ] = ResumeOn.SLURM,
 ) -> None:
     """Put a node stepguard isolated back into service.
@@ -588,25 +610,7 @@ def resume_node(
     from pipeline.services.actuator.executors import ExecutionError
 
     try:
-        if on is ResumeOn.KUBERNETES:
-            from pipeline.services.actuator.kubernetes import KubernetesExecutor, load_api_client
-
-            logging.getLogger("pipeline.services.actuator.kubernetes").setLevel(logging.INFO)
-            settings = load_settings()
-            kube = KubernetesExecutor(
-                load_api_client(settings.kube_config, settings.kube_context),
-                node_condition=settings.kube_node_condition, timeout_s=settings.kube_timeout_s,
-                # no access check: the API server answers 403 itself, naming the verb
-                device_taints=settings.kube_device_taints, check_access=False,
-            )  # fmt: skip
-            text = kube.resume(node, force=force).describe()
-        else:
-            from pipeline.services.actuator.slurm import SlurmExecutor
-
-            logging.getLogger("pipeline.services.actuator.slurm").setLevel(logging.INFO)
-            text = (
-                SlurmExecutor(load_settings().slurm_scontrol).resume(node, force=force).describe()
-            )
+        text = RESUMERS[str(on)](node, force)
     except ExecutionError as exc:
         err.print(f"[red]{exc}[/red]", soft_wrap=True)
         raise typer.Exit(1) from exc

@@ -47,6 +47,7 @@ from pipeline.cli.util import (
 )
 from pipeline.io.errors import StepguardError
 from pipeline.io.settings import Settings, load_settings
+from pipeline.services.actuator.kinds import EXECUTOR_KINDS, kind_names
 
 app = typer.Typer(
     name="stepguard",
@@ -427,6 +428,9 @@ def up(
             show_default=False,
         ),
     ] = None,
+    executor: Annotated[
+        str, typer.Option(help=f"The executor it runs: {kind_names()} (docs/actuator.md).")
+    ] = "dry-run",
 ) -> None:
     """Start and supervise the production services as child processes (docker-compose
     without Docker): broker, topics, workers, actuator, executor, archiver.
@@ -443,6 +447,8 @@ def up(
 
     if mode not in (None, "auto", "approve", "observe"):
         raise typer.BadParameter("auto, approve or observe", param_hint="--mode")
+    if executor not in EXECUTOR_KINDS:
+        raise typer.BadParameter(f"{executor!r}: expected {kind_names()}", param_hint="--executor")
     options = UpOptions(
         scenario=scenario,
         workers=workers,
@@ -454,6 +460,7 @@ def up(
         spares=spares,
         mode=mode,  # type: ignore[arg-type]
         prometheus=prometheus,
+        executor=executor,
     )
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 

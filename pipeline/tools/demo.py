@@ -321,7 +321,7 @@ def run_demo(
     # the job's controller verifies commands with the actuator's public keys (as an
     # executor does) and signs its results with its own job's key, never an executor's
     # (it judges commands on the wall clock, as the actuator dates them)
-    executor_env = next(s.env for s in plan.specs if s.name == "executor-dry-run")
+    executor_env = next(s.env for s in plan.specs if s.name.startswith("executor-"))
     job_env = {k: v for k, v in executor_env.items() if not k.endswith("_PRIVATE_KEY")}
     job_settings = load_settings(job_env | plan.job_env)
     # the archiver's own keys (every signing role's public keys): what it verifies

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.services.actuator.kinds import EXECUTOR_KINDS
 from schemas import (
     ActionRecord,
     ActionState,
@@ -101,7 +102,7 @@ class DemoSummary:
 
 
 #: Executors that apply nothing (their results say what would have been done).
-DRY_RUN_EXECUTORS = frozenset({"dry-run"})
+DRY_RUN_EXECUTORS = frozenset(k.name for k in EXECUTOR_KINDS.values() if k.dry_run)
 
 
 @dataclass

@@ -10,7 +10,7 @@ broker              ``stepguard broker --port P`` (embedded Tansu, in memory)   
 topics              ``stepguard topics`` (one-shot; again after a broker restart)
 worker-1..N         ``stepguard worker``: own metrics port and data directory    2
 actuator            ``stepguard actuator``                                      3
-executor-dry-run    ``stepguard executor dry-run``                              3
+executor-KIND       ``stepguard executor KIND`` (``--executor``, default dry-run)   3
 archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
 alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
                     or with ``--durable``)
@@ -58,6 +58,7 @@ from rich.live import Live
 from pipeline.io.embedded import free_port, probe_kafka
 from pipeline.io.errors import ConfigError
 from pipeline.io.settings import ENV_PREFIX, Settings
+from pipeline.services.actuator.kinds import executor_kind
 from pipeline.tools.prometheus import prometheus_for_up
 from pipeline.tools.supervisor import ProcessGroup, ServiceSpec, ServiceState, Supervisor
 from pipeline.tools.up_board import (
@@ -128,8 +129,11 @@ class UpOptions:
     #: run Prometheus with the shipped rules (pipeline/tools/prometheus); None: with
     #: ``durable`` when a ``prometheus`` binary is on PATH
     prometheus: bool | None = None
+    #: the executor it runs: a kind of :data:`~pipeline.services.actuator.kinds.EXECUTOR_KINDS`
+    executor: str = "dry-run"
 
     def __post_init__(self) -> None:
+        executor_kind(self.executor)  # ValueError: unknown executor ...; expected ...
         if self.job is not None and self.scenario is not None:
             raise ValueError("--job and --scenario are two jobs: give one")
         if self.job is None and (self.nodes or self.spares):
@@ -285,9 +289,10 @@ def build_plan(
     specs.append(replace(topics, after=after_broker))
     after_topics = ("topics",)
 
+    executor = f"executor-{options.executor}"
     extra: dict[str, dict[str, str]] = {
         "actuator": keys["actuator"],
-        "executor-dry-run": keys["executor"],
+        executor: keys["executor"],
         "simulate": keys["simulate"],
         "archiver": keys["archiver"],
     }
@@ -316,7 +321,7 @@ def build_plan(
     # every service its own metrics port (two of a kind on one host never collide)
     services = (
         ("actuator", (*cmd, "actuator"), "ACTUATOR", 3),
-        ("executor-dry-run", (*cmd, "executor", "dry-run"), "EXECUTOR", 3),
+        (executor, (*cmd, "executor", options.executor), "EXECUTOR", 3),
         ("archiver", (*cmd, "archiver", "--progress-s", "10"), "ARCHIVER", 4),
     )
     for name, argv, var, tier in services:
@@ -339,7 +344,7 @@ def build_plan(
     if options.scenario is not None:
         argv = (*cmd, "simulate", "--scenario", options.scenario, "--speed",
                 str(options.speed), "--job", str(job_id), "--from-now", "--control")  # fmt: skip
-        after = (*workers, "actuator", "executor-dry-run")
+        after = (*workers, "actuator", executor)
         port = ports.take("simulate (job controller) metrics")
         extra["simulate"] = extra["simulate"] | {f"{ENV_PREFIX}LISTENER_METRICS_PORT": str(port)}
         simulate = ServiceSpec("simulate", argv, one_shot=True, restart="never", after=after)

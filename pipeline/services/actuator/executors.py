@@ -76,6 +76,7 @@ from pipeline.services.actuator.base import (
     InvalidNodeName,
     validate_node_name,
 )
+from pipeline.services.actuator.kinds import EXECUTOR_KINDS, executor_kind
 from pipeline.services.actuator.slurm import SlurmExecutor, SlurmJobs
 from schemas import Command, CommandKind, CommandResult, CommandStatus
 
@@ -281,21 +282,21 @@ def _kubernetes(settings: Settings) -> Executor:
     )  # fmt: skip
 
 
-#: every executor ``stepguard executor KIND`` runs, by kind (the CLI lists these)
-EXECUTORS: dict[str, Callable[[Settings], Executor]] = {
+_BUILDERS: dict[str, Callable[[Settings], Executor]] = {
     "dry-run": lambda _settings: DryRunExecutor(),
     "slurm": _slurm,
     "webhook": _webhook,
     "kubernetes": _kubernetes,
 }
+#: how ``stepguard executor KIND`` builds each kind of
+#: :data:`~pipeline.services.actuator.kinds.EXECUTOR_KINDS` (the one list of kinds; a
+#: kind without a builder fails here, at import)
+EXECUTORS: dict[str, Callable[[Settings], Executor]] = {k: _BUILDERS[k] for k in EXECUTOR_KINDS}
 
 
 def make_executor(kind: str, settings: Settings) -> Executor:
     """The executor of ``kind`` (one of :data:`EXECUTORS`) built from ``settings``."""
-    factory = EXECUTORS.get(kind)
-    if factory is None:
-        raise ValueError(f"unknown executor {kind!r}; expected {', '.join(EXECUTORS)}")
-    return factory(settings)
+    return EXECUTORS[executor_kind(kind).name](settings)
 
 
 class ExecutorRunner:

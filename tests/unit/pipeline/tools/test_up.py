@@ -239,3 +239,14 @@ def test_up_hands_the_ephemeral_telemetry_secret_to_the_workers_and_the_simulato
     secrets = {s.env["STEPGUARD_TELEMETRY_SECRET"] for s in p.specs if s.name in holders}
     assert len(secrets) == 1 and secrets == {p.job_env["STEPGUARD_TELEMETRY_SECRET"]}
     assert any("telemetry" in n for n in p.notes), p.notes
+
+
+def test_up_runs_the_executor_kind_it_is_given(tmp_path):
+    p = plan(tmp_path, scenario="ci_smoke", executor="slurm")
+    specs = {s.name: s for s in p.specs}
+    assert "executor-dry-run" not in specs
+    assert specs["executor-slurm"].argv[3:] == ("executor", "slurm")
+    assert "STEPGUARD_EXECUTOR_PRIVATE_KEY" in specs["executor-slurm"].env
+    assert "executor-slurm" in specs["simulate"].after  # the job starts once it runs
+    with pytest.raises(ValueError, match="unknown executor 'k8s'; expected dry-run"):
+        UpOptions(executor="k8s")
