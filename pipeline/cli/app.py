@@ -47,7 +47,7 @@ from pipeline.cli.util import (
 )
 from pipeline.io.errors import StepguardError
 from pipeline.io.settings import Settings, load_settings
-from pipeline.services.actuator.kinds import EXECUTOR_KINDS, kind_names
+from pipeline.services.actuator.kinds import kind_names
 
 app = typer.Typer(
     name="stepguard",
@@ -447,21 +447,22 @@ def up(
 
     if mode not in (None, "auto", "approve", "observe"):
         raise typer.BadParameter("auto, approve or observe", param_hint="--mode")
-    if executor not in EXECUTOR_KINDS:
-        raise typer.BadParameter(f"{executor!r}: expected {kind_names()}", param_hint="--executor")
-    options = UpOptions(
-        scenario=scenario,
-        workers=workers,
-        speed=speed,
-        durable=durable,
-        base_port=base_port,
-        job=job,
-        nodes=nodes,
-        spares=spares,
-        mode=mode,  # type: ignore[arg-type]
-        prometheus=prometheus,
-        executor=executor,
-    )
+    try:
+        options = UpOptions(
+            scenario=scenario,
+            workers=workers,
+            speed=speed,
+            durable=durable,
+            base_port=base_port,
+            job=job,
+            nodes=nodes,
+            spares=spares,
+            mode=mode,  # type: ignore[arg-type]
+            prometheus=prometheus,
+            executor=executor,
+        )
+    except ValueError as exc:  # which options do not go together, an unknown executor
+        raise typer.BadParameter(str(exc)) from exc
     raise typer.Exit(run_up(_settings(), options, os.environ, err, stop_event()))
 
 

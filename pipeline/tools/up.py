@@ -10,7 +10,7 @@ broker              ``stepguard broker --port P`` (embedded Tansu, in memory)   
 topics              ``stepguard topics`` (one-shot; again after a broker restart)
 worker-1..N         ``stepguard worker``: own metrics port and data directory    2
 actuator            ``stepguard actuator``                                      3
-executor-KIND       ``stepguard executor KIND`` (``--executor``, default dry-run)   3
+executor-KIND       ``stepguard executor KIND`` (``--executor``, dry-run)       3
 archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
 alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
                     or with ``--durable``)
@@ -129,8 +129,7 @@ class UpOptions:
     #: run Prometheus with the shipped rules (pipeline/tools/prometheus); None: with
     #: ``durable`` when a ``prometheus`` binary is on PATH
     prometheus: bool | None = None
-    #: the executor it runs: a kind of :data:`~pipeline.services.actuator.kinds.EXECUTOR_KINDS`
-    executor: str = "dry-run"
+    executor: str = "dry-run"  #: the executor it runs (a kind of ``EXECUTOR_KINDS``)
 
     def __post_init__(self) -> None:
         executor_kind(self.executor)  # ValueError: unknown executor ...; expected ...

@@ -162,3 +162,18 @@ def test_an_operator_command_without_a_key_names_itself_and_the_command_that_mak
     assert done.returncode == 2, said
     assert f"STEPGUARD_OPERATOR_PRIVATE_KEY is required by `stepguard {argv[0]}`" in said
     assert "`stepguard keys generate --role operator`" in said and "approvals`" not in said
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--job", "j", "--scenario", "ci_smoke"], "--job and --scenario are two jobs"),
+        (["--nodes", "2"], "--nodes and --spares describe a --job"),
+        (["--executor", "k8s"], "unknown executor 'k8s'"),
+    ],
+)
+def test_up_refuses_options_that_do_not_go_together_in_one_line(argv, says):
+    result = runner.invoke(app, ["up", *argv])
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split())
+    assert "Traceback" not in result.output
