@@ -161,12 +161,10 @@ def plain_help(typer_app: typer.Typer) -> None:
 
 
 def print_version(value: bool) -> None:
-    """``stepguard --version``: the installed distribution's version, then exit."""
+    """``stepguard --version``: ``pipeline.__version__`` (the installed distribution's;
+    ``0+unknown`` in a checkout that was never installed), then exit."""
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        import pipeline
 
-        try:
-            console.print(f"stepguard {version('stepguard')}", highlight=False)
-        except PackageNotFoundError:  # a checkout that was never installed
-            console.print("stepguard (not installed)", highlight=False)
+        console.print(f"stepguard {pipeline.__version__}", highlight=False)
         raise typer.Exit()

@@ -103,6 +103,9 @@ def test_old_spellings_still_work_and_are_hidden():
 def test_version():
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and re.fullmatch(r"stepguard \S+\n", result.output)
+    import pipeline
+
+    assert result.output == f"stepguard {pipeline.__version__}\n"
 
 
 def test_scenarios_lists_every_name_the_commands_accept(monkeypatch):
