@@ -578,8 +578,7 @@ def _resume_kubernetes(node: str, force: bool) -> str:
     return kube.resume(node, force=force).describe()
 
 
-#: ``resume-node --executor KIND``, for each kind of EXECUTOR_KINDS that ``resumes``
-#: (tests/unit/pipeline/services/actuator/test_kinds.py holds the two together)
+#: ``resume-node --executor KIND`` for each kind that ``resumes`` (test_kinds.py checks)
 RESUMERS: dict[str, Callable[[str, bool], str]] = {
     "slurm": _resume_slurm,
     "kubernetes": _resume_kubernetes,
@@ -587,6 +586,7 @@ RESUMERS: dict[str, Callable[[str, bool], str]] = {
 ResumeOn = StrEnum(  # type: ignore[misc]
     "ResumeOn", {k.upper().replace("-", "_"): k for k, v in EXECUTOR_KINDS.items() if v.resumes}
 )
+_RESUME_ON = ResumeOn("slurm")  # the default: Slurm
 
 
 @commands.command("resume-node")
@@ -597,7 +597,7 @@ def resume_node(
     ] = False,
     on: Annotated[
         ResumeOn, typer.Option("--executor", help=f"Where the node is: {kind_names(resumes=True)}.")
-    ] = ResumeOn.SLURM,
+    ] = _RESUME_ON,
 ) -> None:
     """Put a node stepguard isolated back into service.
 
