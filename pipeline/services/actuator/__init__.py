@@ -4,8 +4,10 @@
   guardrails, spare pool);
 - :mod:`~pipeline.services.actuator.service` — the Kafka loop (``stepguard actuator``);
 - :mod:`~pipeline.io.trust` — Ed25519 signatures (per role) and command checks;
-- :mod:`~pipeline.services.actuator.executors` — dry-run and webhook executors and the
-  runner that feeds every executor;
+- :mod:`~pipeline.services.actuator.kinds` — the executor kinds, the one list the
+  command line, ``stepguard up`` and docs/actuator.md follow;
+- :mod:`~pipeline.services.actuator.executors` — dry-run and webhook executors, the
+  builder of each kind and the runner that feeds every executor;
 - :mod:`~pipeline.services.actuator.slurm` — the Slurm executor (drains it owns, resumes,
   requeues); :mod:`~pipeline.services.actuator.base` — what every executor shares;
 - :mod:`~pipeline.services.actuator.kubernetes` — the Kubernetes executor (cordon, taint,
