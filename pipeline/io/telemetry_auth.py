@@ -49,6 +49,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from hashlib import sha256
+from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -395,10 +396,14 @@ def telemetry_prover(settings: Any, needed_by: str) -> TelemetryProver | None:
         return None
     nodes = _node_keys(settings)
     if nodes is None:
+        # on a stack `stepguard up` started, the job's file holds the stack's secret
+        env = Path(getattr(settings, "state_dir", ".stepguard")) / "job-controller.env"
+        hint = f"; `stepguard up` wrote the secret of its stack to {env}" if env.is_file() else ""
         raise ConfigError(
             f"STEPGUARD_TELEMETRY_NODE_KEYS is required by {needed_by}: telemetry is "
             "authenticated (`stepguard keys node --node NODE` derives a node's key from the "
-            "cluster secret; STEPGUARD_TELEMETRY_AUTH=off turns authentication off, logged)"
+            "cluster secret; STEPGUARD_TELEMETRY_AUTH=off turns authentication off, logged"
+            f"{hint})"
         )
     controller = None
     pair = settings.private_key("job_controller")

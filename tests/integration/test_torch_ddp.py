@@ -407,14 +407,19 @@ def test_close_after_one_epoch_short_of_total_announces_no_end(settings):
 
 
 def test_sourcing_only_up_env_stops_every_rank_saying_why_and_which_file_to_source(stack):
-    """Issue 41 item 7: with only up.env sourced, rank 0's listener has no key; every
-    rank (not only rank 0) says why, and the advice is the job-controller.env that up
-    wrote (the key the running actuator trusts), not a key of a new `keys generate`."""
+    """Issue 41 item 7: with only up.env sourced, rank 0's listener has no key and the
+    node aggregators no telemetry secret; every rank (not only those) says why, and the
+    advice is the job-controller.env that up wrote (the key the running actuator trusts,
+    the stack's secret), not a key of a new `keys generate`."""
     s = stack("observe")
     doc = s.run_job(steps=20, sourced=(".stepguard/up.env",), check=False)
     assert doc["exit_code"] != 0
-    said = [line for line in doc["log"].splitlines() if "did not start:" in line]
+    # each rank's error as raised (not the traceback's source line that raises it)
+    said = [line for line in doc["log"].splitlines() if "RuntimeError: stepguard:" in line]
     assert len(said) >= 4, doc["log"][-4000:]  # each of the 4 ranks
     for line in said:
         assert "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY is not set" in line, line
         assert "job-controller.env" in line and "keys generate" not in line, line
+        # the node aggregators (ranks 0 and 2) lack the telemetry secret too, and say so
+        assert "ranks 0" not in line and "rank 2: the node aggregator" in line, line
+        assert "STEPGUARD_TELEMETRY_NODE_KEYS is required" in line, line

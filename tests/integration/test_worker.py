@@ -55,6 +55,7 @@ from tests.factories import (
     job_controller_settings,
     key_env,
     signed_headers,
+    telemetry_settings,
 )
 
 pytestmark = pytest.mark.integration
@@ -456,7 +457,9 @@ def test_second_worker_joins_splits_partitions_and_both_alert(settings, workers,
         for ev in simulate(sc):
             if ev.frame is not None and ev.frame.step > 60:
                 for m in ev.frame.to_messages():
-                    producer.send(registry.name("steps"), key=sc.job.encode(), value=encode(m))
+                    value = encode(m)  # as its node's exporter sends it: with its proof
+                    producer.send(registry.name("steps"), key=sc.job.encode(), value=value,
+                                  headers=signed_headers("steps", m, value))  # fmt: skip
     producer.flush()
     producer.close()
     running = {"a": a, "b": b}
@@ -570,8 +573,12 @@ def test_broker_restart_is_ridden_out_by_worker_and_exporter(tmp_path):
         pytest.skip("needs Apache Kafka's durable storage (Tansu keeps topics in memory)")
     broker = DurableKafka(tmp_path / "kafka")
     broker.start()
+    # authenticated as the session's broker settings are: the exporter plays every node
+    # of the job with the tests' cluster secret
     settings = fresh_settings(
-        load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="kafka")
+        load_settings(
+            {}, kafka_bootstrap=broker.bootstrap, broker_flavor="kafka", **telemetry_settings()
+        )
     )
     create_topics(settings)
     decisions = Topic(settings, "decisions", Alert)

@@ -190,18 +190,23 @@ class TorchGuard:
         self._relaunch_file = env.get("STEPGUARD_RELAUNCH_FILE") or None
         self._aggregator: NodeAggregator | None = None
         self._agg_thread: threading.Thread | None = None
+        # what failed to start here (the node's aggregator on a node's first rank, the
+        # command listener on rank 0): every rank must learn of it, not only this one
+        problems: list[str] = []
         sock = env.get("STEPGUARD_NODE_SOCKET") or None
         if sock is None:
             sock = str(_socket_path(topology))
             if topology.is_node_leader:
-                self._start_aggregator(Path(sock))
+                try:
+                    self._start_aggregator(Path(sock))
+                except Exception as exc:
+                    problems.append(f"the node aggregator: {type(exc).__name__}: {exc}")
         self.listener: CommandListener | None = None
-        problem = ""
         if commands and topology.is_job_leader:
             try:
                 self.listener = CommandListener(settings, topology.job_id).start()
-            except Exception as exc:  # every rank must learn of it, not only rank 0
-                problem = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                problems.append(f"the command listener: {type(exc).__name__}: {exc}")
         self._commands = commands
         self._exchange_s = exchange_s
         #: the step whose boundary collects the exchange in flight (None: the next one)
@@ -209,10 +214,12 @@ class TorchGuard:
         #: steps from collecting one exchange to collecting the next (rank 0's pace)
         self._gap = 1
         self._started: tuple[int, float] | None = None  # (step, time) of the last start
-        problem = self._agree(problem)  # also: no rank sends before its aggregator is bound
-        if problem:
+        problem = self._agree("; ".join(problems))  # also: no rank sends before its
+        if problem:  # aggregator is bound
             self._stop_aggregator()
-            raise RuntimeError(f"stepguard: the command listener (rank 0) did not start: {problem}")
+            if self.listener is not None:
+                self.listener.close()
+            raise RuntimeError(f"stepguard: the job's stepguard did not start: {problem}")
         self.exporter = StepExporter.to_aggregator(
             sock, job_id=topology.job_id, node=topology.node, run=topology.run,
             announce_start=topology.is_job_leader, register_atexit=False, poll_s=0.05,
@@ -250,21 +257,32 @@ class TorchGuard:
             self._aggregator = None
 
     def _agree(self, problem: str) -> str:
-        """Rank 0's problem (``""``: none) on every rank, its text too (at most 2 KiB),
-        so that every rank's error says why; a barrier too."""
+        """Every rank's setup problem (``""``: none) on every rank, in rank order with
+        the ranks that had it (each text at most 2 KiB), so that every rank's error says
+        why whichever rank failed; a barrier too."""
         if not self._distributed:
-            return problem
+            return f"rank 0: {problem}" if problem else ""
+        device = self._device()
         text = problem.encode()[:2048]
-        size = torch.tensor([len(text)], dtype=torch.int64, device=self._device())
-        dist.broadcast(size, src=self._src(), group=self._group)
+        size = torch.tensor([len(text)], dtype=torch.int64, device=device)
+        dist.all_reduce(size, op=dist.ReduceOp.MAX, group=self._group)
         n = int(size.item())
         if n == 0:
             return ""
-        buf = torch.zeros(n, dtype=torch.uint8, device=self._device())
+        mine = torch.zeros(n, dtype=torch.uint8, device=device)
         if text:
-            buf.copy_(torch.tensor(list(text), dtype=torch.uint8))
-        dist.broadcast(buf, src=self._src(), group=self._group)
-        return bytes(buf.cpu().tolist()).decode(errors="replace") or "(no reason given)"
+            mine[: len(text)] = torch.tensor(list(text), dtype=torch.uint8, device=device)
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self._group))]
+        dist.all_gather(every, mine, group=self._group)
+        ranks: dict[str, list[int]] = {}  # each distinct problem and who had it
+        for rank, buf in enumerate(every):
+            said = bytes(buf.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+            if said:
+                ranks.setdefault(said, []).append(rank)
+        return "; ".join(
+            f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {said}"
+            for said, rs in ranks.items()
+        )
 
     def _device(self) -> torch.device:
         if dist.get_backend(self._group) == "nccl":
