@@ -44,11 +44,13 @@ from msgspec.structs import astuple
 from detectors.frame import ROW_FIELDS
 from schemas.codec import MAX_MESSAGE_BYTES
 from schemas.telemetry import (
+    MAX_FLOPS,
     MAX_GROUP_ID,
     MAX_LOCAL_RANK,
     MAX_RANKS_PER_JOB,
     MAX_STEP,
     MAX_STEP_SECONDS,
+    MAX_TOKENS,
     Phase,
     StepTelemetry,
 )
@@ -77,6 +79,8 @@ _Local = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOCAL_RANK)]
 _Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS_PER_JOB)]
 _Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+_Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
+_Flops = Annotated[float, msgspec.Meta(ge=0, le=MAX_FLOPS)]
 _Time = Annotated[datetime, msgspec.Meta(tz=True)]
 _TIME = msgspec.json.Decoder(_Time)
 _TIMES = msgspec.json.Decoder(list[_Time])
@@ -100,6 +104,9 @@ class _Sample(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     phase: Literal["warmup", "train", "eval", "checkpoint"] = "train"
     loss: float | None = None
     grad_norm: float | None = None
+    tokens: _Tokens | None = None  #: the work the step did, when the rank said
+    flops: _Flops | None = None
+    max_seq_len: _Tokens | None = None
     node: _Name | None = None  #: version 2 (a rack's message): the rank's own node
 
 
@@ -143,6 +150,8 @@ class StepColumns:
     order): ``sample_message`` (index into the per-message columns), the integer fields,
     ``phase`` as :data:`PHASE_CODES`, the four timings, and ``loss``/``grad_norm`` as
     floats (NaN/inf kept) with ``loss_null``/``grad_norm_null`` marking JSON nulls.
+    The work fields ``tokens``, ``flops`` and ``max_seq_len`` are floats, NaN where the
+    sample did not say (work is never NaN when said: the schema bounds it).
     ``sample_node`` is each sample's node: its own in a version-2 (rack) message, else
     the message's ``node`` (which, in a rack's message, names the sender).
     ``slow`` lists the input indices the caller must decode with ``schemas.decode``.
@@ -171,6 +180,9 @@ class StepColumns:
     loss_null: npt.NDArray[np.bool_]
     grad_norm: npt.NDArray[np.float64]
     grad_norm_null: npt.NDArray[np.bool_]
+    tokens: npt.NDArray[np.float64]
+    flops: npt.NDArray[np.float64]
+    max_seq_len: npt.NDArray[np.float64]
     slow: list[int]
     sample_node: list[str]
 
@@ -269,6 +281,9 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
                         phase=s.phase.value,
                         loss=s.loss,
                         grad_norm=s.grad_norm,
+                        tokens=s.tokens,
+                        flops=s.flops,
+                        max_seq_len=s.max_seq_len,
                         node=s.node,
                     )
                     for s in m.samples
@@ -324,7 +339,8 @@ _GET = {
     name: attrgetter(name)
     for name in (
         "rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase", "step_time_s",
-        "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm",
+        "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm", "tokens", "flops",
+        "max_seq_len",
     )
 }  # fmt: skip
 
@@ -335,6 +351,14 @@ def _ints(samples: list[_Sample], name: str) -> npt.NDArray[np.int64]:
 
 def _floats(samples: list[_Sample], name: str) -> npt.NDArray[np.float64]:
     return np.fromiter(map(_GET[name], samples), dtype=np.float64, count=len(samples))
+
+
+def _work(samples: list[_Sample], name: str) -> npt.NDArray[np.float64]:
+    """A work field: its values, NaN where a sample did not say."""
+    raw: list[Any] = list(map(_GET[name], samples))
+    if raw.count(None) == len(raw):
+        return np.full(len(raw), np.nan)
+    return np.array(raw, dtype=np.float64)  # None -> NaN
 
 
 def _signal(
@@ -399,6 +423,9 @@ def _columns(
         loss_null=loss_null,
         grad_norm=grad_norm,
         grad_norm_null=grad_norm_null,
+        tokens=_work(samples, "tokens"),
+        flops=_work(samples, "flops"),
+        max_seq_len=_work(samples, "max_seq_len"),
         slow=slow,
         sample_node=[s.node or m.node for m in decoded for s in m.samples],
     )

@@ -21,6 +21,7 @@ from pipeline.services.archive.rows import ARCHIVED_VERSION, unverified_version
 from tests.conftest import TEST_CLICKHOUSE, _fresh_chdb, _fresh_server, _missing
 from tests.factories import samples, step_telemetry
 from tests.integration.test_archive_health import HEALTH_V2_COLUMNS
+from tests.integration.test_archive_work import WORK_COLUMNS
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +90,8 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
             before = {c: v for c, v in cols.items() if c not in ("run", "signed", "at_ms")}
             if table == "health":  # came with 006
                 before = {c: v for c, v in before.items() if c not in HEALTH_V2_COLUMNS}
+            if table == "steps":  # the work columns came with 014
+                before = {c: v for c, v in before.items() if c not in WORK_COLUMNS}
             before["ver"] = list(cols["ts_ms"])
             archive.insert(table, before)
             archive.insert(table, before)  # a replay, not merged yet
