@@ -384,9 +384,9 @@ class StepFrame:
                     data_wait_s=float(self.data_wait[i]),
                     loss=float(self.loss[i]) if self.has_loss[i] else None,
                     grad_norm=float(self.grad_norm[i]) if self.has_grad_norm[i] else None,
-                    tokens=_said(self.tokens, i, int),
-                    flops=_said(self.flops, i, float),
-                    max_seq_len=_said(self.max_seq_len, i, int),
+                    tokens=_said(self.tokens, int(i), int),
+                    flops=_said(self.flops, int(i), float),
+                    max_seq_len=_said(self.max_seq_len, int(i), int),
                 )
                 for i in idx
             )
