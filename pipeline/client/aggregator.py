@@ -155,4 +155,6 @@ def _record(row: list[Any], now: float) -> RankRecord:
         unknown = set(work) - set(WORK_FIELDS)
         if unknown:
             raise ValueError(f"unknown work fields {sorted(unknown)}")
+    if len(head) != WIRE_FIELDS or len(tail) > 1:
+        raise TypeError(f"a record has {WIRE_FIELDS} fields, its run and its work")
     return RankRecord(*head, now, *tail, **work)
