@@ -57,6 +57,7 @@ from schemas.telemetry import (
 
 __all__ = [
     "PHASE_CODES", "StepColumns", "StepView", "decode_step", "decode_steps", "from_models",
+    "sample_of",
 ]  # fmt: skip
 
 #: Phase -> the small integer the steps table's Enum8 stores for it.
@@ -469,6 +470,24 @@ class StepView(msgspec.Struct, frozen=True, gc=False):
         """The samples as tuples of :data:`~detectors.frame.ROW_FIELDS`, made in C
         (:meth:`~detectors.frame.StepFrame.from_messages` reads them)."""
         return list(map(astuple, self.samples))
+
+
+def sample_of(fields: dict[str, Any]) -> _Sample:
+    """One rank's sample from text fields (a CSV row: numbers as strings), with the
+    schema's bounds; ``msgspec.ValidationError`` naming the field when one is bad.
+
+    >>> s = sample_of({"rank": "3", "local_rank": "3", "step_time_s": "1.5",
+    ...                "compute_s": "1.2", "comm_wait_s": "0.3", "data_wait_s": "0",
+    ...                "tokens": "4096"})
+    >>> s.rank, s.step_time_s, s.tokens, s.phase
+    (3, 1.5, 4096, 'train')
+    >>> sample_of({"rank": "-1", "local_rank": "0", "step_time_s": "1",
+    ...            "compute_s": "1", "comm_wait_s": "0", "data_wait_s": "0"})
+    Traceback (most recent call last):
+    ...
+    msgspec.ValidationError: Expected `int` >= 0 - at `$.rank`
+    """
+    return msgspec.convert(fields, _Sample, strict=False)
 
 
 # A seventh fractional digit (msgspec rounds, pydantic truncates) or an escape: pydantic.
