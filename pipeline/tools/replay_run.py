@@ -133,9 +133,18 @@ def _side_file(path: Path, result: ReplayResult) -> list[Any]:
         return [m for _, m in rows if isinstance(m, NodeHealth | JobEvent)]
 
 
-def run_replay(settings: Settings, out: Console, err: Console, opts: ReplayOptions) -> ReplayResult:
+def run_replay(
+    settings: Settings,
+    out: Console,
+    err: Console,
+    opts: ReplayOptions,
+    *,
+    backend: Any = None,
+) -> ReplayResult:
     """The command: replay ``opts.path``, print the alerts and the summary (or JSON),
-    write the archive when asked. Bad arguments raise :class:`ConfigError`."""
+    write the archive when asked (``backend``, else the one the settings name, as
+    every tool opens it: chDB at ``chdb_path`` unless a server DSN is set). Bad
+    arguments raise :class:`ConfigError`."""
     if not opts.path.is_file():
         raise ConfigError(f"FILE: {opts.path} is not a file")
     if opts.tick_s <= 0:
@@ -151,12 +160,13 @@ def run_replay(settings: Settings, out: Console, err: Console, opts: ReplayOptio
     result = ReplayResult(job_id=job)
     side = [m for p in (opts.health, opts.events) if p is not None for m in _side_file(p, result)]
     writer = None
-    backend = None
+    owned = None
     if opts.archive:
         from pipeline.io.trust import sign, signing_key
         from pipeline.services.archive import migrate, open_backend
 
-        backend = open_backend(settings)
+        if backend is None:
+            backend = owned = open_backend(settings)
         migrate(backend)
         key = (
             signing_key(settings, "worker", "replay")
@@ -187,8 +197,8 @@ def run_replay(settings: Settings, out: Console, err: Console, opts: ReplayOptio
             writer.flush()
             writer.alerts(result.alerts)
     finally:
-        if backend is not None:
-            backend.close()
+        if owned is not None:
+            owned.close()
     report = {
         "summary": result.summary(),
         "alerts": [a.model_dump(mode="json") for a in result.alerts],
