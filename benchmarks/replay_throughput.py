@@ -1,0 +1,164 @@
+"""``stepguard replay`` throughput against the detection core's own, in the same run.
+
+A file of recorded telemetry (JSONL of StepTelemetry, one line per node and step, every
+rank saying its tokens; and the same as CSV, one row per rank and step) is made by the
+simulator for a job of ``--nodes`` x 8 GPUs over ``--steps`` steps, with a straggler.
+Then, in one process:
+
+- **core**: the simulator's frames, already in memory, through ``JobDetection.on_frame``
+  and ``tick`` (what detection itself costs: the ceiling of any driver);
+- **replay (JSONL)** and **replay (CSV)**: the file through
+  :func:`pipeline.tools.replay.replay` as ``stepguard replay`` runs it: read, decode and
+  check every line, assemble the nodes' messages into steps, detect, tick.
+
+Figures are rank-steps per second; the target is replay >= 0.5 x core (replay adds
+little beyond detection). The straggler must be named by all three.
+
+Usage::
+
+    python benchmarks/replay_throughput.py                 # 128 nodes (1,024 ranks), 1,000 steps
+    python benchmarks/replay_throughput.py --nodes 32 --steps 300 --no-md   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import environment, write_section  # noqa: E402
+from detectors.job import JobDetection  # noqa: E402
+from pipeline.tools.replay import ColumnSpec, ReplayResult, open_rows, replay  # noqa: E402
+from pipeline.tools.simulator import Scenario, simulate  # noqa: E402
+from schemas import encode  # noqa: E402
+
+TARGET = 0.5
+
+
+def _scenario(nodes: int, steps: int) -> Scenario:
+    return Scenario.model_validate({
+        "name": "replay_throughput", "nodes": nodes, "steps": steps, "seed": 11,
+        "tokens_per_rank": 4096, "warmup_steps": 10,
+        "faults": [{"kind": "straggler", "node": nodes // 3, "gpu": 5,
+                    "onset_step": steps // 3, "magnitude": 0.2}],
+    })  # fmt: skip
+
+
+def _write(sc: Scenario, jsonl: Path, csv: Path) -> list:
+    frames = []
+    with jsonl.open("wb") as fj, csv.open("w") as fc:
+        fc.write("job_id,node,step,ts_end,rank,local_rank,step_time_s,compute_s,"
+                 "comm_wait_s,data_wait_s,tokens\n")  # fmt: skip
+        for ev in simulate(sc):
+            f = ev.frame
+            if f is None:
+                continue
+            frames.append((ev.ts, f))
+            for m in f.to_messages():
+                fj.write(encode(m) + b"\n")
+            cols = zip(f.node_idx.tolist(), f.rank.tolist(), f.local_rank.tolist(),
+                       f.step_time.tolist(), f.compute.tolist(), f.comm_wait.tolist(),
+                       f.data_wait.tolist(), f.tokens.tolist(), strict=True)  # fmt: skip
+            for node, rank, local, st, c, cw, dw, tok in cols:
+                fc.write(f"{f.job_id},{f.nodes[node]},{f.step},{f.ts!r},{rank},{local},"
+                         f"{st!r},{c!r},{cw!r},{dw!r},{int(tok)}\n")  # fmt: skip
+    return frames
+
+
+def _core(job: str, frames: list) -> tuple[float, set[str]]:
+    det = JobDetection(job)
+    alerts = []
+    t0 = time.perf_counter()
+    for ts, f in frames:
+        alerts += det.on_frame(f)
+        alerts += det.tick(ts)
+    alerts += det.flush()
+    elapsed = time.perf_counter() - t0
+    return elapsed, {a.node for a in alerts if a.state.value == "firing" and a.node}
+
+
+def _replay(job: str, path: Path) -> tuple[float, ReplayResult]:
+    result = ReplayResult(job_id=job)
+    t0 = time.perf_counter()
+    replay(open_rows(path, result, ColumnSpec()), result)
+    return time.perf_counter() - t0, result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=128, help="nodes of 8 GPUs (default 128)")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--no-csv", action="store_true", help="skip the CSV replay")
+    ap.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
+    args = ap.parse_args(argv)
+    sc = _scenario(args.nodes, args.steps)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="stepguard-replay-") as tmp:
+        jsonl, csv = Path(tmp) / "job.jsonl", Path(tmp) / "job.csv"
+        say(f"writing {sc.n_ranks} ranks x {sc.steps} steps ...")
+        frames = _write(sc, jsonl, csv)
+        sizes = {"jsonl": jsonl.stat().st_size, "csv": csv.stat().st_size}
+        rank_steps = sum(f.n_ranks for _, f in frames)
+        say("core ...")
+        core_s, core_named = _core(sc.job, frames)
+        del frames
+        say("replay jsonl ...")
+        json_s, json_r = _replay(sc.job, jsonl)
+        rows = [("core (frames in memory)", core_s, rank_steps, core_named, None)]
+        rows.append(("replay JSONL", json_s, json_r.rank_steps, _named(json_r), sizes["jsonl"]))
+        if not args.no_csv:
+            say("replay csv ...")
+            csv_s, csv_r = _replay(sc.job, csv)
+            rows.append(("replay CSV", csv_s, csv_r.rank_steps, _named(csv_r), sizes["csv"]))
+    env = environment(
+        "python benchmarks/replay_throughput.py " + " ".join(argv or sys.argv[1:]),
+        ("numpy", "msgspec", "pydantic", "river"),
+    )
+    core_rate = rank_steps / core_s
+    lines = [
+        "## Replay throughput (`stepguard replay`)",
+        "",
+        f"`{env['command'].strip()}`: {env['date']}; {env['machine']}; "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+        + ".",
+        "",
+        f"Job: {args.nodes} nodes x 8 GPUs = {sc.n_ranks} ranks, {sc.steps} steps "
+        f"({rank_steps:,} rank-steps), tokens per rank, a straggler on "
+        f"node-{args.nodes // 3:04d} from step {sc.steps // 3}. Replay = read + decode and "
+        "check every line + assemble + detect + tick, in one process; core = the same "
+        "detection over the frames already in memory, in the same run.",
+        "",
+        "| driver | file | seconds | rank-steps/s | x core | straggler named |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, secs, n, named, size in rows:
+        ratio = (n / secs) / core_rate
+        ok = f"node-{args.nodes // 3:04d}" in named
+        lines.append(
+            f"| {name} | {'-' if size is None else f'{size / 1e6:.0f} MB'} | {secs:.1f} | "
+            f"{n / secs:,.0f} | {ratio:.2f} | {'yes' if ok else '**no**'} |"
+        )
+    ratio = (json_r.rank_steps / json_s) / core_rate
+    lines += [
+        "",
+        f"Target: replay >= {TARGET} x the core's rank-steps/s: JSONL {ratio:.2f} "
+        f"({'met' if ratio >= TARGET else '**not met**'}).",
+    ]
+    md = "\n".join(lines)
+    if not args.no_md:
+        write_section("replay_throughput", md)
+    print(md)
+    return 0
+
+
+def _named(r: ReplayResult) -> set[str]:
+    return {a.node for a in r.firing if a.node}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
