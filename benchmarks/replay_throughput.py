@@ -31,11 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import environment, write_section  # noqa: E402
-from detectors.job import JobDetection  # noqa: E402
-from pipeline.tools.replay import ColumnSpec, ReplayResult, open_rows, replay  # noqa: E402
-from pipeline.tools.simulator import Scenario, simulate  # noqa: E402
-from schemas import encode  # noqa: E402
+from benchmarks._common import environment, write_section
+from detectors.job import JobDetection
+from pipeline.tools.replay import ColumnSpec, ReplayResult, open_rows, replay
+from pipeline.tools.simulator import Scenario, simulate
+from schemas import encode
 
 TARGET = 0.5
 
