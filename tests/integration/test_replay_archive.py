@@ -40,6 +40,7 @@ def test_a_replay_written_to_the_archive_is_what_report_and_calibrate_read(_chdb
         assert {(i.kind, i.node) for i in found} == {("straggler", "node-0002")}
         (loaded,) = archived_jobs(archive, [job])
         assert loaded.rank_steps == 1600 and loaded.last_step == 99
+        assert all((f.tokens == 4096).all() and f.flops is None for f in loaded.frames)
         again = replay_core(loaded, DetectorConfig())
         assert {u.node for u in again.updates if u.node} == {"node-0002"}
         # the same file again replaces its rows rather than repeating them
