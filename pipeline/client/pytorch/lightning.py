@@ -189,7 +189,9 @@ class StepguardCallback(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor | float):
             self.guard.note(loss=loss)
-        self.guard.note(**batch_work(batch))  # tokens, when the batch is one of token ids
+        work = batch_work(batch)  # tokens, when the batch is one of token ids
+        if work:
+            self.guard.note(**work)
         step, self._step = self._step, None
         step.__exit__(None, None, None)
         if self.guard.boundary(self._step_no):
