@@ -28,7 +28,9 @@ rest is played. Times are kept, or moved by one offset so the file ends now
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import itertools
 import json
 import time
 from collections import Counter, defaultdict
@@ -41,10 +43,12 @@ from typing import Any
 import msgspec
 
 from detectors.config import DetectorConfig
+from detectors.frame import StepFrame
 from detectors.job import JobDetection
-from pipeline.io.fastdecode import StepView, decode_step, sample_of
-from pipeline.tools.calibrate.replay import HEALTH, LIFECYCLE, STEP, play
-from schemas import Alert, JobEvent, NodeHealth, Rejected, StepTelemetry, decode
+from pipeline.io.fastdecode import StepView, sample_of
+from pipeline.tools.calibrate.replay import FRAME, HEALTH, LIFECYCLE, play
+from pipeline.tools.replay_frames import Part, decode_lines, frame_of
+from schemas import Alert, JobEvent, NodeHealth
 
 __all__ = [
     "ColumnSpec",
@@ -59,6 +63,8 @@ __all__ = [
 MAX_REFUSALS_KEPT = 1000
 #: Steps a CSV step may arrive after a later one and still be played.
 CSV_STEP_WINDOW = 4
+#: Steps a step's messages may arrive after a later step's and still join its frame.
+STEP_WINDOW = 2
 #: The fields of a CSV row (StepTelemetry's and RankSample's names).
 CSV_FIELDS: tuple[str, ...] = (
     "job_id", "run", "node", "step", "ts_start", "ts_end", "rank", "local_rank",
@@ -138,7 +144,7 @@ class ReplayResult:
     messages: int = 0  #: step messages played
     health: int = 0
     events: int = 0
-    steps: int = 0  #: distinct (run, step) played
+    steps: int = 0  #: frames played
     rank_steps: int = 0  #: rank samples played
     first_ts: float | None = None
     last_ts: float | None = None
@@ -183,45 +189,13 @@ def _iso(ts: float | None) -> str | None:
 # -- reading ---------------------------------------------------------------------------
 
 
-def _kind(obj: dict[str, Any]) -> str:
-    """Which message a JSON object is, by its fields."""
-    if "samples" in obj:
-        return "step"
-    if "gpus" in obj or "interval_s" in obj or "nic_errors" in obj:
-        return "health"
-    if "kind" in obj and "ts" in obj:
-        return "event"
-    return "unknown"
-
-
 def read_jsonl(
     lines: Iterable[bytes], source: str, result: ReplayResult
-) -> Iterator[tuple[int, Any]]:
-    """Decode JSONL: each accepted line as ``(row, StepView | NodeHealth | JobEvent)``;
+) -> Iterator[tuple[int, Part | NodeHealth | JobEvent]]:
+    """Decode JSONL in batches: each accepted line as ``(row, Part | NodeHealth |
+    JobEvent)`` (a :class:`~pipeline.tools.replay_frames.Part` is one step message);
     a bad line is refused in ``result`` with its number and the schema's error."""
-    for row, line in enumerate(lines, start=1):
-        raw = line.strip()
-        if not raw:
-            continue
-        view = decode_step(raw)  # the fast path: most lines of a long file
-        if view is not None:
-            yield row, view
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            result.refuse(source, row, f"not JSON: {exc}")
-            continue
-        kind = _kind(obj) if isinstance(obj, dict) else "unknown"
-        if kind == "unknown":
-            result.refuse(source, row, "neither StepTelemetry, NodeHealth nor JobEvent")
-            continue
-        model = {"step": StepTelemetry, "health": NodeHealth, "event": JobEvent}[kind]
-        msg = decode(model, raw)
-        if isinstance(msg, Rejected):
-            result.refuse(source, row, f"{model.__name__}: {msg.error}")
-            continue
-        yield row, msg
+    return decode_lines(lines, lambda row, why: result.refuse(source, row, why))
 
 
 def _time(text: str, scale: float) -> datetime:
@@ -323,18 +297,43 @@ class _NodeRows:
 def _event_time(msg: Any) -> float:
     if isinstance(msg, NodeHealth | JobEvent):
         return msg.ts.timestamp()
+    if isinstance(msg, Part):
+        return float(msg.cols.ts_end[msg.k].timestamp())
     return float(msg.ts_end.timestamp())
 
 
-def _shifted(msg: Any, shift: timedelta) -> Any:
+def _first_time(msg: Any) -> float:
+    if isinstance(msg, NodeHealth | JobEvent):
+        return msg.ts.timestamp()
+    if isinstance(msg, Part):
+        return float(msg.cols.ts_start[msg.k].timestamp())
+    return float(msg.ts_start.timestamp())
+
+
+def _key(msg: Any) -> tuple[str, str, int]:
+    if isinstance(msg, Part):
+        return msg.key
+    return msg.job_id, msg.run, int(msg.step)
+
+
+def _shifted(msg: Any, shift: float) -> Any:
     if not shift:
         return msg
-    if isinstance(msg, NodeHealth | JobEvent):
-        return msg.model_copy(update={"ts": msg.ts + shift})
-    if isinstance(msg, StepView):
-        start, end = msg.ts_start + shift, msg.ts_end + shift
-        return msgspec.structs.replace(msg, ts_start=start, ts_end=end)
-    return msg.model_copy(update={"ts_start": msg.ts_start + shift, "ts_end": msg.ts_end + shift})
+    if isinstance(msg, StepFrame):
+        return dataclasses.replace(msg, ts=msg.ts + shift, ts_start=msg.ts_start + shift)
+    return msg.model_copy(update={"ts": msg.ts + timedelta(seconds=shift)})
+
+
+def _ours(msg: Any, job_id: str) -> bool:
+    """A record of the replayed job (a health report without a job counts: its node's)."""
+    job = msg.key[0] if isinstance(msg, Part) else msg.job_id
+    return bool(job == job_id or (isinstance(msg, NodeHealth) and not msg.job_id))
+
+
+@dataclass(slots=True)
+class _Open:
+    row: int  #: the first row of the step
+    items: list[Any]
 
 
 def replay(
@@ -347,6 +346,7 @@ def replay(
     redate_to: float | None = None,
     span_s: float = 0.0,
     on_message: Callable[[int, Any], None] | None = None,
+    on_frame: Callable[[int, str, StepFrame], None] | None = None,
     progress: Callable[[ReplayResult], None] | None = None,
     progress_every_s: float = 2.0,
 ) -> ReplayResult:
@@ -354,86 +354,113 @@ def replay(
     merged on event time with ``side`` (health reports and lifecycle events from files
     of their own) through a fresh :class:`JobDetection` of ``result.job_id``.
 
+    A step's messages become one frame for the core's ``on_frame`` once a message
+    :data:`STEP_WINDOW` steps later arrives (or the file ends), so nodes written a
+    little out of order still make whole steps; health and lifecycle records are held
+    with them and go to the core in event-time order before the first frame that ends
+    after them. A step played again with an event time no newer than the newest played
+    is refused as late (a newer one is a relaunch, as the live assembler reads it).
+
     ``redate_to``: move every time by one offset so that the first record is dated
     ``redate_to - span_s`` (the caller's estimate of the file's span: it then ends about
-    ``redate_to``). ``on_message`` sees each played message (already re-dated) with its
-    row (the archive writer); ``progress`` is called every ``progress_every_s``.
+    ``redate_to``). ``on_message`` sees each played health report and lifecycle event
+    (re-dated) with its row, ``on_frame`` each played frame (re-dated) with the row of
+    its first message and its run: the archive writer. ``progress`` is called every
+    ``progress_every_s``.
     """
     det = JobDetection(result.job_id, config)
-    pending = sorted((m for m in side if _ours(m, result.job_id)), key=_event_time)
-    shift = timedelta(0)
     started = time.perf_counter()
     last_progress = started
+    shift: float | None = None if redate_to is not None else 0.0
+    held: list[tuple[float, int, Any]] = [
+        (_event_time(m), 0, m) for m in side if _ours(m, result.job_id)
+    ]
+    held.sort(key=lambda x: x[:2])
+    open_steps: dict[tuple[str, int], _Open] = {}
+    newest: list[float] = [float("-inf"), -1.0]  # newest frame's end, its step
 
     def keep(alerts: Sequence[Alert]) -> None:
         result.alerts.extend(alerts)
 
-    steps: set[tuple[str, int]] = set()
-
-    def records() -> Iterator[Record]:
-        nonlocal shift, pending, last_progress
-        first = True
-        for row, read in main:
-            if not _ours(read, result.job_id):
-                result.refuse("input", row, f"job {read.job_id!r}, replaying {result.job_id!r}")
-                continue
-            if first and redate_to is not None:
-                shift = timedelta(seconds=redate_to - span_s - _first_time(read))
-                result.shift_s = shift.total_seconds()
-                pending = [_shifted(m, shift) for m in pending]
-            first = False
-            msg = _shifted(read, shift)
-            ts = _event_time(msg)
-            while pending and _event_time(pending[0]) <= ts:
-                yield from _side(pending.pop(0), result, on_message)
-            if isinstance(msg, NodeHealth | JobEvent):
-                yield from _side(msg, result, on_message, row)
-                continue
-            result.messages += 1
-            steps.add((msg.run, msg.step))
-            result.steps = len(steps)
-            result.rank_steps += len(msg.samples)
-            result.first_ts = ts if result.first_ts is None else min(result.first_ts, ts)
-            result.last_ts = ts if result.last_ts is None else max(result.last_ts, ts)
+    def release_side(until: float) -> Iterator[Record]:
+        while held and held[0][0] <= until:
+            _, row, msg = held.pop(0)
+            msg = _shifted(msg, shift or 0.0)
             if on_message is not None:
                 on_message(row, msg)
-            yield ts, STEP, msg
-            if progress is not None:
+            if isinstance(msg, NodeHealth):
+                result.health += 1
+                yield msg.ts.timestamp(), HEALTH, msg
+            else:
+                result.events += 1
+                yield msg.ts.timestamp(), LIFECYCLE, msg
+
+    def release(keys: list[tuple[str, int]]) -> Iterator[Record]:
+        for key in sorted(keys, key=lambda k: (k[1], k[0])):
+            got = open_steps.pop(key)
+            items = got.items
+            frame = frame_of(items) if isinstance(items[0], Part) else None
+            if frame is None:
+                frame = StepFrame.from_messages(items)
+            if frame.step <= newest[1] and frame.ts <= newest[0]:
+                result.refuse("input", got.row, f"step {frame.step} already played (late)")
+                continue
+            yield from release_side(frame.ts)
+            frame = _shifted(frame, shift or 0.0)
+            newest[0], newest[1] = max(newest[0], frame.ts), frame.step
+            result.steps += 1
+            result.rank_steps += frame.n_ranks
+            first, last = result.first_ts, result.last_ts
+            result.first_ts = frame.ts if first is None else min(first, frame.ts)
+            result.last_ts = frame.ts if last is None else max(last, frame.ts)
+            if on_frame is not None:
+                on_frame(got.row, key[0], frame)
+            yield frame.ts, FRAME, frame
+
+    def records() -> Iterator[Record]:
+        nonlocal shift, last_progress
+        run = None
+        top = -1
+        for row, read in main:
+            if not _ours(read, result.job_id):
+                job = read.key[0] if isinstance(read, Part) else read.job_id
+                result.refuse("input", row, f"job {job!r}, replaying {result.job_id!r}")
+                continue
+            if shift is None:  # the first record: the offset that re-dates the file
+                shift = (redate_to or 0.0) - span_s - _first_time(read)
+                result.shift_s = shift
+            if isinstance(read, NodeHealth | JobEvent):
+                held.append((_event_time(read), row, read))
+                held.sort(key=lambda x: x[:2])
+                continue
+            result.messages += 1
+            _, r, step = _key(read)
+            if run is not None and r != run:  # a relaunch under a new run id
+                yield from release(list(open_steps))
+                top = -1
+            run = r
+            got = open_steps.get((r, step))
+            if got is None:
+                open_steps[(r, step)] = _Open(row, [read])
+            else:
+                got.items.append(read)
+            if step > top:
+                top = step
+                due = [k for k in open_steps if k[1] <= top - STEP_WINDOW]
+                if due:
+                    yield from release(due)
+            if progress is not None and result.messages % 256 == 0:
                 now = time.perf_counter()
                 if now - last_progress >= progress_every_s:
                     last_progress = now
                     result.elapsed_s = now - started
                     progress(result)
-        for m in pending:
-            yield from _side(m, result, on_message)
+        yield from release(list(open_steps))
+        yield from release_side(float("inf"))
 
     play(det, records(), keep, tick_s=tick_s)
     result.elapsed_s = time.perf_counter() - started
     return result
-
-
-def _ours(msg: Any, job_id: str) -> bool:
-    """A record of the replayed job (a health report without a job counts: its node's)."""
-    return bool(msg.job_id == job_id or (isinstance(msg, NodeHealth) and not msg.job_id))
-
-
-def _first_time(msg: Any) -> float:
-    if isinstance(msg, NodeHealth | JobEvent):
-        return msg.ts.timestamp()
-    return float(msg.ts_start.timestamp())
-
-
-def _side(
-    msg: Any, result: ReplayResult, on_message: Callable[[int, Any], None] | None, row: int = 0
-) -> Iterator[Record]:
-    if on_message is not None:
-        on_message(row, msg)
-    if isinstance(msg, NodeHealth):
-        result.health += 1
-        yield msg.ts.timestamp(), HEALTH, msg
-    else:
-        result.events += 1
-        yield msg.ts.timestamp(), LIFECYCLE, msg
 
 
 # -- files -----------------------------------------------------------------------------
@@ -467,7 +494,9 @@ def first_job(path: Path, spec: ColumnSpec, fmt: str | None = None) -> str | Non
             return row[header.index(col)] or None
         return None
     with path.open("rb") as fb:
-        for _, msg in read_jsonl(fb, path.name, probe):
+        for _, msg in read_jsonl(itertools.islice(fb, 1000), path.name, probe):
+            if isinstance(msg, Part):
+                return msg.key[0]
             if not isinstance(msg, NodeHealth) or msg.job_id:
                 return str(msg.job_id)
     return None

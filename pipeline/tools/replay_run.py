@@ -11,14 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
+from detectors.frame import StepFrame
 from pipeline.io.detector_config import load_detector_config
 from pipeline.io.errors import ConfigError
-from pipeline.io.fastdecode import StepView
 from pipeline.io.settings import Settings
 from pipeline.tools.replay import (
     ColumnSpec,
@@ -29,12 +27,12 @@ from pipeline.tools.replay import (
     replay,
     span_of,
 )
-from schemas import Alert, JobEvent, NodeHealth, Rejected, StepTelemetry, decode, encode
+from schemas import Alert, JobEvent, NodeHealth
 
 __all__ = ["ReplayOptions", "ArchiveWriter", "run_replay"]
 
-#: Messages written to the archive in one insert, at most.
-ARCHIVE_BATCH = 4096
+#: Rows (rank-steps, reports) gathered before an insert.
+ARCHIVE_BATCH = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,55 +53,46 @@ class ReplayOptions:
 
 
 class ArchiveWriter:
-    """Writes what a replay played into the archive, in batches: steps through the fast
-    decoder's columns (as the archiver stores them), health and lifecycle as rows, and
-    the alerts, signed with the worker's key when the settings hold one (``report``
-    reads signed alerts only). Each record's ``ver`` comes from its row in the file, so
-    writing the same file again replaces rather than repeats."""
+    """Writes what a replay played into the archive, in batches, as the archiver
+    stores it (:func:`~pipeline.services.archive.rows.rows_for`): each step's frame as
+    the per-node StepTelemetry it was (its run, its work), health and lifecycle as
+    they came, and the alerts, signed with the worker's key when the settings hold one
+    (``report`` reads signed alerts only). Each record's ``ver`` comes from its row in
+    the file, so writing the same file again replaces rather than repeats."""
 
     def __init__(self, backend: Any, sign: Any = None) -> None:
         self.backend = backend
         self.sign = sign
-        self._steps: list[tuple[int, bytes]] = []
-        self._other: list[tuple[int, Any]] = []
+        self._pending: list[tuple[int, Any]] = []
+        self._size = 0
         self.written: dict[str, int] = {}
 
     def add(self, row: int, msg: Any) -> None:
-        if isinstance(msg, StepView):
-            self._steps.append((row, _view_json(msg)))
-        elif isinstance(msg, StepTelemetry):
-            self._steps.append((row, encode(msg)))
-        else:
-            self._other.append((row, msg))
-        if len(self._steps) + len(self._other) >= ARCHIVE_BATCH:
-            self.flush()
+        """A health report or lifecycle event played at ``row``."""
+        self._pending.append((row, msg))
+        self._size += 1
+        self._maybe_flush()
+
+    def add_frame(self, row: int, run: str, frame: StepFrame) -> None:
+        """A step played (its first message at ``row``)."""
+        for m in frame.to_messages():
+            self._pending.append((row, m.model_copy(update={"run": run}) if run else m))
+        self._size += frame.n_ranks
+        self._maybe_flush()
 
     def alerts(self, alerts: Sequence[Alert]) -> None:
         signed = [self.sign(a) if self.sign is not None else a for a in alerts]
-        self._insert_models(list(enumerate(signed)))
+        self._insert(list(enumerate(signed)))
+
+    def _maybe_flush(self) -> None:
+        if self._size >= ARCHIVE_BATCH:
+            self.flush()
 
     def flush(self) -> None:
-        from pipeline.services.archive.rows import ingest_version, step_rows
+        self._insert(self._pending)
+        self._pending, self._size = [], 0
 
-        if self._steps:
-            rows = [r for r, _ in self._steps]
-            out = step_rows([v for _, v in self._steps])
-            if out.columns and out.stored:
-                cols = dict(out.columns)
-                cols["ver"] = ingest_version(np.asarray(rows, dtype=np.int64)[out.row_value])
-                self._count("steps", self.backend.insert("steps", cols))
-            slow = []  # unusual spellings: the schema's own decoder
-            for i in out.slow:
-                msg = decode(StepTelemetry, self._steps[i][1])
-                if not isinstance(msg, Rejected):
-                    slow.append((rows[i], msg))
-            self._insert_models(slow)
-            self._steps = []
-        if self._other:
-            self._insert_models(self._other)
-            self._other = []
-
-    def _insert_models(self, pairs: list[tuple[int, Any]]) -> None:
+    def _insert(self, pairs: list[tuple[int, Any]]) -> None:
         from pipeline.services.archive.rows import rows_for
 
         if not pairs:
@@ -111,20 +100,8 @@ class ArchiveWriter:
         now_ms = int(time.time() * 1000)
         tables = rows_for([(m, now_ms) for _, m in pairs], [r for r, _ in pairs])
         for table, cols in tables.items():
-            self._count(table, self.backend.insert(table, cols))
-
-    def _count(self, table: str, n: int) -> None:
-        self.written[table] = self.written.get(table, 0) + n
-
-
-def _view_json(view: StepView) -> bytes:
-    data = msgspec.structs.asdict(view)
-    data["samples"] = [
-        {k: v for k, v in msgspec.structs.asdict(s).items() if v is not None} for s in view.samples
-    ]
-    if any(s.node is not None for s in view.samples):
-        data["schema_version"] = 2
-    return msgspec.json.encode(data)
+            n = self.backend.insert(table, cols)
+            self.written[table] = self.written.get(table, 0) + n
 
 
 def _side_file(path: Path, result: ReplayResult) -> list[Any]:
@@ -189,7 +166,8 @@ def run_replay(
                 rows, result, side=side, config=config, tick_s=opts.tick_s,
                 redate_to=time.time() if opts.redate else None,
                 span_s=span_of(opts.path, spec, opts.fmt) if opts.redate else 0.0,
-                on_message=writer.add if writer is not None else None, progress=progress,
+                on_message=writer.add if writer is not None else None,
+                on_frame=writer.add_frame if writer is not None else None, progress=progress,
             )  # fmt: skip
         except ValueError as exc:  # a CSV without the columns it needs
             raise ConfigError(str(exc)) from exc
