@@ -32,6 +32,7 @@ import dataclasses
 import io
 import itertools
 import json
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,7 +48,13 @@ from detectors.frame import StepFrame
 from detectors.job import JobDetection
 from pipeline.io.fastdecode import StepView, sample_of
 from pipeline.tools.calibrate.replay import FRAME, HEALTH, LIFECYCLE, play
-from pipeline.tools.replay_frames import Part, decode_lines, frame_of
+from pipeline.tools.replay_frames import (
+    PARALLEL_BYTES,
+    Part,
+    decode_file,
+    decode_lines,
+    frame_of,
+)
 from schemas import Alert, JobEvent, NodeHealth
 
 __all__ = [
@@ -476,8 +483,9 @@ def open_rows(
         with path.open(newline="", encoding="utf-8") as f:
             yield from read_csv(f, path.name, result, spec, result.job_id)
     elif kind == "jsonl":
-        with path.open("rb") as fb:
-            yield from read_jsonl(fb, path.name, result)
+        big = path.stat().st_size >= PARALLEL_BYTES and (os.cpu_count() or 1) > 1
+        refuse = lambda row, why: result.refuse(path.name, row, why)  # noqa: E731
+        yield from decode_file(path, refuse, processes=1 if big else 0)
     else:
         raise ValueError(f"--format: csv or jsonl, got {fmt!r}")
 

@@ -12,9 +12,13 @@ frames do.
 
 from __future__ import annotations
 
+import itertools
 import json
+import multiprocessing
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,12 +29,16 @@ from detectors.frame import StepFrame
 from pipeline.io.fastdecode import PHASE_CODES, StepColumns, decode_steps, from_models
 from schemas import JobEvent, NodeHealth, Rejected, StepTelemetry, decode
 
-__all__ = ["BATCH_LINES", "Part", "decode_lines", "frame_of"]
+__all__ = ["BATCH_LINES", "PARALLEL_BYTES", "Part", "decode_file", "decode_lines", "frame_of"]
 
 assert all(FRAME_PHASES[p] == c for p, c in PHASE_CODES.items()), "phase codes differ"
 
 #: Lines decoded together.
 BATCH_LINES = 2048
+#: A file at least this large is decoded by another process while this one detects.
+PARALLEL_BYTES = 32 << 20
+#: Bytes of a file one decode task reads (whole lines).
+CHUNK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,67 @@ def decode_lines(
             raws, rows = [], []
     if raws:
         yield from _batch(raws, rows, refuse)
+
+
+def decode_file(
+    path: Path, refuse: Any, processes: int = 0
+) -> Iterator[tuple[int, Part | NodeHealth | JobEvent]]:
+    """:func:`decode_lines` of the file at ``path``; with ``processes`` > 0, its chunks
+    (:data:`CHUNK_BYTES` of whole lines) are read and decoded by that many other
+    processes (spawned) ahead of the caller, who gets them in file order: a long
+    file's decoding overlaps its detection."""
+    if processes < 1:
+        with path.open("rb") as f:
+            yield from decode_lines(f, refuse)
+        return
+    bounds = _chunks(path)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        ahead: list[Future[tuple[int, list[Any], list[tuple[int, str]]]]] = []
+        todo = iter(bounds)
+        for lo, hi in itertools.islice(todo, processes + 1):
+            ahead.append(pool.submit(_decode_chunk, str(path), lo, hi))
+        rows_before = 0
+        while ahead:
+            n_lines, items, refused = ahead.pop(0).result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                ahead.append(pool.submit(_decode_chunk, str(path), *nxt))
+            for row, why in refused:
+                refuse(rows_before + row, why)
+            for row, item in items:
+                yield rows_before + row, item
+            rows_before += n_lines
+
+
+def _chunks(path: Path) -> list[tuple[int, int]]:
+    """Byte ranges of ``path`` of about :data:`CHUNK_BYTES`, each ending at a line end."""
+    out = []
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        start = 0
+        while start < size:
+            end = min(size, start + CHUNK_BYTES)
+            if end < size:
+                f.seek(end)
+                f.readline()
+                end = f.tell()
+            out.append((start, end))
+            start = end
+    return out
+
+
+def _decode_chunk(path: str, lo: int, hi: int) -> tuple[int, list[Any], list[tuple[int, str]]]:
+    """A decode process's task: the lines of bytes ``lo .. hi`` of ``path``, decoded:
+    (lines read, items by row within the chunk, refusals by row)."""
+    with open(path, "rb") as f:
+        f.seek(lo)
+        lines = f.read(hi - lo).split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    refused: list[tuple[int, str]] = []
+    items = list(decode_lines(lines, lambda row, why: refused.append((row, why))))
+    return len(lines), items, refused
 
 
 def _batch(

@@ -175,3 +175,22 @@ def test_a_sample_without_work_reads_as_before():
     s = RankSample(rank=0, local_rank=0, step_time_s=1, compute_s=1, comm_wait_s=0,
                    data_wait_s=0)  # fmt: skip
     assert "tokens" not in s.model_dump_json()
+
+
+def test_a_long_file_decoded_by_another_process_keeps_its_rows_and_order(tmp_path, monkeypatch):
+    from pipeline.tools import replay_frames
+
+    sc = _scenario(steps=40, faults=[])
+    lines = _jsonl(sc)
+    lines.insert(100, b'{"samples": "nope"}')
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    monkeypatch.setattr(replay_frames, "CHUNK_BYTES", 20_000)  # several chunks
+    got: dict[int, list] = {}
+    for procs in (0, 1):
+        refused: list[tuple[int, str]] = []
+        rows = replay_frames.decode_file(path, lambda r, w: refused.append((r, w)), procs)
+        got[procs] = [(row, item.key) for row, item in rows]
+        assert [r for r, _ in refused] == [101]
+    assert got[1] == got[0] and len(got[0]) == len(lines) - 1
+    assert [r for r, _ in got[0]] == [r for r in range(1, len(lines) + 1) if r != 101]
