@@ -483,11 +483,20 @@ def open_rows(
         with path.open(newline="", encoding="utf-8") as f:
             yield from read_csv(f, path.name, result, spec, result.job_id)
     elif kind == "jsonl":
-        big = path.stat().st_size >= PARALLEL_BYTES and (os.cpu_count() or 1) > 1
+        # another process decodes ahead where there are cores to spare: on two (one
+        # for detection, one for everything else) it only added its transfer cost
+        big = path.stat().st_size >= PARALLEL_BYTES and _cores() >= 4
         refuse = lambda row, why: result.refuse(path.name, row, why)  # noqa: E731
         yield from decode_file(path, refuse, processes=1 if big else 0)
     else:
         raise ValueError(f"--format: csv or jsonl, got {fmt!r}")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # a container's cpuset, not the host's
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def first_job(path: Path, spec: ColumnSpec, fmt: str | None = None) -> str | None:
