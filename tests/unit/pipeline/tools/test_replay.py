@@ -194,3 +194,16 @@ def test_a_long_file_decoded_by_another_process_keeps_its_rows_and_order(tmp_pat
         assert [r for r, _ in refused] == [101]
     assert got[1] == got[0] and len(got[0]) == len(lines) - 1
     assert [r for r, _ in got[0]] == [r for r in range(1, len(lines) + 1) if r != 101]
+
+
+def test_a_step_seen_again_is_refused_as_late_and_out_of_order_nodes_join_their_step():
+    sc = _scenario(steps=30, faults=[])
+    lines = _jsonl(sc)
+    lines[8], lines[9] = lines[9], lines[8]  # node 0 of step 1 before node 7 of step 0
+    lines.append(lines[40])  # step 5 again, long after it was played, no newer
+    result = ReplayResult("rp")
+    replay(read_jsonl(lines, "f.jsonl", result), result)
+    assert result.steps == 30 and result.rank_steps == 30 * 64
+    assert [(r.row, r.reason) for r in result.refused] == [
+        (len(lines), "step 5 already played (late)")
+    ]
