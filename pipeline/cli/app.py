@@ -25,18 +25,39 @@ from pipeline.cli import alertmanager as alertmanager_cli
 from pipeline.cli import archive as archive_cli
 from pipeline.cli import replay as replay_cli
 from pipeline.cli import worker as worker_cli
-from pipeline.cli.util import console, err, missing_extra, stop_event
+from pipeline.cli.options import (
+    job_option,
+    json_flag,
+    old_spellings,
+    out_option,
+    scenario_option,
+    speed_option,
+    workers_option,
+)
+from pipeline.cli.util import (
+    console,
+    err,
+    exit_code,
+    fail_line,
+    missing_extra,
+    plain_help,
+    print_version,
+    quiet_library_logs,
+    stop_event,
+    verbose_first,
+)
 from pipeline.io.errors import StepguardError
 from pipeline.io.settings import Settings, load_settings
 
 app = typer.Typer(
     name="stepguard",
-    help="Keeps large training jobs alive: detect slow/failing nodes, act safely, archive.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain click help: paragraphs re-wrapped to the terminal, no `<bool>` type on flags
+    rich_markup_mode=None,
 )
-schemas_app = typer.Typer(help="Message contracts: JSON Schemas.")
+schemas_app = typer.Typer(help="Message contracts: JSON Schemas.", rich_markup_mode=None)
 app.add_typer(schemas_app, name="schemas")
 
 
@@ -44,22 +65,56 @@ def _settings() -> Settings:
     return load_settings()
 
 
+#: Long-running services: their logs are read from files, library lines included.
+SERVICE_COMMANDS = frozenset({
+    "worker", "actuator", "executor", "archiver", "alertmanager", "broker",
+    "export-health", "export-node", "export-rack",
+})  # fmt: skip
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Also show the client libraries' own log lines "
+            "(kafka-python, aiokafka, clickhouse-driver).",
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Keeps large training jobs alive: detect slow/failing nodes, act safely, archive.
+
+    Exit codes: 0 done (a follower stopped with Ctrl-C too), 1 failed, 2 bad argument
+    or setting, 3 no broker, 4 no archive (docs/cli.md).
+    """
+    if ctx.invoked_subcommand not in SERVICE_COMMANDS:
+        quiet_library_logs(verbose)
+
+
 @app.command()
 def demo(
-    scenario: Annotated[
-        str, typer.Option(help="Demo or suite scenario name, or a YAML path.")
-    ] = "default",
+    scenario: Annotated[str, scenario_option()] = "default",
     nodes: Annotated[
         int | None, typer.Option(min=1, help="Override the scenario's node count.")
     ] = None,
     steps: Annotated[int | None, typer.Option(min=10, help="Override the step count.")] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the summary as JSON here.")
-    ] = None,
+    json_path: Annotated[Path | None, out_option("Write the summary as JSON here.")] = None,
     speed: Annotated[
-        float, typer.Option(min=0.01, help="Play the job's time x SPEED in real time.")
+        float,
+        speed_option("Play event time x SPEED in real time (the demo: 8, so it ends in minutes)."),
     ] = 8.0,
-    workers: Annotated[int, typer.Option(min=1, max=16, help="Detection worker processes.")] = 1,
+    workers: Annotated[
+        int, workers_option("Detection worker processes (the demo: 1, cores left for the job).")
+    ] = 1,
 ) -> None:
     """Play a simulated job with injected faults against the production services
     (those `stepguard up` runs: embedded Tansu broker, worker, actuator in auto mode,
@@ -88,9 +143,7 @@ def demo(
 
 @app.command()
 def compare(
-    scenario: Annotated[
-        str, typer.Option(help="Demo or suite scenario name, or a YAML path.")
-    ] = "default",
+    scenario: Annotated[str, scenario_option()] = "default",
     nodes: Annotated[int | None, typer.Option(min=1, help="Resize the job.")] = None,
     approval_delay_s: Annotated[
         float, typer.Option(min=0, help="Hybrid: modelled human approval delay.")
@@ -102,7 +155,7 @@ def compare(
         str | None,
         typer.Option(help="Comma-separated checkpoint intervals (steps) to sweep."),
     ] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    json_path: Annotated[Path | None, out_option("Write the results as JSON here.")] = None,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Save a PNG here.")] = None,
 ) -> None:
     """The same fault trace under passive, active and hybrid policies: goodput, lost
@@ -159,7 +212,7 @@ def plan(
         float, typer.Option(min=1, help="Checkpoint interval today (wall seconds).")
     ] = 300.0,
     rates: Annotated[
-        Path | None, typer.Option(help="JSON/TOML fault rates and delays (see README).")
+        Path | None, typer.Option(help="JSON/TOML fault rates and delays (docs/proactive.md).")
     ] = None,
     sweep_gpus: Annotated[
         str | None, typer.Option(help="Comma-separated scales, e.g. 64,512,4096,16384.")
@@ -169,7 +222,7 @@ def plan(
     ] = None,
     replicates: Annotated[int, typer.Option(min=2, help="Monte-Carlo replicates.")] = 1000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+    json_path: Annotated[Path | None, out_option("Write the results as JSON here.")] = None,
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Save a PNG here.")] = None,
 ) -> None:
     """Monte-Carlo of a job's faults under passive, active and hybrid policies: lost
@@ -200,7 +253,7 @@ def plan(
 
 @app.command()
 def calibrate(
-    job: Annotated[list[str] | None, typer.Option(help="Job id (repeat for more).")] = None,
+    job: Annotated[list[str] | None, job_option("Job id (repeat for more).")] = None,
     since: Annotated[str | None, typer.Option(help="Every job with steps since, e.g. 30d.")] = None,
     grid: Annotated[
         Path | None, typer.Option(help="JSON/TOML grid: setting -> values (default grid).")
@@ -221,7 +274,6 @@ def calibrate(
         Path | None,
         typer.Option(
             "--write-config",
-            "--out",
             help="Also write the recommended detector settings to this file (what "
             "STEPGUARD_DETECTOR_CONFIG names).",
         ),
@@ -229,7 +281,7 @@ def calibrate(
     plot_path: Annotated[
         Path | None, typer.Option("--plot", help="Pareto plot PNG (default STATE_DIR/...).")
     ] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Every result as JSON.")] = None,
+    json_path: Annotated[Path | None, out_option("Write every result as JSON here.")] = None,
     processes: Annotated[int | None, typer.Option(min=1, help="Worker processes.")] = None,
     labels: Annotated[
         str, typer.Option(help="Label sources: truth,label,approval,outcome.")
@@ -340,10 +392,10 @@ def topics() -> None:
 def up(
     scenario: Annotated[
         str | None,
-        typer.Option(help="Also play this scenario as a job (own job id, times from now)."),
+        scenario_option("Also play this scenario as a job (own job id, times from now)."),
     ] = None,
-    workers: Annotated[int, typer.Option(min=1, max=64, help="Detection worker processes.")] = 2,
-    speed: Annotated[float, typer.Option(min=0.01, help="Scenario time x SPEED.")] = 1.0,
+    workers: Annotated[int, workers_option()] = 2,
+    speed: Annotated[float, speed_option("The scenario's event time x SPEED in real time.")] = 1.0,
     durable: Annotated[
         bool,
         typer.Option(help="Run Apache Kafka (scripts/kafka.sh, data kept), not in-memory Tansu."),
@@ -355,7 +407,7 @@ def up(
         ),
     ] = None,
     job: Annotated[
-        str | None, typer.Option(help="Watch this real job (its id: STEPGUARD_JOB_ID in up.env).")
+        str | None, job_option("Watch this real job (its id: STEPGUARD_JOB_ID in up.env).")
     ] = None,
     nodes: Annotated[
         str | None,
@@ -383,7 +435,7 @@ def up(
     A table shows each service; logs go to .stepguard/logs/<service>.log and
     .stepguard/up.json; Ctrl-C stops everything (the broker last). A crashed service
     is restarted with backoff (1 s doubling to 30 s). With --job, the stack watches that
-    real job (README "Watching a PyTorch job"): the actuator knows its nodes, spares and
+    real job (docs/pytorch.md): the actuator knows its nodes, spares and
     mode, up.env names them, job-controller.env (0600) holds the job's signing key.
     """
     import os
@@ -414,7 +466,7 @@ def status(
     window: Annotated[
         int, typer.Option(min=1, max=100_000, help="Records read from the end of each partition.")
     ] = 500,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+    as_json: Annotated[bool, json_flag("One JSON document instead of the tables.")] = False,
 ) -> None:
     """Services, jobs (last step and its age), firing incidents and held actions, read
     from the broker (up.json too while `stepguard up` runs); no archive access needed."""
@@ -431,14 +483,14 @@ def alerts(
     since: Annotated[
         str | None, typer.Option(help="Only alerts dated within this age (30s, 10m, 2h, 1d).")
     ] = None,
-    job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
+    job: Annotated[str | None, job_option("Only this job.")] = None,
     grade: Annotated[
         str | None, typer.Option(help="Least grade: info | warning | critical.")
     ] = None,
     window: Annotated[
         int, typer.Option(min=1, max=100_000, help="Records read from the end of each partition.")
     ] = 500,
-    as_json: Annotated[bool, typer.Option("--json", help="The messages as JSON lines.")] = False,
+    as_json: Annotated[bool, json_flag("The messages as JSON lines.")] = False,
 ) -> None:
     """The decision stream, readable: time, grade, state, job, node/rank, kind, summary,
     evidence, recommended action, incident. Alerts no worker key signed are marked."""
@@ -532,12 +584,18 @@ def schemas_check() -> None:
 
 @app.command()
 def scenarios() -> None:
-    """List the scenario suite (faults, traps, sizes)."""
-    from pipeline.tools.simulator import load_suite
+    """Every scenario name --scenario accepts (demo and suite: faults, traps, sizes);
+    a YAML path is accepted too."""
+    from pipeline.tools.simulator import DEMO_DIR, find_scenario, load_suite
 
-    table = Table("name", "nodes", "steps", "faults and traps")
-    for s in load_suite():
-        table.add_row(s.name, str(s.nodes), str(s.steps), ", ".join(f.kind.value for f in s.faults))
+    demos = [(p.stem, find_scenario(p.stem)) for p in sorted(DEMO_DIR.glob("*.yaml"))]
+    suite = [(s.name, s) for s in load_suite()]
+    table = Table("name", "set", "nodes", "steps", "faults and traps")
+    table.columns[0].no_wrap = True  # a name is typed back: never cut
+    for group, items in (("demo", demos), ("suite", suite)):
+        for name, s in items:
+            faults = ", ".join(f.kind.value for f in s.faults)
+            table.add_row(name, group, str(s.nodes), str(s.steps), faults)
     console.print(table)
 
 
@@ -553,7 +611,11 @@ for _service in (
     app.registered_groups.extend(_service.registered_groups)
 
 
+plain_help(app)
+
+
 def main() -> None:
+    sys.argv[1:] = verbose_first(old_spellings(sys.argv[1:]))
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -562,8 +624,6 @@ def main() -> None:
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
     # secrets of the settings (DSN, passwords, keys, webhook URLs) never reach a log
     # line or an error this process prints
-    from rich.markup import escape
-
     from pipeline.io.redact import RedactingFilter, redact, settings_secrets
 
     def secrets() -> list[str]:
@@ -575,15 +635,15 @@ def main() -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter(secrets))
     try:
-        app()
-    except StepguardError as exc:
-        err.print(f"[red]error:[/] {escape(redact(str(exc), secrets()))}")
-        sys.exit(2)
+        app()  # a usage error: click's lines and exit 2; Ctrl-C: "Aborted!" and exit 1
+    except StepguardError as exc:  # one line, the code of its kind (docs/cli.md)
+        fail_line(redact(str(exc), secrets()))
+        sys.exit(exit_code(exc))
     except ModuleNotFoundError as exc:  # a command whose extra is not installed: one line
         line = missing_extra(exc)
         if line is None:
             raise
-        sys.stderr.write(f"error: {line}\n")  # one line, never wrapped
+        fail_line(line)
         sys.exit(2)
     except Exception:  # an unexpected failure: its traceback, with secrets masked
         import traceback

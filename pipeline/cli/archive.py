@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from pipeline.cli.options import job_option
 from pipeline.cli.util import console, err, stop_event
 from pipeline.io.settings import load_settings
 
@@ -122,7 +123,7 @@ def archive_prune(
 @commands.command()
 def query(
     name: Annotated[str, typer.Argument(help="Query name; see --help for the list.")],
-    job: Annotated[str, typer.Option(help="Job id.")] = "",
+    job: Annotated[str, job_option("Job id.")] = "",
     limit: Annotated[int, typer.Option(min=1)] = 50,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per row (JSON lines), no table.")
@@ -151,11 +152,15 @@ def query(
 @commands.command()
 def report(
     job: Annotated[str, typer.Option(help="Job id.")],
-    incident: Annotated[str | None, typer.Option(help="One episode fingerprint.")] = None,
+    incident: Annotated[
+        str | None, typer.Option(help="One incident: its id or an episode fingerprint.")
+    ] = None,
     out: Annotated[Path, typer.Option(help="HTML file to write.")] = Path("report.html"),
 ) -> None:
-    """An HTML post-mortem (plots, timeline, commands) of a job from the archive (on
-    chDB through the archiver while one runs)."""
+    """A post-mortem of a job from the archive in one self-contained HTML file (a panel
+    per incident kind, images inline, causes, timeline, commands and executor results),
+    on chDB through the archiver while one runs. A job the archive has nothing of is
+    an error."""
     from pipeline.services.archive.client import open_reader
     from pipeline.tools.report import render_report
 

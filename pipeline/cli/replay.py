@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from pipeline.cli.options import job_option, json_flag, out_option
 from pipeline.cli.util import console, err
 from pipeline.io.settings import load_settings
 
@@ -19,9 +20,7 @@ commands = typer.Typer()
 @commands.command()
 def replay(
     file: Annotated[Path, typer.Argument(help="Recorded telemetry: JSONL or CSV.")],
-    job: Annotated[
-        str | None, typer.Option("--job", help="The job to replay (default: the file's first).")
-    ] = None,
+    job: Annotated[str | None, job_option("The job to replay (default: the file's first).")] = None,
     fmt: Annotated[
         str | None, typer.Option("--format", help="jsonl or csv (default: from the suffix).")
     ] = None,
@@ -48,10 +47,10 @@ def replay(
         bool,
         typer.Option("--archive", help="Write the job and its alerts into the archive."),
     ] = False,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="Alerts, refusals and summary as JSON on stdout.")
+    as_json: Annotated[
+        bool, json_flag("Alerts, refusals and summary as JSON on standard output.")
     ] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Also write that JSON here.")] = None,
+    out: Annotated[Path | None, out_option("Also write that JSON to this file.")] = None,
 ) -> None:
     """Play recorded per-rank step telemetry through the detection core in event time:
     the alerts, the rows refused and a summary (docs/replay.md)."""
@@ -60,6 +59,6 @@ def replay(
     opts = ReplayOptions(
         path=file, job=job, fmt=fmt, columns=columns, time_unit=time_unit, health=health,
         events=events, redate=redate, tick_s=tick, config=config, archive=archive,
-        json_stdout=json_out, out=out,
+        json_stdout=as_json, out=out,
     )  # fmt: skip
     run_replay(load_settings(), console, err, opts)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipeline.cli.options import alias_of, job_option, pick, scenario_option, speed_option
 from pipeline.cli.util import err
 from pipeline.io.settings import load_settings
 
@@ -38,10 +39,8 @@ def worker(
 
 @commands.command()
 def simulate(
-    scenario: Annotated[str, typer.Argument(help="Scenario name (suite/demo) or YAML path.")],
-    speed: Annotated[
-        float, typer.Option(min=0.001, help="Play event time x SPEED in real time.")
-    ] = 1.0,
+    scenario: Annotated[str, scenario_option()],
+    speed: Annotated[float, speed_option()] = 1.0,
     max_speed: Annotated[bool, typer.Option("--max", help="Publish as fast as possible.")] = False,
     truth: Annotated[bool, typer.Option(help="Also publish the ground truth.")] = True,
     lifecycle: Annotated[
@@ -54,13 +53,14 @@ def simulate(
             "scenario says, announce_phases)."
         ),
     ] = None,
-    job_id: Annotated[
+    job: Annotated[
         str | None,
-        typer.Option(
-            help="Job id (default: the scenario's with a random suffix, new every run, "
+        job_option(
+            "Job id (default: the scenario's with a random suffix, new every run, "
             "so runs never mix in the archive)."
         ),
     ] = None,
+    job_id: Annotated[str | None, alias_of("--job-id")] = None,
     from_now: Annotated[
         bool,
         typer.Option(
@@ -87,6 +87,7 @@ def simulate(
     from pipeline.tools.simulator import find_scenario, lead_budget_s, start_from_now
     from pipeline.tools.simulator.player import play
 
+    job_id = pick("--job", job, job_id)
     settings = load_settings()
     sc = find_scenario(scenario)
     pace = None if max_speed else speed
@@ -141,7 +142,8 @@ def run_job_id(base: str) -> str:
 @commands.command("export-health")
 def export_health(
     node: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
-    job_id: Annotated[str | None, typer.Option(help="Job running on this node.")] = None,
+    job: Annotated[str | None, job_option("Job running on this node.")] = None,
+    job_id: Annotated[str | None, alias_of("--job-id")] = None,
     interval: Annotated[float, typer.Option(min=0.5, help="Seconds between reports.")] = 10.0,
     once: Annotated[bool, typer.Option(help="One report, then exit.")] = False,
     dry_run: Annotated[
@@ -163,6 +165,7 @@ def export_health(
     from pipeline.agents.dcgm import run_dcgm_exporter
     from pipeline.agents.health import run_health_exporter
 
+    job_id = pick("--job", job, job_id)
     if from_dcgm is not None:
         code = run_dcgm_exporter(
             load_settings(), from_dcgm, node=node or socket.gethostname(), job_id=job_id,

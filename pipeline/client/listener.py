@@ -46,6 +46,7 @@ import queue
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pipeline.io.clockskew import future_dated
@@ -151,6 +152,16 @@ class CommandListener:
         self._clock = clock
         self._wall_clock = wall_clock
         self._keys = public_keys(settings, "actuator", "the command listener")
+        if settings.private_key("job_controller") is None:
+            # a key from `stepguard keys generate` would not be one the running actuator
+            # trusts: the right one is the key `up --job` made for this job
+            env = Path(getattr(settings, "state_dir", ".stepguard")) / "job-controller.env"
+            raise ConfigError(
+                "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY is not set: the command listener signs "
+                f"its results with job {job_id!r}'s controller key, which `stepguard up --job "
+                f"{job_id}` wrote to {env} (the running services trust it): "
+                f"set -a; . {env.parent / 'up.env'}; . {env}; set +a"
+            )
         self._key = signing_key(
             settings, "job_controller", "the command listener (it signs results)"
         )

@@ -36,6 +36,7 @@ from kafka.errors import (
 from kafka.net.compat import KafkaNetClient as KafkaClient
 
 from pipeline.io.errors import BrokerError
+from pipeline.io.reach import BROKER_DEADLINE_S, require_broker, unset_bootstrap_message
 from pipeline.io.settings import KafkaSettings
 from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, key_of
 
@@ -52,6 +53,7 @@ __all__ = [
     "make_producer",
     "publish",
     "read_back",
+    "reach",
     "registry_of",
 ]
 
@@ -66,7 +68,7 @@ def registry_of(settings: KafkaSettings) -> TopicRegistry:
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
     """Connection and security options shared by every kafka-python client."""
     if not settings.kafka_bootstrap:
-        raise BrokerError("STEPGUARD_KAFKA_BOOTSTRAP is not set")
+        raise BrokerError(unset_bootstrap_message(getattr(settings, "state_dir", None)))
     cfg: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap.split(","),
         "security_protocol": settings.kafka_security_protocol,
@@ -90,6 +92,16 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
     return cfg
 
 
+def reach(settings: KafkaSettings, deadline_s: float = BROKER_DEADLINE_S) -> None:
+    """Fail fast, in one line, when no bootstrap server accepts a connection (before a
+    client library retries it for a minute, logging every try): :mod:`pipeline.io.reach`."""
+    require_broker(
+        settings.kafka_bootstrap,
+        deadline_s=deadline_s,
+        state_dir=getattr(settings, "state_dir", None),
+    )
+
+
 def make_producer(settings: KafkaSettings, **overrides: Any) -> KafkaProducer:
     """A producer that waits for the leader's ack; idempotence off on Tansu (docs/backends.md)."""
     cfg = client_config(settings) | {
@@ -100,6 +112,8 @@ def make_producer(settings: KafkaSettings, **overrides: Any) -> KafkaProducer:
         "enable_idempotence": not settings.is_tansu,
     }
     cfg.update(overrides)
+    # a caller that bounds the bootstrap (the training side's sink) bounds the probe too
+    reach(settings, min(BROKER_DEADLINE_S, cfg.get("bootstrap_timeout_ms", 5000) / 1000))
     # kafka-python builds its client before it bootstraps and drops it unclosed when
     # the bootstrap fails (a wrong password, a broker not up yet): close it here, or its
     # sockets live on until some later garbage collection
@@ -175,6 +189,7 @@ def make_consumer(
 ) -> KafkaConsumer:
     """A consumer with manual commits (commit after the work is done)."""
     cfg = consumer_config(settings, group_id, **overrides)
+    reach(settings)
     try:
         consumer = KafkaConsumer(**cfg)
     except KafkaError as exc:
@@ -189,6 +204,7 @@ def create_topics(
     """Create the registry's topics with explicit partition counts (idempotent)."""
     registry = registry_of(settings)
     names = list(logical) if logical is not None else list(TOPICS)
+    reach(settings)
     admin = KafkaAdminClient(**client_config(settings))
     try:
         existing = set(admin.list_topics())
@@ -307,6 +323,7 @@ def assigned_consumer(
 ) -> KafkaConsumer:
     """A consumer assigned every partition of ``topics`` (manual commits)."""
     cfg = consumer_config(settings, group_id, **overrides)
+    reach(settings)
     try:
         consumer = KafkaConsumer(**cfg)
         consumer.assign(_partitions(consumer, topics))

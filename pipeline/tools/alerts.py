@@ -6,6 +6,7 @@ the decisions topic with :class:`pipeline.tools.tail.TopicTail`."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ from pipeline.io.duration import parse_duration
 from pipeline.io.kafka import Decoded
 from pipeline.io.settings import Settings
 from pipeline.tools.status import GRADE_SHORT, GRADE_STYLE
-from pipeline.tools.tail import DEFAULT_WINDOW, TopicTail, quiet_client_logs
+from pipeline.tools.tail import DEFAULT_WINDOW, TopicTail, follow_reconnecting, quiet_client_logs
 from schemas import (
     Alert,
     AlertKind,
@@ -89,7 +90,8 @@ def alert_line(a: Alert, mark: str = "") -> Text:
     if a.recommended_action.value != "none":
         text.append(f" -> {a.recommended_action.value}")
     if a.incident:
-        text.append(f" [incident {a.incident[:12]}]", style="dim")
+        # the whole key, as query incidents prints it and report/label take it
+        text.append(f" [incident {a.incident}]", style="dim")
     if mark:
         text.append(f" {mark}", style="bold magenta reverse")
     return text
@@ -105,10 +107,12 @@ def follow_alerts(
     as_json: bool,
     stop: Callable[[], bool],
     window: int = DEFAULT_WINDOW,
+    notice: Callable[[str], None] | None = None,
 ) -> int:
     """Print the last ``last`` alerts that pass ``keep`` (from the last ``window``
     records of each decisions partition), then, with ``follow``, each new one until
-    ``stop()``. Returns how many were printed."""
+    ``stop()``, across broker restarts (``notice``, default the console, gets a line
+    when the broker is lost and when it is back). Returns how many were printed."""
     from pipeline.io.trust import public_keys
 
     quiet_client_logs()
@@ -128,12 +132,21 @@ def follow_alerts(
                 console.print(line, highlight=False, soft_wrap=True)  # one line in a pipe
             shown += 1
 
-    with TopicTail(settings, "decisions") as tail:
+    def first(tail: TopicTail) -> None:
         recent = [d for d in tail.tail(max(window, last)) if keep(d.message)]  # type: ignore[arg-type]
         show(recent[-last:] if last else [])
-        while follow and not stop():
-            show([d for d in tail.follow(500) if keep(d.message)])  # type: ignore[arg-type]
+
+    follow_reconnecting(
+        settings, "decisions", first=first, follow=follow, stop=stop,
+        each=lambda batch: show([d for d in batch if keep(d.message)]),  # type: ignore[arg-type]
+        notice=notice or _stderr_line,
+    )  # fmt: skip
     return shown
+
+
+def _stderr_line(line: str) -> None:
+    sys.stderr.write(f"stepguard alerts: {line}\n")
+    sys.stderr.flush()
 
 
 def alerts_filter(

@@ -1,53 +1,44 @@
-"""``stepguard report``: an HTML post-mortem of one job from the archive.
+"""``stepguard report``: one self-contained HTML post-mortem of a job from the archive.
 
 For each incident (every episode of one culprit node, whatever its cause, while any
-was open: ``Alert.incident``; its causes in order, e.g. ``thermal -> straggler``) it
-plots the culprit node's ranks' compute time relative to the step's peer median around
-the incident, and the job's step time; then the alert/command timeline and a summary
-table. Plots are PNG files next to the HTML; the terminal gets a plain-text summary.
+was open: ``Alert.incident``) a panel per kind of cause (:mod:`.report_panels`:
+stragglers, their ranks against their peers; hardware, the node's signals that fired;
+hangs, the step time with phases, waits and restarts; divergence, loss and gradient
+norm), its causes in order (``thermal (step 120) -> straggler (step 131)``), then the
+alert/command timeline and the commands with every executor's result. The images
+are inline (``data:`` URIs): the one file is the whole report, to forward as it is.
+A job the archive has nothing of is an error (:class:`UnknownJobError`), not an empty
+report. The terminal gets a plain-text summary.
 """
 
 from __future__ import annotations
 
-import hashlib
+import base64
 import html
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from pipeline.io.errors import StepguardError
 from pipeline.services.archive.backend import ArchiveBackend
 from pipeline.services.archive.queries import run_query
+from pipeline.tools.report_panels import Incident, Panel, panels_for
 
-__all__ = ["Incident", "ReportResult", "incidents", "render_report"]
+__all__ = ["Incident", "ReportResult", "UnknownJobError", "incidents", "render_report"]
 
 
-@dataclass(frozen=True, slots=True)
-class Incident:
-    """Every episode of one culprit and one kind while any was open (Alert.incident)."""
-
-    key: str
-    kind: str
-    node: str
-    ranks: tuple[int, ...]
-    episodes: int
-    first_step: int
-    last_step: int
-    worst_grade: str
-    resolved: bool
-    fingerprints: tuple[str, ...]
+class UnknownJobError(StepguardError):
+    """The archive holds nothing of the job a report was asked for."""
 
 
 @dataclass(frozen=True, slots=True)
 class ReportResult:
     html_path: Path
-    images: list[Path]
+    panels: dict[str, list[Panel]]  # incident key -> its panels, inline in the HTML
     text: str
+    commands: int  # commands issued for the job
+    results: int  # executors' results of them (one per command and executor)
 
 
 def incidents(backend: ArchiveBackend, job: str, incident: str | None = None) -> list[Incident]:
@@ -73,70 +64,6 @@ def incidents(backend: ArchiveBackend, job: str, incident: str | None = None) ->
     if incident:
         found = [i for i in found if incident == i.key or incident in i.fingerprints]
     return found
-
-
-def _plot_incident(backend: ArchiveBackend, job: str, inc: Incident, out: Path) -> Path:
-    db = backend.database
-    lo, hi = max(0, inc.first_step - 60), inc.last_step + 60
-    # job and node are values from outside (the command line, the archive): they are
-    # query parameters, never SQL text
-    window = {"job": job, "node": inc.node, "lo": lo, "hi": hi}
-    _, peer = backend.query(
-        f"SELECT step, quantileExact(0.5)(compute_s), max(step_time_s) FROM {db}.steps FINAL "
-        "WHERE job_id = {job:String} AND step BETWEEN {lo:UInt64} AND {hi:UInt64} "
-        "GROUP BY step ORDER BY step",
-        window,
-    )
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
-    if inc.node:
-        _, mine = backend.query(
-            f"SELECT rank, step, compute_s FROM {db}.steps FINAL WHERE job_id = {{job:String}} "
-            "AND node = {node:String} AND step BETWEEN {lo:UInt64} AND {hi:UInt64} "
-            "ORDER BY rank, step",
-            window,
-        )
-        # relative to the step's peer median: eval and checkpoint steps move everyone
-        # and vanish, a slow rank stands out by its own percentage
-        median = {int(r[0]): float(r[1]) for r in peer}
-        by_rank: dict[int, tuple[list[int], list[float]]] = {}
-        for rank, step, compute in mine:
-            base = median.get(int(step))
-            if not base:
-                continue
-            xs, ys = by_rank.setdefault(int(rank), ([], []))
-            xs.append(int(step))
-            ys.append(100.0 * (float(compute) / base - 1.0))
-        for rank, (xs, ys) in sorted(by_rank.items()):
-            style = {"lw": 2.0} if rank in inc.ranks else {"lw": 0.8, "alpha": 0.6}
-            ax1.plot(xs, ys, label=f"rank {rank}", **style)
-    ax1.axhline(0.0, color="k", ls="--", lw=1.2, label="peer median")
-    ax1.set_ylabel("compute vs peer median (%)")
-    title = f"{inc.kind} on {inc.node or 'job'} ({inc.worst_grade}), incident {inc.key}"
-    ax1.set_title(_plain(title))
-    ax1.legend(fontsize=7, ncol=3, loc="upper left")
-    ax2.plot([r[0] for r in peer], [r[2] for r in peer], color="tab:red", label="step time")
-    ax2.set_ylabel("step time (s)")
-    ax2.set_xlabel("step")
-    for ax in (ax1, ax2):
-        ax.axvspan(inc.first_step, inc.last_step, color="orange", alpha=0.15)
-    fig.tight_layout()
-    path = out / f"incident-{_file_part(inc.key)}.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-def _plain(text: str) -> str:
-    """Text read from the archive as a plot label: printable, no mathtext."""
-    return "".join(c if c.isprintable() else "?" for c in text).replace("$", r"\$")
-
-
-def _file_part(key: str) -> str:
-    """An incident key (read from the archive) as a file name part: never a path."""
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", key)[:64]
-    if safe != key:  # keep distinct keys distinct
-        safe += "-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-    return safe
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
@@ -173,45 +100,108 @@ def _chain(inc: Incident, timeline: list[tuple[Any, ...]]) -> str:
     return found
 
 
+def _job_exists(backend: ArchiveBackend, job: str) -> bool:
+    """Whether the archive holds any step, alert, lifecycle event or command of ``job``."""
+    db = backend.database
+    for table in ("steps", "alerts", "job_events", "commands"):
+        _, rows = backend.query(
+            f"SELECT count() FROM {db}.{table} WHERE job_id = {{job:String}}", {"job": job}
+        )
+        if rows and int(rows[0][0]) > 0:
+            return True
+    return False
+
+
+def _causes(backend: ArchiveBackend, job: str, inc: Incident, chain: str) -> str:
+    """The incident's causes in order: the chain its alerts name, else each kind of
+    its alerts with the first step it fired at (``straggler (step 60)``)."""
+    if chain:
+        return chain
+    _, rows = backend.query(
+        f"SELECT kind, min(step) AS began FROM {backend.database}.alerts FINAL "
+        "WHERE job_id = {job:String} AND signed != 0 "
+        "AND (incident = {key:String} OR fingerprint = {key:String}) "
+        "GROUP BY kind ORDER BY began, kind",
+        {"job": job, "key": inc.key},
+    )
+    return " -> ".join(f"{kind} (step {began})" for kind, began in rows) or inc.kind
+
+
+def _figure(panel: Panel) -> str:
+    data = base64.b64encode(panel.png).decode("ascii")
+    return (
+        f"<figure class='panel {panel.kind}'><img src='data:image/png;base64,{data}' "
+        f"alt='{html.escape(panel.title)}'><figcaption>{html.escape(panel.caption)}"
+        "</figcaption></figure>"
+    )
+
+
+_STYLE = (
+    "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
+    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;"
+    "font-size:13px}figure{margin:1em 0}img{max-width:100%}"
+    "figcaption{font-size:13px;color:#333}</style>"
+)
+
+
 def render_report(
     backend: ArchiveBackend, job: str, out_html: Path, incident: str | None = None
 ) -> ReportResult:
-    out_html.parent.mkdir(parents=True, exist_ok=True)
+    """Write the report of ``job`` (or of one incident of it) to ``out_html``: one
+    file, images inline. :class:`UnknownJobError` when the archive has nothing of
+    ``job``, or no incident ``incident``."""
+    if not _job_exists(backend, job):
+        raise UnknownJobError(f"job {job!r} is not in the archive")
     found = incidents(backend, job, incident)
-    images = [_plot_incident(backend, job, inc, out_html.parent) for inc in found]
+    if incident and not found:
+        raise UnknownJobError(f"job {job!r} has no incident {incident!r}")
     tl_cols, timeline = run_query(backend, "incident_timeline", job=job)
-    cmd_cols, commands = run_query(backend, "command_outcomes", job=job)
-    chains = {i.key: _chain(i, timeline) for i in found}
+    cmd_cols, outcomes = run_query(backend, "command_outcomes", job=job)
+    causes = {i.key: _causes(backend, job, i, _chain(i, timeline)) for i in found}
+    panels = {i.key: panels_for(backend, job, i) for i in found}
+    # command_outcomes has a row per command and executor that answered
+    n_commands = len({r[cmd_cols.index("command_id")] for r in outcomes})
+    n_results = sum(1 for r in outcomes if r[cmd_cols.index("executor")])
     summary_rows = [
         (i.key, i.kind, i.node or "(job)", _ranks(i.ranks), i.episodes, i.first_step,
-         i.last_step, i.worst_grade, "resolved" if i.resolved else "open", chains[i.key])
+         i.last_step, i.worst_grade, "resolved" if i.resolved else "open", causes[i.key])
         for i in found
     ]  # fmt: skip
     summary_cols = ["incident", "kind", "culprit", "ranks", "episodes", "first step",
                     "last step", "grade", "state", "causes"]  # fmt: skip
+    sections = []
+    for i in found:
+        sections.append(
+            f"<section class='incident' id='incident-{html.escape(i.key)}'>"
+            f"<h3>{html.escape(i.kind)} on {html.escape(i.node or 'the job')}, steps "
+            f"{i.first_step}-{i.last_step} ({html.escape(i.worst_grade)}, "
+            f"{'resolved' if i.resolved else 'open'})</h3>"
+            f"<p>causes: {html.escape(causes[i.key])}</p>"
+            + "".join(_figure(p) for p in panels[i.key])
+            + "</section>"
+        )
     parts = [
         "<!doctype html><meta charset='utf-8'>",
         f"<title>stepguard report: {html.escape(job)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
+        _STYLE,
         f"<h1>stepguard report: {html.escape(job)}</h1>",
         f"<h2>Incidents ({len(found)})</h2>",
-        _table(summary_cols, summary_rows),
-        "<h2>Plots</h2>",
-        *(f"<p><img src='{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>" for p in images),
+        _table(summary_cols, summary_rows) if found else "<p>No incident.</p>",
+        *sections,
         "<h2>Timeline</h2>",
         _table(tl_cols, timeline),
-        "<h2>Commands</h2>",
-        _table(cmd_cols, commands) if commands else "<p>No commands were issued.</p>",
+        f"<h2>Commands ({n_commands} issued, {n_results} executor result(s))</h2>",
+        _table(cmd_cols, outcomes) if outcomes else "<p>No commands were issued.</p>",
     ]
+    out_html.parent.mkdir(parents=True, exist_ok=True)
     out_html.write_text("\n".join(parts) + "\n")
     lines = [f"job {job}: {len(found)} incident(s)"]
     lines += [
         f"  {i.kind:<12} {i.node or '(job)':<12} steps {i.first_step}-{i.last_step} "
         f"{i.worst_grade:<8} {'resolved' if i.resolved else 'open':<8} "
         f"{i.episodes} episode(s){', ranks ' + _ranks(i.ranks) if i.ranks else ''}"
-        f"{'; causes ' + chains[i.key] if chains[i.key] else ''}"
+        f"; causes {causes[i.key]}"
         for i in found
     ]
-    lines.append(f"  {len(commands)} command(s); report: {out_html}")
-    return ReportResult(out_html, images, "\n".join(lines))
+    lines.append(f"  {n_commands} command(s), {n_results} executor result(s); report: {out_html}")
+    return ReportResult(out_html, panels, "\n".join(lines), n_commands, n_results)

@@ -43,7 +43,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.io.errors import BrokerError
-from pipeline.io.kafka import client_config
+from pipeline.io.kafka import client_config, reach
 from pipeline.io.settings import Settings
 from pipeline.tools.tail import DEFAULT_WINDOW, quiet_client_logs, read_tail
 from schemas import (
@@ -354,6 +354,7 @@ def collect_status(
     """Everything ``stepguard status`` shows, read from the broker (and up.json)."""
     from pipeline.services.actuator.records import latest_actions
 
+    reach(settings)  # one line within seconds when there is no broker, not a minute of retries
     notes: list[str] = []
     up_file = settings.state_dir / "up.json"
     services: list[ServiceRow]
@@ -450,7 +451,7 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
         where = _short(i.nodes) or (f"ranks {_short(i.ranks)}" if i.ranks else "job")
         inc.add_row(*_plain(Text(GRADE_SHORT[grade], style=GRADE_STYLE[grade]), i.job_id,
                             i.kind, where, f"{i.since:%H:%M:%S}", i.action,
-                            i.incident[:12]))  # fmt: skip
+                            i.incident))  # fmt: skip
     parts.append(inc if snap.incidents else Text("firing incidents: none", style="green"))
 
     held = Table(title="held actions (stepguard approve/reject ID)", title_justify="left")
@@ -499,5 +500,6 @@ def run_status(
             try:
                 live.update(render_status(snapshot(), window), refresh=True)
             except BrokerError as exc:  # the broker went away: say so, keep trying
-                live.update(Text(f"stepguard status: {exc}", style="red"), refresh=True)
+                line = f"stepguard status: broker lost: {exc}; retrying every {every_s:g} s"
+                live.update(Text(line + " (Ctrl-C stops)", style="red"), refresh=True)
             stop.wait(every_s)

@@ -486,13 +486,25 @@ def run_up(
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
             console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
                           f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
-        console.print(f"[bold]up[/]: logs in {logs}/; another shell: set -a; . {state / ENV_FILE}")
+        hint = shell_hint(state, watched_job=bool(plan.job_env))
+        console.print(f"[bold]up[/]: logs in {logs}/; another shell: {hint}")
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
             console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
                           f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns
+
+
+def shell_hint(state: Path, *, watched_job: bool) -> str:
+    """What another shell sources to reach the stack; a watched job's ranks need its
+    controller key too (docs/pytorch.md, step 4), or every rank stops at start.
+
+    >>> shell_hint(Path(".stepguard"), watched_job=True)
+    'set -a; . .stepguard/up.env; . .stepguard/job-controller.env; set +a'
+    """
+    files = [state / ENV_FILE, *([state / JOB_ENV_FILE] if watched_job else [])]
+    return "set -a; " + "; ".join(f". {f}" for f in files) + "; set +a"
 
 
 def start_group(

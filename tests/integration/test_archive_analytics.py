@@ -103,14 +103,16 @@ def test_timeline_top_nodes_and_command_outcomes_run(smoke_run):
     assert by_kind.get("isolate") == "succeeded" and by_kind.get("checkpoint") == "succeeded"
 
 
-def test_report_renders_plots_and_html(smoke_run, tmp_path):
+def test_report_renders_one_file_with_its_plots_inline(smoke_run, tmp_path):
     _, summary, archive = smoke_run
     result = render_report(archive, summary.job_id, tmp_path / "r" / "report.html")
-    assert result.images, "one plot per incident"
+    panels = [p for ps in result.panels.values() for p in ps]
+    assert panels, "a panel per incident"
     html = result.html_path.read_text()
-    for image in result.images:
-        assert image.stat().st_size > 5000
-        assert image.name in html
+    assert [p.name for p in result.html_path.parent.iterdir()] == ["report.html"]
+    for panel in panels:
+        assert len(panel.png) > 5000
+    assert html.count("src='data:image/png;base64,") == len(panels)
     assert "node-0005" in html and "straggler" in result.text
 
 
@@ -121,19 +123,26 @@ def test_every_query_takes_its_values_as_parameters(smoke_run):
         assert run_query(archive, name, job="x' OR '1'='1", limit=1)[1] == [], name
 
 
-def test_prune_drops_only_whole_old_days(archive):
+def test_prune_drops_only_whole_days_stored_before_the_cutoff(archive):
+    """Partitions are by when the archive stored a row (migration 013): a row stored 40
+    days ago goes, one its writer dated 40 days back but stored today stays."""
     now = datetime.now(UTC)
     base = samples()["decisions"]
     old = base.model_copy(update={"ts": now - timedelta(days=40)})
+    dated_back = base.model_copy(update={"fingerprint": "e" * 24, "ts": now - timedelta(days=40)})
     new = base.model_copy(update={"fingerprint": "f" * 24, "ts": now})
-    for table, cols in rows_for([(old, 0), (new, 0)]).items():
-        archive.insert(table, cols)
+    for table, cols in rows_for([(old, 0)]).items():
+        archive.insert(table, {**cols, "received": [now - timedelta(days=40)]})
+    for table, cols in rows_for([(dated_back, 0), (new, 0)]).items():
+        archive.insert(table, cols)  # received: DEFAULT now()
     assert parse_duration("30d") == timedelta(days=30)
     would = prune(archive, parse_duration("30d"), dry_run=True)
     assert [t for t, _ in would] == ["alerts"]
     prune(archive, parse_duration("30d"))
-    _, rows = archive.query(f"SELECT fingerprint FROM {archive.database}.alerts FINAL")
-    assert rows == [("f" * 24,)]
+    _, rows = archive.query(
+        f"SELECT fingerprint FROM {archive.database}.alerts FINAL ORDER BY fingerprint"
+    )
+    assert rows == [("e" * 24,), ("f" * 24,)]
     with pytest.raises(ValueError, match="expected a number and a unit"):
         parse_duration("soon")
 

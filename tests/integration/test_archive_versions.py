@@ -1,5 +1,6 @@
 """The archive's replacing version is the ingest position, and steps are kept per run
-(issue 14 item 6), on both backends; migration 005 upgrades an archive of version 4."""
+(issue 14 item 6), on both backends; migration 005 upgrades an archive of version 4,
+and 013 one of version 12 to partitions by the time a row was stored (issue 39)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_a_relaunched_run_keeps_the_abandoned_runs_steps(archive):
 
 
 @contextlib.contextmanager
-def _archive_of_version_4(kind: str, shared_chdb) -> Iterator[ArchiveBackend]:
+def _archive_of_version_4(kind: str, shared_chdb, last: int = 4) -> Iterator[ArchiveBackend]:
+    """An archive migrated up to ``last`` (4 unless told)."""
     if kind == "server":
         if not TEST_CLICKHOUSE:
             _missing("STEPGUARD_TEST_CLICKHOUSE is not set (no ClickHouse server)")
@@ -63,7 +65,7 @@ def _archive_of_version_4(kind: str, shared_chdb) -> Iterator[ArchiveBackend]:
         backend = _fresh_chdb(shared_chdb)
     assert applied_migrations(backend) == []  # creates the database and the ledger
     for version, name, sql in available_migrations():
-        if version <= 4:
+        if version <= last:
             for stmt in split_statements(sql):
                 backend.execute(stmt.replace("{db}", backend.database))
             at = datetime.now(UTC)
@@ -84,6 +86,7 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         db = archive.database
         # rows as the archiver wrote them before: no run, ver = the message's ts_ms
         old = rows_for([(m, 1_795_000_000_000) for m in sent.values()])
+        old.pop("acks", None)  # the table came with 012
         for table, cols in old.items():
             # run (steps) came with 005, alerts.signed with 008, actions' and
             # approvals' with 010, command results' signed and at_ms with 011
@@ -120,3 +123,49 @@ def test_migration_005_keeps_old_rows_and_lets_nothing_replace_them(kind, _chdb_
         for name in QUERIES.keys() - {"top_nodes"}:
             run_query(archive, name, job="job-1", limit=5)
         run_query(archive, "top_nodes", limit=5)
+
+
+@pytest.mark.parametrize("kind", ["chdb", "server"])
+def test_migration_013_keeps_every_row_and_partitions_by_when_it_was_stored(kind, _chdb_session):
+    now = datetime.now(UTC)
+    with _archive_of_version_4(kind, _chdb_session, last=12) as archive:
+        db = archive.database
+        # an archive of 60 days: every kind of message once a day (the same identity
+        # each day but for the steps, one step a day; the first record stored wins)
+        days = []
+        for d in range(60):
+            at = now - timedelta(days=d)
+            sent = {name: m.model_copy(update=_dated(m, at)) for name, m in samples().items()}
+            sent["steps"] = step_telemetry(step=d + 1).model_copy(update=_dated(sent["steps"], at))
+            days.append(sent)
+        for d, sent in enumerate(days):  # one day an insert: under any partition limit
+            _store(archive, list(sent.values()), [d] * len(sent))
+        tables = sorted(rows_for([(m, 0) for m in days[0].values()]))
+        summary = (
+            f"SELECT count(), sum(ts_ms), sum(ver), uniqExact(toDate(ts)) FROM {db}.{{t}} FINAL"
+        )
+        before = {t: archive.query(summary.format(t=t))[1] for t in tables}
+        assert before["steps"][0][0] == 60 * 8 and before["steps"][0][3] == 60
+        assert migrate(archive) == ["013_receive_partitions"]
+        after = {t: archive.query(summary.format(t=t))[1] for t in tables}
+        assert after == before
+        for table in tables:
+            _, ddl = archive.query(f"SHOW CREATE TABLE {db}.{table}")
+            assert "PARTITION BY toYYYYMMDD(received)" in str(ddl[0][0]), table
+            _, parts = archive.query(
+                "SELECT uniqExact(partition) FROM system.parts "
+                f"WHERE database = '{db}' AND table = '{table}' AND active"
+            )
+            assert parts[0][0] <= 2, table  # the copy's day (two across midnight)
+        for name in QUERIES.keys() - {"top_nodes"}:
+            run_query(archive, name, job="job-1", limit=5)
+
+
+def _dated(message, at: datetime) -> dict:
+    """The update that dates ``message`` at ``at`` (each kind names its time)."""
+    fields = type(message).model_fields
+    return (
+        {f: at for f in ("ts", "ts_start", "issued_at", "started_at") if f in fields}
+        | ({"ts_end": at + timedelta(seconds=1)} if "ts_end" in fields else {})
+        | ({"expires_at": at + timedelta(minutes=5)} if "expires_at" in fields else {})
+    )

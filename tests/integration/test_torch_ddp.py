@@ -3,9 +3,10 @@
 ``stepguard up --job J --nodes node-a,node-b --spares spare-0 --mode M --workers 1``
 runs the worker, actuator, dry-run executor and archiver as child processes against
 the test broker (real Kafka under CI, embedded Tansu here); the job is
-``stepguard-torchrun -- torchrun --standalone --nproc-per-node 4 torch_job.py`` (gloo,
-CPU, one thread per rank, two emulated nodes of two ranks), configured only by what
-``up`` wrote (up.env, job-controller.env), as the README's "Watching a PyTorch job" says. Every
+the command line of docs/pytorch.md's step 4, read from the page (``stepguard-torchrun --
+torchrun --standalone ...`` with torch_job.py for train.py; gloo, CPU, one thread per
+rank, two emulated nodes of two ranks, the venv's bin off PATH), configured only by what
+``up`` wrote (up.env, job-controller.env), as the page says. Every
 wait is a bounded poll of a topic, a metric or a process.
 
 torch is an optional extra: without it these tests skip, except under ``CI=true``
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
+from tests.integration.pytorch_page import job_step
 
 try:
     import torch
@@ -151,18 +153,26 @@ class Stack:
 
     # -- the job -----------------------------------------------------------------------
     def run_job(
-        self, *args: str, steps: int, timeout: float = 600, script: Path = JOB_SCRIPT
-    ) -> dict[str, Any]:
+        self, *args: str, steps: int, timeout: float = 600, script: Path = JOB_SCRIPT,
+        sourced: tuple[str, ...] | None = None, check: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
+        # docs/pytorch.md's step 4 as written: the files up wrote sourced, the venv not
+        # activated (its bin is off PATH: stepguard-torchrun finds torchrun itself)
+        page = job_step()
         env = dict(self.base_env)
-        env |= _env_file(self.state / "up.env") | _env_file(self.state / "job-controller.env")
-        env |= {"STEPGUARD_RANKS_PER_NODE": "2", "OMP_NUM_THREADS": "1"}
+        path = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if Path(p) != BIN]
+        env["PATH"] = os.pathsep.join(path)
+        for name in page.sourced if sourced is None else sourced:  # this test's up wrote
+            env |= _env_file(self.state / Path(name).name)
+        env |= page.env | {"OMP_NUM_THREADS": "1"}
         summary = self.tmp / "relaunch.json"
         out = self.tmp / "ranks"
+        launcher, dashes, *torchrun, train = page.argv
+        assert launcher == ".venv/bin/stepguard-torchrun" and train == "train.py", page
         argv = [
-            str(BIN / "stepguard-torchrun"), "--summary", str(summary), "--",
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", "4", str(script), "--steps", str(steps),
-            "--ckpt-dir", str(self.tmp), "--out", str(out), *args,
+            str(BIN / "stepguard-torchrun"), "--summary", str(summary), dashes, *torchrun,
+            str(script), "--steps", str(steps), "--ckpt-dir", str(self.tmp), "--out", str(out),
+            *args,
         ]  # fmt: skip
         self.job_log = self.tmp / "job.log"
         with self.job_log.open("wb") as log:  # its own session: nothing outlives a timeout
@@ -174,6 +184,8 @@ class Stack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
             pytest.fail(f"the job ran past {timeout} s\n{self.job_log.read_text()[-4000:]}")
+        if not check:
+            return {"exit_code": code, "log": self.job_log.read_text(errors="replace")}
         assert code == 0, self.job_log.read_text()[-6000:]
         doc = json.loads(summary.read_text())
         doc["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
@@ -360,3 +372,49 @@ def test_the_leaders_long_wait_for_a_batch_is_said_while_it_lasts(settings):
     assert len(said) == 1, said
     assert said[0].step == 8 and said[0].source == "node-x", said[0]
     assert abs(said[0].ts.timestamp() - waited_from[0]) < 0.5, (said[0].ts, waited_from)
+
+
+def test_close_after_one_epoch_short_of_total_announces_no_end(settings):
+    """guard.steps(loader) ends with the loader (one epoch); close() then must not say
+    the job completed when `total` was not reached (issue 41 item 7): no end, unless
+    close("completed") says so. Epochs as docs/pytorch.md shows reach total: completed."""
+    from pipeline.client.pytorch import watch
+    from schemas import EndReason
+
+    def run(epochs: int, *, reason: Any = None, explicit: bool = False) -> list[Any]:
+        env = {"STEPGUARD_JOB_ID": f"ep-{uuid.uuid4().hex[:6]}", "STEPGUARD_NODE": "node-x"}
+        guard = watch(commands=False, settings=settings, env=env)
+        said: list[Any] = []
+        close = guard.exporter.close
+
+        def spy(*a: Any, **kw: Any) -> Any:
+            said.append(kw.get("reason"))
+            return close(*a, **kw)
+
+        guard.exporter.close = spy  # type: ignore[method-assign]
+        a = torch.randn(16, 16)
+        step = 0
+        for _epoch in range(epochs):  # the page's loop: one guard, global steps
+            for step, batch in guard.steps(iter([a] * 3), start=step, total=6):
+                (batch @ batch).sum().item()
+            step += 1
+        guard.close(reason) if explicit else guard.close()
+        return said
+
+    assert run(1) == [None]  # 3 of 6 steps: the job may go on
+    assert run(1, reason="completed", explicit=True) == ["completed"]
+    assert run(2) == [EndReason.COMPLETED]  # two epochs of 3 reach total=6
+
+
+def test_sourcing_only_up_env_stops_every_rank_saying_why_and_which_file_to_source(stack):
+    """Issue 41 item 7: with only up.env sourced, rank 0's listener has no key; every
+    rank (not only rank 0) says why, and the advice is the job-controller.env that up
+    wrote (the key the running actuator trusts), not a key of a new `keys generate`."""
+    s = stack("observe")
+    doc = s.run_job(steps=20, sourced=(".stepguard/up.env",), check=False)
+    assert doc["exit_code"] != 0
+    said = [line for line in doc["log"].splitlines() if "did not start:" in line]
+    assert len(said) >= 4, doc["log"][-4000:]  # each of the 4 ranks
+    for line in said:
+        assert "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY is not set" in line, line
+        assert "job-controller.env" in line and "keys generate" not in line, line

@@ -62,7 +62,7 @@ def test_node_names_read_back_from_the_archive_never_become_sql(archive, tmp_pat
     result = render_report(archive, HOSTILE_JOB, tmp_path / "report.html")
     (inc,) = incidents(archive, HOSTILE_JOB)
     assert inc.node == HOSTILE_NODE  # bound exactly, quotes and backslashes included
-    assert len(result.images) == 1 and result.html_path.exists()
+    assert len(result.panels) == 1 and result.html_path.exists()
     assert _tables(archive) == before
     _, rows = archive.query(f"SELECT count() FROM {archive.database}.alerts FINAL")
     assert rows == [(2,)]

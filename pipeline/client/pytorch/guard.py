@@ -7,7 +7,7 @@
     guard = watch(ddp_model, checkpoint=save)            # save(step) writes a checkpoint
     for step, batch in guard.steps(loader, start=resume_step, total=total_steps):
         loss = loss_fn(ddp_model(batch)); loss.backward(); opt.step(); opt.zero_grad()
-    guard.close()                                        # the job completed
+    guard.close()                      # the job completed (docs/pytorch.md: epochs)
 
 What it does on every rank:
 
@@ -42,6 +42,7 @@ rank saves its shard); its failure on rank 0 is reported as the command's FAILED
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import logging
 import os
@@ -76,6 +77,15 @@ from schemas import Command, CommandKind, CommandStatus, EndReason
 __all__ = ["GuardStats", "RelaunchRequested", "TorchGuard", "watch"]
 
 log = logging.getLogger(__name__)
+
+
+#: :meth:`TorchGuard.close` called without a reason (what it announces depends on how
+#: :meth:`TorchGuard.steps` ended)
+class _Default(enum.Enum):
+    END = "default"
+
+
+_DEFAULT_END = _Default.END
 
 T = TypeVar("T")
 #: ``checkpoint(step)``: save a checkpoint of the state after ``step``
@@ -200,9 +210,10 @@ class TorchGuard:
         #: steps from collecting one exchange to collecting the next (rank 0's pace)
         self._gap = 1
         self._started: tuple[int, float] | None = None  # (step, time) of the last start
-        if self._agree(problem):  # also: no rank sends before its aggregator is bound
+        problem = self._agree(problem)  # also: no rank sends before its aggregator is bound
+        if problem:
             self._stop_aggregator()
-            raise RuntimeError(f"stepguard: the command listener did not start: {problem}")
+            raise RuntimeError(f"stepguard: the command listener (rank 0) did not start: {problem}")
         self.exporter = StepExporter.to_aggregator(
             sock, job_id=topology.job_id, node=topology.node, run=topology.run,
             announce_start=topology.is_job_leader, register_atexit=False, poll_s=0.05,
@@ -220,6 +231,8 @@ class TorchGuard:
         self._steps = self._commands_done = 0
         self._overhead = self._record_s = self._record_max = 0.0
         self.stopped: Command | None = None
+        #: (steps done, total) when :meth:`steps` ran out of data before ``total``
+        self.short_of_total: tuple[int, int] | None = None
         self._inflight: tuple[Any, Any, list[Command]] | None = None  # (work, header, local)
         self._closed = False
 
@@ -237,13 +250,22 @@ class TorchGuard:
             self._aggregator.close()
             self._aggregator = None
 
-    def _agree(self, problem: str) -> bool:
-        """True on every rank when rank 0 reports a problem (a barrier too)."""
+    def _agree(self, problem: str) -> str:
+        """Rank 0's problem (``""``: none) on every rank, its text too (at most 2 KiB),
+        so that every rank's error says why; a barrier too."""
         if not self._distributed:
-            return bool(problem)
-        flag = torch.tensor([1 if problem else 0], dtype=torch.int64, device=self._device())
-        dist.broadcast(flag, src=self._src(), group=self._group)
-        return bool(flag.item())
+            return problem
+        text = problem.encode()[:2048]
+        size = torch.tensor([len(text)], dtype=torch.int64, device=self._device())
+        dist.broadcast(size, src=self._src(), group=self._group)
+        n = int(size.item())
+        if n == 0:
+            return ""
+        buf = torch.zeros(n, dtype=torch.uint8, device=self._device())
+        if text:
+            buf.copy_(torch.tensor(list(text), dtype=torch.uint8))
+        dist.broadcast(buf, src=self._src(), group=self._group)
+        return bytes(buf.cpu().tolist()).decode(errors="replace") or "(no reason given)"
 
     def _device(self) -> torch.device:
         if dist.get_backend(self._group) == "nccl":
@@ -305,11 +327,19 @@ class TorchGuard:
     def steps(
         self, iterable: Iterable[T], *, start: int = 0, total: int | None = None
     ) -> Iterator[tuple[int, T]]:
-        """``(step, batch)`` from ``start`` until ``total`` steps, the data's end or a
-        STOP; each step is measured, published, and followed by the command boundary."""
+        """``(step, batch)`` from ``start`` until ``total`` steps, the data's end (one
+        epoch of a loader) or a STOP; each step is measured, published, and followed by
+        the command boundary.
+
+        Steps are numbered globally: for several epochs call it once per epoch with the
+        step to go on from (docs/pytorch.md, "Epochs and resumption"). When the data
+        ends before ``total``, :meth:`close` without a reason announces no end (the job
+        may go on): ``close("completed")`` says training is over.
+        """
         step = start
         if total is not None and step >= total:
             return
+        self.short_of_total = None
         for batch in self.loader(iterable):
             with self.step(step):
                 yield step, batch
@@ -318,6 +348,8 @@ class TorchGuard:
             step += 1
             if total is not None and step >= total:
                 return
+        if total is not None and step < total:
+            self.short_of_total = (step, total)
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
@@ -553,12 +585,27 @@ class TorchGuard:
         return GuardStats(self._steps, self._overhead, self._record_s, self._record_max,
                           self._commands_done)  # fmt: skip
 
-    def close(self, reason: EndReason | str | None = EndReason.COMPLETED) -> GuardStats:
+    def close(self, reason: EndReason | str | _Default | None = _DEFAULT_END) -> GuardStats:
         """Publish what is left, announce the end once (rank 0; a STOP makes it
-        cancelled; None: no end), stop the node's aggregator after every rank sent."""
+        cancelled; None: no end), stop the node's aggregator after every rank sent.
+
+        Without a reason the job completed, unless :meth:`steps` ran out of data before
+        its ``total`` (one epoch of several?): then no end is announced, with a warning,
+        since the job may go on; ``close("completed")`` says it is over."""
         if self._closed:
             return self.stats()
         self._closed = True
+        if reason is _DEFAULT_END:
+            reason = EndReason.COMPLETED
+            if self.short_of_total is not None and self.stopped is None:
+                done, total = self.short_of_total
+                reason = None
+                if self.topology.is_job_leader:
+                    log.warning(
+                        "stepguard: guard.steps() ran out of data after %d of %d steps; close() "
+                        "announces no end (pass close('completed') when training is over; "
+                        "epochs: docs/pytorch.md)", done, total,
+                    )  # fmt: skip
         if self.stopped is not None and reason is not None:
             reason = EndReason.CANCELLED
         try:
@@ -581,7 +628,7 @@ class TorchGuard:
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, _tb: object) -> None:
         if isinstance(exc, RelaunchRequested):
             return
-        self.close(EndReason.COMPLETED if exc_type is None else EndReason.FAILED)
+        self.close(_DEFAULT_END if exc_type is None else EndReason.FAILED)
 
 
 def _float(x: Any) -> float | None:

@@ -11,7 +11,10 @@ checkpoint). A run that ends without a request ends the helper with its exit cod
 ::
 
     set -a; . .stepguard/up.env; . .stepguard/job-controller.env; set +a
-    stepguard-torchrun -- torchrun --nproc-per-node 4 train.py
+    .venv/bin/stepguard-torchrun -- torchrun --nproc-per-node 4 train.py
+
+A bare ``torchrun`` is looked up beside this interpreter first (the venv's own), then on
+``PATH``, so the venv need not be activated.
 
 One host drives the job here (emulated nodes, or a single node). On a multi-node
 cluster each node's launcher is the scheduler's: the Slurm executor drains the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from pipeline.client.pytorch.topology import node_names
 
-__all__ = ["RELAUNCH_EXIT", "RelaunchRequest", "main", "run", "swap_nodes"]
+__all__ = ["RELAUNCH_EXIT", "RelaunchRequest", "find_program", "main", "run", "swap_nodes"]
 
 #: Exit code of every rank that stops for a relaunch (EX_TEMPFAIL).
 RELAUNCH_EXIT = 75
@@ -100,13 +104,34 @@ def swap_nodes(
     return tuple(out), tuple(free)
 
 
+def find_program(name: str, env: Mapping[str, str], bin_dir: Path | None = None) -> str:
+    """``name`` as a path to run: a path as given; a bare name from the directory of
+    this interpreter first (``.venv/bin/stepguard-torchrun -- torchrun ...`` finds the
+    venv's ``torchrun`` without the venv activated), then ``PATH``. ``FileNotFoundError``
+    naming both places and how to get torch otherwise."""
+    if os.sep in name:
+        return name
+    bin_dir = bin_dir or Path(sys.executable).parent
+    beside = bin_dir / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"stepguard-torchrun: no {name!r} in {bin_dir} or on PATH; torch is not installed "
+        f"here: {bin_dir / 'pip'} install 'stepguard[torch]' (several GB; 10-15 min)"
+    )
+
+
 def run(
     argv: Sequence[str], env: Mapping[str, str], *, max_relaunches: int = 3,
-    summary: Path | None = None,
+    summary: Path | None = None, bin_dir: Path | None = None,
 ) -> int:  # fmt: skip
     """Run ``argv`` until it ends without a relaunch request; its exit code."""
     if not argv:
         raise ValueError("no command to run (stepguard-torchrun -- torchrun ... train.py)")
+    argv = [find_program(argv[0], env, bin_dir), *argv[1:]]
     nodes = node_names(env.get("STEPGUARD_NODES", ""))
     spares = node_names(env.get("STEPGUARD_SPARES", ""))
     history: list[dict[str, object]] = []
@@ -145,8 +170,10 @@ def run(
             })  # fmt: skip
             excluded = ",".join(req.exclude) or "nothing"
             now = ",".join(nodes) or "(torchrun decides)"
-            print(f"stepguard-torchrun: relaunch {attempt} after step {req.step}: excluding "
-                  f"{excluded}, nodes now {now}", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"stepguard-torchrun: relaunch {attempt}: every rank stopped after step "
+                  f"{req.step} with exit code {RELAUNCH_EXIT} on purpose (stepguard restarts the "
+                  f"job: torchrun's ChildFailedError above is that); excluding {excluded}, "
+                  f"nodes now {now}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _write_summary(
@@ -168,7 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- torchrun ... train.py")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    return run(command, os.environ, max_relaunches=args.max_relaunches, summary=args.summary)
+    try:
+        return run(command, os.environ, max_relaunches=args.max_relaunches, summary=args.summary)
+    except FileNotFoundError as exc:  # one line, not a traceback
+        print(exc, file=sys.stderr)
+        return 127
 
 
 if __name__ == "__main__":

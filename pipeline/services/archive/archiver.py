@@ -15,12 +15,17 @@ process fetches and inserts; batches are still stored and committed in fetch ord
 Every other topic, and any steps message the fast path leaves aside, goes through
 ``schemas.decode``.
 
-Bad input never stops the archiver: a message that does not decode, or whose rows the
-table refuses (a value beyond a column's type), goes to the dead-letter topic with the
-error and its source topic/partition/offset, and the rest of the batch is stored.
-ClickHouse being unreachable is different: the insert is retried with backoff, and
-after the last attempt :class:`~pipeline.io.errors.ArchiveError` ends the service with
-nothing committed, so nothing is lost.
+The archiver never stops on data: a message that does not decode, or whose rows the
+archive refuses (a value beyond a column's type, a string longer than a FixedString, an
+Enum element the column lacks, a block spread over too many partitions: by ClickHouse's
+error code, :mod:`~pipeline.services.archive.refusals`), goes to the dead-letter topic
+with the error and its source topic/partition/offset; a refused insert is halved until
+the smallest set of messages that fails is found, and the rest of the batch is stored.
+The tables are partitioned by when the archive stored a row (``received``, migration
+013), not by the writer's own time, so no burst of past- or future-dated records
+spreads one insert over many partitions. Only ClickHouse being down or unwell is
+retried, with backoff; after the last attempt :class:`~pipeline.io.errors.ArchiveError`
+ends the service with nothing committed, so nothing is lost.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def arrow_type(ch_type: str) -> Any:
         return pa.list_(arrow_type(ch_type[len("Array(") : -1]))
     if ch_type.startswith("DateTime"):
         return pa.timestamp("us", tz="UTC")
-    if ch_type.startswith(("Enum", "String", "LowCardinality")):
+    if ch_type.startswith(("Enum", "String", "FixedString", "LowCardinality")):
         return pa.string()
     simple = {
         "UInt8": pa.uint8(), "UInt16": pa.uint16(), "UInt32": pa.uint32(),

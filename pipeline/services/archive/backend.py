@@ -23,6 +23,7 @@ from pipeline.io.redact import redact
 from pipeline.io.settings import Settings
 from pipeline.services.archive.arrow import arrow_array
 from pipeline.services.archive.limits import QueryLimits, WaitingWriters, with_limits
+from pipeline.services.archive.refusals import code_of, is_data_error, refused_value
 
 __all__ = [
     "ArchiveBackend",
@@ -42,10 +43,6 @@ __all__ = [
 #: arrays, a nullable column as a masked array whose mask is NULL; NaN stays NaN).
 Columns = dict[str, Any]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: ClickHouse error codes that mean "these values cannot be stored" rather than "the
-#: server is unwell": bad numbers, dates, enum elements, types, sizes.
-_ROW_ERROR_CODES = frozenset({6, 27, 38, 41, 53, 69, 70, 72, 117, 321, 691})
-_CODE = re.compile(r"Code: (\d+)")
 
 
 def _check_ident(name: str) -> str:
@@ -253,7 +250,7 @@ class ServerBackend:
 
     def _run(self, sql: str, data: Any = None, client: Any = None, **kw: Any) -> Any:
         from clickhouse_driver.errors import Error as DriverError
-        from clickhouse_driver.errors import ServerException, TypeMismatchError
+        from clickhouse_driver.errors import NetworkError, SocketTimeoutError
 
         client = client or self._client
         try:
@@ -261,13 +258,14 @@ class ServerBackend:
                 if data is None:
                     return client.execute(sql, **kw)
                 return client.execute(sql, data, **kw)
-        except TypeMismatchError as exc:
-            raise ArchiveRowError(self._message(exc)) from exc
-        except ServerException as exc:
-            kind = ArchiveRowError if exc.code in _ROW_ERROR_CODES else ArchiveError
-            raise kind(self._message(exc)) from exc
-        except (DriverError, OSError, EOFError) as exc:
-            raise ArchiveError(self._message(exc)) from exc
+        except (NetworkError, SocketTimeoutError, OSError, EOFError) as exc:
+            raise ArchiveError(self._message(exc)) from exc  # down: retried
+        except DriverError as exc:
+            # the server's refusal (ServerException) or the driver's own conversion of
+            # a value (TypeMismatchError, TooLargeStringSize, an unknown Enum element):
+            # the rows' fault or not, by ClickHouse's code (pipeline.services.archive.refusals)
+            data = is_data_error(exc.code, str(exc))
+            raise (ArchiveRowError if data else ArchiveError)(self._message(exc)) from exc
         except (ValueError, TypeError, OverflowError, struct.error) as exc:
             # a value the driver cannot convert to the column's type
             raise ArchiveRowError(self._message(repr(exc))) from exc
@@ -306,10 +304,13 @@ class ServerBackend:
         if n == 0:
             return 0
         sql = f"INSERT INTO {self.database}.{_check_ident(table)} ({', '.join(names)}) VALUES"
+        types = _column_types(self, self._types, table)
+        if problem := refused_value(table, columns, types):
+            raise ArchiveRowError(self._message(problem))
         if not any(isinstance(columns[c], np.ndarray) for c in names):
             self._run(sql, [columns[c] for c in names], columnar=True)
             return n
-        _register_numpy_enums(_column_types(self, self._types, table).values())
+        _register_numpy_enums(types.values())
         data = _for_numpy_driver([columns[c] for c in names])
         self._run(sql, data, client=self._numpy_client, columnar=True)
         return n
@@ -444,9 +445,8 @@ class ChdbBackend:
             with self._lock:
                 self._run(sql)
         except Exception as exc:
-            found = _CODE.search(str(exc))
-            kind = ArchiveRowError if found and int(found[1]) in _ROW_ERROR_CODES else ArchiveError
-            raise kind(f"chDB: {exc}") from exc
+            data = is_data_error(code_of(str(exc)), str(exc))
+            raise (ArchiveRowError if data else ArchiveError)(f"chDB: {exc}") from exc
         finally:
             self._writers.leave()
 
@@ -517,6 +517,9 @@ class ChdbBackend:
         if n == 0:
             return 0
         types = _column_types(self, self._types, table)
+        if problem := refused_value(table, columns, types):
+            # Arrow would store a DateTime past 2106 as 2106 and cut a FixedString
+            raise ArchiveRowError(f"chDB: {problem}")
         try:
             arrow_rows = pa.table(  # noqa: F841 - read by chDB through Python(arrow_rows)
                 {c: arrow_array(columns[c], types[c]) for c in names}

@@ -5,8 +5,8 @@ no window functions), reads with FINAL so replays never double-count, orders its
 completely (the same archive always answers in the same order), and takes
 ``{db}`` plus a few query parameters (``{job:String}``, ``{limit:UInt32}``) whose values
 travel beside the SQL and never become its text (:meth:`ArchiveBackend.query`).
-``stepguard query NAME --job J`` prints one; the README's "Querying the archive"
-section shows each with what it answers.
+``stepguard query NAME --job J`` prints one; docs/archive.md
+shows each with what it answers.
 
 Unsigned commands and alerts are kept in the archive but no query here reads them
 (``commands.signed = 1``, ``alerts.signed != 0``; migration 008): whoever can write a

@@ -1,4 +1,8 @@
-"""Retention: drop whole daily partitions older than a cutoff (cheap on ClickHouse)."""
+"""Retention: drop whole daily partitions older than a cutoff (cheap on ClickHouse).
+
+Since migration 013 a table's daily partitions are by ``received`` (when the archive
+stored the row, the server's clock), so retention counts from then: a record dated
+a year back by its writer is kept as long as one dated today."""
 
 from __future__ import annotations
 

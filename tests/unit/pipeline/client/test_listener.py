@@ -98,3 +98,17 @@ def test_the_listener_forgets_a_command_once_it_has_expired(make):
     assert "cmd-a" in lis._done
     lis._done.expire(datetime.now(UTC) + timedelta(seconds=30 + 301))  # ttl + skew
     assert "cmd-a" not in lis._done
+
+
+def test_a_missing_job_key_points_to_the_key_up_wrote_not_to_a_new_one(tmp_path):
+    """Sourcing only up.env (issue 41 item 7): the advice is the job-controller.env that
+    `up --job` wrote, which the running actuator trusts, not `keys generate`."""
+    from pipeline.io.errors import ConfigError
+
+    s = load_settings({}, kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path / "st",
+                      **key_settings(("actuator",)))  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        CommandListener(s, "job-1")
+    text = str(info.value)
+    assert str(tmp_path / "st" / "job-controller.env") in text and "up.env" in text
+    assert "keys generate" not in text

@@ -60,7 +60,7 @@ def test_unknown_policy_is_refused():
 def test_cli_writes_json_per_policy_and_a_plot(tmp_path):
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     result = CliRunner().invoke(
-        app, ["compare", "--scenario", "ci_smoke", "--json", str(out), "--plot", str(png),
+        app, ["compare", "--scenario", "ci_smoke", "--out", str(out), "--plot", str(png),
               "--sweep-checkpoint", "40,80"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -127,7 +127,7 @@ def test_cli_prints_the_sweep_and_writes_json_and_a_plot(tmp_path):
     result = CliRunner().invoke(
         app, ["plan", "--gpus", "512", "--days", "7", "--checkpoint-s", "600",
               "--replicates", "50", "--rates", str(rates), "--sweep-gpus", "64,4096",
-              "--sweep-days", "7,21", "--json", str(out), "--plot", str(png)],
+              "--sweep-days", "7,21", "--out", str(out), "--plot", str(png)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())

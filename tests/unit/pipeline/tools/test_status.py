@@ -194,3 +194,20 @@ def test_markup_in_job_ids_nodes_and_paths_is_shown_as_text_never_parsed():
                     "isolate['[/n]']", "[/note]"):  # fmt: skip
         assert literal in out, (literal, out)
     assert not [s for s in console._record_buffer if s.style is not None and s.style.link]
+
+
+def test_incident_ids_are_shown_whole_where_an_operator_copies_them():
+    """One display form (issue 41 item 3): the 24-hex key that `query incidents` prints
+    and `report --incident` / `label` take, in `alerts` and in `status` alike."""
+    from schemas.alerts import incident_key
+
+    key = incident_key("job-1", "node-3", "straggler", 1_000)
+    assert len(key) == 24
+    assert alert_line(alert(incident=key)).plain.endswith(f"[incident {key}]")
+    snap = StatusSnapshot(
+        at=T0, bootstrap="127.0.0.1:9092", services_from="-", services=[], jobs=[],
+        incidents=incidents_from([alert(incident=key)]), held=[],
+    )  # fmt: skip
+    buf = io.StringIO()
+    Console(file=buf, width=80, color_system=None).print(render_status(snap, 500))
+    assert key in buf.getvalue().replace("\n", "").replace(" ", "").replace("│", "")

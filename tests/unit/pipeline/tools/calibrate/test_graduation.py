@@ -218,7 +218,7 @@ def test_cli_calibrate_actions_prints_the_report_and_the_control_command(
 
     out = tmp_path / "g.json"
     result = CliRunner().invoke(
-        app, ["calibrate", "--actions", "--min-approvals", "3", "--json", str(out)],
+        app, ["calibrate", "--actions", "--min-approvals", "3", "--out", str(out)],
         env={"COLUMNS": "200"},
     )  # fmt: skip
     assert result.exit_code == 0, result.output
