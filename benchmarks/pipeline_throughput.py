@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -61,9 +63,19 @@ from pipeline.client import StepExporter  # noqa: E402
 from pipeline.io.embedded import TansuBroker, free_port  # noqa: E402
 from pipeline.io.kafka import create_topics, make_producer, registry_of  # noqa: E402
 from pipeline.io.settings import Settings, load_settings  # noqa: E402
+from pipeline.io.telemetry_auth import NodeKeys, TelemetryVerifier  # noqa: E402
 from pipeline.io.trust import ephemeral_keys  # noqa: E402
 from pipeline.services.worker.records import partition_for  # noqa: E402
 from schemas import TOPICS, RankSample, StepTelemetry, encode  # noqa: E402
+
+#: the benchmark's cluster telemetry secret: every message carries its nodes' proofs
+#: (as exporters and rack aggregators send them), and the workers verify them, unless
+#: a row measures the worker without authentication (``AUTH["on"] = False``), or the
+#: proof headers carried but not checked (``AUTH["check"] = False``: what the header's
+#: transport costs apart from the check)
+BENCH_SECRET = os.urandom(32)
+BENCH_KEYS = NodeKeys(secret=BENCH_SECRET)
+AUTH = {"on": True, "check": True}
 
 
 def node_model(job: str, node: int, step: int, ts: float, gpus: int = 8) -> StepTelemetry:
@@ -112,6 +124,12 @@ class NodeMessages:
             ]
             for group in range(0, nodes, rack)
         ]
+        #: the nodes each sender's message speaks for (its proofs)
+        self.senders = [
+            [f"node-{group:05d}"] if rack == 1 else
+            [f"rack-{group // rack:05d}"] + [f"node-{n:05d}" for n in range(group, group + rack)]
+            for group in range(0, nodes, rack)
+        ]  # fmt: skip
 
     def _message(self, job: str, first: int, step: int, rack: int) -> bytes:
         if rack == 1:
@@ -128,6 +146,18 @@ class NodeMessages:
             b"end": datetime.fromtimestamp(ts, UTC).strftime(fmt).encode(),
         }
         return [variants[step % 11] % args for variants in self.templates]
+
+    def send(self, producer: Any, topic: str, key: bytes, step: int, ts: float) -> int:
+        """Send every sender's message for ``step``, with its nodes' proofs (when
+        ``AUTH["on"]``); returns how many."""
+        values = self.render(step, ts)
+        for value, nodes in zip(values, self.senders, strict=True):
+            if AUTH["on"]:
+                headers = BENCH_KEYS.proofs(value, nodes)
+                producer.send(topic, key=key, value=value, headers=headers)
+            else:
+                producer.send(topic, key=key, value=value)
+        return len(values)
 
 
 def fresh(settings: Settings) -> Settings:
@@ -165,9 +195,7 @@ def prefill(settings: Settings, job: str | list[str], nodes: int, steps: int, ra
     n = 0
     for step in range(steps):
         for j, msgs in zip(jobs, messages, strict=True):
-            for value in msgs.render(step, t0 + step):
-                producer.send(topic, key=j.encode(), value=value)
-                n += 1
+            n += msgs.send(producer, topic, j.encode(), step, t0 + step)
     producer.flush(timeout=120)
     producer.close()
     return n
@@ -198,22 +226,35 @@ def bench_bare_consumer(settings: Settings, expected: int) -> float:
 
 
 # -- the worker's core without Faust ---------------------------------------------------
-def bench_core(nodes: int, steps: int, rack: int = 1) -> float:
+def bench_core(
+    nodes: int, steps: int, rack: int = 1, auth: bool = False, cpu_out: list[float] | None = None
+) -> float:
     """Rank-steps/s of :class:`WorkerDetection` alone (decode, assembly, detection, snapshots)
-    on pre-encoded records, in this process: what the worker would do without Faust."""
+    on pre-encoded records, in this process: what the worker would do without Faust.
+    ``auth``: each record carries its nodes' proofs and the core verifies them; with
+    ``cpu_out``, this process's CPU microseconds per message are appended to it."""
     from pipeline.services.worker.state import CoreTopics, WorkerDetection
 
     messages = NodeMessages("core-job", nodes, rack)
     t0 = time.time() - steps
     values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
-    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0)
+    senders = messages.senders * steps
+    headers = [
+        BENCH_KEYS.proofs(v, n) if auth else None for v, n in zip(values, senders, strict=True)
+    ]
+    check = TelemetryVerifier(NodeKeys(secret=BENCH_SECRET)) if auth else None
+    core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0,
+                           telemetry=check)  # fmt: skip
     scored, letters = 0, 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for offset, value in enumerate(values):
-        out = core.handle_step(0, offset, b"core-job", value, token=None)
+        out = core.handle_step(0, offset, b"core-job", value, token=None,
+                               headers=headers[offset])  # fmt: skip
         scored += out.rank_steps
         letters += len(out.dead_letters)
     elapsed = time.perf_counter() - start
+    if cpu_out is not None:
+        cpu_out.append((time.process_time() - cpu) / len(values) * 1e6)
     if letters or not scored:
         raise RuntimeError(f"the core dead-lettered {letters} records, scored {scored}")
     return scored / elapsed
@@ -251,6 +292,92 @@ def bench_core_parts(nodes: int, steps: int) -> dict[str, float]:
     on_step_s = time.perf_counter() - start
     n = len(values) / 1e6
     return {"decode_us": decode_s / n, "frame_us": frame_s / n, "on_step_us": on_step_s / n}
+
+
+def bench_verify(nodes: int, steps: int, rack: int = 1) -> float:
+    """CPU microseconds per steps message that the worker's proof check alone takes
+    (the value hashed once, one HMAC per node it speaks for, against its headers)."""
+    from pipeline.io.fastdecode import decode_step
+    from pipeline.io.telemetry_auth import message_nodes
+
+    messages = NodeMessages("core-job", nodes, rack)
+    t0 = time.time() - steps
+    values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
+    headers = [BENCH_KEYS.proofs(v, n) for v, n in
+               zip(values, messages.senders * steps, strict=True)]  # fmt: skip
+    views = [decode_step(v) for v in values]
+    check = TelemetryVerifier(NodeKeys(secret=BENCH_SECRET))
+    start = time.process_time()  # this process's CPU: a shared machine's load aside
+    for value, view, proof in zip(values, views, headers, strict=True):
+        if check.nodes_problem(proof, value, message_nodes(view)) is not None:
+            raise RuntimeError("a benchmark message failed its proof")
+    return (time.process_time() - start) / len(values) * 1e6
+
+
+def bench_auth(base: Settings, steps: int, tmp: Path, rack: int, rounds: int = 3) -> dict:
+    """The cost of authenticated telemetry, same run: the proof check alone per message,
+    the core with and without proofs (node and rack messages), and the worker on the
+    embedded broker with and without (128 nodes x ``steps``, each worker its own freshly
+    filled topic). Runs alternate, ``rounds`` of each; the best of each is kept (a
+    shared machine's noise only ever slows a run down)."""
+    out: dict[str, float] = {}
+    out["auth_verify_us_per_message"] = min(bench_verify(128, 60) for _ in range(rounds))
+    out["auth_verify_us_per_message_rack"] = min(
+        bench_verify(2048, 8, rack=rack) for _ in range(rounds)
+    )
+    plain, signed, plain_r, signed_r = [], [], [], []
+    cpu_core: list[float] = []
+    cpu_core_auth: list[float] = []
+    for _ in range(rounds):
+        plain.append(bench_core(128, 60, cpu_out=cpu_core))
+        signed.append(bench_core(128, 60, auth=True, cpu_out=cpu_core_auth))
+        plain_r.append(bench_core(2048, 8, rack=rack))
+        signed_r.append(bench_core(2048, 8, rack=rack, auth=True))
+    out["core_rank_steps_per_s_noauth"], out["core_rank_steps_per_s_auth"] = max(plain), max(signed)
+    out["core_rank_steps_per_s_rack_noauth"] = max(plain_r)
+    out["core_rank_steps_per_s_rack_auth"] = max(signed_r)
+    # this process's CPU per node message in the core, with and without (median)
+    out["core_cpu_us_per_message_noauth"] = statistics.median(cpu_core)
+    out["core_cpu_us_per_message_auth"] = statistics.median(cpu_core_auth)
+    out["auth_core_cpu_cost_pct"] = 100.0 * (
+        out["core_cpu_us_per_message_auth"] / out["core_cpu_us_per_message_noauth"] - 1
+    )
+    # a node message is 8 rank-steps: the core's time per message, and the check's share
+    core_us = 8 / out["core_rank_steps_per_s_noauth"] * 1e6
+    out["auth_verify_share_of_core_pct"] = 100.0 * out["auth_verify_us_per_message"] / core_us
+    worker_plain, worker_signed, cpu_plain, cpu_signed, cpu_carried = [], [], [], [], []
+    for _ in range(rounds):
+        AUTH["on"] = False
+        try:
+            worker_plain.append(
+                bench_worker_throughput(fresh(base), 128, steps, tmp, cpu_out=cpu_plain)[0]
+            )
+        finally:
+            AUTH["on"] = True
+        worker_signed.append(
+            bench_worker_throughput(fresh(base), 128, steps, tmp, cpu_out=cpu_signed)[0]
+        )
+        AUTH["check"] = False  # the headers travel, the worker does not check them
+        try:
+            bench_worker_throughput(fresh(base), 128, steps, tmp, cpu_out=cpu_carried)
+        finally:
+            AUTH["check"] = True
+    out["worker_cpu_us_per_rank_step_headers_unchecked"] = statistics.median(cpu_carried)
+    out["worker_rank_steps_per_s_noauth"] = max(worker_plain)
+    out["worker_rank_steps_per_s_auth"] = max(worker_signed)
+    out["auth_worker_cost_pct"] = 100.0 * (
+        1 - out["worker_rank_steps_per_s_auth"] / out["worker_rank_steps_per_s_noauth"]
+    )
+    # the worker's own CPU per rank-step (median of the rounds): robust to the load
+    out["worker_cpu_us_per_rank_step_noauth"] = statistics.median(cpu_plain)
+    out["worker_cpu_us_per_rank_step_auth"] = statistics.median(cpu_signed)
+    out["auth_worker_cpu_cost_pct"] = 100.0 * (
+        out["worker_cpu_us_per_rank_step_auth"] / out["worker_cpu_us_per_rank_step_noauth"] - 1
+    )
+    # the check's own CPU per node message (8 rank-steps) against the worker's
+    per_message = 8 * out["worker_cpu_us_per_rank_step_noauth"]
+    out["auth_verify_share_of_worker_pct"] = 100.0 * out["auth_verify_us_per_message"] / per_message
+    return out
 
 
 # -- faust baseline --------------------------------------------------------------------
@@ -316,6 +443,11 @@ class WorkerProc:
             }
             | WORKER_ENV
         )
+        # telemetry proofs: the cluster secret, or authentication off (logged)
+        if AUTH["on"] and AUTH["check"]:
+            env["STEPGUARD_TELEMETRY_SECRET"] = base64.b64encode(BENCH_SECRET).decode()
+        else:
+            env["STEPGUARD_TELEMETRY_AUTH"] = "off"
         # the worker signs its alerts and verifies commands: throwaway keys
         keys = ephemeral_keys(settings, "bench", ("worker", "actuator"))
         for name, value in keys.items():
@@ -394,8 +526,13 @@ class WorkerProc:
 
 
 def bench_worker_throughput(
-    settings: Settings, nodes: int, steps: int, tmp: Path, rack: int = 1, timeout_s: float = 600
-):
+    settings: Settings, nodes: int, steps: int, tmp: Path, rack: int = 1, timeout_s: float = 600,
+    cpu_out: list[float] | None = None,
+):  # fmt: skip
+    """Rank-steps/s of one worker over a prefilled backlog, and its peak RSS; with
+    ``cpu_out``, the worker's CPU microseconds per rank-step while it scored are
+    appended to it (its own time: what a loaded machine's other processes do not
+    change)."""
     prefill(settings, "bench-job", nodes, steps, rack)
     total = (steps - 2) * nodes * 8  # the last steps wait for a later one to complete
     w = WorkerProc(settings, tmp)
@@ -408,7 +545,7 @@ def bench_worker_throughput(
             w.check(text)
             v = w.value("stepguard_worker_rank_steps_total", text)
             if v > 0 and t_first is None:
-                t_first, v_first = time.perf_counter(), v
+                t_first, v_first, cpu_first = time.perf_counter(), v, w.cpu_s()
             if v >= total:
                 break
             time.sleep(0.05)
@@ -416,6 +553,8 @@ def bench_worker_throughput(
             w.check()
             raise RuntimeError(f"worker scored {v} of {total} rank-steps in {timeout_s:.0f} s")
         rate = (v - v_first) / (time.perf_counter() - t_first)
+        if cpu_out is not None:
+            cpu_out.append((w.cpu_s() - cpu_first) / (v - v_first) * 1e6)
         return rate, w.peak_rss_mb()
     finally:
         w.stop()
@@ -545,9 +684,7 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path, rack:
             time.sleep(0.25)
         step = 0
         while w.value("stepguard_worker_steps_total") < 3 and time.monotonic() < deadline:
-            now = time.time()
-            for value in messages.render(step, now):
-                producer.send(topic, key=job.encode(), value=value)
+            messages.send(producer, topic, job.encode(), step, time.time())
             producer.flush()
             step += 1
             time.sleep(1.0)
@@ -557,9 +694,8 @@ def bench_latency(settings: Settings, nodes: int, seconds: int, tmp: Path, rack:
         t_next = time.monotonic()
         for _ in range(seconds):
             t_next += 1.0
-            now = time.time()  # every rank of the synchronous job ends the step now
-            for value in messages.render(step, now):
-                producer.send(topic, key=job.encode(), value=value)
+            # every rank of the synchronous job ends the step now
+            messages.send(producer, topic, job.encode(), step, time.time())
             producer.flush()
             step += 1
             time.sleep(max(0.0, t_next - time.monotonic()))
@@ -763,6 +899,19 @@ def main() -> None:
         help="skip the two-workers row (implied on the embedded broker, where it hangs)",
     )  # fmt: skip
     ap.add_argument(
+        "--auth-only",
+        action="store_true",
+        help="only the cost of authenticated telemetry: the core and the worker with and "
+        "without proofs, same run (--json keys auth_*, *_auth, *_noauth)",
+    )
+    ap.add_argument(
+        "--auth-steps", type=int, default=0, help="steps of the --auth-only worker runs",
+    )  # fmt: skip
+    ap.add_argument(
+        "--auth-rounds", type=int, default=3,
+        help="--auth-only: runs of each kind, alternating (the best of each is kept)",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch-max", type=int, default=0,
         help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one event per call; 0: "
         "the default)",
@@ -790,6 +939,17 @@ def main() -> None:
             results["command"], ("faust-streaming", "aiokafka", "msgspec", "numpy", "pydantic")
         )
         results["load_average_start"] = os.getloadavg()[0]
+        if args.auth_only:
+            print("authenticated telemetry: with and without ...", flush=True)
+            for key, value in bench_auth(
+                base, args.auth_steps or steps, tmp, args.rack, args.auth_rounds
+            ).items():
+                results[key] = value
+            results["load_average_end"] = os.getloadavg()[0]
+            print(json.dumps(results, indent=2))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            return
         print("detector baseline (one core) ...", flush=True)
         results["detector_full_rank_steps_per_s"] = bench_size(1024, 2.0)["full"]
         results["core_rank_steps_per_s"] = bench_core(128, 60)

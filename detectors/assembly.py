@@ -104,6 +104,27 @@ class StepAssembler:
         buf.newest_ts = max(buf.newest_ts, ts)
         return self._drain(buf)
 
+    def reporting(self, job_id: str) -> frozenset[str]:
+        """The nodes of ``job_id``'s latest assembled step (empty before the first)."""
+        buf = self._jobs.get(job_id)
+        return frozenset(buf.known_nodes) if buf is not None else frozenset()
+
+    def progress(self, job_id: str) -> float | None:
+        """Event time of the newest buffered step of ``job_id`` that at least half of
+        the nodes of its latest assembled step reported (its earliest node's time):
+        the job is stepping even while one node's record of that step is missing.
+        None when no such step is buffered."""
+        buf = self._jobs.get(job_id)
+        if buf is None or not buf.known_nodes:
+            return None
+        need = (len(buf.known_nodes) + 1) // 2
+        best: float | None = None
+        for step, hits in buf.known_hits.items():
+            if hits >= need:
+                ts = buf.first_ts[step]
+                best = ts if best is None else max(best, ts)
+        return best
+
     def expire(self, now: float) -> list[StepFrame]:
         """The clock at event time ``now`` with no message: hand out the steps of a job
         whose nodes are not known yet that the clock is ``lag_s`` past (a job shorter

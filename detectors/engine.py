@@ -106,6 +106,10 @@ class DetectorSuite:
         Steps processed.
     """
 
+    #: event time of the job's newest step most of its nodes reported, set by the core
+    #: before each :meth:`tick` (None: only completed steps count as progress)
+    stepping_at: float | None = None
+
     def __init__(self, job_id: str, config: DetectorConfig | None = None) -> None:
         if not job_id:
             raise ValueError("job_id must not be empty")
@@ -371,10 +375,18 @@ class DetectorSuite:
         g = self.grader
         step = self.last_step + 1
         alerts: list[Alert] = []
-        h = self.hang.graded(now)
+        # silence counts from the job's last progress: a step most of its nodes
+        # reported (``stepping_at``, set by the core) is progress even while one node's
+        # record of it is missing (refused, or that node died: the missing detector's)
+        last = self.hang.last_ts
+        stepping = self.stepping_at
+        at = now
+        if stepping is not None and last is not None and stepping > last:
+            at = now - (min(stepping, now) - last)
+        h = self.hang.graded(at)
         hang_f: list[Finding] = []
         if h >= g.min_score("hang"):
-            baseline, why = self.hang.explain(now)
+            baseline, why = self.hang.explain(at)
             hang_f.append(
                 Finding(
                     "hang",
@@ -382,7 +394,7 @@ class DetectorSuite:
                     None,
                     h,
                     "seconds_since_step",
-                    now - (self.hang.last_ts or now),
+                    at - (self.hang.last_ts or at),
                     h,
                     baseline=baseline,
                     detail=f"{why}; last step {self.last_step}",

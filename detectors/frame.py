@@ -35,8 +35,43 @@ import numpy.typing as npt
 from schemas.telemetry import Phase, RankSample, StepTelemetry
 
 __all__ = [
-    "PHASE_CODES", "PHASES", "ROW_FIELDS", "WORK_FIELDS", "NodeStep", "RankRow", "StepFrame",
-]  # fmt: skip
+    "NODE_CLOCK_SPREAD_S",
+    "PHASE_CODES",
+    "PHASES",
+    "ROW_FIELDS",
+    "WORK_FIELDS",
+    "NodeStep",
+    "RankRow",
+    "StepFrame",
+    "step_times",
+]
+
+#: Seconds the nodes of a synchronous step may disagree on when it ended (or began):
+#: the step's time is its nodes' (low) median, and the latest node counts only this
+#: far beyond it.
+NODE_CLOCK_SPREAD_S = 2.0
+
+
+def step_times(ends: Sequence[float], starts: Sequence[float]) -> tuple[float, float]:
+    """The end and start of one step from its nodes' own times, so that no single node
+    moves them: the latest end, but at most :data:`NODE_CLOCK_SPREAD_S` past the nodes'
+    low median, and the earliest start, at most that much before their high median.
+    One node dating its record +290 s (within the skew the worker accepts) moved the
+    job's clock and made the job look hung for minutes while it kept stepping.
+
+    >>> step_times([10.0, 10.1, 300.0], [9.0, 9.1, 8.9])
+    (12.0, 8.9)
+    >>> step_times([10.0, 300.0], [9.0, -500.0])
+    (12.0, 7.0)
+    >>> step_times([], [])
+    (0.0, inf)
+    """
+    if not ends:
+        return 0.0, float("inf")
+    e, b = sorted(ends), sorted(starts)
+    low, high = e[(len(e) - 1) // 2], b[len(b) // 2]
+    return min(e[-1], low + NODE_CLOCK_SPREAD_S), max(b[0], high - NODE_CLOCK_SPREAD_S)
+
 
 #: Phase <-> int8 code used in frames (keyed by the value too: Phase is a StrEnum).
 PHASES: tuple[Phase, ...] = (Phase.WARMUP, Phase.TRAIN, Phase.EVAL, Phase.CHECKPOINT)
@@ -179,8 +214,8 @@ class StepFrame:
         node_pos: dict[str, int] = {}
         rows: list[tuple[object, ...]] = []
         where: list[int] = []  # each row's position in ``nodes``
-        ts = 0.0
-        ts_start = float("inf")
+        ends: list[float] = []
+        starts: list[float] = []
 
         def pos(node: str) -> int:
             p = node_pos.get(node)
@@ -192,8 +227,8 @@ class StepFrame:
         for m in messages:
             if m.job_id != job_id or m.step != step:
                 raise ValueError("messages mix jobs or steps")
-            ts = max(ts, m.ts_end.timestamp())
-            ts_start = min(ts_start, m.ts_start.timestamp())
+            ends.append(m.ts_end.timestamp())
+            starts.append(m.ts_start.timestamp())
             packed = m.rows() if hasattr(m, "rows") else list(map(_ROW, m.samples))
             if not packed:
                 continue
@@ -230,6 +265,7 @@ class StepFrame:
         loss, has_loss = map(take, _signal(cols[10]))
         grad_norm, has_grad_norm = map(take, _signal(cols[11]))
         tokens, flops, max_seq_len = (_work(cols[k], take) for k in (12, 13, 14))
+        ts, ts_start = step_times(ends, starts)
         return cls(
             job_id=job_id,
             step=step,

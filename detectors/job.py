@@ -21,7 +21,8 @@ messages). The core restores one order, on event time:
 2. **Health waits for the steps to pass it.** A health report is held until a frame
    ends at or after its event time, and is then processed just before that frame;
    or until a :meth:`~JobDetection.tick` reaches its event time (the job is stalled:
-   the report is processed and the clock checked at the report's own time). A report
+   the report is processed and the clock checked at the report's own time, as far as
+   the job's frames support it, :meth:`~JobDetection.clock_at`). A report
    therefore cannot make a job look hung while its steps are still in flight. When
    it *arrived* (the core's event time then) is noted at once
    (:meth:`~detectors.hang.presence.HealthPresence.arrived`): a node is silent only while
@@ -29,8 +30,9 @@ messages). The core restores one order, on event time:
 3. **A frame is scored, then the clock is checked at its end time.** A long step
    that just ended (a checkpoint save) is progress, not a hang.
 4. **Ticks check the clock** at an event time the driver estimates (the worker:
-   newest step time plus the wall time since it arrived). A tick never goes back in
-   time.
+   newest step time, bounded by :meth:`~JobDetection.clock_at`, plus the wall time
+   since it arrived). A tick never goes back in time. A step's time is its nodes'
+   robust time (:func:`~detectors.frame.step_times`): one node's clock cannot move it.
 5. **Lifecycle events** are the exporter's word, unsigned, and never switch detection
    off alone (:mod:`detectors.job_guard`). An announced long phase (checkpoint,
    evaluation) gives the clock the phase's expected duration until the next step
@@ -38,7 +40,9 @@ messages). The core restores one order, on event time:
    said it stopped) until ``end_confirm_s`` of event time pass without a step after
    it, or :meth:`~JobDetection.flush`; then every open episode resolves ("job ended:
    <reason>") and the job is :attr:`~JobDetection.ended`: drivers drop its state. A
-   step after it refuses it. Refusals and cuts are ``lifecycle`` WARNINGs.
+   step after it refuses it. Refusals and cuts are ``lifecycle`` WARNINGs. An event
+   other than a start that comes before the job's first step is held (at most
+   ``MAX_HELD_EVENTS``) until that step confirms the job, then judged.
 6. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
    starts its relaunch grace at the current event time (the job goes quiet while it
    relaunches); the executor's SUCCEEDED result for a RESTART or ROLLBACK starts it
@@ -48,6 +52,17 @@ messages). The core restores one order, on event time:
 7. **Health judges members only.** A report of a node that is not a member of the job
    (seen in its steps, or declared by its start event) never reaches the detectors,
    so it cannot lead to isolating that node: one INFO notice per node instead.
+
+8. **A record speaks only for its own node's ranks.** A rank belongs to the first node
+   that reported it; while that node still reports (it is in the job's latest step) the
+   rank does not move, and a step record of another node carrying it is refused
+   (:class:`~detectors.errors.RefusedRecord`), so no node joins the job on the strength
+   of another's ranks. A rank far beyond those the job has shown (more than twice its
+   highest, once a step was assembled) is refused too, and so is a step number further
+   ahead of the job's last step than the assembler's ``max_lag_steps`` strides (it
+   would force the job's steps out and shrink its nodes). Each refused node is named in a
+   WARNING (``guardrail``, metric ``refused_records``): its problem, not the job's.
+   Ownership starts afresh when the job relaunches (ranks move to new hardware).
 
 Everything kept is bounded: held health and remembered commands (``max_held_health``,
 ``max_commands``: beyond them the oldest report is processed at once, the oldest
@@ -88,7 +103,7 @@ import numpy as np
 
 from detectors.assembly import StepAssembler
 from detectors.engine import DetectorConfig, DetectorSuite
-from detectors.errors import CapacityError
+from detectors.errors import CapacityError, RefusedRecord
 from detectors.frame import NodeStep, StepFrame
 from detectors.job_guard import JobGuard, LifecycleLimits, PendingEnd
 from schemas import (
@@ -102,6 +117,7 @@ from schemas import (
     Evidence,
     Grade,
     JobEvent,
+    JobEventKind,
     NodeHealth,
     RecommendedAction,
     episode_fingerprint,
@@ -116,6 +132,8 @@ __all__ = ["Detected", "Detectors", "JobDetection"]
 _RELAUNCHED = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK})
 #: most nodes remembered as having sent steps of one job (oldest first out)
 MAX_STEP_NODES = 4096
+#: lifecycle events held before the job's first step (more are dropped)
+MAX_HELD_EVENTS = 16
 
 
 class Detectors(Protocol):
@@ -234,27 +252,64 @@ class JobDetection:
         self._orphans: OrderedDict[str, CommandResult] = OrderedDict()
         #: commands whose SUCCEEDED result was acted on (once each; at most max_commands)
         self._acted: OrderedDict[str, None] = OrderedDict()
+        self._owners = _RankOwners()
 
     # -- inputs ------------------------------------------------------------------------
     def on_step(self, msg: NodeStep) -> Detected:
         """One node's telemetry of one step: the alerts of the frames it completed."""
         self._check_job(msg.job_id)
-        self._count_ranks(msg)
-        self.guard.join(msg.node)
-        return self._frames(self.assembler.add(msg), Detected())
+        last = self.last_step
+        reach = self.assembler.max_lag_steps * self._stride()
+        if self.frames and msg.step > last + reach:
+            refusals = self._refusals()
+            if not refusals.jumped(
+                msg.node, msg.step, last, reach, self.assembler.reporting(self.job_id)
+            ):
+                why = (
+                    f"node {msg.node} reports step {msg.step} while the job completed step "
+                    f"{last}: too far ahead of the job's progress, refused"
+                )
+                self._note(msg, why)
+                raise RefusedRecord(why)
+        owners = self._rank_owners()
+        if not owners.same(msg):
+            try:
+                owners.check(
+                    msg,
+                    self.assembler.reporting(self.job_id),
+                    assembled=self.frames > 0,
+                    declared=msg.node in self.guard.members,
+                )
+            except RefusedRecord as exc:
+                self._note(msg, str(exc))
+                raise
+            self._count_ranks(msg)
+            self.guard.join(msg.node)
+            owners.take(msg)
+        out = Detected(alerts=self._take_notes())
+        return self._frames(self.assembler.add(msg), out)
 
     def on_frame(self, frame: StepFrame) -> list[Alert]:
         """One assembled step (rules 2 and 3): held health up to its end time, the
         step, then the clock at its end time."""
         self._check_job(frame.job_id)
+        prev = self.__dict__.get("_prev_step")
+        if prev is not None and frame.step > prev:
+            self._step_stride = frame.step - prev
+        self._prev_step = frame.step
         self.guard.learn(frame.nodes)
         self._saw_nodes(frame.nodes)
         alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
         alerts += self._release_health(frame.ts, tick=False)
         alerts += self.suite.process_step(frame)
-        alerts += self.suite.tick(frame.ts)
+        alerts += self._tick_suite(frame.ts)
         self._advance(frame.ts)
         self.frames += 1
+        held = self.__dict__.get("_events_held")
+        if held:  # the job's first step confirms it: what it said before counts now
+            self._events_held: list[JobEvent] = []
+            for event in held:
+                alerts += self.on_lifecycle(event)
         return self._stamp(alerts)
 
     def on_health(self, msg: NodeHealth) -> list[Alert]:
@@ -316,6 +371,7 @@ class JobDetection:
         not a hang for the relaunch grace."""
         self._grace(now, removed_nodes)
         self.relaunches += 1
+        self._rank_owners().clear()  # the new run may place its ranks anew
 
     def resume(self, at: float) -> None:
         """The pipeline, not the job, was away until about event time ``at`` (this state
@@ -333,6 +389,12 @@ class JobDetection:
         anomalies it raised (refused or cut short)."""
         self._check_job(event.job_id)
         if self.ended is not None:
+            return []
+        if self.frames == 0 and event.kind is not JobEventKind.START:
+            # rule 5: no step of the job confirms it yet; held until its first step
+            held = self._held_events()
+            if len(held) < MAX_HELD_EVENTS:
+                held.append(event)
             return []
         verdict = self.guard.on_event(event, self.now, self.last_step)
         max_s = self.guard.limits.max_phase_s  # it bounds an unsaid length too
@@ -392,13 +454,13 @@ class JobDetection:
         """:meth:`tick`, with the frames the clock completed: buffered steps it is
         the assembler's ``lag_s`` past, and every buffered step when a pending end is
         confirmed (they were sent before it)."""
-        out = self._frames(self.assembler.expire(now), Detected())
+        out = self._frames(self.assembler.expire(now), Detected(alerts=self._take_notes()))
         if self.now is not None and now <= self.now:
             return out
         alerts = self._release_health(now, tick=True)
         if self.now is None or now > self.now:  # not ticked there by a report already
             if self.guard.ending is None:  # a pending end holds the clock
-                alerts += self.suite.tick(now)
+                alerts += self._tick_suite(now)
             self._advance(now)
         out.alerts += self._stamp(alerts)
         end = self.guard.due(now)
@@ -406,6 +468,26 @@ class JobDetection:
             self._frames(self.assembler.flush(), out)  # sent before the end
             out.alerts += self._stamp(self._end(end))
         return out
+
+    def clock_at(self, ts: float) -> float:
+        """The event time a step record dated ``ts`` lets the job's tick clock reach
+        (rule 4): no further than the job's frames support, its newest processed time
+        plus 1.5 median step times (the next step's records; the assembler's ``lag_s``
+        before a step time is known). One record dated
+        +290 s (inside the skew a worker accepts) otherwise moved the worker's tick
+        clock ahead of the job, and the job was called hung while it kept stepping.
+
+        >>> det = JobDetection("j")
+        >>> det.clock_at(1000.0)          # no frame yet: nothing to bound it by
+        1000.0
+        >>> det.now = 100.0
+        >>> det.clock_at(390.0), det.clock_at(101.0)     # lag_s before a step time
+        (102.0, 101.0)
+        """
+        if self.now is None:
+            return ts
+        med = self.suite.hang.median_step_time if isinstance(self.suite, DetectorSuite) else None
+        return min(ts, self.now + (1.5 * med if med else self.assembler.lag_s))
 
     def _frames(self, frames: list[StepFrame], out: Detected) -> Detected:
         """Process assembled ``frames`` in order, into ``out``."""
@@ -470,6 +552,46 @@ class JobDetection:
         self._ranks[ranks] = True
         self._n_ranks += new
 
+    def _held_events(self) -> list[JobEvent]:
+        held: list[JobEvent] | None = self.__dict__.get("_events_held")
+        if held is None:
+            held = self._events_held = []
+        return held
+
+    def _tick_suite(self, at: float) -> list[Alert]:
+        """The suite's clock at ``at``, told how far the job has stepped: a step most
+        of its nodes reported is progress though one node's record of it is missing
+        (refused, or that node died: the missing detector names it)."""
+        if isinstance(self.suite, DetectorSuite):
+            self.suite.stepping_at = self.assembler.progress(self.job_id)
+        return self.suite.tick(at)
+
+    def _stride(self) -> int:
+        """Steps between the job's last two frames (at least 1): how step numbers move."""
+        return max(1, int(self.__dict__.get("_step_stride", 1)))
+
+    def _rank_owners(self) -> _RankOwners:
+        owners: _RankOwners | None = self.__dict__.get("_owners")
+        if owners is None:  # a snapshot from before rule 8
+            owners = self._owners = _RankOwners()
+        return owners
+
+    def _refusals(self) -> _Refusals:
+        refusals: _Refusals | None = self.__dict__.get("_refused")
+        if refusals is None:
+            refusals = self._refused = _Refusals(self.job_id)
+        return refusals
+
+    def _note(self, msg: NodeStep, why: str) -> None:
+        """A refused record of ``msg.node``: its WARNING goes out with the next call."""
+        noted: list[Alert] = self.__dict__.get("_noted") or []
+        self._noted = noted + self._refusals().note(msg, why, max(self.last_step, 0))
+
+    def _take_notes(self) -> list[Alert]:
+        noted: list[Alert] = self.__dict__.get("_noted") or []
+        self._noted = []
+        return self._stamp(noted)
+
     def _acted_results(self) -> OrderedDict[str, None]:
         acted: OrderedDict[str, None] | None = self.__dict__.get("_acted")
         if acted is None:  # a snapshot from before this set existed
@@ -521,10 +643,14 @@ class JobDetection:
             alerts = self.suite.process_health(msg)
         else:  # rule 7: not judged for the job, so never a reason to isolate the node
             alerts = self.guard.outsider(msg, max(self.last_step, 0))
-        if tick and (self.now is None or hts >= self.now):
+        # a report moves the clock no further than the job's frames support (rule 4):
+        # one dated +290 s, released at the end of input or by an overflow of the hold,
+        # otherwise checked the job for a hang 290 s after its last step
+        at = self.clock_at(hts)
+        if tick and (self.now is None or at >= self.now):
             if self.guard.ending is None:
-                alerts += self.suite.tick(hts)
-            self._advance(hts)
+                alerts += self._tick_suite(at)
+            self._advance(at)
         return alerts
 
     def _end(self, end: PendingEnd) -> list[Alert]:
@@ -538,3 +664,137 @@ class JobDetection:
         into.move_to_end(key)
         while len(into) > self.max_commands:
             into.popitem(last=False)
+
+
+class _RankOwners:
+    """Which node holds each rank of the job (rule 8); plain data for the state codec:
+    an array of node indices by rank, so a job of 131k ranks keeps one int32 each."""
+
+    def __init__(self) -> None:
+        self.node_ranks: dict[str, tuple[int, ...]] = {}  #: each node's last rank set
+        self.names: list[str] = []  #: node names by index
+        self.index: dict[str, int] = {}
+        self.owner = np.full(0, -1, dtype=np.int32)  #: node index by rank (-1: none)
+        self.top = -1  #: highest rank of an admitted record
+
+    def same(self, msg: NodeStep) -> bool:
+        """The node reports the ranks it reported last time (the hot path)."""
+        ranks = self.node_ranks.get(msg.node)
+        return ranks is not None and ranks == tuple(s.rank for s in msg.samples)
+
+    def check(
+        self, msg: NodeStep, reporting: frozenset[str], *, assembled: bool, declared: bool
+    ) -> None:
+        """Refuse ``msg`` if it carries a rank another node holds and still reports (in
+        the job's latest step, or before any step was assembled), or, from a node the
+        job has not declared, a rank far beyond the job's once a step was assembled.
+        A rank's node is its sample's (a rack's message names each), else the sender."""
+        listed = [s.rank for s in msg.samples]
+        if not listed:
+            return
+        top = max(listed)
+        if assembled and not declared and self.top >= 0 and top > 2 * self.top + 1:
+            raise RefusedRecord(
+                f"node {msg.node} reports rank {top}, far beyond the job's highest "
+                f"rank {self.top}: refused"
+            )
+        if len(self.names) >= 2 * MAX_NODES_PER_JOB and any(
+            (s.node or msg.node) not in self.index for s in msg.samples
+        ):
+            raise RefusedRecord(f"job has named {len(self.names)} nodes: {msg.node} refused")
+        size = self.owner.shape[0]
+        for s in msg.samples:
+            if s.rank >= size:
+                continue
+            held = int(self.owner[s.rank])
+            node = s.node or msg.node
+            if held >= 0 and held != self.index.get(node, -2):
+                holder = self.names[held]
+                if holder in reporting or not reporting:
+                    raise RefusedRecord(
+                        f"node {node} reports rank {s.rank}, which node {holder} holds and "
+                        "still reports: refused (a record speaks only for its own node)"
+                    )
+
+    def take(self, msg: NodeStep) -> None:
+        ranks = tuple(s.rank for s in msg.samples)
+        if ranks:
+            need = max(ranks) + 1
+            if need > self.owner.shape[0]:
+                grown = np.full(max(need, 2 * self.owner.shape[0]), -1, dtype=np.int32)
+                grown[: self.owner.shape[0]] = self.owner
+                self.owner = grown
+            for s in msg.samples:
+                self.owner[s.rank] = self._index(s.node or msg.node)
+            self.top = max(self.top, need - 1)
+        self.node_ranks[msg.node] = ranks
+
+    def _index(self, node: str) -> int:
+        at = self.index.get(node)
+        if at is None:
+            at = self.index[node] = len(self.names)
+            self.names.append(node)
+        return at
+
+    def clear(self) -> None:
+        self.node_ranks.clear()
+        self.owner[:] = -1
+
+
+class _Refusals:
+    """One WARNING episode per node whose records were refused (bounded)."""
+
+    MAX_NODES = 64
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.count: dict[str, int] = {}
+        #: nodes whose step was refused as far ahead of the job
+        self.jumping: set[str] = set()
+        #: the step a jump of the whole job was accepted at (its records go in)
+        self.accepted: int | None = None
+
+    def jumped(
+        self, node: str, step: int, last: int, reach: int, reporting: frozenset[str]
+    ) -> bool:
+        """``node`` reports ``step``, far ahead of the job's ``last``: True once at least
+        half of the job's nodes did (the job itself moved on, e.g. relaunched from a
+        later checkpoint: its records around that step go in until the job gets
+        there), False while it is one node's word."""
+        if self.accepted is not None and self.accepted > last and step >= self.accepted - reach:
+            return True
+        if len(self.jumping) < 4096:
+            self.jumping.add(node)
+        if reporting and 2 * len(self.jumping & reporting) >= len(reporting):
+            self.jumping.clear()
+            self.accepted = step
+            return True
+        return False
+
+    def note(self, msg: NodeStep, why: str, step: int) -> list[Alert]:
+        n = self.count.get(msg.node, 0)
+        if n == 0 and len(self.count) >= self.MAX_NODES:
+            return []
+        self.count[msg.node] = n + 1
+        if n & (n + 1):  # updates at 1, 2, 4, 8 ... refusals: bounded, still counted
+            return []
+        at = msg.ts_end
+        return [
+            Alert(
+                fingerprint=episode_fingerprint(self.job_id, "refused", msg.node, None, 0),
+                seq=n.bit_length(),
+                kind=AlertKind.GUARDRAIL,
+                grade=Grade.WARNING,
+                state=AlertState.FIRING,
+                job_id=self.job_id,
+                node=msg.node,
+                step=step,
+                started_at=at,
+                ts=at,
+                evidence=Evidence(
+                    metric="refused_records", value=float(n + 1), deviation=0.0, detail=why[:500]
+                ),
+                recommended_action=RecommendedAction.INVESTIGATE,
+                summary=f"records of {msg.node} refused for job {self.job_id}: {why}"[:1000],
+            )
+        ]

@@ -24,6 +24,7 @@ from pipeline.io.embedded import TansuBroker, probe_kafka
 from pipeline.io.settings import Settings, load_settings
 from pipeline.services.archive import ChdbBackend, ServerBackend, migrate
 from pipeline.services.archive.backend import ArchiveBackend
+from tests.factories import telemetry_settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TEST_KAFKA = os.environ.get("STEPGUARD_TEST_KAFKA", "")
@@ -39,16 +40,19 @@ def _missing(what: str) -> None:
 @pytest.fixture(scope="session")
 def broker_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """Settings pointing at a live broker (real Kafka if given, else embedded Tansu)."""
+    # telemetry is authenticated, as in a deployment: every producer and worker built
+    # from these settings holds the tests' cluster secret (tests.factories)
+    auth = telemetry_settings()
     if TEST_KAFKA:
         host, _, port = TEST_KAFKA.rpartition(":")
         if not probe_kafka(host, int(port), timeout=5.0):
             pytest.fail(f"STEPGUARD_TEST_KAFKA={TEST_KAFKA} does not answer", pytrace=False)
-        yield load_settings({}, kafka_bootstrap=TEST_KAFKA, broker_flavor="kafka")
+        yield load_settings({}, kafka_bootstrap=TEST_KAFKA, broker_flavor="kafka", **auth)
         return
     if IN_CI:
         pytest.fail("CI=true but STEPGUARD_TEST_KAFKA is not set", pytrace=False)
     with TansuBroker(log_dir=tmp_path_factory.mktemp("tansu")) as broker:
-        yield load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="tansu")
+        yield load_settings({}, kafka_bootstrap=broker.bootstrap, broker_flavor="tansu", **auth)
 
 
 @pytest.fixture

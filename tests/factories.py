@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from pipeline.io.telemetry_auth import NodeKeys, TelemetryProver, derive_node_key
 from pipeline.io.trust import SigningKey, job_controller_key_id
 from schemas import (
     Acknowledgement,
@@ -97,11 +99,49 @@ def key_settings(roles: tuple[str, ...] = _ROLES) -> dict[str, Any]:
 
 
 def key_env(roles: tuple[str, ...] = _ROLES) -> dict[str, str]:
-    """The same as ``STEPGUARD_*`` environment variables (for service processes)."""
+    """The same as ``STEPGUARD_*`` environment variables (for service processes), with
+    the tests' cluster telemetry secret (a worker checks telemetry proofs with it)."""
     return {
         f"STEPGUARD_{name.upper()}": v.get_secret_value() if isinstance(v, SecretStr) else v
-        for name, v in key_settings(roles).items()
+        for name, v in (key_settings(roles) | telemetry_settings()).items()
     }
+
+
+# -- telemetry proofs ----------------------------------------------------------------------
+#: the tests' cluster telemetry secret (fixed: anyone can derive it; tests only)
+TELEMETRY_SECRET = base64.b64encode(hashlib.sha256(b"stepguard-test-telemetry").digest()).decode()
+
+
+def telemetry_settings() -> dict[str, Any]:
+    """Settings updates that give a worker (or a simulator) the test cluster secret."""
+    return {"telemetry_auth": "on", "telemetry_secret": SecretStr(TELEMETRY_SECRET)}
+
+
+def node_key(node: str) -> bytes:
+    """``node``'s key under the test cluster secret."""
+    return derive_node_key(base64.b64decode(TELEMETRY_SECRET), node)
+
+
+def node_settings(*nodes: str) -> dict[str, Any]:
+    """Settings updates of a producer holding only ``nodes``' keys (no cluster secret)."""
+    text = ",".join(f"{n}={base64.b64encode(node_key(n)).decode()}" for n in nodes)
+    return {"telemetry_auth": "on", "telemetry_secret": None,
+            "telemetry_node_keys": SecretStr(text)}  # fmt: skip
+
+
+def signed_headers(logical: str, msg: Message, value: bytes) -> list[tuple[str, bytes]]:
+    """The proof headers a deployment's producer of ``msg`` (encoded as ``value``) sends:
+    its nodes' proofs under the test cluster secret and, for lifecycle, its job's test
+    controller key."""
+    job = getattr(msg, "job_id", None)
+    controller = job_controller_key(job) if isinstance(job, str) and job else None
+    nodes = NodeKeys(secret=base64.b64decode(TELEMETRY_SECRET))
+    return TelemetryProver(nodes, controller).headers(logical, msg, value)
+
+
+def proofs(value: bytes, *nodes: str) -> list[tuple[str, bytes]]:
+    """The proof headers of ``value`` by each of ``nodes`` (their test keys)."""
+    return NodeKeys(keys={n: node_key(n) for n in nodes}).proofs(value, nodes)
 
 
 #: The tests' clock: noon UTC two days before today (36-60 h ago, so an hour of steps

@@ -118,6 +118,8 @@ class HealthPresence:
         self._arrived: dict[str, float] = {}
         self._late: dict[str, float] = {}
         self._caught_up: float | None = None
+        self._typical = None
+        self._iv_nodes = {}
 
     #: event time from which silence counts after :meth:`resume` (class default: a
     #: state stored before the field existed reads it)
@@ -138,10 +140,55 @@ class HealthPresence:
     #: silent) show a backlog draining, not one node's slow link
     LATE_NODES = 2
 
+    #: a node's report interval counts within these multiples of the fleet's median
+    #: interval (issue 39: an honest node whose one report said 0.001 s was judged
+    #: missing, CRITICAL, 10 s after it; one saying a day hid its own silence)
+    INTERVAL_BOUNDS = (0.5, 4.0)
+    #: the fleet's median report interval (None: fewer than 3 nodes known), and how
+    #: many nodes report each interval (class defaults: a state stored before the
+    #: fields existed)
+    _typical: float | None = None
+    _iv_nodes: dict[float, int] = {}  # noqa: RUF012 (replaced per instance)
+
+    def _bounded(self, interval_s: float) -> float:
+        """``interval_s`` within :data:`INTERVAL_BOUNDS` of the fleet's median."""
+        typical = self._typical
+        if typical is None:
+            return interval_s
+        lo, hi = self.INTERVAL_BOUNDS
+        return min(max(interval_s, lo * typical), hi * typical)
+
     def learn(self, node: str, ts: float, interval_s: float) -> None:
         old = self._last.get(node)
         if old is None or ts >= old[0]:
             self._last[node] = (ts, interval_s)
+            if old is None or old[1] != interval_s:
+                self._count_interval(None if old is None else old[1], interval_s)
+
+    def _count_interval(self, old: float | None, new: float | None) -> None:
+        """A node's interval changed from ``old`` to ``new`` (None: none): the fleet's
+        median anew (intervals are few distinct values, so this is cheap and rare)."""
+        counts = self.__dict__.get("_iv_nodes")
+        if counts is None:  # a state from before the field: count what is known
+            counts = self._iv_nodes = {}
+            for _, iv in self._last.values():
+                counts[iv] = counts.get(iv, 0) + 1
+        else:
+            if old is not None and counts.get(old, 0) > 0:
+                counts[old] -= 1
+                if counts[old] == 0:
+                    del counts[old]
+            if new is not None:
+                counts[new] = counts.get(new, 0) + 1
+        total, seen = sum(counts.values()), 0
+        self._typical = None
+        if total < 3:
+            return
+        for iv in sorted(counts):
+            seen += counts[iv]
+            if 2 * seen >= total:
+                self._typical = iv
+                return
 
     def nodes(self) -> Iterable[str]:
         return self._last.keys()
@@ -175,6 +222,7 @@ class HealthPresence:
         """
         if node not in self._last:
             return
+        interval_s = self._bounded(interval_s)
         self._path_at = at if self._path_at is None else max(self._path_at, at)
         self._arrived[node] = max(at, self._arrived.get(node, at))
         if at - ts <= self.LATE_INTERVALS * interval_s:
@@ -225,9 +273,10 @@ class HealthPresence:
             self._caught_up if self._caught_up is not None else -math.inf,
         )
         arrived = self._arrived
+        bounded = self._bounded
         last = {
             # the newest of: its newest report, its newest arrival, the path's floor
-            node: (max(ts, arrived.get(node, ts), floor), iv)
+            node: (max(ts, arrived.get(node, ts), floor), bounded(iv))
             for node, (ts, iv) in self._last.items()
         }
         fresh = sum(1 for ts, iv in last.values() if now - ts <= 1.5 * iv)
@@ -243,6 +292,8 @@ class HealthPresence:
         return out
 
     def forget(self, node: str) -> None:
-        self._last.pop(node, None)
+        gone = self._last.pop(node, None)
+        if gone is not None:
+            self._count_interval(gone[1], None)
         self._arrived.pop(node, None)
         self._late.pop(node, None)

@@ -115,6 +115,9 @@ class IntermittentSlowdown:
         out[inside] = val
         return out
 
+    #: the most one slow step's excess (a fraction of its peers' compute) counts
+    MAX_EXCESS = 1.0
+
     def learn(self, slots: I64, slow: B, excess: F64, mask: B) -> None:
         """Ranks ``slots`` completed a train step (rows where ``mask``): ``slow`` says
         which were clearly slow, ``excess`` by how much (used where slow)."""
@@ -129,9 +132,10 @@ class IntermittentSlowdown:
         hit = slots[slow]
         old = self._excess[hit]
         first = old == 0.0
-        self._excess[hit] = np.where(
-            first, excess[slow], (1 - self.alpha) * old + self.alpha * excess[slow]
-        )
+        # winsorised: one slow step counts as at most MAX_EXCESS (a step twice its
+        # peers'); a glitched 10^6 s compute otherwise set the rank's cost for good
+        x = np.minimum(excess[slow], self.MAX_EXCESS)
+        self._excess[hit] = np.where(first, x, (1 - self.alpha) * old + self.alpha * x)
         quiet = self._bits[slots] == 0  # nothing slow left in the window: start afresh
         self._excess[slots[quiet]] = 0.0
 

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from detectors._stats import median
+from detectors._stats import MAD_TO_SIGMA, median
 from detectors.base import Finding
 
-__all__ = ["MAX_REPLICAS", "ReplicaDrift", "ReplicaStep"]
+__all__ = ["MAX_REPLICAS", "REL_CLIP_SIGMAS", "REL_FLOOR", "ReplicaDrift", "ReplicaStep"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -53,6 +53,10 @@ B = npt.NDArray[np.bool_]
 
 #: Replica ids tracked at most (state is one slot per id below this).
 MAX_REPLICAS = 65536
+#: A replica's slowdown over the median replica counts at most this many robust
+#: sigmas of the replicas' spread, the spread at least ``REL_FLOOR``.
+REL_CLIP_SIGMAS = 6.0
+REL_FLOOR = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,11 @@ class ReplicaDrift:
         if ids.shape[0] < 3:
             return none
         rel = mean[ids] - float(median(mean[ids]))
+        # winsorised to REL_CLIP_SIGMAS of the replicas' own spread (at least
+        # REL_FLOOR): one rank's glitched 10^6 s compute in a replica on one node
+        # otherwise held that replica's smoothed slowdown up for hundreds of steps
+        spread = max(MAD_TO_SIGMA * float(median(np.abs(rel))), REL_FLOOR)
+        rel = np.clip(rel, -REL_CLIP_SIGMAS * spread, REL_CLIP_SIGMAS * spread)
         fast, base, seen = self._state(ids)
         wf, _ = self._weights(seen)
         fast = fast + wf * (rel - fast)

@@ -48,6 +48,7 @@ from detectors.steps.temporal import TemporalScores
 
 __all__ = [
     "NODE_LEVEL_SIGNALS",
+    "POOL_CLIP_SIGMAS",
     "Describe",
     "rank_or_node_findings",
     "replica_corrected",
@@ -201,6 +202,11 @@ def slowdown_findings(
     return out
 
 
+#: Robust sigmas of its stage peers beyond which a rank's slowdown is winsorised before
+#: it enters another rank's common mode (:func:`replica_corrected`).
+POOL_CLIP_SIGMAS = 6.0
+
+
 def replica_corrected(
     peer: PeerScores, replica: npt.NDArray[np.int32], rank_node: I64, floor_rel: float
 ) -> tuple[F64, F64]:
@@ -211,14 +217,35 @@ def replica_corrected(
     the next; its ranks on other nodes measure that common mode, so a node's own
     excess stands out from it. Ranks whose replica has no other node keep their
     slowdown.
+
+    What a rank contributes to *another* rank's common mode is winsorised to
+    :data:`POOL_CLIP_SIGMAS` robust sigmas of its stage peers (a replica's imbalance
+    lies within that spread): one rank reporting a 50 s compute in a 0.2 s job (a
+    profiler hiccup, or a hostile record) moved every other rank of its replica by
+    tens of step times, and that negative excess entered their learned noise, which
+    blinded straggler detection for the rest of the job. Its own corrected value keeps
+    the whole of its slowdown.
+
+    >>> import numpy as np
+    >>> from detectors.frame import StepFrame
+    >>> from detectors.steps.peer import PeerDetector
+    >>> compute = 1.0 + 0.01 * np.tile([-1.0, 1.0], 8); compute[2] = 250.0
+    >>> frame = StepFrame.from_arrays("j", 1, 1.0, compute, ranks_per_node=2)
+    >>> peer = PeerDetector().score_frame(frame)
+    >>> rep = np.arange(16) // 4                      # replicas of 2 nodes x 2 ranks
+    >>> corrected, _ = replica_corrected(peer, rep, np.arange(16) // 2, 0.01)
+    >>> bool(corrected[2] > 200), bool(abs(corrected[0]) < 0.1)
+    (True, True)
     """
     x = peer.slowdown
+    bound = POOL_CLIP_SIGMAS * peer.compute_scale[peer.groups.inverse]
+    pooled = np.clip(x, -bound, bound)  # slowdown is relative to the peer median (0)
     rep = replica.astype(np.int64)
     n_nodes = int(rank_node.max()) + 1 if rank_node.shape[0] else 0
     _, pair = np.unique(rep * max(n_nodes, 1) + rank_node, return_inverse=True)
-    pair_sum = np.bincount(pair, weights=x)
+    pair_sum = np.bincount(pair, weights=pooled)
     pair_cnt = np.bincount(pair)
-    rep_sum = np.bincount(rep, weights=x)
+    rep_sum = np.bincount(rep, weights=pooled)
     rep_cnt = np.bincount(rep)
     other_cnt = rep_cnt[rep] - pair_cnt[pair]
     if not other_cnt.any():

@@ -281,7 +281,12 @@ class RankBaselines:
         self._steps[sel] += 1
         if self._fast.shape[0] < self.n_slots:
             self._fast = np.concatenate((self._fast, np.zeros(self.n_slots - self._fast.shape[0])))
-        neg = 2.0 * np.minimum(s.excess[0, mask], 0.0) ** 2
+        # winsorised like the smoothed excess: one extreme step (a glitched peer in
+        # the common mode) raises it by at most FAST_ALPHA * 2 * clip^2 spreads, not
+        # by its square, which made a rank "noisy" for a thousand steps
+        spread = np.maximum(np.maximum(scales[0], np.sqrt(var[0])), self.scale_floor)
+        low = np.maximum(s.excess[0], -self.cusum_clip * spread)
+        neg = 2.0 * np.minimum(low[mask], 0.0) ** 2
         self._fast[sel] += self.FAST_ALPHA * (neg - self._fast[sel])
 
     def _fast_of(self, slots: I64) -> F64:

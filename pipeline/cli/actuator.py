@@ -444,11 +444,19 @@ def control(
 
 class KeysAction(StrEnum):
     GENERATE = "generate"
+    TELEMETRY = "telemetry"
+    NODE = "node"
 
 
 @commands.command("keys")
 def keys(
-    action: Annotated[KeysAction, typer.Argument(help="generate: print a new key pair")],
+    action: Annotated[
+        KeysAction,
+        typer.Argument(
+            help="generate: a new key pair; telemetry: a new cluster telemetry "
+            "secret; node: node keys derived from STEPGUARD_TELEMETRY_SECRET"
+        ),
+    ],
     role: Annotated[
         Role, typer.Option(help="actuator | worker | operator | executor | job_controller")
     ] = "actuator",
@@ -457,6 +465,10 @@ def keys(
         str | None,
         typer.Option(help="job_controller: the job the key signs for (its key id binds it)."),
     ] = None,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(help="node: the node(s) whose telemetry key to derive (repeatable)."),
+    ] = None,
 ) -> None:
     """Print a new Ed25519 key pair as two environment lines.
 
@@ -464,8 +476,17 @@ def keys(
     PUBLIC_KEYS line to every service that verifies (append it to the old key while
     rotating: the first key listed does not matter, every one verifies). A job
     controller's key signs for one job (``--job``): its key id is derived from it.
+
+    ``telemetry`` prints a new cluster telemetry secret (the workers'); ``node --node N``
+    derives node N's telemetry key from the STEPGUARD_TELEMETRY_SECRET in the
+    environment (what N's agent and training processes hold; a rack aggregator gets
+    the keys of all its nodes and its own name in one line).
     """
     from pipeline.io.trust import SigningKey, job_controller_key_id
+
+    if action is not KeysAction.GENERATE:
+        _telemetry_keys(action, node or [])
+        return
 
     kid = key_id or f"{role}-{datetime.now(UTC):%Y%m%d}"
     if role == "job_controller":
@@ -487,6 +508,29 @@ def _executor_kinds() -> str:
     from pipeline.services.actuator.executors import EXECUTORS
 
     return " | ".join(EXECUTORS)
+
+
+def _telemetry_keys(action: KeysAction, nodes: list[str]) -> None:
+    import base64
+    import os
+
+    from pipeline.io.telemetry_auth import derive_node_key
+
+    if action is KeysAction.TELEMETRY:
+        print(f"STEPGUARD_TELEMETRY_SECRET={base64.b64encode(os.urandom(32)).decode()}")
+        return
+    names = [n.strip() for part in nodes for n in part.split(",") if n.strip()]
+    if not names or any(("=" in n or ":" in n) for n in names):
+        err.print("[red]error:[/] node needs --node NAME (names without '=' or ':')")
+        raise typer.Exit(2)
+    secret = load_settings().telemetry_secret
+    if secret is None:
+        err.print("[red]error:[/] STEPGUARD_TELEMETRY_SECRET is not set (the cluster secret "
+                  "the node keys derive from: `stepguard keys telemetry`)")  # fmt: skip
+        raise typer.Exit(2)
+    raw = base64.b64decode(secret.get_secret_value())
+    keys = ",".join(f"{n}={base64.b64encode(derive_node_key(raw, n)).decode()}" for n in names)
+    print(f"STEPGUARD_TELEMETRY_NODE_KEYS={keys}")
 
 
 @commands.command()

@@ -61,6 +61,7 @@ from pipeline.io.kafka import (
 )
 from pipeline.io.metrics import ExecutorMetrics, serve_metrics
 from pipeline.io.settings import ClientSettings
+from pipeline.io.telemetry_auth import TelemetryProver
 from pipeline.io.trust import (
     FinishedCommands,
     check_command,
@@ -184,6 +185,7 @@ class CommandListener:
         self._error: BaseException | None = None
         self._done = FinishedCommands(max_done)
         self._producer = control_producer(settings)
+        self._prover = TelemetryProver(None, self._key)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, timeout_s: float = 30.0) -> CommandListener:
@@ -237,7 +239,8 @@ class CommandListener:
             job_id=self.job_id, kind=kind, ts=self._clock(), step=step, source=self.name,
             **fields,
         )  # fmt: skip
-        publish(self._producer, self.registry, "lifecycle", event)
+        # its job's controller: the proof of a job-level event (pipeline.io.telemetry_auth)
+        publish(self._producer, self.registry, "lifecycle", event, self._prover)
 
     # -- training-loop API -----------------------------------------------------------------
     def poll_step_boundary(self, step: int, wait_s: float = 0.0) -> list[Command]:

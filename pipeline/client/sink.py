@@ -23,14 +23,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from kafka.errors import KafkaError
 
 from pipeline.io.embedded import probe_kafka
 from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
-from pipeline.io.settings import KafkaSettings
+from pipeline.io.settings import KafkaSettings, TelemetryAuthSettings
+from pipeline.io.telemetry_auth import TelemetryProver, telemetry_prover
 from schemas import Message
 
 __all__ = ["CLIENT_TOPICS", "KafkaSink", "SinkStats"]
@@ -60,6 +61,12 @@ class KafkaSink:
         Longest a send may block waiting for metadata or buffer space.
     topics
         The logical topics it writes, created before its producer.
+    prover
+        Signs what it sends (:mod:`pipeline.io.telemetry_auth`): by default the node
+        keys (and job controller key) of ``settings``; with telemetry authentication on
+        and neither a node key nor the cluster secret, a
+        :class:`~pipeline.io.errors.ConfigError` naming STEPGUARD_TELEMETRY_NODE_KEYS.
+        None: unsigned (telemetry authentication off).
     """
 
     def __init__(
@@ -69,10 +76,17 @@ class KafkaSink:
         retry_s: float = 2.0,
         max_block_ms: int = 1000,
         topics: Sequence[str] = CLIENT_TOPICS,
+        prover: TelemetryProver | Literal["settings"] | None = "settings",
     ):
         if retry_s <= 0:
             raise ValueError("retry_s must be positive")
         self.settings = settings
+        if prover == "settings":
+            prover = (
+                telemetry_prover(settings, "the telemetry exporter")
+                if isinstance(settings, TelemetryAuthSettings) else None
+            )  # fmt: skip
+        self.prover: TelemetryProver | None = prover
         self.topics = tuple(topics)
         self.registry = registry_of(settings)
         self.retry_s = retry_s
@@ -132,7 +146,7 @@ class KafkaSink:
             self._drop(1)
             return False
         try:
-            fut = publish(producer, self.registry, logical, msg)
+            fut = publish(producer, self.registry, logical, msg, self.prover)
         except KafkaError as exc:
             log.debug("exporter: send failed: %s", exc)
             self._drop(1)

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -39,6 +39,9 @@ from pipeline.io.errors import BrokerError
 from pipeline.io.reach import BROKER_DEADLINE_S, require_broker, unset_bootstrap_message
 from pipeline.io.settings import KafkaSettings
 from schemas import TOPICS, Message, Rejected, TopicRegistry, decode, encode, key_of
+
+if TYPE_CHECKING:
+    from pipeline.io.telemetry_auth import TelemetryProver
 
 __all__ = [
     "Decoded",
@@ -242,14 +245,29 @@ def _check_created(response: dict[str, Any]) -> None:
         raise error(f"cannot create topic {topic['name']}: {topic.get('error_message')}")
 
 
-def publish(producer: KafkaProducer, registry: TopicRegistry, logical: str, msg: Message) -> Any:
-    """Send one message to its topic, keyed as the registry says; returns the future."""
+def publish(
+    producer: KafkaProducer,
+    registry: TopicRegistry,
+    logical: str,
+    msg: Message,
+    prover: TelemetryProver | None = None,
+) -> Any:
+    """Send one message to its topic, keyed as the registry says; returns the future.
+
+    With ``prover``, a steps, health or lifecycle record carries its writer's proof
+    headers over its exact bytes (:mod:`pipeline.io.telemetry_auth`)."""
     spec = TOPICS[logical]
     if not isinstance(msg, spec.model):
         raise TypeError(
             f"topic {logical!r} carries {spec.model.__name__}, not {type(msg).__name__}"
         )
-    return producer.send(registry.name(logical), key=key_of(msg, spec.key), value=encode(msg))
+    value = encode(msg)
+    key = key_of(msg, spec.key)
+    if prover is not None:
+        headers = prover.headers(logical, msg, value)
+        if headers:
+            return producer.send(registry.name(logical), key=key, value=value, headers=headers)
+    return producer.send(registry.name(logical), key=key, value=value)
 
 
 @dataclass(frozen=True, slots=True)

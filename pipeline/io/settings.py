@@ -62,6 +62,14 @@ STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY / _PUBLIC_KEYS  the same for the training j
                               id binds the key to one job (``stepguard keys generate
                               --role job_controller --job J``; ``up`` writes it to
                               ``<state dir>/job-controller.env``, mode 0600)
+STEPGUARD_TELEMETRY_AUTH      on (default) | off: every steps, health and lifecycle
+                              record carries its writer's proof (a header), and the
+                              worker refuses the rest; ``off`` is logged as a warning
+STEPGUARD_TELEMETRY_SECRET    the cluster telemetry secret (base64, secret; ``stepguard
+                              keys telemetry``): the worker's; every node's key is
+                              derived from it (``up`` makes an ephemeral one)
+STEPGUARD_TELEMETRY_NODE_KEYS ``node=base64[,...]``: the keys of the nodes a producer
+                              speaks for (secret; ``stepguard keys node --node N``)
 STEPGUARD_RESULT_MAX_AGE_S    a result older than this is not acted on
 STEPGUARD_CONTROL_MAX_AGE_S   an approval or control change older than this is refused
 STEPGUARD_COMMAND_TTL_S       seconds a command stays valid after issue
@@ -105,6 +113,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -125,9 +134,11 @@ __all__ = [
     "KeySettings",
     "Role",
     "Settings",
+    "TelemetryAuthSettings",
     "load_client_settings",
     "load_settings",
     "parse_keys",
+    "parse_node_keys",
 ]
 
 ENV_PREFIX = "STEPGUARD_"
@@ -174,6 +185,33 @@ def parse_keys(text: str) -> list[tuple[str, bytes]]:
             )
         pairs.append((key_id, raw))
     return pairs
+
+
+def parse_node_keys(text: str) -> dict[str, bytes]:
+    """``node=base64[,node=base64]`` to node -> 32-byte key.
+
+    >>> parse_node_keys("n1=" + base64.b64encode(bytes(32)).decode())["n1"] == bytes(32)
+    True
+    >>> parse_node_keys("n1=xyz")
+    Traceback (most recent call last):
+    ...
+    ValueError: node key of 'n1': expected 32 bytes of standard base64
+    """
+    out: dict[str, bytes] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        node, sep, b64 = part.strip().partition("=")
+        if not sep or not node or ":" in node:
+            raise ValueError("expected node=base64[,node=base64] (node names without ':')")
+        try:
+            raw = base64.b64decode(b64.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(f"node key of {node[:64]!r}: expected 32 bytes of standard base64")
+        out[node] = raw
+    return out
 
 
 class KafkaSettings(BaseSettings):
@@ -287,7 +325,54 @@ class KeySettings(BaseSettings):
         return parse_keys(text) if text else []
 
 
-class ClientSettings(KafkaSettings, KeySettings):
+class TelemetryAuthSettings(BaseSettings):
+    """How telemetry proves its writer (:mod:`pipeline.io.telemetry_auth`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", case_sensitive=False
+    )
+
+    #: ``on``: every steps, health and lifecycle record carries its writer's proof and
+    #: the worker refuses the rest; ``off``: an explicit opt-out, logged as a warning
+    telemetry_auth: Literal["on", "off"] = "on"
+    #: the cluster telemetry secret (base64, >= 32 bytes; ``stepguard keys telemetry``):
+    #: the worker's, from which every node's key is derived (HKDF-SHA256)
+    telemetry_secret: SecretStr | None = None
+    #: ``node=base64[,node=base64]``: the keys of the nodes this process speaks for (a
+    #: node's agent and training processes: its own; a rack aggregator: its nodes';
+    #: ``stepguard keys node --node N``)
+    telemetry_node_keys: SecretStr | None = None
+
+    @field_validator("telemetry_secret")
+    @classmethod
+    def _check_telemetry_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        raw = b""
+        with _suppress_decode():
+            raw = base64.b64decode(value.get_secret_value().strip(), validate=True)
+        if len(raw) < 32:  # never quote the secret
+            raise ValueError("expected at least 32 bytes of standard base64 "
+                             "(`stepguard keys telemetry` makes one)")  # fmt: skip
+        return value
+
+    @field_validator("telemetry_node_keys")
+    @classmethod
+    def _check_node_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        try:
+            parse_node_keys(value.get_secret_value())
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+
+def _suppress_decode() -> contextlib.AbstractContextManager[None]:
+    return contextlib.suppress(binascii.Error, ValueError)
+
+
+class ClientSettings(KafkaSettings, KeySettings, TelemetryAuthSettings):
     """What training code needs (:mod:`pipeline.client`): the broker, the keys, the clock
     skew allowed and the listener's metrics port. Build it with :func:`load_client_settings`;
     a full :class:`Settings` is one too, so services can hand theirs down."""

@@ -1,8 +1,10 @@
 """``stepguard alerts``: the decision stream, readable, filtered and followed.
 
 Each alert is one line (time, grade, state, job, node/rank, kind, summary, evidence,
-recommended action, incident), marked when no worker key signed it. Reads the end of
-the decisions topic with :class:`pipeline.tools.tail.TopicTail`."""
+recommended action, incident), marked when no worker key signed it, in the order of the
+time it shows (the alert's event time, :func:`by_event_time`; the archive's queries
+order by the same clock). Reads the end of the decisions topic with
+:class:`pipeline.tools.tail.TopicTail`."""
 
 from __future__ import annotations
 
@@ -27,7 +29,14 @@ from schemas import (
     Grade,
 )
 
-__all__ = ["AlertFilter", "alert_line", "alerts_filter", "follow_alerts", "signature_mark"]
+__all__ = [
+    "AlertFilter",
+    "alert_line",
+    "alerts_filter",
+    "by_event_time",
+    "follow_alerts",
+    "signature_mark",
+]
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,22 @@ def signature_mark(
     if guardrail and signature_problem(a, actuator_keys) is None:
         return ""
     return "" if problem is None else f"BAD SIGNATURE: {problem}"
+
+
+def by_event_time(items: list[Decoded]) -> list[Decoded]:
+    """Alerts in the order of the time a line shows: the alert's event time (``ts``),
+    then when the broker got it, its partition and offset. The broker's order alone
+    interleaves workers (and jobs whose clocks lead the wall clock) by arrival, so a
+    later alert could be printed above an earlier one."""
+
+    def key(d: Decoded) -> tuple[datetime, int, int, int]:
+        ts = d.message.ts if isinstance(d.message, Alert) else _EPOCH
+        return (ts, d.timestamp_ms, d.partition, d.offset)
+
+    return sorted(items, key=key)
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
 
 
 def _evidence(a: Alert) -> str:
@@ -134,11 +159,11 @@ def follow_alerts(
 
     def first(tail: TopicTail) -> None:
         recent = [d for d in tail.tail(max(window, last)) if keep(d.message)]  # type: ignore[arg-type]
-        show(recent[-last:] if last else [])
+        show(by_event_time(recent)[-last:] if last else [])
 
     follow_reconnecting(
         settings, "decisions", first=first, follow=follow, stop=stop,
-        each=lambda batch: show([d for d in batch if keep(d.message)]),  # type: ignore[arg-type]
+        each=lambda batch: show(by_event_time([d for d in batch if keep(d.message)])),  # type: ignore[arg-type]
         notice=notice or _stderr_line,
     )  # fmt: skip
     return shown

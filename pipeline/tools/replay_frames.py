@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.frame import PHASE_CODES as FRAME_PHASES
-from detectors.frame import StepFrame
+from detectors.frame import StepFrame, step_times
 from pipeline.io.fastdecode import PHASE_CODES, StepColumns, decode_steps, from_models
 from schemas import JobEvent, NodeHealth, Rejected, StepTelemetry, decode
 
@@ -229,12 +229,13 @@ def frame_of(parts: Sequence[Part]) -> StepFrame:
 
     ends = [p.cols.ts_end[p.k].timestamp() for p in parts]
     starts = [p.cols.ts_start[p.k].timestamp() for p in parts]
+    ts, ts_start = step_times(ends, starts)  # no one node moves the step's clock
     loss_null, grad_null = col("loss_null", bool), col("grad_norm_null", bool)
     return StepFrame(
         job_id=parts[0].cols.job_id[parts[0].k],
         step=int(parts[0].cols.step[parts[0].k]),
-        ts=max(ends),
-        ts_start=min(starts),
+        ts=ts,
+        ts_start=ts_start,
         nodes=tuple(nodes),
         rank=rank[order],
         node_idx=node_idx[order],

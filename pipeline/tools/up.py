@@ -14,7 +14,7 @@ executor-dry-run    ``stepguard executor dry-run``                              
 archiver            ``stepguard archiver`` (chDB under the state dir, or the DSN) 4
 alertmanager        ``stepguard alertmanager`` (when an Alertmanager URL is set,  3
                     or with ``--durable``)
-simulate            ``stepguard simulate S --control`` (with ``--scenario``)     first
+simulate            ``stepguard simulate --scenario S --control``               first
 ==================  ==========================================================  ==========
 
 With ``STEPGUARD_KAFKA_BOOTSTRAP`` set, no broker is started; with ``--durable``
@@ -76,6 +76,7 @@ from pipeline.tools.up_env import (
     _scenario_env,
     _write_atomic,
     child_env,
+    is_secret_variable,
     signing_env,
     write_job_env,
 )
@@ -205,6 +206,28 @@ def _metrics_ready(port: int) -> Callable[[], bool]:
     return probe
 
 
+def _skew_for_scenario(
+    settings: Settings, options: UpOptions, base_env: Mapping[str, str], notes: list[str]
+) -> dict[str, str]:
+    """The clock-skew allowance of a stack ``up`` starts itself (embedded broker) for a
+    played scenario: the default plus the job's lead at ``--speed``
+    (:func:`~pipeline.tools.simulator.lead_s`), as the demo allows, so the job is never
+    held back to real time. Nothing when the operator set ``STEPGUARD_MAX_CLOCK_SKEW_S``
+    (theirs wins; the simulator then holds events to 80 % of it)."""
+    from pipeline.tools.simulator import find_scenario, lead_s
+
+    var = f"{ENV_PREFIX}MAX_CLOCK_SKEW_S"
+    if options.scenario is None or any(k.upper() == var for k in base_env):
+        return {}
+    lead = lead_s(find_scenario(options.scenario), options.speed)
+    if lead <= 0:
+        return {}
+    skew = settings.max_clock_skew_s + lead
+    speed = f"--speed {options.speed:g}"
+    notes.append(f"clock-skew allowance {skew:.0f} s: the job's lead at {speed} ({var})")
+    return {var: f"{skew:.0f}"}
+
+
 def _broker_ready(port: int) -> Callable[[], bool]:
     return lambda: probe_kafka("127.0.0.1", port, timeout=0.5)
 
@@ -255,6 +278,8 @@ def build_plan(
         specs.append(ServiceSpec("broker", argv, stop_tier=9, ready=_broker_ready(port)))
         after_broker = ("broker",)
         notes.append(MEMORY_ONLY)
+        if options.scenario is not None:
+            common |= _skew_for_scenario(settings, options, base_env, notes)
     common |= {f"{ENV_PREFIX}KAFKA_BOOTSTRAP": bootstrap, f"{ENV_PREFIX}BROKER_FLAVOR": flavor}
     topics = ServiceSpec("topics", (*cmd, "topics"), one_shot=True, restart="on-failure")
     specs.append(replace(topics, after=after_broker))
@@ -312,8 +337,8 @@ def build_plan(
         specs.append(bridge)
         notes.append(f"alert episodes go to Alertmanager at {url_origin(am_url)}")
     if options.scenario is not None:
-        argv = (*cmd, "simulate", options.scenario, "--speed", str(options.speed),
-                "--job-id", str(job_id), "--from-now", "--control")  # fmt: skip
+        argv = (*cmd, "simulate", "--scenario", options.scenario, "--speed",
+                str(options.speed), "--job", str(job_id), "--from-now", "--control")  # fmt: skip
         after = (*workers, "actuator", "executor-dry-run")
         port = ports.take("simulate (job controller) metrics")
         extra["simulate"] = extra["simulate"] | {f"{ENV_PREFIX}LISTENER_METRICS_PORT": str(port)}
@@ -349,8 +374,16 @@ def build_plan(
         shell |= {k: v for k, v in env.items() if k.endswith("_PUBLIC_KEYS")}
     if prometheus is not None:
         shell["PROMETHEUS_URL"] = prometheus[1]
-    job_env = {k: v for k, v in keys["job"].items() if k.endswith("_PRIVATE_KEY")}
+    job_env = {k: v for k, v in keys["job"].items() if is_secret_variable(k)}
     return Plan(final, bootstrap, flavor, state, job_id, notes, shell | job_shell, job_env)
+
+
+def _job_keys(plan: Plan) -> str:
+    """What job-controller.env holds, in words."""
+    what = [f"job {plan.job_id}'s controller key"] if plan.job_id else []
+    if any(k.endswith("TELEMETRY_SECRET") for k in plan.job_env):
+        what.append("the telemetry secret")
+    return " and ".join(what)
 
 
 def _job_env(
@@ -484,14 +517,10 @@ def run_up(
         _write_atomic(state / ENV_FILE, "".join(f"{k}={v}\n" for k, v in plan.shell_env.items()))
         if plan.job_env:
             write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
-                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
+            console.print(f"[bold]up[/]: {_job_keys(plan)} in {state / JOB_ENV_FILE} "
+                          "(mode 0600)")  # fmt: skip
         hint = shell_hint(state, watched_job=bool(plan.job_env))
         console.print(f"[bold]up[/]: logs in {logs}/; another shell: {hint}")
-        if plan.job_env:
-            write_job_env(state / JOB_ENV_FILE, plan.job_env)
-            console.print(f"[bold]up[/]: the job's controller key (job {plan.job_id}) in "
-                          f"{state / JOB_ENV_FILE} (mode 0600)")  # fmt: skip
         return _supervise(plan, options, console, stop)
     return 0  # pragma: no cover - the with block returns
 

@@ -4,12 +4,16 @@ environment less every private key, and the variables of a job, scenario or Aler
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.io.errors import ConfigError
 from pipeline.io.settings import ENV_PREFIX, Role, Settings
+
+TELEMETRY_SECRET = f"{ENV_PREFIX}TELEMETRY_SECRET"
+TELEMETRY_NODE_KEYS = f"{ENV_PREFIX}TELEMETRY_NODE_KEYS"
 
 #: which keys each kind of child needs: the private key it signs with (if any), and
 #: the roles whose public keys it verifies with
@@ -74,7 +78,18 @@ def signing_env(
         if signs is not None and signs in private:
             env[f"{ENV_PREFIX}{signs.upper()}_PRIVATE_KEY"] = private[signs]
         by_kind[kind] = env
-    by_kind["job"] = by_kind["simulate"]  # what a real training job of ``job`` needs
+    by_kind["job"] = dict(by_kind["simulate"])  # what a real training job of ``job`` needs
+    # telemetry proofs: the worker derives every node's key from the cluster secret; the
+    # simulator and a job watched on this host speak for all their nodes, so they hold it
+    # too (a real cluster gives each node its own key: `stepguard keys node`)
+    if settings.telemetry_auth == "on":
+        configured = settings.telemetry_secret
+        secret = configured.get_secret_value() if configured is not None else None
+        if secret is None:
+            secret = base64.b64encode(os.urandom(32)).decode("ascii")
+            made.append("telemetry")
+        for kind in ("worker", "simulate", "job"):
+            by_kind[kind][TELEMETRY_SECRET] = secret
     notes = []
     if made:
         notes.append(f"ephemeral {' and '.join(made)} signing keys for this run")
@@ -88,12 +103,24 @@ def signing_env(
 
 def child_env(base: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
     """The environment of one child: the inherited one (PATH, HOME, the configured
-    ``STEPGUARD_*``) less every private key, unbuffered output, then ``overrides`` (a
-    child gets back only the private key it signs with)."""
-    env = {k: v for k, v in base.items() if not k.endswith("_PRIVATE_KEY")}
+    ``STEPGUARD_*``) less every private key and telemetry secret, unbuffered output,
+    then ``overrides`` (a child gets back only the private key it signs with, and the
+    telemetry secret when it needs it)."""
+    env = {k: v for k, v in base.items() if not is_secret_variable(k)}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(overrides)
     return env
+
+
+def is_secret_variable(name: str) -> bool:
+    """Whether ``name`` holds a key a child gets only when it needs it.
+
+    >>> is_secret_variable("STEPGUARD_WORKER_PRIVATE_KEY"), is_secret_variable(TELEMETRY_SECRET)
+    (True, True)
+    >>> is_secret_variable("STEPGUARD_WORKER_PUBLIC_KEYS")
+    False
+    """
+    return name.endswith("_PRIVATE_KEY") or name in (TELEMETRY_SECRET, TELEMETRY_NODE_KEYS)
 
 
 def _node_list(text: str | None, prefix: str) -> tuple[int, list[str]]:

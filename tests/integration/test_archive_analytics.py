@@ -245,3 +245,55 @@ def test_timeline_has_actions_approvals_and_every_result_and_ignores_unsigned(ar
     ]
     cols, rows = run_query(archive, "incidents", job="job-1")
     assert [r[cols.index("culprit")] for r in rows] == ["node-3"]
+
+
+def test_queries_order_by_event_time_and_count_what_they_say(archive):
+    """Issue 41: within one second the archive's queries ordered by an id's spelling
+    (a restart listed before the isolation it followed, a relaunched run before the
+    first), a relaunch at the instant of its command came before it, and
+    detection_delay's `matching` counted alert updates, not alerts."""
+    from pipeline.io.trust import SigningKey, sign
+    from schemas import CommandKind, EndReason, JobEvent, JobEventKind
+
+    s = samples()
+    actuator, worker = SigningKey.generate("act"), SigningKey.generate("wrk")
+    t0 = datetime.now(UTC).replace(microsecond=0)  # all within one second of it
+    at = [t0 + timedelta(milliseconds=ms) for ms in (100, 200, 700, 700, 800)]
+    first = sign(s["commands"].model_copy(
+        update={"command_id": "cmd-zzzz-isolate", "issued_at": at[1]}), actuator)  # fmt: skip
+    second = sign(s["commands"].model_copy(
+        update={"command_id": "cmd-aaaa-restart", "kind": CommandKind.RESTART,
+                "issued_at": at[2]}), actuator)  # fmt: skip
+    runs = [
+        JobEvent(job_id="job-1", kind=JobEventKind.START, ts=at[0], run="run-b", source="n0"),
+        # the relaunch the restart caused, dated the same millisecond as the command
+        JobEvent(job_id="job-1", kind=JobEventKind.START, ts=at[3], run="run-a", source="n0"),
+        JobEvent(job_id="job-1", kind=JobEventKind.END, ts=at[4], run="run-a", source="n0",
+                 reason=EndReason.COMPLETED, step=400),
+    ]  # fmt: skip
+    # one alert episode, three updates of it (firing at step 104, 105, 106)
+    updates = [
+        sign(s["decisions"].model_copy(update={"seq": n, "step": 104 + n, "ts": at[0]}), worker)
+        for n in range(3)
+    ]
+    messages = [first, second, *runs, *updates, s["truth"]]
+    for table, cols in rows_for([(m, 0) for m in messages], list(range(len(messages)))).items():
+        archive.insert(table, cols)
+
+    cols, rows = run_query(archive, "command_outcomes", job="job-1")
+    assert [r[cols.index("command_id")] for r in rows] == ["cmd-zzzz-isolate", "cmd-aaaa-restart"]
+    cols, rows = run_query(archive, "job_runs", job="job-1")
+    assert [r[cols.index("run")] for r in rows] == ["run-b", "run-a"]
+    cols, rows = run_query(archive, "incident_timeline", job="job-1")
+    what = [r[cols.index("what")] for r in rows]
+    # the relaunch (the second start) after the command that caused it
+    starts = [i for i, w in enumerate(what) if w == "job start"]
+    assert (
+        starts[0]
+        < what.index("command isolate (auto)")
+        < what.index("command restart (auto)")
+        < starts[1]
+    ), what
+    cols, rows = run_query(archive, "detection_delay", job="job-1")
+    (row,) = [dict(zip(cols, r, strict=True)) for r in rows]
+    assert row["matching"] == 1 and row["first_alert_step"] == 104, row  # one alert

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -240,6 +241,69 @@ def test_force_lifts_a_foreign_cordon_but_never_a_foreign_taint(
     assert "resumed (forced)" in forced.output
     n = node(admin, held)
     assert not n["spec"].get("unschedulable") and taints(n) == [ADMIN_TAINT]
+
+
+def recordon_policy(admin: Any, name: str, nodes: list[str]) -> None:
+    """A MutatingAdmissionPolicy (and its binding) that puts the cordon back on every
+    update of ``nodes``: what a cluster's own policy or controller may do to a resume."""
+    api = "/apis/admissionregistration.k8s.io/v1"
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+            "resources": ["nodes"]}  # fmt: skip
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "matchConstraints": {"resourceRules": [rule]},
+            "matchConditions": [{"name": "these-nodes",
+                                 "expression": f"object.metadata.name in {nodes!r}"}],
+            "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {
+                "expression": "Object{spec: Object.spec{unschedulable: true}}"}}],
+        },
+    }  # fmt: skip
+    call(admin, "POST", f"{api}/mutatingadmissionpolicies", policy)
+    binding = {"apiVersion": "admissionregistration.k8s.io/v1",
+               "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": name},
+               "spec": {"policyName": name}}  # fmt: skip
+    call(admin, "POST", f"{api}/mutatingadmissionpolicybindings", binding)
+
+
+def test_resume_node_reads_the_node_back_and_fails_unless_it_took_effect(
+    admin, executor_kubeconfig, tag, monkeypatch
+):
+    """Issue 41: resume-node on Kubernetes printed `resumed` from the patch it sent. It
+    now reads the node back: exit 0 with the state it read, exit 1 naming what is still
+    there when something (here an admission policy) put the node back out of service."""
+    kept, resumed, probe = f"k{tag}-r1", f"k{tag}-r2", f"k{tag}-r3"
+    kube_exec = executor_for(executor_kubeconfig)
+    for name in (kept, resumed):
+        make_node(admin, name)
+        kube_exec.isolate(command(CommandKind.ISOLATE, (name,), "job-r"))
+    make_node(admin, probe)
+    recordon_policy(admin, f"recordon-{tag}", [kept, probe])
+    deadline = time.monotonic() + 60  # the policy takes effect when the server loaded it
+    while True:
+        patch = {"metadata": {"labels": {"probe": str(time.monotonic_ns())}}}
+        call(admin, "PATCH", f"/api/v1/nodes/{probe}", patch,
+             content_type="application/merge-patch+json")  # fmt: skip
+        if node(admin, probe)["spec"].get("unschedulable"):
+            break
+        assert time.monotonic() < deadline, "the admission policy never took effect"
+        time.sleep(0.2)  # the server's policy informer, polled with a deadline
+
+    monkeypatch.setenv("STEPGUARD_KUBE_CONFIG", executor_kubeconfig)
+    failed = CliRunner().invoke(app, ["resume-node", kept, "--executor", "kubernetes"])
+    assert failed.exit_code == 1, failed.output
+    assert "resumed" not in failed.output.replace("resume but", "")
+    assert f"{kept} is still isolated: cordoned" in failed.output
+    assert len(failed.output.strip().splitlines()) == 1, failed.output
+    assert node(admin, kept)["spec"]["unschedulable"] is True
+
+    done = CliRunner().invoke(app, ["resume-node", resumed, "--executor", "kubernetes"])
+    assert done.exit_code == 0, done.output
+    assert f"resumed {resumed} (was cordoned; taints: {TAINT}" in done.output
+    assert "now schedulable)" in done.output  # what it read back
+    assert not node(admin, resumed)["spec"].get("unschedulable")
 
 
 def command(kind: CommandKind, targets: tuple[str, ...], job_id: str) -> Command:

@@ -4,19 +4,20 @@ terminal as a person has), against real services.
 `stepguard up --mode approve --scenario ci_smoke` on the embedded broker (a simulated
 job with a straggler on node-0005), then in another "shell" with up.env: `alerts`,
 `pending`, `approve` with a key the services do not trust and with one they do,
-`status`, `report`, and Ctrl-C on `up`. Each step asserts what the operator reads.
-Every wait is a bounded poll of a command's own output.
-
-Not here yet: a broker restart under `alerts --follow` (followers surviving a broker
-restart is issue 41 item 2).
+`status`, `report`, a broker restart under `alerts --follow` (up's broker stopped, up
+restarts it: one line when it is lost, one when it is back, alerts resume; Ctrl-C ends
+the follower) and Ctrl-C on `up`. Each step asserts what the operator reads. Every wait
+is a bounded poll of a command's own output or an expect with a deadline.
 """
 
 from __future__ import annotations
 
 import getpass
+import io
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -27,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.io.trust import SigningKey
+from pipeline.io.settings import load_settings
+from pipeline.io.trust import SigningKey, sign
+from tests.integration.test_cli_errors import _alert, _publish
 
 pexpect = pytest.importorskip("pexpect", reason="pip install 'stepguard[dev]' (pexpect)")
 
@@ -43,6 +46,9 @@ class Session:
     def __init__(self, tmp: Path, operator: SigningKey) -> None:
         self.tmp = tmp
         self.state = tmp / ".stepguard"
+        # the workers' key is given to up (it trusts a configured key as its own), so
+        # that the test can speak as a worker after the broker restart
+        self.worker = SigningKey.generate("walkthrough-worker")
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPGUARD_")}
         env |= {
             "STEPGUARD_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}.",
@@ -54,6 +60,7 @@ class Session:
             "COLUMNS": "200",
         }
         self.base = env
+        env = env | {"STEPGUARD_WORKER_PRIVATE_KEY": self.worker.private_text()}
         argv = ["up", "--mode", "approve", "--scenario", "ci_smoke", "--workers", "1",
                 "--speed", "4"]  # fmt: skip
         self.up = pexpect.spawn(STEPGUARD, argv, cwd=str(tmp), env=env, encoding="utf-8",
@@ -92,11 +99,15 @@ class Session:
                 env[key] = value
         return env | {"STEPGUARD_OPERATOR_PRIVATE_KEY": operator.private_text()}
 
+    def spawn(self, env: dict[str, str], *args: str, timeout: float = 120) -> Any:
+        """One command in a terminal of its own (a pexpect child)."""
+        return pexpect.spawn(STEPGUARD, list(args), cwd=str(self.tmp), env=env,
+                             encoding="utf-8", timeout=timeout, dimensions=(50, 200))  # fmt: skip
+
     def run(self, env: dict[str, str], *args: str, timeout: float = 120) -> tuple[int, str]:
         """One command in a terminal: its exit status and what it printed (one line per
         line, however the terminal wrapped it)."""
-        cmd = pexpect.spawn(STEPGUARD, list(args), cwd=str(self.tmp), env=env,
-                            encoding="utf-8", timeout=timeout, dimensions=(50, 200))  # fmt: skip
+        cmd = self.spawn(env, *args, timeout=timeout)
         out = cmd.read()  # to its end (bounded by ``timeout``)
         cmd.close()
         return int(cmd.exitstatus if cmd.exitstatus is not None else -1), plain(out)
@@ -213,11 +224,53 @@ def test_an_operator_session_reads_the_truth_at_every_step(session, operator):
     html = (session.tmp / "report.html").read_text()
     assert job in html
 
-    # Ctrl-C: the stack stops cleanly
+    # a broker restart under `alerts --follow`: the history first, one line when the
+    # broker is lost, one when it is back, then the alerts resume; Ctrl-C ends it
+    follow_broker_restart(session, shell, job)
+
+    # Ctrl-C: the stack stops cleanly, and says its broker was restarted once
     up.sendintr()
-    session.wait_screen(r"up: stopped", 120)
+    stopped = session.wait_screen(r"up: stopped; [^\n]*", 120).group(0)
+    assert "broker 1" in stopped, stopped
     session._reader.join(60)  # to the end of its output
     up.close()
     assert up.exitstatus == 0, session.tail()
     final = json.loads((session.state / "up.json").read_text())
     assert all(s["pid"] is None for s in final["services"].values()), final
+
+
+def follow_broker_restart(session: Session, shell: dict[str, str], job: str) -> None:
+    """`alerts --follow --job JOB` while up's broker (memory only) is stopped and up
+    restarts it (and its topics): what the follower's terminal shows, step by step."""
+    follower = session.spawn(shell, "alerts", "--follow", "--job", job, timeout=120)
+    read = io.StringIO()
+    follower.logfile_read = read
+    try:
+        follower.expect(rf"{STRAGGLER}/r\d+ straggler: ")  # the job's alerts so far
+        broker = session.until(session.status, 60, "up.json")["services"]["broker"]
+        os.kill(broker["pid"], signal.SIGTERM)  # the broker goes away (as a crash would)
+        follower.expect(r"stepguard alerts: broker lost \([^\n]*\); reconnecting every second "
+                        r"\(Ctrl-C stops\)", timeout=60)  # fmt: skip
+        bootstrap = shell["STEPGUARD_KAFKA_BOOTSTRAP"]
+        follower.expect(rf"stepguard alerts: reconnected to the broker at {re.escape(bootstrap)}",
+                        timeout=180)  # fmt: skip
+        restarted = session.until(
+            lambda: (d := session.status()) and d["services"]["broker"]["restarts"] >= 1,
+            60, "up's broker restarted",
+        )  # fmt: skip
+        assert restarted
+        # a worker's alert after the restart (the played job is over): it is shown
+        fp = f"fp-after-restart-{uuid.uuid4().hex[:6]}"
+        after = _alert(fp).model_copy(update={"job_id": job, "node": STRAGGLER})
+        _publish(load_settings(shell), sign(after, session.worker))
+        follower.expect(rf"{STRAGGLER}/r5 straggler: node-3 slow")
+        follower.sendintr()
+        follower.expect(pexpect.EOF, timeout=60)
+    finally:
+        follower.close(force=True)
+    assert follower.exitstatus in (0, 130), read.getvalue()[-3000:]
+    text = plain(read.getvalue())
+    assert "Traceback" not in text and " WARNING " not in text and " ERROR " not in text, text
+    # one notice each way, not a line per retry; a signed alert carries no mark
+    assert text.count("broker lost") == 1 and text.count("reconnected to the broker") == 1, text
+    assert "UNSIGNED" not in text and "BAD SIGNATURE" not in text, text

@@ -47,7 +47,15 @@ from schemas import (
     encode,
 )
 from tests.conftest import fresh_settings
-from tests.factories import ACTUATOR_KEY, WORKER_KEY, key_env
+from tests.factories import (
+    ACTUATOR_KEY,
+    TELEMETRY_SECRET,
+    WORKER_KEY,
+    job_controller_key,
+    job_controller_settings,
+    key_env,
+    signed_headers,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +268,8 @@ def test_degradation_played_by_simulate_command(settings, workers, decisions, tm
         "STEPGUARD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "STEPGUARD_BROKER_FLAVOR": settings.broker_flavor,
         "STEPGUARD_TOPIC_PREFIX": settings.topic_prefix,
+        # it plays every node: the cluster telemetry secret
+        "STEPGUARD_TELEMETRY_SECRET": TELEMETRY_SECRET,
     }
     w = workers()
     out = subprocess.run(
@@ -364,7 +374,9 @@ def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers
     for ev in simulate(sc):
         if ev.frame is not None and ev.frame.step > 90:
             for m in ev.frame.to_messages():
-                producer.send(registry.name("steps"), key=sc.job.encode(), value=encode(m))
+                value = encode(m)  # as its node's exporter sends it: with its proof
+                producer.send(registry.name("steps"), key=sc.job.encode(), value=value,
+                              headers=signed_headers("steps", m, value))  # fmt: skip
     producer.flush()
     producer.close()
     w2 = workers("second")
@@ -499,7 +511,9 @@ def test_malformed_and_oversized_records_are_dead_lettered_while_good_ones_flow(
     dead = Topic(settings, "deadletter", DeadLetter)
     try:
         w = workers(worker_max_message_bytes="32768")
-        play(settings, sc, speed=None, truth=False)
+        # no lifecycle: the simulator holds no controller key of this job here, and a
+        # start it sent would be one more (unauthenticated) dead letter
+        play(settings, sc, speed=None, truth=False, lifecycle=False)
         decisions.wait(firing(AlertKind.STRAGGLER, "node-0007"), 40, "straggler", w)
         letters = dead.wait(lambda xs: len(xs) >= 4, 30, "four dead letters", w)
     finally:
@@ -658,9 +672,12 @@ def test_announced_checkpoints_are_not_hangs_and_an_ended_job_raises_none(
     that goes silent afterwards hangs, which proves the timer ran past the first
     job's threshold."""
     sc = scenario("ckpt-announced", [], steps=120, **CHECKPOINTED)
-    # an end takes effect once no step contradicts it for STEPGUARD_END_CONFIRM_S
-    w = workers(end_confirm_s="5")
-    play(settings, sc, speed=1.0, announce_phases=True)
+    # an end takes effect once no step contradicts it for STEPGUARD_END_CONFIRM_S; the
+    # job's end and phases count only when its own controller signed them
+    controller = job_controller_key(sc.job)
+    w = workers(end_confirm_s="5", job_controller_public_keys=controller.public_text())
+    play(settings.model_copy(update=job_controller_settings(sc.job)), sc, speed=1.0,
+         announce_phases=True)  # fmt: skip
     other = scenario("after-end", [], steps=60, job_id="after-end", **CHECKPOINTED)
     play(settings, other, speed=1.0, stop_after_step=40)
     items = decisions.wait(firing(AlertKind.HANG), 60, "the second job's hang", w)

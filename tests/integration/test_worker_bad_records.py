@@ -37,7 +37,7 @@ from schemas import (
     JobEventKind,
     encode,
 )
-from tests.factories import ACTUATOR_KEY, WORKER_KEY, job_controller_key
+from tests.factories import ACTUATOR_KEY, WORKER_KEY, job_controller_key, signed_headers
 from tests.integration.test_worker import Topic, Worker, firing, scenario
 
 pytestmark = pytest.mark.integration
@@ -96,13 +96,16 @@ def test_a_bad_record_on_every_topic_is_handled_and_the_good_ones_after_it_are_t
     first = next(e.frame for e in simulate(sc) if e.frame is not None).to_messages()[0]
     future_step = first.model_copy(update={"ts_start": ahead, "ts_end": ahead})
     producer = make_producer(settings)
-    sent = lambda logical, value: producer.send(  # noqa: E731
-        registry.name(logical), key=job.encode(), value=value
-    ).get(30)
+    # each record as its producer signs it (telemetry proofs): a record refused is
+    # refused for its content, not for want of a proof
+    sent = lambda logical, value, msg=None: producer.send(  # noqa: E731
+        registry.name(logical), key=job.encode(), value=value,
+        headers=signed_headers(logical, msg, value) if msg is not None else None,
+    ).get(30)  # fmt: skip
     lettered = [  # (what, metadata): each must come back as a dead letter
         ("steps: not json", sent("steps", b"{not json")),
         ("steps: oversized", sent("steps", b"[" + b" " * 40_000 + b"]")),
-        ("steps: future", sent("steps", encode(future_step))),
+        ("steps: future", sent("steps", encode(future_step), future_step)),
         ("health: no job", sent("health", b'{"node": 5}')),
         ("lifecycle: not json", sent("lifecycle", b"\xff\xfe")),
     ]
@@ -116,7 +119,7 @@ def test_a_bad_record_on_every_topic_is_handled_and_the_good_ones_after_it_are_t
         ("results", encode(_result(job, "cmd-good", key=ACTUATOR_KEY))),
     ]
     for logical, value in not_lettered:  # before the worker starts: it meets them first
-        sent(logical, value)
+        sent(logical, value, future_end if logical == "lifecycle" else None)
     dead = Topic(settings, "deadletter", DeadLetter)
     decisions = Topic(settings, "decisions", Alert)
     w = Worker(settings, tmp_path, "bad", worker_max_message_bytes="32768",

@@ -13,11 +13,13 @@ import time
 import pytest
 from kafka import KafkaConsumer
 
+from pipeline.client.sink import KafkaSink
 from pipeline.io.kafka import client_config, make_consumer, make_producer, registry_of
 from pipeline.services.worker.app import jobs_topic_name
 from pipeline.services.worker.state import KIND_HEADER, partition_for
 from pipeline.tools.simulator.player import play
 from schemas import AlertKind, AlertState, DeadLetter, decode
+from tests.factories import node_settings, step_telemetry
 from tests.integration import test_worker
 from tests.integration.test_worker import Topic, firing, scenario
 
@@ -111,4 +113,41 @@ def test_a_record_just_under_the_broker_limit_is_dead_lettered_under_it_and_all_
         assert any(a.job_id == sc.job and a.state is AlertState.FIRING for a in items)
         assert w.proc.poll() is None
     finally:
+        dead.close()
+
+
+def test_a_step_naming_a_node_its_writer_holds_no_key_for_is_refused_by_the_worker(
+    settings, workers, decisions
+):
+    """Issue 39 through the real worker and broker: a producer that holds only
+    node-0001's key (its own node's) writes a step of the job naming ``login-1``. The
+    worker dead-letters it (stage ``auth``, its source offset) and counts it for the
+    node it claims; the job's honest, signed telemetry still finds its straggler, and
+    ``login-1`` is never named by an alert."""
+    sc = scenario("proof", [{"kind": "straggler", "node": 5, "gpu": 2, "onset_step": 40,
+                             "magnitude": 0.3}], steps=120)  # fmt: skip
+    dead = Topic(settings, "deadletter", DeadLetter)
+    w = workers()
+    node_only = settings.model_copy(update=node_settings("node-0001"))
+    sink = KafkaSink(node_only)
+    try:
+        forged = step_telemetry(job=sc.job, node="login-1", step=1)
+        assert sink.send("steps", forged)
+        sink.flush(30)
+        assert sink.stats.sent == 1
+        play(settings, sc, speed=None)
+        steps = registry_of(settings).name("steps")
+
+        def refused(xs: list) -> list:
+            return [d for d in xs if d.stage == "auth" and d.source_topic == steps]
+
+        letters = dead.wait(lambda xs: bool(refused(xs)), 60, "refusal", w)
+        [letter] = refused(letters)
+        assert "login-1" in letter.error and letter.offset >= 0
+        counted = f'stepguard_worker_refused_telemetry_total{{node="login-1",topic="{steps}"}}'
+        _until("the refusal counted", lambda: w.metric(counted) == 1, 30, w)
+        decisions.wait(firing(AlertKind.STRAGGLER, "node-0005"), 60, "the straggler", w)
+        assert all(a.node != "login-1" for a in decisions.items), decisions.describe()
+    finally:
+        sink.close()
         dead.close()

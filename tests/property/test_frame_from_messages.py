@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detectors.frame import PHASE_CODES, WORK_FIELDS, StepFrame
+from detectors.frame import PHASE_CODES, WORK_FIELDS, StepFrame, step_times
 from pipeline.io.fastdecode import decode_step
 from schemas import Phase, RankSample, StepTelemetry, encode
 
@@ -123,7 +123,9 @@ def assert_frame(frame: StepFrame, want: dict[str, object]) -> None:
 def test_a_frame_equals_the_row_by_row_reference(msgs: list[StepTelemetry]) -> None:
     frame = StepFrame.from_messages(msgs)
     assert_frame(frame, reference(msgs))
-    assert frame.ts == max(m.ts_end.timestamp() for m in msgs)
+    ends = [m.ts_end.timestamp() for m in msgs]
+    assert frame.ts == step_times(ends, [m.ts_start.timestamp() for m in msgs])[0]
+    assert min(ends) <= frame.ts <= max(ends)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

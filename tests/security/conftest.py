@@ -32,6 +32,7 @@ import pytest
 
 from pipeline.io.settings import Settings, load_settings
 from tests.conftest import IN_CI
+from tests.factories import TELEMETRY_SECRET
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "4.4.0")
@@ -54,9 +55,11 @@ class SecureKafka:
     home: Path  #: the state folder (logs/server.log is the broker's log)
 
     def env(self, principal: str) -> dict[str, str]:
-        """The ``STEPGUARD_*`` variables the script wrote for ``principal``."""
+        """The ``STEPGUARD_*`` variables the script wrote for ``principal``, and the
+        tests' cluster telemetry secret (telemetry proofs, as a deployment has them)."""
         text = (self.secure_dir / f"{principal}.env").read_text()
-        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        return env | {"STEPGUARD_TELEMETRY_SECRET": TELEMETRY_SECRET}
 
     def settings(self, principal: str, **updates: Any) -> Settings:
         """Settings as the service builds them: from its principal's env file."""

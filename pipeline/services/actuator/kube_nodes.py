@@ -53,6 +53,7 @@ __all__ = [
     "label_value",
     "provenance",
     "resume_patch",
+    "still_isolated",
     "taint_value",
     "with_taint",
     "without_ours",
@@ -259,6 +260,33 @@ def isolate_patch(
         "metadata": {"resourceVersion": view.resource_version, "annotations": annotations},
         "spec": spec,
     }
+
+
+def still_isolated(
+    before: NodeView, after: NodeView, rules: list[str], *, force: bool = False
+) -> list[str]:
+    """What of the isolation ``resume`` undid is still there in ``after`` (the node read
+    back) and ``rules`` (stepguard's DeviceTaintRules of it, listed again): empty when
+    the resume took effect. Someone else's taints are never counted (they stay theirs).
+
+    >>> ours = NodeView("n", "1", True, ({"key": TAINT_KEY, "effect": "NoSchedule"},),
+    ...                 {CORDONED: "true"}, ())
+    >>> still_isolated(ours, NodeView("n", "2", False, (), {}, ()), [])
+    []
+    >>> still_isolated(ours, NodeView("n", "3", True, (), {}, ()), ["r1"])
+    ['cordoned', 'DeviceTaintRule r1']
+    """
+    left = []
+    if after.unschedulable and (before.our_cordon or force):
+        left.append("cordoned")
+    if after.our_taint is not None:
+        left.append(f"taint {TAINT_KEY}")
+    if after.our_annotations:
+        left.append("annotations " + ", ".join(sorted(after.our_annotations)))
+    if after.our_condition is not None:
+        left.append(f"condition {CONDITION_TYPE}")
+    left += [f"DeviceTaintRule {name}" for name in rules]
+    return left
 
 
 def resume_patch(view: NodeView, *, force: bool = False) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from pipeline.services.actuator.kube_nodes import (
     isolate_patch,
     label_value,
     resume_patch,
+    still_isolated,
 )
 from schemas import Command, CommandKind
 
@@ -149,9 +150,10 @@ class Resume:
         if self.outcome is ResumeOutcome.NOT_ISOLATED:
             state = self.before.describe()
             return f"{self.node} is not isolated by stepguard ({state}): nothing to resume"
-        text = f"{self.outcome.value} {self.node} (was {self.before.describe()})"
+        now = f", now {self.after.describe()}" if self.after is not None else ""
+        text = f"{self.outcome.value} {self.node} (was {self.before.describe()}{now})"
         if self.after is not None and self.after.foreign_taints:
-            text += f"; left others' taints: {self.after.describe()}"
+            text += "; others' taints left as they are"
         return text
 
 
@@ -436,11 +438,23 @@ class KubernetesExecutor(Executor):
         for name in rules:
             path = f"{kube_dra.RULES}/{name}"
             self._guard(f"delete DeviceTaintRule {name}", partial(self._call, "DELETE", path))
-        after = self._patch_node(node, lambda view: resume_patch(view, force=force))
+        self._patch_node(node, lambda view: resume_patch(view, force=force))
         if before.our_condition is not None:
             directive = {"type": CONDITION_TYPE, "$patch": "delete"}
             self._patch_condition(node, {"status": {"conditions": [directive]}})
+        # what took effect, not what was answered: an admission policy, a controller or
+        # another tool may have put the node back out of service
+        after = self._node(node)
+        left = still_isolated(
+            before, after, self._our_rules(node) if rules else [], force=foreign is not None
+        )
+        if left:
+            raise ExecutionError(
+                f"the API server accepted the resume but {node} is still isolated: "
+                f"{'; '.join(left)} (read back: {after.describe()})"
+            )
         outcome = ResumeOutcome.FORCED if foreign is not None else ResumeOutcome.RESUMED
+        log.info("%s %s (was %s)", outcome.value, node, before.describe())
         return Resume(node, outcome, before, after)
 
     # -- pods ------------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 Every query runs unchanged on ClickHouse 18.16, chDB and current servers (no CTEs,
 no window functions), reads with FINAL so replays never double-count, orders its rows
-completely (the same archive always answers in the same order), and takes
+completely (the same archive always answers in the same order) and by one clock: the
+archive's event time (``ts``, to the second, with ``ts_ms`` breaking a tie within it;
+never an id's spelling before the time), counts what its column says (a count over
+a join says which rows it counts), and takes
 ``{db}`` plus a few query parameters (``{job:String}``, ``{limit:UInt32}``) whose values
 travel beside the SQL and never become its text (:meth:`ArchiveBackend.query`).
 ``stepguard query NAME --job J`` prints one; docs/archive.md
@@ -63,7 +66,9 @@ LIMIT {limit:UInt32}
             "Everything that happened to a job, in event-time order: alert updates, the "
             "actuator's actions (observed, held, approved, rejected, refused, cancelled or "
             "expired), human approvals and rejections, commands, every executor's results "
-            "and lifecycle events (start, phases, end).",
+            "and lifecycle events (start, phases, end); at the same instant a cause comes "
+            "before its effect (alert, action, approval, command, result, then the job's "
+            "own event: a relaunch after the command that caused it).",
             """
 SELECT ts, what, subject, detail FROM (
     SELECT ts, ts_ms, toUInt8(1) AS ord,
@@ -100,7 +105,7 @@ SELECT ts, what, subject, detail FROM (
                 (SELECT command_id FROM {db}.commands FINAL
                  WHERE job_id = {job:String} AND signed = 0))
     UNION ALL
-    SELECT ts, ts_ms, toUInt8(0) AS ord,
+    SELECT ts, ts_ms, toUInt8(6) AS ord,
            concat('job ', kind, if(phase != '', concat(' ', phase), ''),
                   if(reason != '', concat(' ', reason), '')) AS what,
            source AS subject,
@@ -109,23 +114,25 @@ SELECT ts, what, subject, detail FROM (
     FROM (SELECT ts, ts_ms, kind, phase, reason, source, step, run, detail AS d
           FROM {db}.job_events FINAL WHERE job_id = {job:String})
 )
-ORDER BY ts_ms, ord, what, subject, detail
+ORDER BY ts, ts_ms, ord, what, subject, detail
 """,
         ),
         AnalystQuery(
             "detection_delay",
-            "Per injected fault (simulator truth): the first firing alert naming its node "
-            "(or a job-level alert for job-wide faults) and the delay in steps.",
+            "Per injected fault (simulator truth): how many alert episodes (distinct "
+            "fingerprints) fired on its node (or job-wide, for job-wide faults) from its "
+            "onset, the first one's step and the delay in steps.",
             """
 SELECT fault_id, kind, node, onset_step,
-       countIf(a.step >= toInt64(onset_step) AND (node = '' OR a.node = node)) AS matching,
+       uniqExactIf(a.fingerprint,
+                   a.step >= toInt64(onset_step) AND (node = '' OR a.node = node)) AS matching,
        if(matching > 0,
           minIf(a.step, a.step >= toInt64(onset_step) AND (node = '' OR a.node = node)),
           -1) AS first_alert_step,
        if(matching > 0, first_alert_step - toInt64(onset_step), -1) AS delay_steps
 FROM (SELECT job_id, fault_id, kind, node, onset_step FROM {db}.fault_truth FINAL
       WHERE job_id = {job:String} AND is_trap = 0) AS t
-ALL LEFT JOIN (SELECT job_id, node, step FROM {db}.alerts FINAL
+ALL LEFT JOIN (SELECT job_id, fingerprint, node, step FROM {db}.alerts FINAL
                WHERE job_id = {job:String} AND state = 'firing' AND signed != 0) AS a
 USING (job_id)
 GROUP BY fault_id, kind, node, onset_step
@@ -212,15 +219,16 @@ SELECT run, minIf(ts, kind = 'start') AS started, countIf(kind = 'phase') AS pha
        maxIf(step, kind = 'end') AS last_step
 FROM {db}.job_events FINAL WHERE job_id = {job:String}
 GROUP BY run
-ORDER BY started, run
+ORDER BY started, minIf(ts_ms, kind = 'start'), run
 """,
         ),
         AnalystQuery(
             "command_outcomes",
-            "Every signed command with its mode and targets, one row per executor that "
-            "answered with that executor's latest result (a final status wins over "
-            "'accepted' at the same instant); a command no executor answered has an "
-            "empty executor.",
+            "Every signed command with its mode and targets, in the order issued, one row "
+            "per executor that answered (rows are command x executor: count distinct "
+            "command ids for commands) with that executor's latest result (a final "
+            "status wins over 'accepted' at the same instant); a command no executor "
+            "answered has an empty executor.",
             """
 SELECT c.ts AS issued, c.command_id AS command_id, c.kind AS kind, c.mode AS mode,
        arrayStringConcat(c.targets, ',') AS targets,
@@ -231,7 +239,7 @@ ALL LEFT JOIN (SELECT command_id, executor,
                       argMax(detail, at_ms * 2 + (status != 'accepted')) AS last_detail
                FROM {db}.command_results FINAL WHERE job_id = {job:String} AND signed != 0
                GROUP BY command_id, executor) AS r USING (command_id)
-ORDER BY issued, command_id, executor
+ORDER BY issued, c.ts_ms, command_id, executor
 """,
         ),
     )

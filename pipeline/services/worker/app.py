@@ -48,12 +48,13 @@ from pipeline.io.detector_config import load_detector_config
 from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import client_config, consumer_config, create_topics, registry_of
 from pipeline.io.settings import Settings
+from pipeline.io.telemetry_auth import telemetry_verifier
 from pipeline.io.trust import public_keys, sign, signing_key
 from pipeline.services.worker.bulk import AckLines, StepBatch, grouped
 from pipeline.services.worker.control import ControlReader, DetectorControl
 from pipeline.services.worker.current import make_current
 from pipeline.services.worker.eager import eager_first
-from pipeline.services.worker.metrics import WorkerMetrics
+from pipeline.services.worker.metrics import REFUSED_WRITER_LABELS, BoundedLabels, WorkerMetrics
 from pipeline.services.worker.records import CoreTopics, Forward, Handled
 from pipeline.services.worker.seal import Seal, derive_key
 from pipeline.services.worker.state import KIND_HEADER, WorkerDetection
@@ -192,6 +193,9 @@ def build_app(
     if not result_keys:
         log.warning("no STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS: command results are ignored "
                     "(a relaunch's grace runs its course)")  # fmt: skip
+    # a record about node N counts only with N's proof; job-level lifecycle only with its
+    # job controller's signature (pipeline.io.telemetry_auth)
+    telemetry = telemetry_verifier(settings, result_keys, "the worker")
     tansu = settings.is_tansu
     timeout = settings.worker_session_timeout_s
     session = min(timeout, 6.0) if tansu else timeout
@@ -231,6 +235,13 @@ def build_app(
     )
     metrics = metrics or WorkerMetrics()
     registry = registry_of(settings)
+    # the per-writer count of refused telemetry, its labels bounded (the node is whatever
+    # the refused record claims)
+    refused_writers = BoundedLabels(REFUSED_WRITER_LABELS)
+
+    def on_refused(topic: str, node: str) -> None:
+        metrics.refused_telemetry.labels(topic, refused_writers.label(node)).inc()
+
     names = CoreTopics(
         steps=registry.name("steps"), health=registry.name("health"),
         jobs=jobs_topic_name(settings), commands=registry.name("commands"),
@@ -270,6 +281,8 @@ def build_app(
         # what it writes for itself (jobs topic, changelog) opens only with its own key
         seal=Seal(derive_key(alert_key)),
         executor_keys=public_keys(settings, "executor"),
+        telemetry=telemetry,
+        on_refused=on_refused,
         # thresholds of new jobs: `stepguard calibrate --apply` writes this file
         detector_config=load_detector_config(settings.detector_config),
     )
@@ -390,7 +403,10 @@ def build_app(
         started = time.perf_counter()
         try:
             outs = core.handle_steps(
-                partition, [(r.offset, r.key, r.value) for r in records], ticket, load
+                partition,
+                [(r.offset, r.key, r.value, r.headers) for r in records],
+                ticket,
+                load,
             )
             for out in outs:
                 if out.acts():
@@ -439,7 +455,7 @@ def build_app(
             async for event in stream.events():
                 msg = event.message
                 try:
-                    routed = route(msg.partition, msg.offset, msg.key, msg.value)
+                    routed = route(msg.partition, msg.offset, msg.key, msg.value, msg.headers)
                     if isinstance(routed, Rejected):
                         await send_dead(routed.letter)
                     elif routed is None:

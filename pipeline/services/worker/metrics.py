@@ -9,6 +9,9 @@ stepguard_worker_steps_total                job steps completed and scored
 stepguard_worker_alerts_total{grade,state}  alert updates published
 stepguard_worker_dead_letters_total{stage}  records sent to the dead-letter topic
 stepguard_worker_unrouted_health_total      health reports naming no job (not scored)
+stepguard_worker_refused_telemetry_total{topic,node}  telemetry refused for want of its
+                                            writer's proof, by the node it claims (the
+                                            first 1,000 nodes; the rest as ``other``)
 stepguard_worker_consumer_lag{topic,partition}  highwater - next offset to read
 stepguard_worker_process_seconds            handler time per record (a steps batch: its mean, once)
 stepguard_worker_step_latency_seconds       wall time at scoring - event time of step end
@@ -25,7 +28,36 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pipeline.io.metrics import Readiness, serve_metrics, service_registry
 from pipeline.io.settings import Settings
 
-__all__ = ["WorkerMetrics"]
+__all__ = ["REFUSED_WRITER_LABELS", "BoundedLabels", "WorkerMetrics"]
+
+#: distinct claimed nodes the refused-telemetry counter names (then ``other``)
+REFUSED_WRITER_LABELS = 1000
+
+
+class BoundedLabels:
+    """Label values as given until ``limit`` distinct ones were seen, then ``other``
+    (a label's value here is whatever a refused record claims).
+
+    >>> b = BoundedLabels(2)
+    >>> [b.label(n) for n in ("a", "b", "c", "a")]
+    ['a', 'b', 'other', 'a']
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def label(self, value: str) -> str:
+        value = value[:256]
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self.limit:
+            return "other"
+        self._seen.add(value)
+        return value
+
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25,
@@ -50,6 +82,10 @@ class WorkerMetrics:
         self.dead_letters = Counter(
             p + "dead_letters", "Records dead-lettered.", ["stage"], registry=reg
         )
+        self.refused_telemetry = Counter(
+            p + "refused_telemetry", "Telemetry refused for want of its writer's proof.",
+            ["topic", "node"], registry=reg,
+        )  # fmt: skip
         self.unrouted_health = Counter(
             p + "unrouted_health", "Health reports without a job id.", registry=reg
         )

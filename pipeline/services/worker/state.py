@@ -45,6 +45,7 @@ from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
 from pipeline.io.fastdecode import decode_step
 from pipeline.io.statecodec import StateFormatError
+from pipeline.io.telemetry_auth import Headers, TelemetryVerifier, message_nodes
 from pipeline.io.trust import PublicKeys, check_command, result_problem
 from pipeline.services.worker.ended import read_mark
 from pipeline.services.worker.job_records import _JobRecords
@@ -62,6 +63,7 @@ from schemas import (
     Command,
     CommandResult,
     CommandStatus,
+    DeadLetter,
     JobEvent,
     NodeHealth,
     Rejected,
@@ -175,6 +177,20 @@ class WorkerDetection(_JobRecords):
         (``unsealed``: a dead letter; a snapshot is rebuilt from the records). None:
         nothing is sealed or checked (unit tests and benchmarks; ``stepguard worker``
         always seals, with a key derived from the worker's private key).
+    telemetry
+        The check of telemetry proofs (:mod:`pipeline.io.telemetry_auth`): a steps
+        record is taken only when its headers prove every node it speaks for (a node's
+        message: its node; a rack's: its sender and every sample's node), a health
+        record only with its node's proof, a lifecycle event only with its job
+        controller's signature (an end, a phase, a start naming the job's nodes) or,
+        for the others, its controller's or its source node's proof; a proven health
+        or lifecycle record written again elsewhere (a replay) is refused too. The rest is
+        dead-lettered (stage ``auth``) before it reaches any job, and counted per
+        claimed node (``refused_proof``, ``on_refused``). None: telemetry is not
+        authenticated (``STEPGUARD_TELEMETRY_AUTH=off``; unit tests and benchmarks).
+    on_refused
+        Called with (topic, claimed node) for every record refused for its proof (the
+        worker's per-writer counter).
     clock
         Wall clock (epoch seconds); injectable for tests. A snapshot's cost is measured
         on it too.
@@ -206,6 +222,8 @@ class WorkerDetection(_JobRecords):
         limits: LifecycleLimits | None = None,
         max_pending_jobs: int = 1024,
         pending_ttl_s: float = 300.0,
+        telemetry: TelemetryVerifier | None = None,
+        on_refused: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if n_partitions < 1:
@@ -263,6 +281,9 @@ class WorkerDetection(_JobRecords):
         self.refused_results = 0  #: SUCCEEDED results no executor key signed (ignored)
         self.seal = seal
         self.unsealed = 0  #: internal records and snapshots the worker did not write
+        self.telemetry = telemetry
+        self.on_refused = on_refused
+        self.refused_proof = 0  #: telemetry records without their writer's proof
         #: jobs named by health or a start event only, until their first step
         self.pending: PendingJobs[JobState] = PendingJobs(max_pending_jobs, pending_ttl_s,
                                                           clock)  # fmt: skip
@@ -405,6 +426,7 @@ class WorkerDetection(_JobRecords):
             "refused_command": self.refused_commands,
             "refused_result": self.refused_results,
             "unsealed": self.unsealed,
+            "refused_proof": self.refused_proof,
             "pending_expired": self.pending.expired + self.pending.evicted,
         }
 
@@ -420,10 +442,11 @@ class WorkerDetection(_JobRecords):
         value: bytes | None,
         token: Any,
         load: Callable[[str], bytes | None] = lambda _: None,
+        headers: Headers | None = None,
     ) -> Handled:
-        """One StepTelemetry record from the steps topic."""
+        """One StepTelemetry record from the steps topic (``headers``: its proofs)."""
         self._saw_record()
-        taken = self._step(partition, offset, key, value, token, load, None)
+        taken = self._step(partition, offset, key, value, token, load, None, headers)
         if isinstance(taken, Handled):
             return taken
         st, out = taken
@@ -432,12 +455,12 @@ class WorkerDetection(_JobRecords):
     def handle_steps(
         self,
         partition: int,
-        records: Iterable[tuple[int, bytes | None, bytes | None]],
+        records: Iterable[tuple[Any, ...]],
         token: Any,
         load: Callable[[str], bytes | None] = lambda _: None,
     ) -> list[Handled]:
-        """A fetch's records of one steps partition, ``(offset, key, value)`` in offset
-        order, each as :meth:`handle_step` handles it; but a job's records share one
+        """A fetch's records of one steps partition, ``(offset, key, value[, headers])``
+        in offset order, each as :meth:`handle_step` handles it; but a job's records share one
         :class:`Handled`, and whether its snapshot is due is asked once, after the last
         of them (the snapshot then covers them all). ``token`` stands for every record:
         it is released once per record."""
@@ -445,9 +468,11 @@ class WorkerDetection(_JobRecords):
         done: list[Handled] = []
         outs: dict[str, Handled] = {}
         taken: dict[str, tuple[JobState, int]] = {}
-        for offset, key, value in records:
+        for rec in records:
+            offset, key, value = rec[0], rec[1], rec[2]
             try:
-                got = self._step(partition, offset, key, value, token, load, outs)
+                headers = rec[3] if len(rec) > 3 else None
+                got = self._step(partition, offset, key, value, token, load, outs, headers)
             except Exception:  # never let one record stop the batch
                 log.exception("worker failed on %s[%d]@%d", self.topics.steps, partition,
                               offset)  # fmt: skip
@@ -472,6 +497,7 @@ class WorkerDetection(_JobRecords):
         token: Any,
         load: Callable[[str], bytes | None],
         outs: dict[str, Handled] | None,
+        headers: Headers | None = None,
     ) -> tuple[JobState, Handled] | Handled:
         """Decode, take and detect one step record: its job's state and the Handled it
         added to (the job's in ``outs``, when a batch shares one), or the Handled of a
@@ -486,6 +512,11 @@ class WorkerDetection(_JobRecords):
             msg = self._decoded(StepTelemetry, value, topic, partition, offset, key, token)
         if isinstance(msg, Handled):
             return msg
+        if self.telemetry is not None:  # a record speaks only for the nodes it proves
+            problem = self.telemetry.nodes_problem(headers, value, message_nodes(msg))
+            if problem is not None:
+                letter = self._unproven(msg.node, problem, value, topic, partition, offset, key)
+                return Handled(dead_letters=[letter], release=[token])
         ts = msg.ts_end.timestamp()
         st = self._take(msg.job_id, ts, topic, partition, offset, key, value, token, load)
         if isinstance(st, Handled):
@@ -502,7 +533,9 @@ class WorkerDetection(_JobRecords):
                 # catching up after a takeover (:meth:`_resume`): a replayed step
                 # arrived as long after the one before it as its event time says
                 wall = min(wall, st.arrived_wall + (ts - st.last_event_ts))
-            st.last_event_ts = ts
+            # bounded by what the job's frames support (issue 39): one record dated
+            # ahead must not move the tick clock
+            st.last_event_ts = max(st.last_event_ts or ts, st.detection.clock_at(ts))
             st.arrived_wall = wall
         st.dirty = True
         steps = out.steps
@@ -530,25 +563,49 @@ class WorkerDetection(_JobRecords):
             payload = self.seal.seal(kind, payload)
         return Forward(job_id, partition_for(job_id, self.n_partitions), payload)
 
+    def _unproven(
+        self, node: str, problem: str, value: bytes | None, topic: str, partition: int,
+        offset: int, key: bytes | None,
+    ) -> DeadLetter:  # fmt: skip
+        """The dead letter of a telemetry record without its writer's proof, counted
+        per claimed node."""
+        self.refused_proof += 1
+        if self.on_refused is not None:
+            self.on_refused(topic, node)
+        return _dead_letter(value, f"unauthenticated: {problem}", topic, partition, offset,
+                            key, "auth")  # fmt: skip
+
     def route_health(
-        self, partition: int, offset: int, key: bytes | None, value: bytes | None
-    ) -> Forward | Rejected | None:
-        """A health record: where to forward it (its job's partition), a dead letter,
-        or None when it names no job (counted in ``unrouted_health``)."""
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+        headers: Headers | None = None,
+    ) -> Forward | Rejected | None:  # fmt: skip
+        """A health record: where to forward it (its job's partition), a dead letter
+        (undecodable, or without its node's proof), or None when it names no job
+        (counted in ``unrouted_health``)."""
+        topic = self.topics.health
         msg = decode(
-            NodeHealth, value, topic=self.topics.health, partition=partition, offset=offset,
+            NodeHealth, value, topic=topic, partition=partition, offset=offset,
             key=key, max_bytes=self.max_message_bytes,
         )  # fmt: skip
         if isinstance(msg, Rejected):
             return msg
+        if self.telemetry is not None:
+            problem = self.telemetry.nodes_problem(headers, value, [msg.node])
+            if problem is None:  # a node's own old report, written again: not its word now
+                problem = self.telemetry.replay_problem(topic, partition, offset, value or b"")
+            if problem is not None:
+                return Rejected(
+                    self._unproven(msg.node, problem, value, topic, partition, offset, key)
+                )
         if msg.job_id is None:
             self.unrouted_health += 1
             return None
         return self._to_job(msg.job_id, value, "health")
 
     def route_command(
-        self, partition: int, offset: int, key: bytes | None, value: bytes | None
-    ) -> Forward | None:
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+        headers: Headers | None = None,
+    ) -> Forward | None:  # fmt: skip
         """A command: forward restarts, rollbacks and isolations to their job's partition
         (the job goes quiet while it relaunches) when the actuator signed them and they
         have not expired; None for anything else. Executors own bad commands (they
@@ -568,8 +625,9 @@ class WorkerDetection(_JobRecords):
         return self._to_job(msg.job_id, value, "command")
 
     def route_result(
-        self, partition: int, offset: int, key: bytes | None, value: bytes | None
-    ) -> Forward | None:
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+        headers: Headers | None = None,
+    ) -> Forward | None:  # fmt: skip
         """An executor's result: forward a SUCCEEDED one to its job's partition (a
         relaunch carried out restarts the grace and its left-out nodes' episodes
         resolve) when an executor key signed it; None for anything else (a result no
@@ -603,15 +661,27 @@ class WorkerDetection(_JobRecords):
         return problem
 
     def route_lifecycle(
-        self, partition: int, offset: int, key: bytes | None, value: bytes | None
-    ) -> Forward | Rejected:
-        """A lifecycle event: forward it to its job's partition, or a dead letter."""
+        self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+        headers: Headers | None = None,
+    ) -> Forward | Rejected:  # fmt: skip
+        """A lifecycle event: forward it to its job's partition, or a dead letter
+        (undecodable, or without the proof its kind needs: see ``telemetry``)."""
+        topic = self.topics.lifecycle
         msg = decode(
-            JobEvent, value, topic=self.topics.lifecycle, partition=partition, offset=offset,
+            JobEvent, value, topic=topic, partition=partition, offset=offset,
             key=key, max_bytes=self.max_message_bytes,
         )  # fmt: skip
         if isinstance(msg, Rejected):
             return msg
+        if self.telemetry is not None:
+            problem = self.telemetry.lifecycle_problem(headers, value, msg)
+            if problem is None:
+                problem = self.telemetry.replay_problem(topic, partition, offset, value or b"")
+            if problem is not None:
+                claimed = msg.source or f"job:{msg.job_id}"
+                return Rejected(
+                    self._unproven(claimed, problem, value, topic, partition, offset, key)
+                )
         return self._to_job(msg.job_id, value, "lifecycle")
 
     def adopt(self, job_id: str, blob: bytes, owned: set[int]) -> bool:

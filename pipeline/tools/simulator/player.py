@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pipeline.io.kafka import create_topics, make_producer, publish, registry_of
 from pipeline.io.settings import Settings
+from pipeline.io.telemetry_auth import telemetry_prover
 from pipeline.tools.simulator import Scenario, SimulatedJob
 from pipeline.tools.simulator.announce import InputWaits, job_event, phase_announcement
 from schemas import EndReason, JobEvent, JobEventKind
@@ -60,6 +61,9 @@ def play(
     create_topics(settings)
     registry = registry_of(settings)
     producer = make_producer(settings)
+    # it plays every node of the job: the cluster secret (or the nodes' keys), and its
+    # job controller's key for the job-level events (pipeline.io.telemetry_auth)
+    prover = telemetry_prover(settings, "the simulator")
     stats = PlayStats()
     t0 = time.monotonic()
     start_ts = scenario.start_ts
@@ -70,7 +74,7 @@ def play(
                 stats.truth_messages += 1
         if lifecycle:
             start = job_event(scenario, JobEventKind.START, start_ts)
-            publish(producer, registry, "lifecycle", start)
+            publish(producer, registry, "lifecycle", start, prover)
         last_ts, last_step, stopped = start_ts, 0, False
         sim = job if job is not None else SimulatedJob(scenario)
         waits = InputWaits(scenario)
@@ -86,17 +90,17 @@ def play(
             for at, event in said:  # while the step runs, as the client says them
                 _wait(t0, at - start_ts, speed)
                 _not_ahead(at, lead_s)
-                publish(producer, registry, "lifecycle", event)
+                publish(producer, registry, "lifecycle", event, prover)
                 producer.flush()
             _wait(t0, ev.ts - start_ts, speed)
             _not_ahead(ev.ts, lead_s)
             if ev.frame is not None:
                 for m in ev.frame.to_messages():
-                    publish(producer, registry, "steps", m)
+                    publish(producer, registry, "steps", m, prover)
                     stats.step_messages += 1
                 stats.steps += 1
             for h in ev.health:
-                publish(producer, registry, "health", h)
+                publish(producer, registry, "health", h, prover)
                 stats.health_messages += 1
             last_ts, last_step = ev.ts, max(ev.step, 0)
             if on_event is not None:
@@ -108,7 +112,7 @@ def play(
             end = job_event(
                 scenario, JobEventKind.END, last_ts, last_step, reason=EndReason.COMPLETED
             )
-            publish(producer, registry, "lifecycle", end)
+            publish(producer, registry, "lifecycle", end, prover)
         producer.flush(timeout=60)
     finally:
         producer.close(timeout=10)

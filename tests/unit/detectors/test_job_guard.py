@@ -171,18 +171,19 @@ def test_outside_nodes_noticed_are_bounded() -> None:
 
 
 def test_nodes_per_job_are_bounded() -> None:
-    """Also: nodes per job were unbounded (a node name per message, the ranks reused)."""
+    """Also: nodes per job were unbounded (a node name per message; reusing one rank
+    under many names is refused before that, see test_membership.py)."""
     det = JobDetection("job", max_nodes=2)
     t = datetime.fromtimestamp(0, UTC)
-    sample = RankSample(rank=0, local_rank=0, step_time_s=1, compute_s=1, comm_wait_s=0,
-                        data_wait_s=0)  # fmt: skip
 
-    def msg(node: str) -> StepTelemetry:
+    def msg(node: str, rank: int) -> StepTelemetry:
+        sample = RankSample(rank=rank, local_rank=0, step_time_s=1, compute_s=1, comm_wait_s=0,
+                            data_wait_s=0)  # fmt: skip
         return StepTelemetry(job_id="job", node=node, step=0, ts_start=t, ts_end=t,
                              samples=(sample,))  # fmt: skip
 
-    det.on_step(msg("a"))
-    det.on_step(msg("b"))
+    det.on_step(msg("a", 0))
+    det.on_step(msg("b", 1))
     with pytest.raises(CapacityError, match="more than 2 nodes"):
-        det.on_step(msg("c"))
+        det.on_step(msg("c", 2))
     assert det.guard.members == {"a", "b"}

@@ -82,3 +82,19 @@ def test_a_noisier_rank_is_judged_against_its_own_fast_side_spread():
     s = b.score(slots, np.array([[0.08, 0.08]]), scale)
     assert s.z[0, 0] > 5.0  # the quiet rank: 8 % is far out
     assert s.z[0, 1] < 3.0  # the noisy one: within its own spread
+
+
+def test_one_glitched_slow_step_counts_as_a_bounded_cost():
+    """Issue 39: a 10^6 s compute (excess ~5e6) set the rank's slow-step cost for good."""
+    import numpy as np
+
+    from detectors.steps.intermittent import IntermittentSlowdown
+
+    det = IntermittentSlowdown()
+    slots, mask = np.arange(2), np.ones(2, dtype=bool)
+    for step in range(48):
+        slow = step % 8 == 0
+        excess = 5e6 if step == 0 else 0.3
+        det.learn(slots, np.array([slow, False]), np.array([excess, 0.0]), mask)
+    score = det.score(slots)
+    assert 0 < score[0] <= 6 / 48 * IntermittentSlowdown.MAX_EXCESS

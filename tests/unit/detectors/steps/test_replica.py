@@ -39,3 +39,10 @@ def test_one_slow_node_of_a_replica_is_no_replica_fault():
 
 def test_a_replica_always_a_little_slower_is_its_normal():
     assert play(300, lambda s, r: np.where(r == 2, 0.08, 0.0)) == {}
+
+
+def test_one_glitched_step_moves_a_replica_little():
+    """Issue 39: one rank's 10^6 s compute held its replica's smoothed slowdown above the
+    floor for hundreds of steps."""
+    first = play(300, lambda s, r: np.where((r == 3) & (s == 100), 1e6, 0.0))
+    assert first == {}

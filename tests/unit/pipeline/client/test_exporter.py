@@ -15,6 +15,7 @@ from pipeline.client import RankRecord, StepBatcher, StepExporter
 from pipeline.io.embedded import free_port
 from pipeline.io.settings import load_settings
 from schemas import EndReason, JobEvent, NodeHealth, Phase, StepTelemetry
+from tests.factories import telemetry_settings
 
 
 def rec(step: int, rank: int, node: str = "n0", **kw) -> RankRecord:
@@ -60,7 +61,7 @@ def test_batcher_releases_incomplete_steps_after_lag_or_wait_and_counts_invalid(
 
 
 def test_exporter_keeps_the_loop_running_when_the_broker_is_down():
-    dead = load_settings({}, kafka_bootstrap=f"127.0.0.1:{free_port()}")
+    dead = load_settings({}, kafka_bootstrap=f"127.0.0.1:{free_port()}", **telemetry_settings())
     exporter = StepExporter.direct(
         dead, job_id="j", node="n0", ranks_per_node=8, queue_size=1000, register_atexit=False
     )

@@ -19,6 +19,7 @@ from pipeline.client import StepExporter
 from pipeline.io.clockskew import FutureGate, future_dated, seconds_ahead
 from pipeline.io.settings import load_settings
 from schemas import JobEvent, JobEventKind, NodeHealth
+from tests.factories import telemetry_settings
 from tests.unit.pipeline.agents.test_dcgm import exposition
 from tests.unit.pipeline.client.test_exporter import FakeNvml
 
@@ -128,7 +129,8 @@ def test_the_step_exporter_drops_a_future_dated_record_and_the_loop_goes_on(capl
 
 
 def test_direct_exporters_take_the_skew_from_settings():
-    s = load_settings({"STEPGUARD_MAX_CLOCK_SKEW_S": "5"}, kafka_bootstrap="127.0.0.1:1")
+    s = load_settings({"STEPGUARD_MAX_CLOCK_SKEW_S": "5"}, kafka_bootstrap="127.0.0.1:1",
+                      **telemetry_settings())  # fmt: skip
     exporter = StepExporter.direct(s, job_id="j", node="n0", register_atexit=False,
                                    announce_start=False)  # fmt: skip
     try:

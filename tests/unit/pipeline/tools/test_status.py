@@ -10,8 +10,15 @@ import pytest
 from rich.console import Console
 
 from pipeline.io.duration import parse_duration
+from pipeline.io.kafka import Decoded
 from pipeline.io.trust import sign
-from pipeline.tools.alerts import AlertFilter, alert_line, alerts_filter, signature_mark
+from pipeline.tools.alerts import (
+    AlertFilter,
+    alert_line,
+    alerts_filter,
+    by_event_time,
+    signature_mark,
+)
 from pipeline.tools.status import (
     HeldRow,
     ServiceRow,
@@ -211,3 +218,24 @@ def test_incident_ids_are_shown_whole_where_an_operator_copies_them():
     buf = io.StringIO()
     Console(file=buf, width=80, color_system=None).print(render_status(snap, 500))
     assert key in buf.getvalue().replace("\n", "").replace(" ", "").replace("│", "")
+
+
+def test_alerts_are_listed_by_the_time_they_show_not_by_arrival():
+    """Issue 41: `alerts` printed in the broker's order (arrival) while each line shows
+    the alert's event time: two workers, or a job whose clock leads, interleaved lines
+    out of time order. The time a line shows orders them; arrival breaks a tie."""
+    late = alert("fp-late-01", ts=T0 + timedelta(seconds=5))
+    early = alert("fp-early-01", ts=T0 + timedelta(seconds=1))
+    tie_b, tie_a = alert("fp-tie-b-01", ts=T0), alert("fp-tie-a-01", ts=T0)
+    got = by_event_time([
+        Decoded("d", 1, 7, 1_000, late), Decoded("d", 0, 3, 2_000, early),
+        Decoded("d", 0, 4, 3_000, tie_b), Decoded("d", 1, 8, 2_500, tie_a),
+    ])  # fmt: skip
+    assert [d.message.fingerprint for d in got] == [
+        "fp-tie-a-01",
+        "fp-tie-b-01",
+        "fp-early-01",
+        "fp-late-01",
+    ]
+    lines = [alert_line(d.message).plain[:8] for d in got]  # type: ignore[arg-type]
+    assert lines == sorted(lines)

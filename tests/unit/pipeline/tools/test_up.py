@@ -35,8 +35,8 @@ def test_the_plan_runs_the_compose_services_with_their_own_ports_and_keys(tmp_pa
     assert w1.env["STEPGUARD_WORKER_DATA_DIR"] != w2.env["STEPGUARD_WORKER_DATA_DIR"]
     assert specs["archiver"].env["STEPGUARD_CHDB_PATH"] == str(tmp_path / "st" / "archive")
     assert specs["simulate"].argv[3:] == (
-        "simulate", "ci_smoke", "--speed", "4.0", "--job-id", "ci_smoke-r1", "--from-now",
-        "--control",
+        "simulate", "--scenario", "ci_smoke", "--speed", "4.0", "--job", "ci_smoke-r1",
+        "--from-now", "--control",
     )  # fmt: skip
     private = {n: sorted(k for k in s.env if k.endswith("_PRIVATE_KEY")) for n, s in specs.items()}
     assert private["actuator"] == ["STEPGUARD_ACTUATOR_PRIVATE_KEY"]
@@ -115,8 +115,11 @@ def test_a_watched_job_gets_its_nodes_spares_mode_and_its_own_signing_key(tmp_pa
     assert p.shell_env["STEPGUARD_SPARES"] == "spare-0"
     assert not [k for k in p.shell_env if k.endswith("_PRIVATE_KEY")]
     # ... and from job-controller.env (0600) the one key its results are signed with
-    (key,) = p.job_env
-    assert key.endswith("_PRIVATE_KEY")
+    # ... and the cluster telemetry secret (this job's processes speak for its nodes)
+    assert sorted(p.job_env) == [
+        "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY", "STEPGUARD_TELEMETRY_SECRET",
+    ]  # fmt: skip
+    assert "STEPGUARD_TELEMETRY_SECRET" not in p.shell_env  # up.env is not 0600
     assert p.shell_env["STEPGUARD_ACTUATOR_PUBLIC_KEYS"]  # it verifies commands
     assert any("job ddp-1: 2 nodes" in n and "auto mode" in n for n in p.notes), p.notes
 
@@ -137,6 +140,37 @@ def test_mode_applies_to_a_played_scenario_too(tmp_path):
     assert any("approve mode" in n and "--mode" in n for n in p.notes), p.notes
 
 
+def test_a_played_scenario_gets_the_skew_its_lead_needs_on_ups_own_stack(tmp_path):
+    """Issue 41: `up --scenario X --speed 8` held the job to real time once its lead
+    reached 80 % of the default 300 s allowance (a 2-minute play took ~12). On a stack
+    up starts itself the allowance grows by the job's lead, as the demo's does; the
+    simulator's argv uses the canonical spellings."""
+    from pipeline.tools.simulator import find_scenario, lead_s
+
+    p = plan(tmp_path, scenario="ci_smoke", speed=8.0)
+    specs = {s.name: s for s in p.specs}
+    want = str(round(300 + lead_s(find_scenario("ci_smoke"), 8.0)))
+    for name in ("simulate", "worker-1", "actuator", "archiver", "executor-dry-run"):
+        assert specs[name].env["STEPGUARD_MAX_CLOCK_SKEW_S"] == want, name
+    assert any("clock-skew allowance" in n for n in p.notes), p.notes
+    argv = specs["simulate"].argv
+    assert "--job-id" not in argv and argv[argv.index("--job") + 1] == "ci_smoke-r1"
+    # real time: no lead, nothing raised
+    p = plan(tmp_path, scenario="ci_smoke", speed=1.0)
+    assert "STEPGUARD_MAX_CLOCK_SKEW_S" not in {s.name: s for s in p.specs}["simulate"].env
+
+
+def test_an_operators_own_skew_or_broker_is_never_overridden(tmp_path):
+    settings = load_settings({"STEPGUARD_MAX_CLOCK_SKEW_S": "120"}, state_dir=tmp_path)
+    base = {"STEPGUARD_MAX_CLOCK_SKEW_S": "120"}
+    p = build_plan(settings, UpOptions(scenario="ci_smoke", speed=8.0), base, python="py")
+    assert {s.env["STEPGUARD_MAX_CLOCK_SKEW_S"] for s in p.specs} == {"120"}
+    # a broker up does not start is shared: its other clients keep the default
+    settings = load_settings({}, state_dir=tmp_path, kafka_bootstrap="k:9092")
+    p = build_plan(settings, UpOptions(scenario="ci_smoke", speed=8.0), {}, python="py")
+    assert all("STEPGUARD_MAX_CLOCK_SKEW_S" not in s.env for s in p.specs)
+
+
 def test_job_and_scenario_together_are_refused():
     with pytest.raises(ValueError, match="--job and --scenario"):
         UpOptions(job="j", scenario="ci_smoke")
@@ -154,17 +188,21 @@ def test_up_writes_the_jobs_controller_key_where_only_the_user_reads_it(tmp_path
     from pipeline.tools.up import JOB_ENV_FILE, write_job_env
 
     p = plan(tmp_path, scenario="ci_smoke")
-    assert list(p.job_env) == ["STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY"]
+    assert list(p.job_env) == [
+        "STEPGUARD_JOB_CONTROLLER_PRIVATE_KEY", "STEPGUARD_TELEMETRY_SECRET",
+    ]  # fmt: skip
     assert not any(k.endswith("_PRIVATE_KEY") for k in p.shell_env)  # up.env: no secret
     path = tmp_path / JOB_ENV_FILE
     write_job_env(path, p.job_env)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    name, _, value = path.read_text().strip().partition("=")
-    key = signing_key(load_settings({name: value}), "job_controller", "t")
+    written = dict(line.split("=", 1) for line in path.read_text().splitlines())
+    assert written == p.job_env
+    key = signing_key(load_settings(written), "job_controller", "t")
     assert key.key_id.split(".")[0] == job_controller_key_id("ci_smoke-r1")
     public = {s.name: s.env.get("STEPGUARD_JOB_CONTROLLER_PUBLIC_KEYS", "") for s in p.specs}
     assert key.public_text() in public["worker-1"]
-    assert plan(tmp_path).job_env == {}  # no job: no controller key
+    # no job: no controller key (the telemetry secret, for a job started by hand)
+    assert list(plan(tmp_path).job_env) == ["STEPGUARD_TELEMETRY_SECRET"]
 
 
 def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
@@ -187,3 +225,17 @@ def test_a_port_whose_connections_linger_in_time_wait_is_free_for_up():
         client.close()
         assert not _port_free(port)  # still listening
     assert _port_free(port)
+
+
+def test_up_hands_the_ephemeral_telemetry_secret_to_the_workers_and_the_simulator_only(tmp_path):
+    """Issue 39: the embedded default authenticates telemetry out of the box: one
+    ephemeral cluster secret for the run, given to the workers (they verify), the
+    simulator (it plays every node) and the watched job, to no other child."""
+    p = plan(tmp_path, scenario="ci_smoke")
+    holders = {s.name for s in p.specs if "STEPGUARD_TELEMETRY_SECRET" in s.env}
+    assert holders == {n for n in (s.name for s in p.specs) if n.startswith("worker-")} | {
+        "simulate"
+    }
+    secrets = {s.env["STEPGUARD_TELEMETRY_SECRET"] for s in p.specs if s.name in holders}
+    assert len(secrets) == 1 and secrets == {p.job_env["STEPGUARD_TELEMETRY_SECRET"]}
+    assert any("telemetry" in n for n in p.notes), p.notes

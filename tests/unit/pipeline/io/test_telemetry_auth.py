@@ -1,0 +1,138 @@
+"""The telemetry proof helpers: HKDF node keys, HMAC proofs in headers, the job
+controller's signature, and how settings provide them."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+from hashlib import sha256
+
+import pytest
+from pydantic import SecretStr
+
+from pipeline.io.errors import ConfigError
+from pipeline.io.settings import load_client_settings, load_settings
+from pipeline.io.telemetry_auth import (
+    MAC_BYTES,
+    PROOF_HEADER,
+    NodeKeys,
+    TelemetryProver,
+    TelemetryVerifier,
+    derive_node_key,
+    message_nodes,
+    telemetry_prover,
+    telemetry_verifier,
+)
+from schemas import JobEvent, JobEventKind, encode
+from tests.factories import T0, TELEMETRY_SECRET, job_controller_key, node_settings, step_telemetry
+
+SECRET = base64.b64decode(TELEMETRY_SECRET)
+
+
+def test_node_keys_are_hkdf_sha256_of_the_secret_with_the_node_in_info():
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    want = HKDF(hashes.SHA256(), 32, None, b"stepguard telemetry node:n7").derive(SECRET)
+    assert derive_node_key(SECRET, "n7") == want
+    assert derive_node_key(SECRET, "n7") != derive_node_key(SECRET, "n8")
+    assert derive_node_key(SECRET, "n7") != derive_node_key(bytes(32), "n7")
+
+
+def test_a_proof_is_a_truncated_hmac_of_the_exact_bytes():
+    keys = NodeKeys(keys={"n1": derive_node_key(SECRET, "n1")})
+    [(name, proof)] = keys.proofs(b"value", ["n1", "n2"])  # n2 not held: no proof
+    assert name == PROOF_HEADER
+    digest = sha256(b"value").digest()  # the bytes hashed once, then one HMAC per node
+    mac = hmac.new(derive_node_key(SECRET, "n1"), digest, sha256).digest()[:MAC_BYTES]
+    assert proof == b"node:n1:" + mac.hex().encode()
+
+
+def test_the_worker_derives_what_a_node_signed_and_nothing_else_verifies():
+    node = NodeKeys(keys={"n1": derive_node_key(SECRET, "n1")})
+    check = TelemetryVerifier(NodeKeys(secret=SECRET))
+    headers = node.proofs(b"v", ["n1"])
+    assert check.nodes_problem(headers, b"v", ["n1"]) is None
+    assert check.nodes_problem(headers, b"v2", ["n1"]) is not None  # other bytes
+    assert check.nodes_problem(headers, b"v", ["n2"]) is not None  # other node
+    other = TelemetryVerifier(NodeKeys(secret=bytes(32)))  # another cluster's secret
+    assert other.nodes_problem(headers, b"v", ["n1"]) is not None
+    assert check.proven(headers, b"v") == {"n1"}
+
+
+def test_a_rack_needs_a_proof_per_node_and_message_nodes_lists_them():
+    msg = step_telemetry()
+    assert message_nodes(msg) == [msg.node]
+    rack = msg.model_copy(update={
+        "schema_version": 2, "node": "rack-0",
+        "samples": tuple(s.model_copy(update={"node": f"n{i % 2}"})
+                         for i, s in enumerate(msg.samples)),
+    })  # fmt: skip
+    assert message_nodes(rack) == ["rack-0", "n0", "n1"]
+    held = NodeKeys(keys={n: derive_node_key(SECRET, n) for n in ("rack-0", "n0")})
+    value = encode(rack)
+    check = TelemetryVerifier(NodeKeys(secret=SECRET))
+    problem = check.nodes_problem(held.proofs(value, message_nodes(rack)), value,
+                                  message_nodes(rack))  # fmt: skip
+    assert problem == "no proof of node 'n1'"
+
+
+def test_the_derived_key_cache_is_bounded():
+    keys = NodeKeys(secret=SECRET, max_cached=4)
+    for i in range(20):
+        assert keys.mac(f"n{i}", b"x") is not None
+    assert len(keys._cache) <= 4
+    assert keys.mac("n0", b"x") == NodeKeys(secret=SECRET).mac("n0", b"x")
+
+
+def test_a_job_level_event_carries_its_controllers_signature_only_for_its_own_job():
+    key = job_controller_key("job-a")
+    prover = TelemetryProver(None, key)
+    end = JobEvent(job_id="job-a", kind=JobEventKind.END, reason="completed", ts=T0)
+    value = encode(end)
+    [(_, proof)] = prover.headers("lifecycle", end, value)
+    assert proof.startswith(f"jc:{key.key_id}:".encode())
+    other = end.model_copy(update={"job_id": "job-b"})
+    assert prover.headers("lifecycle", other, encode(other)) == []  # not its job
+    check = TelemetryVerifier(NodeKeys(secret=SECRET), key.verifier())
+    assert check.lifecycle_problem([(PROOF_HEADER, proof)], value, end) is None
+    assert check.lifecycle_problem([(PROOF_HEADER, proof)], value + b" ", end) is not None
+
+
+def test_settings_fail_fast_naming_the_variable():
+    with pytest.raises(ConfigError, match="STEPGUARD_TELEMETRY_SECRET"):
+        load_settings({"STEPGUARD_TELEMETRY_SECRET": "dG9vIHNob3J0"})
+    with pytest.raises(ConfigError, match="STEPGUARD_TELEMETRY_NODE_KEYS"):
+        load_settings({"STEPGUARD_TELEMETRY_NODE_KEYS": "n1=bad"})
+    with pytest.raises(ConfigError, match="STEPGUARD_TELEMETRY_AUTH"):
+        load_settings({"STEPGUARD_TELEMETRY_AUTH": "maybe"})
+    bare = load_settings({})
+    with pytest.raises(ConfigError, match="STEPGUARD_TELEMETRY_SECRET is required by the worker"):
+        telemetry_verifier(bare, {}, "the worker")
+    with pytest.raises(ConfigError, match="STEPGUARD_TELEMETRY_NODE_KEYS is required"):
+        telemetry_prover(load_client_settings({}), "the exporter")
+
+
+def test_a_secret_never_appears_in_repr_or_errors():
+    s = load_settings({}, telemetry_secret=SecretStr(TELEMETRY_SECRET))
+    assert TELEMETRY_SECRET not in repr(s)
+    with pytest.raises(ConfigError) as err:
+        load_settings({"STEPGUARD_TELEMETRY_SECRET": TELEMETRY_SECRET[:20]})
+    assert TELEMETRY_SECRET[:20] not in str(err.value)
+
+
+def test_auth_off_is_explicit_and_logged(caplog):
+    off = load_settings({"STEPGUARD_TELEMETRY_AUTH": "off"})
+    with caplog.at_level("WARNING"):
+        assert telemetry_verifier(off, {}, "a test worker") is None
+        assert telemetry_prover(off, "a test exporter") is None
+    assert "STEPGUARD_TELEMETRY_AUTH=off" in caplog.text
+
+
+def test_a_node_holding_only_its_key_signs_only_its_own_records():
+    prover = telemetry_prover(load_client_settings({}, **node_settings("n1")), "test")
+    assert prover is not None
+    mine, theirs = step_telemetry(), step_telemetry().model_copy(update={"node": "n2"})
+    mine = mine.model_copy(update={"node": "n1"})
+    assert len(prover.headers("steps", mine, encode(mine))) == 1
+    assert prover.headers("steps", theirs, encode(theirs)) == []
