@@ -19,17 +19,18 @@ commands = typer.Typer()
 
 @commands.command()
 def replay(
-    file: Annotated[Path, typer.Argument(help="Recorded telemetry: JSONL or CSV.")],
+    file: Annotated[Path, typer.Argument(help="Recorded telemetry: JSONL, CSV or Parquet.")],
     job: Annotated[str | None, job_option("The job to replay (default: the file's first).")] = None,
     fmt: Annotated[
-        str | None, typer.Option("--format", help="jsonl or csv (default: from the suffix).")
+        str | None,
+        typer.Option("--format", help="jsonl, csv or parquet (default: from the suffix)."),
     ] = None,
     columns: Annotated[
         str | None,
-        typer.Option(help="CSV: field=column pairs, e.g. 'rank=global_rank,step=iter'."),
+        typer.Option(help="CSV, Parquet: field=column pairs, e.g. 'rank=global_rank,step=iter'."),
     ] = None,
     time_unit: Annotated[
-        str, typer.Option(help="CSV: unit of numeric times (s, ms, us, ns since 1970).")
+        str, typer.Option(help="CSV, Parquet: unit of numeric times (s, ms, us, ns since 1970).")
     ] = "s",
     health: Annotated[Path | None, typer.Option(help="NodeHealth JSONL to play along.")] = None,
     events: Annotated[Path | None, typer.Option(help="JobEvent JSONL to play along.")] = None,

@@ -14,10 +14,11 @@ Inputs (docs/replay.md):
 - **JSONL**: one JSON object a line: StepTelemetry (one node's or rack's ranks for one
   step), and, mixed in or in files of their own (``health``, ``events``), NodeHealth and
   JobEvent, told apart by their fields.
-- **CSV**: one row per rank and step; :class:`ColumnSpec` maps the file's columns onto
-  the fields (``node``, ``step``, ``rank``, ``step_time_s``, ``compute_s`` and
-  ``ts_end`` are needed; the rest default as in StepTelemetry). Rows come in step order
-  (any order within a step, a few steps out of order tolerated).
+- **CSV** or **Parquet**: one row per rank and step; :class:`ColumnSpec` maps the
+  file's columns onto the fields (``node``, ``step``, ``rank``, ``step_time_s``,
+  ``compute_s`` and ``ts_end`` are needed; the rest default as in StepTelemetry). Rows
+  come in step order (any order within a step, a few steps out of order tolerated):
+  :mod:`pipeline.tools.replay_tables`.
 
 A row or line that is bad (not valid telemetry) or inconsistent (a rank twice in one
 step, a step already played, another job) is refused with its row number and why; the
@@ -34,19 +35,16 @@ import itertools
 import json
 import os
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from detectors.config import DetectorConfig
 from detectors.frame import StepFrame
 from detectors.job import JobDetection
-from pipeline.io.fastdecode import StepView, sample_of
 from pipeline.tools.calibrate.replay import FRAME, HEALTH, LIFECYCLE, play
 from pipeline.tools.replay_frames import (
     PARALLEL_BYTES,
@@ -54,6 +52,15 @@ from pipeline.tools.replay_frames import (
     decode_file,
     decode_lines,
     frame_of,
+)
+from pipeline.tools.replay_tables import (
+    TIME_UNITS,
+    ColumnSpec,
+    as_time,
+    parquet_first_job,
+    parquet_span,
+    read_csv,
+    read_parquet,
 )
 from schemas import Alert, JobEvent, NodeHealth
 
@@ -63,23 +70,14 @@ __all__ = [
     "ReplayResult",
     "read_csv",
     "read_jsonl",
+    "read_parquet",
     "replay",
 ]
 
 #: Refusals kept with their row and reason (more are counted only).
 MAX_REFUSALS_KEPT = 1000
-#: Steps a CSV step may arrive after a later one and still be played.
-CSV_STEP_WINDOW = 4
 #: Steps a step's messages may arrive after a later step's and still join its frame.
 STEP_WINDOW = 2
-#: The fields of a CSV row (StepTelemetry's and RankSample's names).
-CSV_FIELDS: tuple[str, ...] = (
-    "job_id", "run", "node", "step", "ts_start", "ts_end", "rank", "local_rank",
-    "dp_group", "pp_stage", "tp_group", "phase", "step_time_s", "compute_s",
-    "comm_wait_s", "data_wait_s", "loss", "grad_norm", "tokens", "flops", "max_seq_len",
-)  # fmt: skip
-_CSV_NEEDED = ("node", "step", "rank", "step_time_s", "compute_s", "ts_end")
-_MESSAGE_FIELDS = frozenset({"job_id", "run", "node", "step", "ts_start", "ts_end"})
 
 Record = tuple[float, int, Any]  #: (event time, order code, record) as play() takes them
 
@@ -94,50 +92,6 @@ class Refusal:
 
     def __str__(self) -> str:
         return f"{self.source}:{self.row}: {self.reason}"
-
-
-@dataclass(frozen=True, slots=True)
-class ColumnSpec:
-    """Which CSV column holds each field: ``field=column`` pairs; a field not named is
-    read from the column of its own name. ``time_unit`` scales numeric ``ts_start`` /
-    ``ts_end`` (epoch seconds ``s``, ``ms``, ``us``, ``ns``); ISO 8601 times are read as
-    they are (a time without a zone is UTC).
-
-    >>> spec = ColumnSpec.parse("rank=global_rank, step=iteration, ts_end=t_ms", "ms")
-    >>> spec.column("rank"), spec.column("node")
-    ('global_rank', 'node')
-    >>> ColumnSpec.parse("speed=x")
-    Traceback (most recent call last):
-    ...
-    ValueError: --columns: unknown field 'speed' (fields: job_id, run, node, ...)
-    """
-
-    mapping: tuple[tuple[str, str], ...] = ()
-    time_unit: str = "s"
-
-    @classmethod
-    def parse(cls, text: str | None, time_unit: str = "s") -> ColumnSpec:
-        if time_unit not in _TIME_UNITS:
-            raise ValueError(f"--time-unit: one of {', '.join(_TIME_UNITS)}, got {time_unit!r}")
-        pairs: list[tuple[str, str]] = []
-        for part in (text or "").split(","):
-            if not part.strip():
-                continue
-            name, sep, column = (x.strip() for x in part.partition("="))
-            if not sep or not column:
-                raise ValueError(f"--columns: {part.strip()!r} is not field=column")
-            if name not in CSV_FIELDS:
-                raise ValueError(
-                    f"--columns: unknown field {name!r} (fields: {', '.join(CSV_FIELDS[:3])}, ...)"
-                )
-            pairs.append((name, column))
-        return cls(tuple(pairs), time_unit)
-
-    def column(self, name: str) -> str:
-        return dict(self.mapping).get(name, name)
-
-
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
 @dataclass(slots=True)
@@ -203,102 +157,6 @@ def read_jsonl(
     JobEvent)`` (a :class:`~pipeline.tools.replay_frames.Part` is one step message);
     a bad line is refused in ``result`` with its number and the schema's error."""
     return decode_lines(lines, lambda row, why: result.refuse(source, row, why))
-
-
-def _time(text: str, scale: float) -> datetime:
-    try:
-        return datetime.fromtimestamp(float(text) * scale, UTC)
-    except ValueError:
-        pass
-    t = datetime.fromisoformat(text)
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
-def read_csv(
-    stream: Iterable[str],
-    source: str,
-    result: ReplayResult,
-    spec: ColumnSpec,
-    job_id: str,
-) -> Iterator[tuple[int, StepView]]:
-    """CSV rows (one per rank and step) as one StepView per node and step, a step
-    released once a row :data:`CSV_STEP_WINDOW` steps later arrives (or at the end).
-    A row that is bad, repeats a rank of its step, or comes for a step already
-    released is refused with its row number (the header is row 1)."""
-    reader = csv.reader(stream)
-    try:
-        header = next(reader)
-    except StopIteration:
-        return
-    where = {name: i for i, name in enumerate(header)}
-    missing = [spec.column(f) for f in _CSV_NEEDED if spec.column(f) not in where]
-    if missing:
-        raise ValueError(f"{source}: no column {', '.join(missing)} (see --columns)")
-    cols = [(f, where[spec.column(f)]) for f in CSV_FIELDS if spec.column(f) in where]
-    scale = _TIME_UNITS[spec.time_unit]
-    # step -> node -> (rows by rank, ts_start, ts_end, run, first row number)
-    open_steps: dict[int, dict[str, _NodeRows]] = defaultdict(dict)
-    released = -1  # every step up to here is played
-
-    def release(upto: int) -> Iterator[tuple[int, StepView]]:
-        nonlocal released
-        for s in sorted(k for k in open_steps if k <= upto):
-            for node, group in open_steps.pop(s).items():
-                view = StepView(job_id, node, s, group.start, group.end, group.samples, group.run)
-                yield group.row, view
-        released = max(released, upto)
-
-    for row, values in enumerate(reader, start=2):
-        if not values:
-            continue
-        try:
-            got = {f: values[i] for f, i in cols if i < len(values) and values[i] != ""}
-            step, node, end = int(got["step"]), got["node"], _time(got["ts_end"], scale)
-            start = _time(got["ts_start"], scale) if "ts_start" in got else None
-            if got.get("job_id", job_id) != job_id:
-                raise ValueError(f"job {got['job_id']!r}, replaying {job_id!r}")
-            fields = {k: v for k, v in got.items() if k not in _MESSAGE_FIELDS}
-            for name in ("local_rank", "comm_wait_s", "data_wait_s"):
-                fields.setdefault(name, "0")
-            sample = sample_of(fields)
-        except (KeyError, ValueError, OverflowError, msgspec.ValidationError) as exc:
-            what = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
-            result.refuse(source, row, what)
-            continue
-        if step <= released:
-            result.refuse(source, row, f"step {step} already played (rows in step order)")
-            continue
-        if start is None:
-            start = end - timedelta(seconds=sample.step_time_s)
-        group = open_steps[step].get(node)
-        if group is None:
-            group = open_steps[step][node] = _NodeRows(row, start, end, got.get("run", ""))
-        if sample.rank in group.ranks:
-            result.refuse(source, row, f"rank {sample.rank} twice in step {step}")
-            continue
-        group.add(sample, start, end)
-        if step - CSV_STEP_WINDOW > released:
-            yield from release(step - CSV_STEP_WINDOW)
-    if open_steps:
-        yield from release(max(open_steps))
-
-
-@dataclass(slots=True)
-class _NodeRows:
-    row: int
-    start: datetime
-    end: datetime
-    run: str
-    samples: list[Any] = field(default_factory=list)
-    ranks: set[int] = field(default_factory=set)
-
-    def add(self, sample: Any, start: datetime, end: datetime) -> None:
-        self.samples.append(sample)
-        self.ranks.add(sample.rank)
-        self.start, self.end = min(self.start, start), max(self.end, end)
-
-
-# -- playing ---------------------------------------------------------------------------
 
 
 def _event_time(msg: Any) -> float:
@@ -476,20 +334,40 @@ def replay(
 def open_rows(
     path: Path, result: ReplayResult, spec: ColumnSpec, fmt: str | None = None
 ) -> Iterator[tuple[int, Any]]:
-    """The rows of ``path`` (format from ``fmt``, else its suffix: .jsonl/.json/.ndjson or
-    .csv), decoded; bad ones refused into ``result``."""
-    kind = fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl")
+    """The rows of ``path`` (format from ``fmt``, else its suffix: :func:`format_of`),
+    decoded; bad ones refused into ``result``. ValueError for an unknown format, a
+    table without the columns it needs, or Parquet without pyarrow."""
+    kind = format_of(path, fmt)
     if kind == "csv":
         with path.open(newline="", encoding="utf-8") as f:
             yield from read_csv(f, path.name, result, spec, result.job_id)
+    elif kind == "parquet":
+        yield from read_parquet(path, path.name, result, spec, result.job_id)
     elif kind == "jsonl":
         # another process decodes ahead where there are cores to spare: on two (one
         # for detection, one for everything else) it only added its transfer cost
         big = path.stat().st_size >= PARALLEL_BYTES and _cores() >= 4
         refuse = lambda row, why: result.refuse(path.name, row, why)  # noqa: E731
         yield from decode_file(path, refuse, processes=1 if big else 0)
-    else:
-        raise ValueError(f"--format: csv or jsonl, got {fmt!r}")
+
+
+#: What each --format reads, and the suffixes that name it.
+FORMATS = {
+    "jsonl": (".jsonl", ".ndjson", ".json"),
+    "csv": (".csv",),
+    "parquet": (".parquet", ".pq"),
+}
+
+
+def format_of(path: Path, fmt: str | None = None) -> str:
+    """``fmt`` when given (one of :data:`FORMATS`, else ValueError), else the one the
+    suffix names (JSONL when none does)."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ValueError(f"--format: one of {', '.join(FORMATS)}, got {fmt!r}")
+        return fmt
+    suffix = path.suffix.lower()
+    return next((k for k, ends in FORMATS.items() if suffix in ends), "jsonl")
 
 
 def _cores() -> int:
@@ -502,7 +380,10 @@ def _cores() -> int:
 def first_job(path: Path, spec: ColumnSpec, fmt: str | None = None) -> str | None:
     """The job of the first step record of ``path`` (what ``--job`` defaults to)."""
     probe = ReplayResult(job_id="?")
-    if (fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl")) == "csv":
+    kind = format_of(path, fmt)
+    if kind == "parquet":
+        return parquet_first_job(path, spec)
+    if kind == "csv":
         with path.open(newline="", encoding="utf-8") as f:
             header = next(csv.reader(f), [])
             row = next(csv.reader(f), None)
@@ -523,7 +404,9 @@ def span_of(path: Path, spec: ColumnSpec, fmt: str | None = None) -> float:
     """Seconds between the first and the last record of ``path``, read from its first
     and last lines (0 when they cannot tell): what ``--redate`` needs so the replayed
     job ends about now."""
-    kind = fmt or ("csv" if path.suffix.lower() == ".csv" else "jsonl")
+    kind = format_of(path, fmt)
+    if kind == "parquet":
+        return parquet_span(path, spec)
     with path.open("rb") as fb:
         head = fb.read(1 << 16).decode("utf-8", "replace").splitlines()
         fb.seek(0, io.SEEK_END)
@@ -534,9 +417,9 @@ def span_of(path: Path, spec: ColumnSpec, fmt: str | None = None) -> float:
         if kind == "csv":
             header = next(csv.reader([head[0]]))
             i = header.index(spec.column("ts_end"))
-            scale = _TIME_UNITS[spec.time_unit]
-            first = _time(next(csv.reader([head[1]]))[i], scale).timestamp()
-            last = _time(next(csv.reader([tail[-1]]))[i], scale).timestamp()
+            scale = TIME_UNITS[spec.time_unit]
+            first = as_time(next(csv.reader([head[1]]))[i], scale).timestamp()
+            last = as_time(next(csv.reader([tail[-1]]))[i], scale).timestamp()
         else:
             first = _json_time(head[0])
             last = _json_time(next(x for x in reversed(tail) if x.strip()))
@@ -548,4 +431,4 @@ def span_of(path: Path, spec: ColumnSpec, fmt: str | None = None) -> float:
 def _json_time(line: str) -> float:
     obj = json.loads(line)
     text = obj.get("ts_end") or obj["ts"]
-    return _time(text, 1.0).timestamp()
+    return as_time(text, 1.0).timestamp()

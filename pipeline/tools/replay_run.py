@@ -22,11 +22,13 @@ from pipeline.tools.replay import (
     ColumnSpec,
     ReplayResult,
     first_job,
+    format_of,
     open_rows,
     read_jsonl,
     replay,
     span_of,
 )
+from pipeline.tools.replay_tables import need_pyarrow
 from schemas import Alert, JobEvent, NodeHealth
 
 __all__ = ["ReplayOptions", "ArchiveWriter", "run_replay"]
@@ -128,9 +130,11 @@ def run_replay(
         raise ConfigError(f"--tick: must be > 0, got {opts.tick_s}")
     try:
         spec = ColumnSpec.parse(opts.columns, opts.time_unit)
+        if format_of(opts.path, opts.fmt) == "parquet":
+            need_pyarrow()  # before anything is read or written
+        job = opts.job or first_job(opts.path, spec, opts.fmt)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    job = opts.job or first_job(opts.path, spec, opts.fmt)
     if not job:
         raise ConfigError(f"--job: {opts.path} names no job in its first record; give --job")
     config = load_detector_config(opts.config or settings.detector_config)
@@ -169,7 +173,7 @@ def run_replay(
                 on_message=writer.add if writer is not None else None,
                 on_frame=writer.add_frame if writer is not None else None, progress=progress,
             )  # fmt: skip
-        except ValueError as exc:  # a CSV without the columns it needs
+        except ValueError as exc:  # a table without the columns it needs
             raise ConfigError(str(exc)) from exc
         if writer is not None:
             writer.flush()

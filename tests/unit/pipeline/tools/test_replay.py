@@ -207,3 +207,76 @@ def test_a_step_seen_again_is_refused_as_late_and_out_of_order_nodes_join_their_
     assert [(r.row, r.reason) for r in result.refused] == [
         (len(lines), "step 5 already played (late)")
     ]
+
+
+def _parquet(sc: Scenario, path: Path, *, timestamps: bool) -> None:
+    """The CSV of :func:`_csv` as Parquet: ts_end a timestamp column, or epoch ms."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import csv
+
+    rows = list(csv.reader(io.StringIO(_csv(sc))))
+    header, body = rows[0], rows[1:]
+    cols: dict[str, list] = {h: [r[i] for r in body] for i, h in enumerate(header)}
+    ints = ("iteration", "global_rank", "gpu", "tokens")
+    typed: dict[str, list] = {"host": cols.pop("host")}
+    typed |= {h: [int(v) if h in ints else float(v) for v in vs] for h, vs in cols.items()}
+    arrays = {h: pa.array(vs) for h, vs in typed.items()}
+    if timestamps:
+        ms = pa.array([round(v) for v in typed["t_end_ms"]], pa.int64())
+        arrays["t_end_ms"] = ms.cast(pa.timestamp("ms", tz="UTC"))
+    pq.write_table(pa.table(arrays), path, row_group_size=1000)
+
+
+def test_a_parquet_table_plays_like_the_csv_and_bad_rows_are_refused_by_row(tmp_path):
+    from pipeline.cli.util import console, err
+    from pipeline.io.settings import load_settings
+
+    sc = _scenario()
+    by_csv = replay(
+        read_csv(io.StringIO(_csv(sc)), "c", c := ReplayResult("rp"), ColumnSpec.parse(SPEC, "ms"),
+                 "rp"), c)  # fmt: skip
+    for timestamps in (False, True):
+        path = tmp_path / f"t{timestamps}.parquet"
+        _parquet(sc, path, timestamps=timestamps)
+        opts = ReplayOptions(path=path, job="rp", columns=SPEC, time_unit="ms")
+        got = run_replay(load_settings(), console, err, opts)
+        assert got.refused_count == 0 and got.rank_steps == by_csv.rank_steps == 120 * 64
+        assert got.first_ts == pytest.approx(c.first_ts, abs=1e-3)
+        assert _named(got) == _named(by_csv) == {"node-0005"}
+        assert [a.kind for a in got.firing] == [a.kind for a in by_csv.firing]
+    # a negative step time on data row 4 (rows numbered from 1) and a step far beyond
+    # the schema's bound: refused by row, the rest plays
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(path)
+    wall = table.column("wall").to_pylist()
+    wall[3] = -1.0
+    steps = table.column("iteration").to_pylist()
+    steps[70] = 1 << 60
+    table = table.set_column(table.schema.get_field_index("wall"), "wall", pa.array(wall))
+    table = table.set_column(
+        table.schema.get_field_index("iteration"), "iteration", pa.array(steps)
+    )
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table, bad)
+    got = run_replay(load_settings(), console, err,
+                     ReplayOptions(path=bad, job="rp", columns=SPEC, time_unit="ms"))  # fmt: skip
+    assert [r.row for r in got.refused] == [4, 71]
+    assert "step_time_s" in got.refused[0].reason and "step" in got.refused[1].reason
+    assert got.rank_steps == 120 * 64 - 2 and _named(got) == {"node-0005"}
+
+
+def test_parquet_without_pyarrow_fails_at_once_naming_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from pipeline.cli.util import console, err
+    from pipeline.io.errors import ConfigError
+    from pipeline.io.settings import load_settings
+
+    path = tmp_path / "steps.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # import fails
+    with pytest.raises(ConfigError, match=r"needs pyarrow: pip install 'stepguard\[parquet\]'"):
+        run_replay(load_settings(), console, err, ReplayOptions(path=path, job="rp"))
+    with pytest.raises(ConfigError, match="--format: one of jsonl, csv, parquet"):
+        run_replay(load_settings(), console, err, ReplayOptions(path=path, job="rp", fmt="xls"))
