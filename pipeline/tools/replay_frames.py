@@ -17,9 +17,8 @@ import json
 import multiprocessing
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,19 +40,16 @@ PARALLEL_BYTES = 32 << 20
 CHUNK_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
+class Part(NamedTuple):
     """One accepted step message: message ``k`` of ``cols``, its samples
-    ``lo .. hi - 1``."""
+    ``lo .. hi - 1``, and its ``(job, run, step)``. A tuple: a long file makes one a
+    node and step, and a frozen dataclass cost a microsecond each to build."""
 
     cols: StepColumns
     k: int
     lo: int
     hi: int
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return self.cols.job_id[self.k], self.cols.run[self.k], int(self.cols.step[self.k])
+    key: tuple[str, str, int]
 
 
 def _kind(obj: dict[str, Any]) -> str:
@@ -94,8 +90,16 @@ def decode_file(
     processes (spawned) ahead of the caller, who gets them in file order: a long
     file's decoding overlaps its detection."""
     if processes < 1:
+        row = 1
         with path.open("rb") as f:
-            yield from decode_lines(f, refuse)
+            while block := f.read(CHUNK_BYTES):
+                if not block.endswith(b"\n"):
+                    block += f.readline()  # whole lines only
+                lines = block.split(b"\n")
+                if not lines[-1]:
+                    lines.pop()
+                yield from _decode_list(lines, refuse, row)
+                row += len(lines)
         return
     bounds = _chunks(path)
     ctx = multiprocessing.get_context("spawn")
@@ -115,6 +119,21 @@ def decode_file(
             for row, item in items:
                 yield rows_before + row, item
             rows_before += n_lines
+
+
+def _decode_list(
+    lines: list[bytes], refuse: Any, first_row: int = 1, batch: int = BATCH_LINES
+) -> Iterator[tuple[int, Part | NodeHealth | JobEvent]]:
+    """:func:`decode_lines` of lines already in memory, ``lines[0]`` being row
+    ``first_row``: a batch's lines are stripped in one pass, not one by one."""
+    for lo in range(0, len(lines), batch):
+        raws = [line.strip() for line in lines[lo : lo + batch]]
+        rows: Sequence[int] = range(first_row + lo, first_row + lo + len(raws))
+        if b"" in raws:  # blank lines: skipped, the others keep their numbers
+            keep = [i for i, raw in enumerate(raws) if raw]
+            raws, rows = [raws[i] for i in keep], [rows[i] for i in keep]
+        if raws:
+            yield from _batch(raws, rows, refuse)
 
 
 def _chunks(path: Path) -> list[tuple[int, int]]:
@@ -143,12 +162,12 @@ def _decode_chunk(path: str, lo: int, hi: int) -> tuple[int, list[Any], list[tup
     if lines and not lines[-1]:
         lines.pop()
     refused: list[tuple[int, str]] = []
-    items = list(decode_lines(lines, lambda row, why: refused.append((row, why))))
+    items = list(_decode_list(lines, lambda row, why: refused.append((row, why))))
     return len(lines), items, refused
 
 
 def _batch(
-    raws: list[bytes], rows: list[int], refuse: Any
+    raws: list[bytes], rows: Sequence[int], refuse: Any
 ) -> Iterator[tuple[int, Part | NodeHealth | JobEvent]]:
     cols = decode_steps(raws)
     out: dict[int, Part | NodeHealth | JobEvent] = {}
@@ -171,9 +190,11 @@ def _batch(
 
 def _parts(cols: StepColumns, out: dict[int, Any], at: int | None = None) -> None:
     ends = np.cumsum(cols.n_samples).tolist()
+    where = cols.messages.tolist() if at is None else [at] * len(ends)
+    keys = zip(cols.job_id, cols.run, cols.step.tolist(), strict=True)
     lo = 0
-    for k, hi in enumerate(ends):
-        out[int(cols.messages[k]) if at is None else at] = Part(cols, k, lo, hi)
+    for k, (hi, i, key) in enumerate(zip(ends, where, keys, strict=True)):
+        out[i] = Part(cols, k, lo, hi, key)
         lo = hi
 
 
@@ -208,11 +229,18 @@ def frame_of(parts: Sequence[Part]) -> StepFrame:
         arrays = [getattr(c, name)[lo:hi] for c, lo, hi in ranges]
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
-    names: list[str] = [n for c, lo, hi in ranges for n in c.sample_node[lo:hi]]
     nodes: dict[str, int] = {}
-    node_idx = np.fromiter(
-        (nodes.setdefault(n, len(nodes)) for n in names), dtype=np.int32, count=len(names)
-    )
+    codes: list[int] = []  # node of each run of samples (a message's, in order)
+    counts: list[int] = []
+    for p in parts:
+        names = p.cols.sample_node[p.lo : p.hi]
+        if names.count(names[0]) == len(names):  # one node's message (or rack's, of one)
+            codes.append(nodes.setdefault(names[0], len(nodes)))
+            counts.append(len(names))
+        else:  # a rack's message: every sample its own node
+            codes += [nodes.setdefault(n, len(nodes)) for n in names]
+            counts += [1] * len(names)
+    node_idx = np.repeat(np.array(codes, dtype=np.int32), counts)
     rank = cat("rank")
     order = np.argsort(rank, kind="stable")
     if order.shape[0] > 1:
