@@ -38,7 +38,6 @@ from pipeline.tools.replay import (
     ReplayResult,
     _cores,
     open_rows,
-    read_jsonl,
     replay,
 )
 from pipeline.tools.simulator import Scenario, simulate
@@ -106,10 +105,9 @@ def _decode_only(job: str, path: Path) -> tuple[float, int]:
     result = ReplayResult(job_id=job)
     t0 = time.perf_counter()
     n = 0
-    with path.open("rb") as f:
-        parts = (p for _, p in read_jsonl(f, path.name, result))
-        for _, group in groupby(parts, key=lambda p: p.key):
-            n += frame_of(list(group)).n_ranks
+    parts = (p for _, p in open_rows(path, result, ColumnSpec()))  # as replay reads it
+    for _, group in groupby(parts, key=lambda p: p.key):
+        n += frame_of(list(group)).n_ranks
     return time.perf_counter() - t0, n
 
 
