@@ -280,3 +280,28 @@ def test_parquet_without_pyarrow_fails_at_once_naming_the_extra(tmp_path, monkey
         run_replay(load_settings(), console, err, ReplayOptions(path=path, job="rp"))
     with pytest.raises(ConfigError, match="--format: one of jsonl, csv, parquet"):
         run_replay(load_settings(), console, err, ReplayOptions(path=path, job="rp", fmt="xls"))
+
+
+def test_blank_lines_and_crlf_keep_every_rows_number_across_read_blocks(tmp_path, monkeypatch):
+    from pipeline.tools import replay_frames
+
+    sc = _scenario(steps=12, faults=[])
+    lines = _jsonl(sc)
+    text = b""
+    expect: list[int] = []
+    row = 0
+    for i, line in enumerate(lines):
+        if i % 7 == 3:
+            text += b"\r\n"  # a blank line (CRLF)
+            row += 1
+        text += line + (b"\r\n" if i % 2 else b"\n")
+        row += 1
+        expect.append(row)
+    path = tmp_path / "blank.jsonl"
+    path.write_bytes(text.rstrip(b"\n"))  # no newline after the last line
+    monkeypatch.setattr(replay_frames, "CHUNK_BYTES", 5_000)  # many blocks, lines cut
+    refused: list[tuple[int, str]] = []
+    got = list(replay_frames.decode_file(path, lambda r, w: refused.append((r, w))))
+    assert refused == [] and [r for r, _ in got] == expect
+    assert [item.key[2] for _, item in got] == [m.step for m in map(
+        StepTelemetry.model_validate_json, lines)]  # fmt: skip
