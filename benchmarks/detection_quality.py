@@ -114,6 +114,13 @@ QUICK = (
     "stage_slowdown_mid_128n_pp4",
     "trap_noisy_node_128n",
     "trap_health_delay_ckpt_64n",
+    # issue 43: work imbalance moving between ranks (sequence lengths, MoE routing), with
+    # and without a straggler hidden in it, and persistent on one stage
+    "trap_work_seq_len_moving_64n",
+    "trap_work_moe_moving_64n",
+    "trap_work_stage_persistent_128n_pp4",
+    "work_moe_hidden_straggler_64n",
+    "work_seq_len_hidden_straggler_64n",
     # a rack slowing together, an ECC storm that subsides, a loss that drifts up slowly
     "group_rack_slowdown_128n",
     "ecc_storm_subsides_128n",
@@ -432,10 +439,12 @@ def _neutral(u: Update, f: FaultSpec, run: Run) -> bool:
 
 def _advised(us: Sequence[Update], s: Scenario) -> bool:
     """A job-level INFO rebalance notice in a job whose pipeline stages differ by
-    construction (a ``stage_imbalance`` of the pipeline variant): true advice, the
+    construction (a ``stage_imbalance`` of the pipeline variant), or whose work is
+    persistently unequal (a ``work_imbalance`` of the stage variant): true advice, the
     finding the design asks for, so neither a detection nor a false positive."""
     structural = any(
-        f.kind == FaultKind.STAGE_IMBALANCE and (f.variant or "pipeline") == "pipeline"
+        (f.kind == FaultKind.STAGE_IMBALANCE and (f.variant or "pipeline") == "pipeline")
+        or (f.kind == FaultKind.WORK_IMBALANCE and f.variant == "stage")
         for f in s.faults
     )
     return structural and all(

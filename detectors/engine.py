@@ -71,6 +71,7 @@ from detectors.steps.ranks import RankIndex
 from detectors.steps.replica import ReplicaDrift
 from detectors.steps.slowdown import replica_corrected
 from detectors.steps.temporal import RankBaselines
+from detectors.steps.work import per_work
 from schemas.alerts import Alert, Grade
 from schemas.telemetry import NodeHealth, Phase
 
@@ -166,6 +167,7 @@ class DetectorSuite:
         """
         if frame.job_id != self.job_id:
             raise ValueError(f"frame of job {frame.job_id!r} given to the suite of {self.job_id!r}")
+        frame = per_work(frame)  # compute per unit of work, where ranks say their work
         slots = self.ranks.lookup(frame.rank)
         node_ids, names = self.nodes.lookup(frame.nodes)
         rank_node = node_ids[frame.node_idx]

@@ -39,6 +39,7 @@ __all__ = [
     "PHASE_CODES",
     "PHASES",
     "ROW_FIELDS",
+    "WORK_FIELDS",
     "NodeStep",
     "RankRow",
     "StepFrame",
@@ -86,8 +87,11 @@ B = npt.NDArray[np.bool_]
 #: attributes, in this order (what a message's ``rows()`` returns, when it has one).
 ROW_FIELDS: tuple[str, ...] = (
     "rank", "local_rank", "step_time_s", "compute_s", "comm_wait_s", "data_wait_s",
-    "dp_group", "pp_stage", "tp_group", "phase", "loss", "grad_norm", "node",
+    "dp_group", "pp_stage", "tp_group", "phase", "loss", "grad_norm",
+    "tokens", "flops", "max_seq_len", "node",
 )  # fmt: skip
+#: The work a step did (optional per rank): the frame's float64 columns of these names.
+WORK_FIELDS: tuple[str, ...] = ("tokens", "flops", "max_seq_len")
 _ROW = attrgetter(*ROW_FIELDS)
 
 
@@ -119,6 +123,12 @@ class RankRow(Protocol):
     @property
     def grad_norm(self) -> float | None: ...
     @property
+    def tokens(self) -> int | None: ...
+    @property
+    def flops(self) -> float | None: ...
+    @property
+    def max_seq_len(self) -> int | None: ...
+    @property
     def node(self) -> str | None: ...
 
 
@@ -149,6 +159,10 @@ class StepFrame:
     ``node_idx`` indexes ``nodes``. ``loss``/``grad_norm`` hold NaN both where a rank
     did not report them and where the value itself was NaN; ``has_loss`` and
     ``has_grad_norm`` tell the two apart (a reported NaN is a divergence signal).
+
+    The work columns (:data:`WORK_FIELDS`: ``tokens``, ``flops``, ``max_seq_len``) are
+    None when no rank of the step said it, else float64 with NaN for the ranks that
+    did not (work is never NaN when said: the schema bounds it).
     """
 
     job_id: str
@@ -171,6 +185,9 @@ class StepFrame:
     has_loss: B
     has_grad_norm: B
     ts_start: float = field(default=0.0)
+    tokens: F64 | None = None
+    flops: F64 | None = None
+    max_seq_len: F64 | None = None
 
     @property
     def n_ranks(self) -> int:
@@ -247,6 +264,7 @@ class StepFrame:
             phase = column([PHASE_CODES[p] for p in phases], np.int8)
         loss, has_loss = map(take, _signal(cols[10]))
         grad_norm, has_grad_norm = map(take, _signal(cols[11]))
+        tokens, flops, max_seq_len = (_work(cols[k], take) for k in (12, 13, 14))
         ts, ts_start = step_times(ends, starts)
         return cls(
             job_id=job_id,
@@ -269,6 +287,9 @@ class StepFrame:
             grad_norm=grad_norm,
             has_loss=has_loss,
             has_grad_norm=has_grad_norm,
+            tokens=tokens,
+            flops=flops,
+            max_seq_len=max_seq_len,
         )
 
     @classmethod
@@ -290,6 +311,9 @@ class StepFrame:
         grad_norm: npt.ArrayLike | None = None,
         step_time: npt.ArrayLike | None = None,
         node_names: Sequence[str] | None = None,
+        tokens: npt.ArrayLike | None = None,
+        flops: npt.ArrayLike | None = None,
+        max_seq_len: npt.ArrayLike | None = None,
     ) -> StepFrame:
         """Build a frame straight from arrays (tests, benchmarks, simulators).
 
@@ -297,7 +321,8 @@ class StepFrame:
         ``k * ranks_per_node ...``, named ``node-k`` unless ``node_names`` is given;
         ``comm_wait``/``data_wait`` default to zero and ``step_time`` to the largest
         ``compute + comm_wait + data_wait``. NaN in ``loss``/``grad_norm`` means "not
-        reported" here; use :meth:`from_messages` to carry reported NaNs.
+        reported" here; use :meth:`from_messages` to carry reported NaNs. The work
+        columns stay None unless given (NaN in them: that rank did not say).
 
         >>> f = StepFrame.from_arrays("j", 0, 1.0, [1.0, 1.1, 1.0], ranks_per_node=2)
         >>> f.nodes, f.node_of_rank(2), float(f.step_time[0])
@@ -365,6 +390,11 @@ class StepFrame:
             grad_norm=grad_a,
             has_loss=~np.isnan(loss_a),
             has_grad_norm=~np.isnan(grad_a),
+            tokens=None if tokens is None else col(tokens, np.float64, np.nan).astype(np.float64),
+            flops=None if flops is None else col(flops, np.float64, np.nan).astype(np.float64),
+            max_seq_len=(
+                None if max_seq_len is None else col(max_seq_len, np.float64, 0).astype(np.float64)
+            ),
         )
 
     def to_messages(self) -> list[StepTelemetry]:
@@ -390,6 +420,9 @@ class StepFrame:
                     data_wait_s=float(self.data_wait[i]),
                     loss=float(self.loss[i]) if self.has_loss[i] else None,
                     grad_norm=float(self.grad_norm[i]) if self.has_grad_norm[i] else None,
+                    tokens=_said(self.tokens, int(i), int),
+                    flops=_said(self.flops, int(i), float),
+                    max_seq_len=_said(self.max_seq_len, int(i), int),
                 )
                 for i in idx
             )
@@ -417,3 +450,17 @@ def _signal(values: Sequence[object]) -> tuple[F64, B]:
     else:
         reported = np.array([v is not None for v in values], dtype=np.bool_)
     return np.array(values, dtype=np.float64), reported  # None becomes NaN
+
+
+def _work(values: Sequence[object], take: Any) -> F64 | None:
+    """A work column: None when no rank said it, else float64 with NaN where one did not."""
+    if values.count(None) == len(values):
+        return None
+    return take(np.array(values, dtype=np.float64))  # type: ignore[no-any-return]
+
+
+def _said(column: F64 | None, i: int, kind: type[Any]) -> Any:
+    """Rank ``i``'s value in a work column, None where it did not say."""
+    if column is None or np.isnan(column[i]):
+        return None
+    return kind(column[i])

@@ -11,6 +11,8 @@ findings into group findings afterwards).
 
 from __future__ import annotations
 
+import dataclasses
+
 from detectors.base import Finding
 from detectors.config import DetectorConfig
 from detectors.hardware.nic_flap import NicWindow, nic_flap_findings
@@ -19,6 +21,7 @@ from detectors.steps.findings import loss_findings, loss_values
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, slowdown_findings
+from detectors.steps.work import WorkImbalance
 from detectors.training.divergence import DivergenceDetector
 from detectors.training.drift import LossDrift, drift_findings
 
@@ -40,7 +43,10 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
         Intermittent(IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)),
         NicFlap(NicWindow(cfg.nic_window)),
         Loss(DivergenceDetector(cfg.div_window, cfg.div_warmup, cfg.mad_floor_rel)),
-        Imbalance(StageImbalance(cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps)),
+        Imbalance(
+            StageImbalance(cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps),
+            WorkImbalance(exit=cfg.imbalance_exit, warmup_steps=cfg.imbalance_min_steps),
+        ),
         LossDriftStep(LossDrift(warmup=max(cfg.div_window, 10))),
     ]
 
@@ -149,23 +155,31 @@ class Loss(StepDetector):
 
 
 class Imbalance(StepDetector):
-    """A pipeline stage slower as a whole (:mod:`detectors.steps.imbalance`); leaves
-    the step's stage gaps in ``scores.stage_gaps``."""
+    """A pipeline stage slower as a whole (:mod:`detectors.steps.imbalance`), and work
+    persistently unequal across stages or ranks (:mod:`detectors.steps.work`): one
+    job-level finding, the larger gap's, the other's detail after it. Leaves the
+    step's stage gaps in ``scores.stage_gaps``."""
 
-    __slots__ = ("det",)
+    __slots__ = ("det", "work")
     name = "imbalance"
 
-    def __init__(self, det: StageImbalance) -> None:
+    def __init__(self, det: StageImbalance, work: WorkImbalance | None = None) -> None:
         self.det = det
+        self.work = work if work is not None else WorkImbalance()
 
     def findings(self, ctx: StepContext) -> list[Finding]:
-        found = self.det.findings(ctx.floor("imbalance"))
+        floor = ctx.floor("imbalance")
+        found = sorted(self.det.findings(floor) + self.work.findings(floor), key=lambda f: -f.score)
         ctx.scores.stage_gaps = self.det.score(ctx.frame, ctx.train)
+        if len(found) > 1:  # one episode of the job's imbalance: both said
+            top = found[0]
+            found = [dataclasses.replace(top, detail="; ".join(f.detail for f in found))]
         return found
 
     def learn(self, ctx: StepContext) -> None:
         if ctx.scores.stage_gaps is not None:
             self.det.learn(ctx.scores.stage_gaps, ctx.frame.step)
+        self.work.learn(ctx.frame, ctx.train)
 
 
 class LossDriftStep(StepDetector):

@@ -37,6 +37,8 @@ __all__ = [
     "MAX_RANKS_PER_JOB",
     "MAX_STEP",
     "MAX_STEP_SECONDS",
+    "MAX_TOKENS",
+    "MAX_FLOPS",
     "GpuHealth",
     "NodeHealth",
     "Phase",
@@ -72,6 +74,12 @@ MAX_COUNTER = (1 << 63) - 1
 #: One step's timings, in seconds: about eleven days (a step that long is a hang, not a
 #: step), so that sums and squares of them stay far from overflow.
 MAX_STEP_SECONDS = 1e6
+#: Tokens one rank processes in one step (and a sequence length): exact in a float64
+#: (the frames keep work as float64, NaN where a rank did not say) and in UInt64.
+MAX_TOKENS = (1 << 53) - 1
+#: Floating-point operations one rank does in one step: a thousand exaFLOP, far past a
+#: step of any GPU made, and finite in a float64 sum over a million ranks.
+MAX_FLOPS = 1e21
 #: GPUs one node reports: a node with more is not a node (the archive keeps UInt16).
 MAX_GPUS_PER_NODE = 64
 
@@ -106,6 +114,26 @@ class RankSample(Message):
         default=None,
         allow_inf_nan=True,
         description='Global gradient norm; NaN/Inf travel as "NaN"/"Infinity".',
+    )
+    tokens: NonNegativeInt | None = Field(
+        default=None,
+        le=MAX_TOKENS,
+        exclude_if=lambda v: v is None,  # a sample without work reads as it always did
+        description="Work: the tokens this rank processed in this step (None: not said). "
+        "Step time is read against it: a rank slow because it got more tokens is not "
+        "a straggler.",
+    )
+    flops: NonNegativeFloat | None = Field(
+        default=None,
+        le=MAX_FLOPS,
+        exclude_if=lambda v: v is None,
+        description="Work: floating-point operations this rank did in this step (None: not said).",
+    )
+    max_seq_len: NonNegativeInt | None = Field(
+        default=None,
+        le=MAX_TOKENS,
+        exclude_if=lambda v: v is None,
+        description="Work: the longest sequence in this rank's batch (None: not said).",
     )
     node: str | None = Field(
         default=None,

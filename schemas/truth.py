@@ -40,6 +40,8 @@ class FaultKind(StrEnum):
     SINGLE_STEP_BLIP = "single_step_blip"
     HEALTH_DELAY = "health_delay"
     NOISY_NODE = "noisy_node"
+    #: ranks given unequal work (tokens, FLOPs): slower for their work, not faulty
+    WORK_IMBALANCE = "work_imbalance"
 
 
 class FaultTruth(Message):

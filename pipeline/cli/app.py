@@ -23,6 +23,7 @@ from rich.table import Table
 from pipeline.cli import actuator as actuator_cli
 from pipeline.cli import alertmanager as alertmanager_cli
 from pipeline.cli import archive as archive_cli
+from pipeline.cli import replay as replay_cli
 from pipeline.cli import worker as worker_cli
 from pipeline.cli.options import (
     job_option,
@@ -612,6 +613,7 @@ for _service in (
     actuator_cli.commands,
     alertmanager_cli.commands,
     archive_cli.commands,
+    replay_cli.commands,
 ):
     app.registered_commands.extend(_service.registered_commands)
     app.registered_groups.extend(_service.registered_groups)

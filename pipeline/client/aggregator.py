@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.client.batcher import WIRE_FIELDS, RankRecord, StepBatcher
+from pipeline.client.batcher import WIRE_FIELDS, WORK_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
 from pipeline.io.clockskew import FutureGate
 from pipeline.io.settings import ClientSettings
@@ -105,9 +105,7 @@ class NodeAggregator:
                     self.sink.send("lifecycle", event)
                 return
             now = time.monotonic()
-            # the record's fields up to ``arrived``, then the run (absent from older
-            # exporters)
-            records = [RankRecord(*row[:WIRE_FIELDS], now, *row[WIRE_FIELDS:]) for row in rows]
+            records = [_record(row, now) for row in rows]
             records = [r for r in records if self._admit(r)]
         except (ValueError, TypeError, KeyError) as exc:
             self.malformed += 1
@@ -142,3 +140,21 @@ class NodeAggregator:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         self.sink.close()
+
+
+def _record(row: list[Any], now: float) -> RankRecord:
+    """A rank's wire row as a record: its fields up to ``arrived``, then its run (absent
+    from older exporters), then an object of its work fields by name (only when said).
+    TypeError or ValueError when the row is not that (the datagram is malformed)."""
+    if not isinstance(row, list):
+        raise TypeError(f"a record must be a list, got {type(row).__name__}")
+    head, tail = row[:WIRE_FIELDS], row[WIRE_FIELDS:]
+    work: dict[str, Any] = {}
+    if tail and isinstance(tail[-1], dict):
+        work = tail.pop()
+        unknown = set(work) - set(WORK_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown work fields {sorted(unknown)}")
+    if len(head) != WIRE_FIELDS or len(tail) > 1:
+        raise TypeError(f"a record has {WIRE_FIELDS} fields, its run and its work")
+    return RankRecord(*head, now, *tail, **work)

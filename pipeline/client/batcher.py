@@ -37,11 +37,16 @@ class RankRecord(NamedTuple):
     ts_end: float
     arrived: float  #: monotonic time the record was taken (for max_wait_s)
     run: str = ""  #: the exporter's run or attempt id (StepTelemetry.run)
+    tokens: int | None = None  #: the work the step did, when the rank said it
+    flops: float | None = None
+    max_seq_len: int | None = None
 
 
 #: A record's fields before ``arrived``: what a rank sends the node aggregator, then
-#: its ``run``.
+#: its ``run``, then (only when the rank said any) a JSON object of its work fields.
 WIRE_FIELDS = RankRecord._fields.index("arrived")
+#: The work fields a record may carry, by name (the wire's trailing object).
+WORK_FIELDS: tuple[str, ...] = ("tokens", "flops", "max_seq_len")
 
 
 class StepBatcher:
@@ -127,6 +132,9 @@ class StepBatcher:
                         data_wait_s=r.data_wait_s,
                         loss=r.loss,
                         grad_norm=r.grad_norm,
+                        tokens=r.tokens,
+                        flops=r.flops,
+                        max_seq_len=r.max_seq_len,
                     )
                 )
             except ValidationError as exc:

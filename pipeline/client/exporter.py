@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.client.batcher import WIRE_FIELDS, RankRecord, StepBatcher
+from pipeline.client.batcher import WIRE_FIELDS, WORK_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
 from pipeline.client.waits import InputWait
 from pipeline.io.clockskew import FutureGate
@@ -161,7 +161,10 @@ class AggregatorTransport:
         batch: list[list[object]] = []
         size = 0
         for r in records:
-            row = [*r[:WIRE_FIELDS], r.run]  # not ``arrived``: the aggregator's clock
+            row: list[object] = [*r[:WIRE_FIELDS], r.run]  # not ``arrived``: its clock
+            work = {f: getattr(r, f) for f in WORK_FIELDS if getattr(r, f) is not None}
+            if work:  # by name, and only when said: a rank without work sends as before
+                row.append(work)
             batch.append(row)
             size += 200
             if size >= MAX_DATAGRAM // 2:
@@ -313,6 +316,9 @@ class StepExporter:
         pp_stage: int = 0,
         tp_group: int = 0,
         node: str | None = None,
+        tokens: int | None = None,
+        flops: float | None = None,
+        max_seq_len: int | None = None,
     ) -> bool:
         """Record one rank's step; returns False when the record was dropped.
 
@@ -326,6 +332,11 @@ class StepExporter:
         on the sender thread, except the clock: a ``ts_end`` or ``ts_start`` more than
         the allowed skew beyond this host's clock is dropped here (counted in
         ``future_dated``, one warning per 30 s).
+
+        The work the step did, when the loop knows it (all optional): ``tokens`` the
+        tokens this rank processed, ``flops`` its floating-point operations,
+        ``max_seq_len`` the longest sequence of its batch. Detection then reads step
+        time against work: a rank slow only because it got more tokens is no straggler.
         """
         q = self._queue
         if len(q) >= self.queue_size:
@@ -342,25 +353,28 @@ class StepExporter:
             return False
         q.append(
             RankRecord(
-                self.job_id,
-                node or self.node,
-                step,
-                rank,
-                local_rank,
-                phase,
-                dp_group,
-                pp_stage,
-                tp_group,
-                step_time_s,
-                compute_s,
-                comm_wait_s,
-                data_wait_s,
-                loss,
-                grad_norm,
-                end - step_time_s if ts_start is None else ts_start,
-                end,
-                time.monotonic(),
-                self.run,
+                job_id=self.job_id,
+                node=node or self.node,
+                step=step,
+                rank=rank,
+                local_rank=local_rank,
+                phase=phase,
+                dp_group=dp_group,
+                pp_stage=pp_stage,
+                tp_group=tp_group,
+                step_time_s=step_time_s,
+                compute_s=compute_s,
+                comm_wait_s=comm_wait_s,
+                data_wait_s=data_wait_s,
+                loss=loss,
+                grad_norm=grad_norm,
+                ts_start=end - step_time_s if ts_start is None else ts_start,
+                ts_end=end,
+                arrived=time.monotonic(),
+                run=self.run,
+                tokens=tokens,
+                flops=flops,
+                max_seq_len=max_seq_len,
             )
         )
         self._recorded += 1

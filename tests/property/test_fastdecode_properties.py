@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from pipeline.io.fastdecode import PHASE_CODES, StepColumns, decode_step, decode_steps, from_models
 from schemas import Phase, RankSample, Rejected, StepTelemetry, decode, encode
 from schemas.telemetry import (
+    MAX_FLOPS,
     MAX_GROUP_ID,
     MAX_LOCAL_RANK,
     MAX_RANKS_PER_JOB,
     MAX_STEP,
+    MAX_TOKENS,
 )
 from tests.factories import step_telemetry_st
 
@@ -56,6 +58,9 @@ def ascii_steps(draw: st.DrawFn) -> StepTelemetry:
                 data_wait_s=draw(_float),
                 loss=draw(signal),
                 grad_norm=draw(signal),
+                tokens=draw(st.none() | st.integers(0, MAX_TOKENS)),
+                flops=draw(st.none() | st.floats(0, MAX_FLOPS)),
+                max_seq_len=draw(st.none() | st.integers(0, MAX_TOKENS)),
                 node=draw(_ascii) if version == 2 else None,
             )
             for r in ranks
@@ -109,7 +114,7 @@ def mutated(draw: st.DrawFn) -> bytes:
             else [doc]
         )
         target = draw(st.sampled_from(targets))
-        key = draw(st.sampled_from([*target, "extra"]))
+        key = draw(st.sampled_from([*target, "extra", "tokens", "flops", "max_seq_len"]))
         action = draw(st.sampled_from(["set", "time", "drop", "duplicate_rank"]))
         if action == "drop":
             target.pop(key, None)
@@ -146,6 +151,10 @@ def _assert_same(cols: StepColumns, k: int, model: StepTelemetry) -> None:
         for f in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
             assert _same_float(float(getattr(cols, f)[row]), getattr(s, f)), f
         assert cols.sample_node[row] == (s.node or model.node)
+        for f in ("tokens", "flops", "max_seq_len"):  # NaN: not said
+            value = float(getattr(cols, f)[row])
+            said = getattr(s, f)
+            assert (math.isnan(value) and said is None) or value == said, f
         for f in ("loss", "grad_norm"):
             null = bool(getattr(cols, f + "_null")[row])
             assert _same_float(None if null else float(getattr(cols, f)[row]), getattr(s, f)), f

@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detectors.frame import PHASE_CODES, StepFrame, step_times
+from detectors.frame import PHASE_CODES, WORK_FIELDS, StepFrame, step_times
 from pipeline.io.fastdecode import decode_step
 from schemas import Phase, RankSample, StepTelemetry, encode
 
@@ -54,9 +54,11 @@ def reference(messages: list[StepTelemetry]) -> dict[str, object]:
                 s.data_wait_s, math.nan if s.loss is None else s.loss,
                 math.nan if s.grad_norm is None else s.grad_norm, s.loss is not None,
                 s.grad_norm is not None,
+                *(math.nan if getattr(s, w) is None else getattr(s, w) for w in WORK_FIELDS),
             )  # fmt: skip
     rows = [seen[r] for r in sorted(seen)]
-    cols = {f: np.array([row[i] for row in rows]) for i, f in enumerate(FIELDS)}
+    names = [*FIELDS, *WORK_FIELDS]
+    cols = {f: np.array([row[i] for row in rows]) for i, f in enumerate(names)}
     cols["nodes"] = tuple(nodes)
     return cols
 
@@ -76,6 +78,9 @@ sample = st.builds(
     data_wait_s=st.floats(0, 10),
     loss=signal,
     grad_norm=signal,
+    tokens=st.none() | st.integers(0, 10**9),
+    flops=st.none() | st.floats(0, 1e18),
+    max_seq_len=st.none() | st.integers(0, 10**6),
 )
 
 
@@ -105,6 +110,12 @@ def assert_frame(frame: StepFrame, want: dict[str, object]) -> None:
         got, exp = getattr(frame, f), want[f]
         assert got.shape == exp.shape, f  # type: ignore[attr-defined]
         np.testing.assert_array_equal(got, exp, err_msg=f)
+    for f in WORK_FIELDS:  # None: no rank said it; else NaN where one did not
+        got, exp = getattr(frame, f), want[f]
+        if got is None:
+            assert np.isnan(exp.astype(np.float64)).all(), f  # type: ignore[attr-defined]
+        else:
+            np.testing.assert_array_equal(got, exp.astype(np.float64), err_msg=f)  # type: ignore[attr-defined]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -51,7 +51,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -123,6 +123,7 @@ class _Pending:
     phase: str
     loss: Any
     grad_norm: Any
+    work: dict[str, Any] = field(default_factory=dict)  #: tokens, flops, max_seq_len
 
 
 def _socket_path(topology: Topology) -> Path:
@@ -384,12 +385,40 @@ class TorchGuard:
         self._pending.append(_Pending(
             step, end - fetch, compute, self.comm.take(), self._data_wait, time.time(),
             self._phase, self._note.pop("loss", None), self._note.pop("grad_norm", None),
+            work={k: self._note.pop(k) for k in _WORK if k in self._note},
         ))  # fmt: skip
         self._data_wait, self._fetch_start = 0.0, None
 
-    def note(self, *, loss: Any = None, grad_norm: Any = None) -> None:
+    def note(
+        self,
+        *,
+        loss: Any = None,
+        grad_norm: Any = None,
+        tokens: Any = None,
+        flops: Any = None,
+        max_seq_len: Any = None,
+    ) -> None:
         """Attach the step's loss or gradient norm (floats or 0-d tensors: a tensor is
-        read when the step is published, after its compute finished)."""
+        read when the step is published, after its compute finished), and the work this
+        rank did in the step when the loop knows it: ``tokens`` processed (e.g.
+        ``attention_mask.sum()``), ``flops``, ``max_seq_len`` of its batch. With work,
+        a rank slow only because it got longer sequences is not called a straggler
+        (:func:`batch_work` reads them from a batch of token ids). Noted several times
+        in one step (its micro-batches), tokens and flops add up and ``max_seq_len``
+        keeps the largest."""
+        for name, value in (("tokens", tokens), ("flops", flops), ("max_seq_len", max_seq_len)):
+            if value is None:
+                continue
+            new = value.detach() if isinstance(value, torch.Tensor) else value
+            old = self._note.get(name)
+            if old is None:
+                self._note[name] = new
+            elif name != "max_seq_len":
+                self._note[name] = old + new
+            elif isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor):
+                self._note[name] = torch.maximum(torch.as_tensor(old), torch.as_tensor(new))
+            else:
+                self._note[name] = max(old, new)
         if loss is not None:
             self._note["loss"] = loss.detach() if isinstance(loss, torch.Tensor) else loss
         if grad_norm is not None:
@@ -436,6 +465,7 @@ class TorchGuard:
                 comm_wait_s=comm, data_wait_s=p.data_wait_s, local_rank=t.local_rank,
                 ts_end=p.ts_end, loss=_float(p.loss), grad_norm=_float(p.grad_norm),
                 phase=p.phase, dp_group=t.dp_group, pp_stage=t.pp_stage, tp_group=t.tp_group,
+                **{k: _WORK[k](v) for k, v in p.work.items()},
             )  # fmt: skip
             spent = time.perf_counter() - r0
             self._record_s += spent
@@ -623,6 +653,42 @@ def _float(x: Any) -> float | None:
     if x is None:
         return None
     return float(x.item() if isinstance(x, torch.Tensor) else x)
+
+
+def batch_work(batch: Any) -> dict[str, Any]:
+    """The work a batch of token ids holds, for :meth:`TorchGuard.note` (``{}`` when it
+    cannot tell): a mapping with a 2-D ``attention_mask`` gives the tokens it marks and
+    the longest sequence; else a 2-D ``input_ids`` gives its size and width (padding
+    counted). Values stay tensors: they are read when the step is published.
+
+    >>> ids = torch.ones(2, 5, dtype=torch.long)
+    >>> mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    >>> {k: int(v) for k, v in batch_work({"input_ids": ids, "attention_mask": mask}).items()}
+    {'tokens': 8, 'max_seq_len': 5}
+    >>> {k: int(v) for k, v in batch_work({"input_ids": ids}).items()}
+    {'tokens': 10, 'max_seq_len': 5}
+    >>> batch_work([ids]), batch_work({"x": 1})
+    ({}, {})
+    """
+    if not isinstance(batch, Mapping):
+        return {}
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        with torch.no_grad():
+            per_row = mask.detach().sum(dim=-1)
+            return {"tokens": per_row.sum(), "max_seq_len": per_row.max()}
+    ids = batch.get("input_ids")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        return {"tokens": ids.numel(), "max_seq_len": int(ids.shape[-1])}
+    return {}
+
+
+def _count(x: Any) -> int:
+    return int(x.item() if isinstance(x, torch.Tensor) else x)
+
+
+#: The work fields :meth:`Guard.note` takes, each with how its value is read.
+_WORK: dict[str, Callable[[Any], Any]] = {"tokens": _count, "flops": _float, "max_seq_len": _count}
 
 
 def _uses_cuda(model: torch.nn.Module | None) -> bool:

@@ -33,6 +33,11 @@ Trainer's events onto it:
   once it is written (resume with ``trainer.train(resume_from_checkpoint=True)``); a
   ROLLBACK raises at once. STOP sets ``control.should_training_stop`` (the end is
   announced as cancelled);
+- work per step (tokens): the Trainer hands its callbacks no batch, and its
+  ``num_input_tokens_seen`` is summed over all ranks, so the callback cannot tell a
+  rank's own tokens and reports none. A ``Trainer`` subclass can:
+  ``callback.guard.note(**batch_work(inputs))`` in its ``training_step``
+  (:func:`~pipeline.client.pytorch.guard.batch_work`);
 - the job's end is announced once (rank 0) in ``on_train_end``. The Trainer has no
   failure event: a crash leaves the job without an end message.
 """

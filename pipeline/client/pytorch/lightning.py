@@ -17,7 +17,8 @@ Lightning's hooks onto it:
 - a step is a training batch, numbered by the fit loop's batch index across epochs
   (``trainer.fit_loop.total_batch_idx``), measured from ``on_train_batch_start`` to
   ``on_train_batch_end`` and followed by the guard's command boundary; the batch's
-  ``loss`` output is noted;
+  ``loss`` output is noted, and its work when the batch is a mapping of token ids
+  (``attention_mask`` or ``input_ids``: :func:`~pipeline.client.pytorch.guard.batch_work`);
 - **data wait** is the time the fit loop spent in its data fetcher's ``next`` before
   the batch (Lightning's own ``train_dataloader_next`` profiler action, timed through
   the loop's fetch hooks): the loader's wait, not the host-to-device copy nor the
@@ -56,7 +57,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.client.pytorch.clocks import CudaClock
 from pipeline.client.pytorch.comm import timed_hook
-from pipeline.client.pytorch.guard import RelaunchRequested, TorchGuard, watch
+from pipeline.client.pytorch.guard import RelaunchRequested, TorchGuard, batch_work, watch
 from pipeline.io.settings import ClientSettings
 from schemas import EndReason
 
@@ -188,6 +189,9 @@ class StepguardCallback(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor | float):
             self.guard.note(loss=loss)
+        work = batch_work(batch)  # tokens, when the batch is one of token ids
+        if work:
+            self.guard.note(**work)
         step, self._step = self._step, None
         step.__exit__(None, None, None)
         if self.guard.boundary(self._step_no):

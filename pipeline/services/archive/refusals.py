@@ -138,6 +138,8 @@ def _refused_array(ch_type: str, values: npt.NDArray[Any]) -> str | None:
     bounds = _INT_RANGE.get(ch_type) or (
         _DATETIME_RANGE if ch_type.startswith("DateTime") else None
     )
+    if isinstance(values, np.ma.MaskedArray):  # a Nullable column: NULLs hold no value
+        values = values.compressed()
     if bounds is None or values.size == 0 or values.dtype.kind not in "iu":
         return None
     lo, hi = int(values.min()), int(values.max())

@@ -316,6 +316,11 @@ def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
         table[name] = getattr(cols, name)[keep]
     table["loss"] = _nullable(cols.loss[keep], cols.loss_null[keep])
     table["grad_norm"] = _nullable(cols.grad_norm[keep], cols.grad_norm_null[keep])
+    for name in ("tokens", "max_seq_len"):  # Nullable(UInt64): NULL where not said
+        said = getattr(cols, name)[keep]
+        unsaid = np.isnan(said)
+        table[name] = _nullable(np.where(unsaid, 0, said).astype(np.uint64), unsaid)
+    table["flops"] = _nullable(cols.flops[keep], np.isnan(cols.flops[keep]))
     table["ts"] = ts_s.astype(np.uint32)[per_sample]
     table["ts_ms"] = ts_ms.astype(np.uint64)[per_sample]
     return table, rejected
@@ -410,7 +415,7 @@ def step_rows_packed(joined: bytes, ends: npt.NDArray[np.int64]) -> StepRows:
     return step_rows(values)
 
 
-def _nullable(values: npt.NDArray[np.float64], nulls: npt.NDArray[np.bool_]) -> Any:
+def _nullable(values: npt.NDArray[Any], nulls: npt.NDArray[np.bool_]) -> Any:
     return np.ma.MaskedArray(values, mask=nulls)
 
 

@@ -128,8 +128,22 @@ _STEP_ARRAYS = (
     "groupArray(pp_stage), groupArray(tp_group), groupArray(CAST(phase AS Int8)), "
     "groupArray(step_time_s), groupArray(compute_s), groupArray(comm_wait_s), "
     "groupArray(data_wait_s), groupArray(isNull(loss)), groupArray(ifNull(loss, 0)), "
-    "groupArray(isNull(grad_norm)), groupArray(ifNull(grad_norm, 0))"
+    "groupArray(isNull(grad_norm)), groupArray(ifNull(grad_norm, 0)), "
+    # the work each rank said (migration 014): detection reads time per unit of work
+    "groupArray(isNull(tokens)), groupArray(ifNull(toFloat64(tokens), 0)), "
+    "groupArray(isNull(flops)), groupArray(ifNull(flops, 0)), "
+    "groupArray(isNull(max_seq_len)), groupArray(ifNull(toFloat64(max_seq_len), 0))"
 )
+
+
+def _work(nulls: Any, values: Any, order: Any) -> npt.NDArray[np.float64] | None:
+    """A work column of a step: None when no rank said it, NaN where one did not."""
+    unsaid = np.asarray(nulls, dtype=bool)[order]
+    if unsaid.all():
+        return None
+    out = _floats(values)[order]
+    out[unsaid] = np.nan
+    return out
 
 
 def _floats(values: Any) -> npt.NDArray[np.float64]:
@@ -179,6 +193,8 @@ def _frames(backend: ArchiveBackend, job: str, max_rank_steps: int) -> list[Step
                 step_time=st, compute=_floats(r[11])[order], comm_wait=_floats(r[12])[order],
                 data_wait=_floats(r[13])[order], loss=loss, grad_norm=grad,
                 has_loss=~loss_null, has_grad_norm=~grad_null,
+                tokens=_work(r[18], r[19], order), flops=_work(r[20], r[21], order),
+                max_seq_len=_work(r[22], r[23], order),
             )
         )  # fmt: skip
     frames.sort(key=lambda f: (f.ts, f.step))

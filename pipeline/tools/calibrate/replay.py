@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from detectors.config import DetectorConfig
+from detectors.frame import StepFrame
 from detectors.job import JobDetection
 from pipeline.policy import Policy, PolicyParams
 from pipeline.tools.calibrate.archive import ArchivedJob, Label
@@ -33,6 +34,7 @@ __all__ = [
     "Replayed",
     "replay",
     "replay_core",
+    "play",
     "actions",
     "JobScore",
     "score_job",
@@ -91,28 +93,63 @@ def replay_core(job: ArchivedJob, config: DetectorConfig, tick_s: float = 1.0) -
                 s = a.step if a.step is not None and a.step >= 0 else step + 1
                 out.updates.append(Update(a.fingerprint, a.kind.value, a.node, s))
 
+    def frame(rec: StepFrame, ts: float) -> None:
+        nonlocal step
+        step = rec.step
+        out.stream.append((None, (step, ts)))
+
+    play(det, _inputs(job), keep, tick_s=tick_s, on_frame=frame)
+    return out
+
+
+#: What :func:`play` does with a record, by the order code it comes with (records at one
+#: instant are taken in this order).
+LIFECYCLE, COMMAND, RESULT, HEALTH, FRAME, STEP = range(6)
+
+
+def play(
+    det: JobDetection,
+    inputs: Iterable[tuple[float, int, Any]],
+    keep: Callable[[Sequence[Alert]], None],
+    *,
+    tick_s: float = 1.0,
+    on_frame: Callable[[StepFrame, float], None] | None = None,
+) -> None:
+    """Drive ``det`` over ``inputs`` in event time, as the worker would: records in the
+    order given, as ``(event time, order code, record)`` (:data:`LIFECYCLE`,
+    :data:`COMMAND`, :data:`RESULT`, :data:`HEALTH`, :data:`FRAME`: an assembled
+    :class:`StepFrame`, :data:`STEP`: one node's step message, assembled by the core),
+    the clock ticked every ``tick_s`` of event time across a gap between records (at
+    most :data:`_MAX_GAP_TICKS` per gap) and at each record, then flushed. Every alert
+    update goes to ``keep``; each completed frame, with its event time, to
+    ``on_frame``. The one driver of the archive's replay and ``stepguard replay``."""
     last: float | None = None
-    for ts, order, rec in _inputs(job):
+    for ts, order, rec in inputs:
         if last is not None and ts - last > tick_s:
             n = min(int((ts - last) / tick_s), _MAX_GAP_TICKS)
             for k in range(1, n + 1):
                 keep(det.tick(last + k * tick_s))
-        if order == 0:
+        if order == LIFECYCLE:
             keep(det.on_lifecycle(rec))
-        elif order == 1:
+        elif order == COMMAND:
             keep(det.on_command(rec, now=ts))
-        elif order == 2:
+        elif order == RESULT:
             keep(det.on_result(rec))
-        elif order == 3:
+        elif order == HEALTH:
             keep(det.on_health(rec))
-        else:
+        elif order == FRAME:
             keep(det.on_frame(rec))
-            step = rec.step
-            out.stream.append((None, (step, ts)))
+            if on_frame is not None:
+                on_frame(rec, ts)
+        else:
+            done = det.on_step(rec)
+            keep(done.alerts)
+            if on_frame is not None:
+                for f in done.frames:
+                    on_frame(f, f.ts)
         keep(det.tick(ts))
         last = ts if last is None else max(last, ts)
     keep(det.flush())
-    return out
 
 
 def actions(job: ArchivedJob, replayed: Replayed, params: PolicyParams) -> list[Update]:

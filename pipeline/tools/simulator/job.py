@@ -422,6 +422,8 @@ class SimulatedJob(_NodeHealth):
             compute *= 1.0 + s.warmup_extra * (1.0 - step / max(1, s.warmup_steps))
         elif phase == Phase.EVAL:
             compute *= s.eval_factor
+        tokens = np.ones(n)  # each rank's work this step, relative to a balanced step
+        flops_x = np.ones(n)  # its FLOPs per token, relative
         if s.jitter_prob > 0:
             hit = np.flatnonzero(rng.random(n) < s.jitter_prob)
             if hit.size:
@@ -466,6 +468,11 @@ class SimulatedJob(_NodeHealth):
                     compute *= 1.0 / (1.0 - min(m, 0.9))
                 else:
                     compute *= 1.0 + m
+            elif kind == FaultKind.WORK_IMBALANCE:
+                w, per_token = self._work_of(f, step, rng)
+                tokens *= w
+                flops_x *= per_token
+                compute *= w * per_token
             elif kind == FaultKind.STAGE_IMBALANCE and f.variant == "sequence_length":
                 seq = np.exp(f.magnitude * rng.standard_normal(s.dp))
                 compute *= seq[self.dp_group]
@@ -514,12 +521,35 @@ class SimulatedJob(_NodeHealth):
             grad_norm=grad,
             has_loss=self._has_loss,
             has_grad_norm=self._has_grad,
+            **self._work_columns(tokens, flops_x),
         )
         self.last_step = step
         self.step = step + 1
         self._executed += 1
         self._useful = max(self._useful, self.step)
         return SimEvent(ts=end, frame=frame, health=self._due_health(), step=step)
+
+    def _work_of(self, f: FaultSpec, step: int, rng: np.random.Generator) -> tuple[F64, F64]:
+        """A work_imbalance fault's (tokens, FLOPs per token) factors of every rank."""
+        s, n = self.scenario, self.scenario.n_ranks
+        ones = np.ones(n)
+        if f.variant == "stage":
+            return ones, np.where(self.pp_stage == f.stage, 1.0 + f.magnitude, 1.0)
+        if f.variant == "moe":  # the hot ranks stay hot for a window, then move
+            window = (step - f.onset_step) // (f.every_steps or 25)
+            pick = np.random.default_rng((s.seed, window)).random(n) < f.probability
+            return np.where(pick, 1.0 + f.magnitude, 1.0), ones
+        sigma = f.magnitude  # sequence lengths: every replica draws its own each step
+        per_replica = np.exp(sigma * rng.standard_normal(s.dp) - sigma * sigma / 2)
+        return per_replica[self.dp_group], ones
+
+    def _work_columns(self, tokens: F64, flops_x: F64) -> dict[str, F64]:
+        """The frame's work columns, when the job reports work (else none)."""
+        s = self.scenario
+        if s.work_tokens is None:
+            return {}
+        said = np.round(tokens * s.work_tokens)
+        return {"tokens": said, "flops": said * s.flops_per_token * flops_x}
 
     def _loss(self, step: int, rng: np.random.Generator) -> tuple[F64, F64]:
         s = self.scenario

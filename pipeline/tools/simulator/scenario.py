@@ -67,6 +67,7 @@ TRAP_KINDS: frozenset[FaultKind] = frozenset(
         FaultKind.SINGLE_STEP_BLIP,
         FaultKind.HEALTH_DELAY,
         FaultKind.NOISY_NODE,
+        FaultKind.WORK_IMBALANCE,
     }
 )
 
@@ -85,6 +86,7 @@ _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.CLOCK_THROTTLE: (None, "thermal", "hw_slowdown", "power_cap"),
     FaultKind.HEALTH_DELAY: (None, "window", "stall"),
     FaultKind.ECC_STORM: (None, "subsiding"),
+    FaultKind.WORK_IMBALANCE: (None, "sequence_length", "moe", "stage"),
 }
 
 
@@ -164,6 +166,15 @@ class FaultSpec(BaseModel):
                          ``health_interval_s`` (:mod:`pipeline.tools.simulator.health_path`)
     noisy_node           trap: the node's compute noise is ``magnitude`` x the job's,
                          its mean unchanged (noisier, not slower)
+    work_imbalance       trap: ranks get unequal work and take proportionally longer
+                         (every rank then reports its tokens and FLOPs, see
+                         ``Scenario.tokens_per_rank``): ``sequence_length`` (default):
+                         each replica's tokens vary every step, log-normal with sigma
+                         ``magnitude``; ``moe``: a random ``probability`` fraction of the
+                         ranks (an expert's hot ranks) get ``1 + magnitude`` x the tokens,
+                         a new draw every ``every_steps`` (25) steps; ``stage``: every
+                         rank of pipeline stage ``stage`` does ``1 + magnitude`` x the
+                         FLOPs per token, from onset on (persistent)
     ==================== =====================================================================
 
     A flapping NIC slows the collectives of the whole job (everyone's comm wait rises
@@ -349,6 +360,13 @@ class Scenario(BaseModel):
     loss_start: float = Field(default=10.0, gt=0)
     loss_floor: float = Field(default=2.0, gt=0)
     loss_tau_steps: float = Field(default=400.0, gt=0)
+    tokens_per_rank: PositiveInt | None = Field(
+        default=None,
+        description="Every rank reports the tokens (and FLOPs) of each step, this many "
+        "on a balanced step; None: no work reported, unless a work_imbalance fault "
+        "needs it (then 4096).",
+    )
+    flops_per_token: float = Field(default=6e9, gt=0, le=1e15)
     faults: tuple[FaultSpec, ...] = ()
 
     @field_validator("faults")
@@ -410,6 +428,12 @@ class Scenario(BaseModel):
                 raise ValueError(f"fault {fid}: group_slowdown needs node + group_size <= nodes")
             if f.kind == FaultKind.HEALTH_DELAY and self.health_interval_s is None:
                 raise ValueError(f"fault {fid}: health_delay needs health_interval_s")
+            if (
+                f.kind == FaultKind.WORK_IMBALANCE
+                and f.variant == "stage"
+                and (f.stage is None or f.stage >= self.pp)
+            ):
+                raise ValueError(f"fault {fid}: work_imbalance stage needs stage < pp")
             if f.onset_step >= self.steps:
                 raise ValueError(f"fault {fid}: onset_step beyond steps={self.steps}")
         return self
@@ -422,6 +446,15 @@ class Scenario(BaseModel):
     @property
     def dp(self) -> int:
         return self.n_ranks // (self.tp * self.pp)
+
+    @property
+    def work_tokens(self) -> int | None:
+        """Tokens a rank processes on a balanced step, when the job reports work."""
+        if self.tokens_per_rank is not None:
+            return self.tokens_per_rank
+        if any(f.kind == FaultKind.WORK_IMBALANCE for f in self.faults):
+            return 4096
+        return None
 
     @property
     def job(self) -> str:

@@ -300,3 +300,38 @@ def test_a_wait_shorter_than_a_step_is_not_said():
     exporter.flush()
     exporter.close(timeout=5)
     assert [e.kind.value for e in transport.events] == ["end"]
+
+
+def test_work_travels_by_name_from_the_exporter_through_the_aggregator_wire(tmp_path):
+    """A rank's tokens, flops and longest sequence reach its StepTelemetry sample; a rank
+    that said none sends the row it always sent (an older aggregator still reads it)."""
+    from pipeline.client.aggregator import _record
+
+    path = tmp_path / "agg.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(path))
+    server.settimeout(10)
+    exporter = StepExporter.to_aggregator(path, job_id="j", node="n0", register_atexit=False)
+    for rank in range(2):
+        work = {"tokens": 4096 * (rank + 1), "flops": 1e15, "max_seq_len": 2048} if rank else {}
+        exporter.record_step(
+            5, rank, step_time_s=1.0, compute_s=0.8, comm_wait_s=0.1, local_rank=rank, **work
+        )
+    exporter.flush()
+    rows = json.loads(server.recv(65536))
+    while isinstance(rows, dict):  # the job's start event
+        rows = json.loads(server.recv(65536))
+    exporter.close()
+    server.close()
+    assert not any(isinstance(x, dict) for x in rows[0])  # nothing said: the old row
+    assert rows[1][-1] == {"tokens": 8192, "flops": 1e15, "max_seq_len": 2048}
+    batcher = StepBatcher(ranks_per_node=2)
+    (msg,) = [m for row in rows for m in batcher.add(_record(row, 0.0))]
+    assert [(s.tokens, s.flops, s.max_seq_len) for s in msg.samples] == [
+        (None, None, None),
+        (8192, 1e15, 2048),
+    ]
+    with pytest.raises(ValueError, match="unknown work fields"):
+        _record([*rows[1][:-1], {"tokens": 1, "evil": 2}], 0.0)
+    with pytest.raises(TypeError):
+        _record("not a row", 0.0)
