@@ -95,6 +95,11 @@ class DetectorConfig:
                                     from its first step (so is a node, by its ranks'
                                     median): its baseline starts at the stage's
                                     typical value (:mod:`detectors.steps.first_step`)
+    ``early_floor`` / ``early_z``   while its baseline warms, a rank computing this
+                                    much (fraction) *and* this many robust sigmas above
+                                    its step's peers, not waiting, is a straggler from
+                                    the first step (:mod:`detectors.steps.early`)
+    ``early_min_peers``             ... among at least this many peers
     ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
     ``degradation_z``               smoothed-excess z that marks a creep (or, above
                                     ``straggler_warning``, a noisy straggler) ...
@@ -196,6 +201,9 @@ class DetectorConfig:
     learn_gate_z: float = 3.0
     first_step_floor: float = 0.05
     first_step_z: float = 5.0
+    early_floor: float = 0.30
+    early_z: float = 5.0
+    early_min_peers: int = 4
     cusum_k: float = 1.0
     cusum_clip: float = 4.0
     degradation_z: float = 5.0
@@ -260,6 +268,7 @@ class DetectorConfig:
             "hw_warmup_reports",
             "hold_steps",
             "fatal_latch_reports",
+            "early_min_peers",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
