@@ -117,11 +117,14 @@ class DetectorConfig:
                                     first, unannounced checkpoint save looks like a
                                     hang while it lasts (:meth:`HangDetector.graded`)
     ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
-    ``restart_grace_steps``         after :meth:`DetectorSuite.restarted`, median step
-                                    times allowed for the relaunch before a hang
-    ``restart_grace_min_s``         ... but never less than this many seconds (nor
-                                    less than 1.5 x the job's longest recent relaunch,
-                                    learned): a real relaunch takes seconds to minutes
+    ``relaunch_max_s``              after :meth:`DetectorSuite.restarted` the job is
+                                    *relaunching* until its new run's first step, for
+                                    at most this many seconds (1800, 30 minutes: what
+                                    NeMo allows a first step); past it a ``relaunch_stuck`` alert
+                                    (WARNING, investigate: never a second RESTART).
+                                    A relaunch is never a hang
+    ``restart_grace_steps``         kept for old configurations (the relaunch grace
+    ``restart_grace_min_s``         before relaunching was a state); unused
     ``missing_steps``               steps a rank is absent while others report
     ``missing_forget_steps``        a rank absent longer left the job
     ``health_missing_factor``       node health silent for this many of its declared
@@ -217,6 +220,7 @@ class DetectorConfig:
     hang_min_steps: int = 5
     restart_grace_steps: float = 20.0
     restart_grace_min_s: float = 30.0
+    relaunch_max_s: float = 1800.0
     missing_steps: int = 2
     missing_forget_steps: int = 50
     health_missing_factor: float = 2.5
@@ -272,6 +276,8 @@ class DetectorConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.relaunch_max_s <= 0:
+            raise ValueError(f"relaunch_max_s must be > 0, got {self.relaunch_max_s!r}")
         if self.group_min_nodes < 2:
             raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:
@@ -432,6 +438,16 @@ def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
             hold_obs=1,
             cooloff_obs=0,
             actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.RESTART),
+        ),
+        "relaunch_stuck": GradePolicy(
+            AlertKind.HANG,
+            enter=(None, 1.0, None),
+            exit=0.5,
+            min_obs=(1, 1, 1),
+            hold_obs=1,
+            cooloff_obs=0,
+            # a relaunch that does not come back needs a person, never a second RESTART
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.INVESTIGATE),
         ),
         "health_missing": GradePolicy(
             AlertKind.MISSING,

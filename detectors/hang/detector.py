@@ -252,8 +252,8 @@ class HangDetector:
         """Elapsed time since the last step over :attr:`expected_step_time` (0 if
         unknown); reads state only."""
         expected = self.expected_step_time
-        if expected is None or self.last_ts is None:
-            return 0.0
+        if expected is None or self.last_ts is None or self._in_grace:
+            return 0.0  # a relaunch in progress is not a hang (the suite bounds it)
         # no real step takes under a nanosecond: a subnormal median must not overflow
         return max(0.0, now - self.last_ts) / max(expected, 1e-9)
 
@@ -479,27 +479,39 @@ class HangDetector:
     #: how long the job's recent relaunches took (seconds, newest last)
     relaunch_durations: tuple[float, ...] = ()
 
+    @property
+    def relaunching_since(self) -> float | None:
+        """Event time the relaunch in progress began (its first :meth:`restart` call),
+        or None when none is: from then until the new run's first step the job is
+        relaunching, not hung, and :meth:`score` is 0."""
+        return self._relaunch_started if self._in_grace else None
+
     def restart(
         self, ts: float, grace_steps: float, min_s: float = 0.0, margin: float = 1.5
     ) -> None:
         """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
-        start again and the relaunch itself is not a hang for the longest of
-        ``grace_steps`` median step times, ``min_s`` seconds and ``margin`` times the
-        longest of the job's recent relaunches (:attr:`relaunch_durations`). The grace
-        runs from the relaunch: a step of the old run still in flight (it started
-        before ``ts``) does not end it. The learned step-time median and periods are
-        kept; an announced phase ends.
+        start again and, until the new run's first step, the job is relaunching
+        (:attr:`relaunching_since`): its silence is not a hang however long the
+        relaunch takes (the suite bounds it: ``relaunch_stuck``); its silence is measured
+        again from the new run's first step. (``grace_steps`` median step times,
+        ``min_s`` seconds and ``margin`` times the longest of the job's recent
+        relaunches, :attr:`relaunch_durations`, were the grace before relaunching was
+        a state; kept for what reads :attr:`last_ts`.) A step of the old run still in
+        flight (it started before ``ts``) does not end the relaunch. The learned
+        step-time median and periods are kept; an announced phase ends.
 
         >>> h = HangDetector(factor=2.5, min_steps=3)
         >>> for step in range(10):
         ...     h.learn_step(step, ts=100.0 + step, ts_start=99.0 + step)
         >>> h.restart(109.5, grace_steps=5, min_s=10.0)
         >>> h.learn_step(10, ts=110.0, ts_start=109.0)  # in flight: the old run's
-        >>> h.score(119.0)  # still inside the relaunch grace (10 s from 109.5)
+        >>> h.score(119.0), h.relaunching_since  # relaunching since 109.5
+        (0.0, 109.5)
+        >>> h.score(109.5 + 3600.0)  # however long it takes: not a hang
         0.0
         >>> h.learn_step(9, ts=121.5, ts_start=120.5)  # the new run's first step
-        >>> h.relaunch_durations
-        (12.0,)
+        >>> h.relaunch_durations, h.relaunching_since
+        ((12.0,), None)
         """
         med = self.median_step_time or 0.0
         learned = margin * max(self.relaunch_durations, default=0.0)
