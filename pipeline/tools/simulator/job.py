@@ -256,7 +256,8 @@ class SimulatedJob(_NodeHealth):
         """Relaunch the job; the first step run afterwards is ``from_step``.
 
         A checkpoint saved after step ``k`` restarts at ``k + 1``. The relaunch takes
-        ``cost_s`` (default 10 nominal steps) during which no step completes.
+        ``cost_s`` (default the scenario's ``relaunch_s``, else 10 nominal steps)
+        during which no step completes.
         Progress beyond ``from_step`` is lost (goodput counts it once).
         """
         if not 0 <= from_step <= self.step:
@@ -264,6 +265,8 @@ class SimulatedJob(_NodeHealth):
         if not self._ranks_alive.all():
             dead = [self.node_names[i] for i in np.flatnonzero(~self._ranks_alive)]
             raise SimulationError(f"cannot restart with dead node(s) {dead}; isolate them")
+        if cost_s is None:
+            cost_s = self.scenario.relaunch_s
         cost = 10.0 * self._nominal if cost_s is None else cost_s
         for f in self.scenario.faults:  # resuming from before a divergence: the bad
             if (  # batches are skipped on the way back (what teams do), it does not recur

@@ -338,6 +338,13 @@ class Scenario(BaseModel):
         description="Each checkpoint save takes this fraction of checkpoint_s longer "
         "than the one before (a model and optimizer state that grow).",
     )
+    relaunch_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a relaunch (RESTART, ROLLBACK) takes before the new run's "
+        "first step: a scheduler queue, a container start, loading the checkpoint. "
+        "None: 10 nominal step times.",
+    )
     base_compute_s: float = Field(default=0.9, gt=0)
     compute_noise: NonNegativeFloat = 0.015
     rank_spread: NonNegativeFloat = 0.01
