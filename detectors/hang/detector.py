@@ -30,7 +30,7 @@ import numpy as np
 from detectors._stats import median
 from detectors.base import check_positive
 from detectors.hang.presence import HealthPresence, MissingRanks
-from detectors.steps.long_steps import AnnouncedPhases, PeriodicLongSteps
+from detectors.steps.long_steps import TREND_RUNS, AnnouncedPhases, PeriodicLongSteps
 
 __all__ = ["HangDetector", "HealthPresence", "MissingRanks"]
 
@@ -48,12 +48,15 @@ class HangDetector:
       (its duration: the interval from the step before to its end). Two long steps
       ``g`` steps apart make a candidate period ``g`` whose next long step is due
       ``g`` steps later; a period is confirmed when it comes and dropped when due
-      steps pass without one. Its *typical duration* is the longest of its last
-      eight long steps (:class:`~detectors.steps.long_steps.PeriodicLongSteps`).
+      steps pass without one. Its *typical duration* is what the trend of its last
+      eight long steps says the next takes, at least their longest
+      (:class:`~detectors.steps.long_steps.PeriodicLongSteps`).
     - **Announced phases** (:meth:`announce`): the exporter says a long phase starts
       (``"checkpoint"``, ``"eval"``, ...), perhaps with its expected duration. Its
-      expected duration is the larger of the announced one and the longest of its last
-      eight announced runs; with neither, ``phase_steps`` median step times. The next
+      expected duration is the larger of the announced one and what the trend of its
+      last announced runs says the next takes (saves that grow or double are judged
+      by how they grow); with neither, or one run only (no trend yet), ``phase_steps``
+      median step times (at least ``phase_floor_s``). The next
       completed step ends the announcement and records its duration
       (:class:`~detectors.steps.long_steps.AnnouncedPhases`).
 
@@ -148,19 +151,22 @@ class HangDetector:
     (10.0, 'no step completed for 15.0s, 1.5 x the 10.0s a long step every 20 steps ...')
 
     An announced phase with no known duration may take 1.5 x 120 s (``phase_floor_s``,
-    or 20 median step times when longer); the next step ends it, and its duration is
-    what the next one may take:
+    or 20 median step times when longer); the next step ends it and its duration is
+    learned. One run is no trend (the next save may take twice as long), so the second
+    is still allowed the unknown length; from two runs on, the next may take 1.5 x what
+    their trend says (:func:`~detectors.steps.long_steps.trend_next`):
 
     >>> ts += 10.0
     >>> h.learn_step(79, ts)
+    >>> allowed = []
+    >>> for run in range(2):
+    ...     h.announce("eval", ts)
+    ...     allowed.append(h.expected_step_time)
+    ...     ts += 4.0
+    ...     h.learn_step(80 + run, ts)
     >>> h.announce("eval", ts)
-    >>> h.expected_step_time, h.score(ts + 180.0)
-    (72.0, 2.5)
-    >>> ts += 4.0
-    >>> h.learn_step(80, ts)
-    >>> h.announce("eval", ts)
-    >>> h.expected_step_time, h.score(ts + 6.0)  # 1.5 x 4 s allowed
-    (2.4, 2.5)
+    >>> allowed, h.expected_step_time, h.score(ts + 6.0)  # 1.5 x 4 s now
+    ([72.0, 72.0], 2.4, 2.5)
     """
 
     def __init__(
@@ -306,17 +312,23 @@ class HangDetector:
             allowance = since + self.long_margin * budget
             found.append((allowance, max(0.0, since + budget), what, False))
         if self.phase is not None and self.last_ts is not None:
-            expected = self._phases.expected_s()
+            phases = self._phases
+            expected = phases.expected_s(cap=self._phase_max_s)
             unknown = max(self.phase_steps * med, self.phase_floor_s)
             if self._phase_max_s is not None:
                 unknown = min(unknown, self._phase_max_s)
-            budget = unknown if expected is None else expected
-            since = self._phases.started - self.last_ts
+            # a length it was told, or the trend of its own runs, is known; one run is
+            # no trend (the next save may be twice as long): the unknown length floors it
+            known = expected is not None and (
+                phases.announced_s is not None or phases.runs() >= TREND_RUNS
+            )
+            budget = unknown if expected is None else expected if known else max(expected, unknown)
+            since = phases.started - self.last_ts
             name = ("an " if self.phase[:1].lower() in tuple("aeiou") else "a ") + self.phase
-            what = f"{name} takes here" if expected else f"allowed for {name} of unknown length"
+            what = f"{name} takes here" if known else f"allowed for {name} of unknown length"
             allowance = since + self.long_margin * budget
             # overrunning a length it does not know is no proof of a hang: it climbs
-            found.append((allowance, max(since, 0.0) + budget, what, expected is not None))
+            found.append((allowance, max(since, 0.0) + budget, what, known))
         best = max(found, default=None)
         return best if best is not None and best[0] > self.factor * med else None
 

@@ -473,7 +473,8 @@ class SimulatedJob(_NodeHealth):
                 seq = np.exp(f.magnitude * rng.standard_normal(s.dp))
                 compute *= seq[self.dp_group]
         if phase == Phase.CHECKPOINT:
-            grown = 1.0 + s.checkpoint_growth * len(self.checkpoints)
+            saved = len(self.checkpoints)
+            grown = (1.0 + s.checkpoint_growth * saved) * s.checkpoint_factor**saved
             compute += s.checkpoint_s * grown * (1.0 + 0.05 * rng.standard_normal(n))
 
         stall_s = self._hang_carry_s

@@ -338,6 +338,13 @@ class Scenario(BaseModel):
         description="Each checkpoint save takes this fraction of checkpoint_s longer "
         "than the one before (a model and optimizer state that grow).",
     )
+    checkpoint_factor: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=4.0,
+        description="Each checkpoint save takes this many times the one before, on top "
+        "of checkpoint_growth (2.0: saves that double, a storage filling up).",
+    )
     relaunch_s: float | None = Field(
         default=None,
         gt=0,
