@@ -63,6 +63,8 @@ class DetectorConfig:
                                     waiting (:mod:`detectors.steps.intermittent`)
     ``intermittent_window``         train steps remembered per rank (<= 64)
     ``intermittent_min_slow``       slow steps in the window before a rank scores
+    ``intermittent_min_pulses``     evenly spaced pulses (slow after not slow) that
+                                    name a rank at any period, past the window (8)
     ``intermittent_max_fraction``   above this share of slow steps it is a straggler's
     ``intermittent_warning``        average slowdown the slow steps cost (fraction x
                                     excess) for WARNING; ``intermittent_exit`` resolves
@@ -180,6 +182,7 @@ class DetectorConfig:
     intermittent_excess: float = 0.08
     intermittent_window: int = 48
     intermittent_min_slow: int = 5
+    intermittent_min_pulses: int = 8
     intermittent_max_fraction: float = 0.75
     intermittent_warning: float = 0.03
     intermittent_exit: float = 0.01

@@ -42,7 +42,13 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
     return [
         Slowdown(),
         EarlyPeer(),
-        Intermittent(IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)),
+        Intermittent(
+            IntermittentSlowdown(
+                cfg.intermittent_window,
+                cfg.intermittent_min_slow,
+                min_pulses=cfg.intermittent_min_pulses,
+            )
+        ),
         NicFlap(NicWindow(cfg.nic_window)),
         Loss(DivergenceDetector(cfg.div_window, cfg.div_warmup, cfg.mad_floor_rel)),
         Imbalance(StageImbalance(cfg.imbalance_alpha, cfg.imbalance_exit, cfg.imbalance_min_steps)),
