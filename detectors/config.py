@@ -70,6 +70,12 @@ class DetectorConfig:
                                     excess) for WARNING; ``intermittent_exit`` resolves
     ``data_stall_z`` / ``_warning`` data-wait excess (fraction of step time) of one rank
     ``data_stall_critical``         ... for CRITICAL; ``data_stall_exit`` to resolve
+    ``data_stall_hold_steps``       steps below exit before a data stall resolves: a
+                                    loader that stalls in bursts is one episode while
+                                    it lasts. Its remedy is the input path's
+                                    (investigate at every grade, never replace the
+                                    node: a bad disk or NIC of the node raises its own
+                                    hardware alert)
     ``nic_z`` / ``nic_spike``       comm-wait excess of a node's ranks that is a spike
     ``nic_window``                  steps the spike fraction is counted over
     ``nic_warning`` / ``nic_exit``  spike fraction to fire / to resolve
@@ -190,6 +196,7 @@ class DetectorConfig:
     data_stall_warning: float = 0.05
     data_stall_critical: float = 0.25
     data_stall_exit: float = 0.025
+    data_stall_hold_steps: int = 30
     nic_z: float = 4.0
     nic_spike: float = 0.05
     nic_window: int = 20
@@ -274,6 +281,7 @@ class DetectorConfig:
             "drift_min_steps",
             "hw_warmup_reports",
             "hold_steps",
+            "data_stall_hold_steps",
             "fatal_latch_reports",
             "early_min_peers",
         ):
@@ -366,9 +374,11 @@ def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
             enter=(None, cfg.data_stall_warning, cfg.data_stall_critical),
             exit=cfg.data_stall_exit,
             min_obs=(1, cfg.straggler_min_steps, cfg.straggler_critical_steps),
-            hold_obs=hold,
+            hold_obs=cfg.data_stall_hold_steps,
             cooloff_obs=cool,
-            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.REPLACE_AT_CHECKPOINT),
+            # the input path's (loader, storage), not the node's: its hardware alerts
+            # name a bad disk or NIC of its own
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.INVESTIGATE),
         ),
         "nic_flap": GradePolicy(
             AlertKind.NETWORK,

@@ -454,6 +454,9 @@ class SimulatedJob(_NodeHealth):
                 extra_sd = s.compute_noise * max(0.0, f.magnitude - 1.0)
                 compute[idx] *= np.clip(1.0 + extra_sd * rng.standard_normal(idx.size), 0.5, 2.0)
             elif kind == FaultKind.DATA_STALL:
+                cycle = f.every_steps or 16
+                if f.variant == "bursts" and (step - f.onset_step) % cycle >= (cycle + 1) // 2:
+                    continue  # the queue refilled: this step's batch was ready
                 idx = self._mask(f)
                 data[idx] += f.magnitude * (1.0 + 0.1 * rng.standard_normal(idx.size)).clip(0.5)
             elif kind == FaultKind.NIC_FLAP:

@@ -85,6 +85,7 @@ _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.CLOCK_THROTTLE: (None, "thermal", "hw_slowdown", "power_cap"),
     FaultKind.HEALTH_DELAY: (None, "window", "stall"),
     FaultKind.ECC_STORM: (None, "subsiding"),
+    FaultKind.DATA_STALL: (None, "bursts"),
 }
 
 
@@ -115,7 +116,9 @@ class FaultSpec(BaseModel):
     degradation          slowdown reached at the end of the ramp (``shape``, ``ramp_steps``)
     thermal              fractional SM-clock loss (compute grows by 1/(1-m) - 1)
     nic_flap             seconds added to a step when the NIC flaps (``probability`` per step)
-    data_stall           seconds of data-loader wait added on the rank
+    data_stall           seconds of data-loader wait added on the rank (``variant:
+                         bursts``: on the first half of every ``every_steps`` steps
+                         only, default 16: a prefetch queue that drains and refills)
     ecc_storm            peak corrected-ECC errors per health report; the uncorrectable
                          error, XID 48 and crash come ``duration_steps`` (30) after onset;
                          ``variant: subsiding``: bursts of up to ``magnitude`` corrected
