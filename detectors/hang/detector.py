@@ -505,12 +505,11 @@ class HangDetector:
         start again and, until the new run's first step, the job is relaunching
         (:attr:`relaunching_since`): its silence is not a hang however long the
         relaunch takes (the suite bounds it: ``relaunch_stuck``); its silence is measured
-        again from the new run's first step. (``grace_steps`` median step times,
-        ``min_s`` seconds and ``margin`` times the longest of the job's recent
-        relaunches, :attr:`relaunch_durations`, were the grace before relaunching was
-        a state; kept for what reads :attr:`last_ts`.) A step of the old run still in
-        flight (it started before ``ts``) does not end the relaunch. The learned
-        step-time median and periods are kept; an announced phase ends.
+        again from the new run's first step. ``grace_steps``, ``min_s`` and ``margin``
+        are unused (the grace in step times before relaunching was a state); how long
+        relaunches took is still learned (:attr:`relaunch_durations`). A step of the
+        old run still in flight (it started before ``ts``) does not end the relaunch.
+        The learned step-time median and periods are kept; an announced phase ends.
 
         >>> h = HangDetector(factor=2.5, min_steps=3)
         >>> for step in range(10):
@@ -525,14 +524,12 @@ class HangDetector:
         >>> h.relaunch_durations, h.relaunching_since
         ((12.0,), None)
         """
-        med = self.median_step_time or 0.0
-        learned = margin * max(self.relaunch_durations, default=0.0)
         if not self._in_grace:  # a second call (the relaunch carried out) keeps these
             self._old_last_step = self.last_step
             self._relaunch_started = ts
         self._relaunch_at = ts
         self.last_step = None
-        self.last_ts = ts + max(grace_steps * med, min_s, learned)
+        self.last_ts = ts
         self._in_grace = True
         self._phases.cancel()
         self._waits = {}
@@ -595,7 +592,7 @@ class HangDetector:
         self.last_step = step
         if self._in_grace:  # the first step of the new run ends the grace
             if self._relaunch_started is not None and ts > self._relaunch_started:
-                took = ts - self._relaunch_started  # learned: the next grace allows it
+                took = ts - self._relaunch_started
                 self.relaunch_durations = (*self.relaunch_durations[-3:], took)
             self.last_ts, self._in_grace = ts, False
             self._relaunch_at = self._relaunch_started = self._old_last_step = None
