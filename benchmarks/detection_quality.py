@@ -125,6 +125,11 @@ QUICK = (
     "group_rack_slowdown_128n",
     "ecc_storm_subsides_128n",
     "divergence_slow_onset_64n",
+    # issue 44: saves that double, judged by their trend; a hang between growing saves
+    "trap_saves_doubling_64n",
+    "hang_saves_growing_64n",
+    # issue 44: an intermittent straggler at a period longer than the 48-step window
+    "intermittent_every15_60pct_64n",
 )
 
 # Targets.

@@ -63,11 +63,19 @@ class DetectorConfig:
                                     waiting (:mod:`detectors.steps.intermittent`)
     ``intermittent_window``         train steps remembered per rank (<= 64)
     ``intermittent_min_slow``       slow steps in the window before a rank scores
+    ``intermittent_min_pulses``     evenly spaced pulses (slow after not slow) that
+                                    name a rank at any period, past the window (8)
     ``intermittent_max_fraction``   above this share of slow steps it is a straggler's
     ``intermittent_warning``        average slowdown the slow steps cost (fraction x
                                     excess) for WARNING; ``intermittent_exit`` resolves
     ``data_stall_z`` / ``_warning`` data-wait excess (fraction of step time) of one rank
     ``data_stall_critical``         ... for CRITICAL; ``data_stall_exit`` to resolve
+    ``data_stall_hold_steps``       steps below exit before a data stall resolves: a
+                                    loader that stalls in bursts is one episode while
+                                    it lasts. Its remedy is the input path's
+                                    (investigate at every grade, never replace the
+                                    node: a bad disk or NIC of the node raises its own
+                                    hardware alert)
     ``nic_z`` / ``nic_spike``       comm-wait excess of a node's ranks that is a spike
     ``nic_window``                  steps the spike fraction is counted over
     ``nic_warning`` / ``nic_exit``  spike fraction to fire / to resolve
@@ -95,6 +103,11 @@ class DetectorConfig:
                                     from its first step (so is a node, by its ranks'
                                     median): its baseline starts at the stage's
                                     typical value (:mod:`detectors.steps.first_step`)
+    ``early_floor`` / ``early_z``   while its baseline warms, a rank computing this
+                                    much (fraction) *and* this many robust sigmas above
+                                    its step's peers, not waiting, is a straggler from
+                                    the first step (:mod:`detectors.steps.early`)
+    ``early_min_peers``             ... among at least this many peers
     ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
     ``degradation_z``               smoothed-excess z that marks a creep (or, above
                                     ``straggler_warning``, a noisy straggler) ...
@@ -112,11 +125,14 @@ class DetectorConfig:
                                     first, unannounced checkpoint save looks like a
                                     hang while it lasts (:meth:`HangDetector.graded`)
     ``hang_window`` / ``hang_min_steps``  steps of the median / needed before scoring
-    ``restart_grace_steps``         after :meth:`DetectorSuite.restarted`, median step
-                                    times allowed for the relaunch before a hang
-    ``restart_grace_min_s``         ... but never less than this many seconds (nor
-                                    less than 1.5 x the job's longest recent relaunch,
-                                    learned): a real relaunch takes seconds to minutes
+    ``relaunch_max_s``              after :meth:`DetectorSuite.restarted` the job is
+                                    *relaunching* until its new run's first step, for
+                                    at most this many seconds (1800, 30 minutes: what
+                                    NeMo allows a first step); past it a ``relaunch_stuck`` alert
+                                    (WARNING, investigate: never a second RESTART).
+                                    A relaunch is never a hang
+    ``restart_grace_steps``         kept for old configurations (the relaunch grace
+    ``restart_grace_min_s``         before relaunching was a state); unused
     ``missing_steps``               steps a rank is absent while others report
     ``missing_forget_steps``        a rank absent longer left the job
     ``health_missing_factor``       node health silent for this many of its declared
@@ -172,6 +188,7 @@ class DetectorConfig:
     intermittent_excess: float = 0.08
     intermittent_window: int = 48
     intermittent_min_slow: int = 5
+    intermittent_min_pulses: int = 8
     intermittent_max_fraction: float = 0.75
     intermittent_warning: float = 0.03
     intermittent_exit: float = 0.01
@@ -179,6 +196,7 @@ class DetectorConfig:
     data_stall_warning: float = 0.05
     data_stall_critical: float = 0.25
     data_stall_exit: float = 0.025
+    data_stall_hold_steps: int = 30
     nic_z: float = 4.0
     nic_spike: float = 0.05
     nic_window: int = 20
@@ -196,6 +214,9 @@ class DetectorConfig:
     learn_gate_z: float = 3.0
     first_step_floor: float = 0.05
     first_step_z: float = 5.0
+    early_floor: float = 0.30
+    early_z: float = 5.0
+    early_min_peers: int = 4
     cusum_k: float = 1.0
     cusum_clip: float = 4.0
     degradation_z: float = 5.0
@@ -209,6 +230,7 @@ class DetectorConfig:
     hang_min_steps: int = 5
     restart_grace_steps: float = 20.0
     restart_grace_min_s: float = 30.0
+    relaunch_max_s: float = 1800.0
     missing_steps: int = 2
     missing_forget_steps: int = 50
     health_missing_factor: float = 2.5
@@ -259,10 +281,14 @@ class DetectorConfig:
             "drift_min_steps",
             "hw_warmup_reports",
             "hold_steps",
+            "data_stall_hold_steps",
             "fatal_latch_reports",
+            "early_min_peers",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.relaunch_max_s <= 0:
+            raise ValueError(f"relaunch_max_s must be > 0, got {self.relaunch_max_s!r}")
         if self.group_min_nodes < 2:
             raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:
@@ -348,9 +374,11 @@ def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
             enter=(None, cfg.data_stall_warning, cfg.data_stall_critical),
             exit=cfg.data_stall_exit,
             min_obs=(1, cfg.straggler_min_steps, cfg.straggler_critical_steps),
-            hold_obs=hold,
+            hold_obs=cfg.data_stall_hold_steps,
             cooloff_obs=cool,
-            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.REPLACE_AT_CHECKPOINT),
+            # the input path's (loader, storage), not the node's: its hardware alerts
+            # name a bad disk or NIC of its own
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.INVESTIGATE),
         ),
         "nic_flap": GradePolicy(
             AlertKind.NETWORK,
@@ -423,6 +451,16 @@ def grade_policies(config: DetectorConfig) -> dict[str, GradePolicy]:
             hold_obs=1,
             cooloff_obs=0,
             actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.RESTART),
+        ),
+        "relaunch_stuck": GradePolicy(
+            AlertKind.HANG,
+            enter=(None, 1.0, None),
+            exit=0.5,
+            min_obs=(1, 1, 1),
+            hold_obs=1,
+            cooloff_obs=0,
+            # a relaunch that does not come back needs a person, never a second RESTART
+            actions=(_A.INVESTIGATE, _A.INVESTIGATE, _A.INVESTIGATE),
         ),
         "health_missing": GradePolicy(
             AlertKind.MISSING,

@@ -240,7 +240,8 @@ class DetectorSuite:
         # progress: a completed step resolves a hang
         self.hang.learn_step(step, ts, frame.ts_start)
         self._last_step = self.last_step
-        alerts = g.observe((), signals={"hang"}, step=step, ts=ts)
+        done = {"hang"} if self.relaunching_since is not None else {"hang", "relaunch_stuck"}
+        alerts = g.observe((), signals=done, step=step, ts=ts)
         if frame.n_ranks == 0:
             return alerts
         alerts += g.observe(s.missing, signals={"missing"}, step=step, ts=ts)
@@ -324,14 +325,29 @@ class DetectorSuite:
         return alerts
 
     # -- clock ---------------------------------------------------------------------
+    @property
+    def relaunching_since(self) -> float | None:
+        """Event time the relaunch in progress began (:meth:`restarted`), or None: from
+        then until the new run's first step the job is relaunching, not hung."""
+        return self.hang.relaunching_since
+
+    def state(self, now: float) -> str:
+        """The job's state at event time ``now`` as the hang clock sees it:
+        ``relaunching`` (since :meth:`restarted`, until the new run's first step, for
+        at most ``relaunch_max_s``), ``relaunch_stuck`` past that, else ``running``."""
+        since = self.relaunching_since
+        if since is None:
+            return "running"
+        return "relaunch_stuck" if now - since >= self.config.relaunch_max_s else "relaunching"
+
     def restarted(self, now: float, removed_nodes: Iterable[str] = ()) -> None:
         """The job was relaunched at event time ``now`` (restart or rollback to a
         checkpoint, perhaps with ``removed_nodes`` swapped for spares).
 
-        Step numbers may repeat from here on, the relaunch is not a hang for
-        ``restart_grace_steps`` median step times, ``restart_grace_min_s`` seconds or
-        1.5 x the job's longest recent relaunch, whichever is longest (from the
-        relaunch: a step of the old run in flight does not end it), and removed nodes are no longer
+        Step numbers may repeat from here on; until the new run's first step the job
+        is relaunching (:meth:`state`), not hung, for up to ``relaunch_max_s`` (a
+        step of the old run in flight does not end it), past which :meth:`tick`
+        raises ``relaunch_stuck`` (investigate, never a RESTART); removed nodes are no longer
         expected to report health (their late reports are ignored until they appear in
         the job's steps again).
         """
@@ -401,6 +417,9 @@ class DetectorSuite:
                 )
             )
         alerts += g.observe(hang_f, signals={"hang"}, step=step, ts=now)
+        alerts += g.observe(
+            self._relaunch_findings(now), signals={"relaunch_stuck"}, step=step, ts=now
+        )
         silent = self.presence.score(now)
         floor = g.min_score("health_missing")
         miss_f = [
@@ -419,3 +438,30 @@ class DetectorSuite:
         ]
         alerts += g.observe(miss_f, signals={"health_missing"}, step=step, ts=now)
         return alerts
+
+    def _relaunch_findings(self, now: float) -> list[Finding]:
+        """A relaunch past ``relaunch_max_s``: the job's one ``relaunch_stuck`` finding,
+        scored in maximums (WARNING from 1)."""
+        since = self.relaunching_since
+        limit = self.config.relaunch_max_s
+        if since is None or now - since < limit:
+            return []
+        took = now - since
+        return [
+            Finding(
+                "relaunch_stuck",
+                None,
+                None,
+                took / max(limit, 1e-9),
+                "seconds_relaunching",
+                took,
+                took / max(limit, 1e-9),
+                baseline=limit,
+                detail=(
+                    f"relaunch_stuck: relaunching for {took:.0f}s since the relaunch, past "
+                    f"the {limit:.0f}s a relaunch may take, and no step of the new run; "
+                    f"investigate the scheduler and the job's start (not restarted again); "
+                    f"last step {self.last_step}"
+                ),
+            )
+        ]

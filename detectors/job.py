@@ -44,10 +44,12 @@ messages). The core restores one order, on event time:
    other than a start that comes before the job's first step is held (at most
    ``MAX_HELD_EVENTS``) until that step confirms the job, then judged.
 6. **Relaunches come from commands.** A RESTART, ROLLBACK or ISOLATE for the job
-   starts its relaunch grace at the current event time (the job goes quiet while it
-   relaunches); the executor's SUCCEEDED result for a RESTART or ROLLBACK starts it
-   again (the relaunch is done, the new run is starting). Step numbers going back
-   with a newer event time are a relaunch too (rule 1).
+   makes it *relaunching* at the current event time (the job goes quiet while it
+   relaunches) until the new run's first step, for at most the suite's
+   ``relaunch_max_s`` (then ``relaunch_stuck``: investigate, never a RESTART); the
+   executor's SUCCEEDED result for a RESTART or ROLLBACK confirms it (the relaunch
+   is still dated from the command). Step numbers going back with a newer event time
+   are a relaunch too (rule 1).
 
 7. **Health judges members only.** A report of a node that is not a member of the job
    (seen in its steps, or declared by its start event) never reaches the detectors,
@@ -126,7 +128,10 @@ from schemas.commands import RELAUNCHING
 from schemas.lifecycle import MAX_NODES_PER_JOB
 from schemas.telemetry import MAX_RANKS_PER_JOB
 
-__all__ = ["Detected", "Detectors", "JobDetection"]
+__all__ = ["JOB_STATES", "Detected", "Detectors", "JobDetection"]
+
+#: What :attr:`JobDetection.state` may say (the worker's ``jobs_by_state`` gauge).
+JOB_STATES = ("running", "relaunching", "relaunch_stuck", "ending")
 
 #: Commands whose SUCCEEDED result means the job was relaunched just now.
 _RELAUNCHED = frozenset({CommandKind.RESTART, CommandKind.ROLLBACK})
@@ -329,7 +334,7 @@ class JobDetection:
         return self._stamp(alerts)
 
     def on_command(self, cmd: Command, now: float | None = None) -> list[Alert]:
-        """A command for the job: a relaunching one starts the relaunch grace at event
+        """A command for the job: a relaunching one makes it relaunching from event
         time ``now`` (default: the core's current event time) (rule 5)."""
         self._check_job(cmd.job_id)
         if cmd.kind not in RELAUNCHING:
@@ -368,7 +373,7 @@ class JobDetection:
     def relaunched(self, now: float | None = None, removed_nodes: Iterable[str] = ()) -> None:
         """The job relaunches at event time ``now`` (default: the current event time),
         perhaps without ``removed_nodes``: step numbers may repeat and its silence is
-        not a hang for the relaunch grace."""
+        not a hang while it relaunches (:attr:`state`)."""
         self._grace(now, removed_nodes)
         self.relaunches += 1
         self._rank_owners().clear()  # the new run may place its ranks anew
@@ -403,6 +408,18 @@ class JobDetection:
         if verdict.wait is not None:
             self.suite.wait_for_input(*verdict.wait, max_s=max_s)
         return verdict.alerts
+
+    @property
+    def state(self) -> str:
+        """The job's state at the core's event time: ``relaunching`` from a relaunching
+        command until the new run's first step, ``relaunch_stuck`` once that took
+        longer than the suite's ``relaunch_max_s``, ``ending`` while an end is pending,
+        else ``running`` (:meth:`~detectors.engine.DetectorSuite.state`)."""
+        if self.guard.ending is not None:
+            return "ending"
+        if self.now is None or not isinstance(self.suite, DetectorSuite):
+            return "running"
+        return self.suite.state(self.now)
 
     @property
     def ending(self) -> str | None:

@@ -12,7 +12,7 @@ Examples
 >>> from detectors.config import DetectorConfig
 >>> suite = step_detectors(DetectorConfig())
 >>> [d.name for d in suite]
-['slowdown', 'intermittent', 'nic_flap', 'loss', 'imbalance', 'loss_drift']
+['slowdown', 'early_peer', 'intermittent', 'nic_flap', 'loss', 'imbalance', 'loss_drift']
 >>> all(isinstance(d, StepDetector) for d in suite)
 True
 """

@@ -33,4 +33,4 @@ TRAIN_SIGNALS = frozenset(
 #: Signals graded on every step.
 STEP_SIGNALS = frozenset({"missing", "nonfinite"})
 #: Signals graded by ``tick``.
-CLOCK_SIGNALS = frozenset({"hang", "health_missing"})
+CLOCK_SIGNALS = frozenset({"hang", "relaunch_stuck", "health_missing"})

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from detectors.base import Finding
 from detectors.config import DetectorConfig
 from detectors.hardware.nic_flap import NicWindow, nic_flap_findings
 from detectors.protocol import I64, StepContext, StepDetector
+from detectors.steps.early import early_outliers
 from detectors.steps.findings import loss_findings, loss_values
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
-from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, slowdown_findings
+from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
 from detectors.steps.work import WorkImbalance
 from detectors.training.divergence import DivergenceDetector
 from detectors.training.drift import LossDrift, drift_findings
 
 __all__ = [
+    "EarlyPeer",
     "Imbalance",
     "Intermittent",
     "Loss",
@@ -40,7 +44,14 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
     """A fresh detector of each kind with thresholds ``cfg``, in scoring order."""
     return [
         Slowdown(),
-        Intermittent(IntermittentSlowdown(cfg.intermittent_window, cfg.intermittent_min_slow)),
+        EarlyPeer(),
+        Intermittent(
+            IntermittentSlowdown(
+                cfg.intermittent_window,
+                cfg.intermittent_min_slow,
+                min_pulses=cfg.intermittent_min_pulses,
+            )
+        ),
         NicFlap(NicWindow(cfg.nic_window)),
         Loss(DivergenceDetector(cfg.div_window, cfg.div_warmup, cfg.mad_floor_rel)),
         Imbalance(
@@ -70,6 +81,71 @@ class Slowdown(StepDetector):
             degradation_rows=ctx.firing_rows("degradation"),
             open_nodes={s: ctx.open_nodes(s) for s in NODE_LEVEL_SIGNALS},
         )
+
+
+class EarlyPeer(StepDetector):
+    """Gross outliers among peers while their baselines warm
+    (:mod:`detectors.steps.early`), graded as stragglers; learns nothing of its own.
+
+    A subject the slowdown detector already found this step keeps that finding."""
+
+    __slots__ = ()
+    name = "early_peer"
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        cfg, peer, t, s = ctx.config, ctx.peer, ctx.temporal, ctx.scores
+        if s.values is None or s.scales is None:
+            return []
+        waits = peer.waits_in_comm(cfg.culprit_comm_max, cfg.straggler_z)
+        waits |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
+        score = early_outliers(
+            peer,
+            s.values[0],
+            s.scales[0],
+            t.warmed,
+            waits,
+            floor=cfg.early_floor,
+            k=cfg.early_z,
+            min_peers=cfg.early_min_peers,
+        )
+        if not score.any():
+            return []
+        inv = peer.groups.inverse
+        frame = ctx.frame
+
+        def describe(
+            idx: I64, sc: float, signal: str
+        ) -> tuple[str, float, float, float | None, float | None, float | None, str]:
+            med = float(np.median(peer.med_compute[inv[idx]]))
+            val = float(np.median(frame.compute[idx]))
+            z = float(np.median(peer.z_compute[idx]))
+            return (
+                "compute_s",
+                val,
+                z,
+                med,
+                None,
+                None,
+                f"compute {val:.3f}s is {sc:+.1%} vs peers {med:.3f}s ({z:.0f} robust "
+                f"sigmas of the step's peers; own baseline still warming); comm wait "
+                f"{float(np.median(frame.comm_wait[idx])):.3f}s vs peers "
+                f"{float(np.median(peer.med_comm[inv[idx]])):.3f}s",
+            )
+
+        found = rank_or_node_findings(
+            "straggler",
+            score,
+            ctx.floor("straggler"),
+            frame,
+            ctx.rank_node,
+            np.bincount(ctx.rank_node, minlength=len(ctx.node_names)),
+            cfg.node_fraction,
+            describe,
+            ctx.node_names,
+            ctx.open_nodes("straggler"),
+        )
+        taken = {(f.signal, f.node, f.rank) for f in s.train_findings}
+        return [f for f in found if (f.signal, f.node, f.rank) not in taken]
 
 
 class Intermittent(StepDetector):

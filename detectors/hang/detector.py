@@ -30,7 +30,7 @@ import numpy as np
 from detectors._stats import median
 from detectors.base import check_positive
 from detectors.hang.presence import HealthPresence, MissingRanks
-from detectors.steps.long_steps import AnnouncedPhases, PeriodicLongSteps
+from detectors.steps.long_steps import TREND_RUNS, AnnouncedPhases, PeriodicLongSteps
 
 __all__ = ["HangDetector", "HealthPresence", "MissingRanks"]
 
@@ -48,12 +48,15 @@ class HangDetector:
       (its duration: the interval from the step before to its end). Two long steps
       ``g`` steps apart make a candidate period ``g`` whose next long step is due
       ``g`` steps later; a period is confirmed when it comes and dropped when due
-      steps pass without one. Its *typical duration* is the longest of its last
-      eight long steps (:class:`~detectors.steps.long_steps.PeriodicLongSteps`).
+      steps pass without one. Its *typical duration* is what the trend of its last
+      eight long steps says the next takes, at least their longest
+      (:class:`~detectors.steps.long_steps.PeriodicLongSteps`).
     - **Announced phases** (:meth:`announce`): the exporter says a long phase starts
       (``"checkpoint"``, ``"eval"``, ...), perhaps with its expected duration. Its
-      expected duration is the larger of the announced one and the longest of its last
-      eight announced runs; with neither, ``phase_steps`` median step times. The next
+      expected duration is the larger of the announced one and what the trend of its
+      last announced runs says the next takes (saves that grow or double are judged
+      by how they grow); with neither, or one run only (no trend yet), ``phase_steps``
+      median step times (at least ``phase_floor_s``). The next
       completed step ends the announcement and records its duration
       (:class:`~detectors.steps.long_steps.AnnouncedPhases`).
 
@@ -148,19 +151,22 @@ class HangDetector:
     (10.0, 'no step completed for 15.0s, 1.5 x the 10.0s a long step every 20 steps ...')
 
     An announced phase with no known duration may take 1.5 x 120 s (``phase_floor_s``,
-    or 20 median step times when longer); the next step ends it, and its duration is
-    what the next one may take:
+    or 20 median step times when longer); the next step ends it and its duration is
+    learned. One run is no trend (the next save may take twice as long), so the second
+    is still allowed the unknown length; from two runs on, the next may take 1.5 x what
+    their trend says (:func:`~detectors.steps.long_steps.trend_next`):
 
     >>> ts += 10.0
     >>> h.learn_step(79, ts)
+    >>> allowed = []
+    >>> for run in range(2):
+    ...     h.announce("eval", ts)
+    ...     allowed.append(h.expected_step_time)
+    ...     ts += 4.0
+    ...     h.learn_step(80 + run, ts)
     >>> h.announce("eval", ts)
-    >>> h.expected_step_time, h.score(ts + 180.0)
-    (72.0, 2.5)
-    >>> ts += 4.0
-    >>> h.learn_step(80, ts)
-    >>> h.announce("eval", ts)
-    >>> h.expected_step_time, h.score(ts + 6.0)  # 1.5 x 4 s allowed
-    (2.4, 2.5)
+    >>> allowed, h.expected_step_time, h.score(ts + 6.0)  # 1.5 x 4 s now
+    ([72.0, 72.0], 2.4, 2.5)
     """
 
     def __init__(
@@ -252,8 +258,8 @@ class HangDetector:
         """Elapsed time since the last step over :attr:`expected_step_time` (0 if
         unknown); reads state only."""
         expected = self.expected_step_time
-        if expected is None or self.last_ts is None:
-            return 0.0
+        if expected is None or self.last_ts is None or self._in_grace:
+            return 0.0  # a relaunch in progress is not a hang (the suite bounds it)
         # no real step takes under a nanosecond: a subnormal median must not overflow
         return max(0.0, now - self.last_ts) / max(expected, 1e-9)
 
@@ -306,17 +312,23 @@ class HangDetector:
             allowance = since + self.long_margin * budget
             found.append((allowance, max(0.0, since + budget), what, False))
         if self.phase is not None and self.last_ts is not None:
-            expected = self._phases.expected_s()
+            phases = self._phases
+            expected = phases.expected_s(cap=self._phase_max_s)
             unknown = max(self.phase_steps * med, self.phase_floor_s)
             if self._phase_max_s is not None:
                 unknown = min(unknown, self._phase_max_s)
-            budget = unknown if expected is None else expected
-            since = self._phases.started - self.last_ts
+            # a length it was told, or the trend of its own runs, is known; one run is
+            # no trend (the next save may be twice as long): the unknown length floors it
+            known = expected is not None and (
+                phases.announced_s is not None or phases.runs() >= TREND_RUNS
+            )
+            budget = unknown if expected is None else expected if known else max(expected, unknown)
+            since = phases.started - self.last_ts
             name = ("an " if self.phase[:1].lower() in tuple("aeiou") else "a ") + self.phase
-            what = f"{name} takes here" if expected else f"allowed for {name} of unknown length"
+            what = f"{name} takes here" if known else f"allowed for {name} of unknown length"
             allowance = since + self.long_margin * budget
             # overrunning a length it does not know is no proof of a hang: it climbs
-            found.append((allowance, max(since, 0.0) + budget, what, expected is not None))
+            found.append((allowance, max(since, 0.0) + budget, what, known))
         best = max(found, default=None)
         return best if best is not None and best[0] > self.factor * med else None
 
@@ -479,36 +491,45 @@ class HangDetector:
     #: how long the job's recent relaunches took (seconds, newest last)
     relaunch_durations: tuple[float, ...] = ()
 
+    @property
+    def relaunching_since(self) -> float | None:
+        """Event time the relaunch in progress began (its first :meth:`restart` call),
+        or None when none is: from then until the new run's first step the job is
+        relaunching, not hung, and :meth:`score` is 0."""
+        return self._relaunch_started if self._in_grace else None
+
     def restart(
         self, ts: float, grace_steps: float, min_s: float = 0.0, margin: float = 1.5
     ) -> None:
         """The job was relaunched at event time ``ts`` (from a checkpoint): step numbers
-        start again and the relaunch itself is not a hang for the longest of
-        ``grace_steps`` median step times, ``min_s`` seconds and ``margin`` times the
-        longest of the job's recent relaunches (:attr:`relaunch_durations`). The grace
-        runs from the relaunch: a step of the old run still in flight (it started
-        before ``ts``) does not end it. The learned step-time median and periods are
-        kept; an announced phase ends.
+        start again and, until the new run's first step, the job is relaunching
+        (:attr:`relaunching_since`): its silence is not a hang however long the
+        relaunch takes (the suite bounds it: ``relaunch_stuck``); its silence is measured
+        again from the new run's first step. ``grace_steps``, ``min_s`` and ``margin``
+        are unused (the grace in step times before relaunching was a state); how long
+        relaunches took is still learned (:attr:`relaunch_durations`). A step of the
+        old run still in flight (it started before ``ts``) does not end the relaunch.
+        The learned step-time median and periods are kept; an announced phase ends.
 
         >>> h = HangDetector(factor=2.5, min_steps=3)
         >>> for step in range(10):
         ...     h.learn_step(step, ts=100.0 + step, ts_start=99.0 + step)
         >>> h.restart(109.5, grace_steps=5, min_s=10.0)
         >>> h.learn_step(10, ts=110.0, ts_start=109.0)  # in flight: the old run's
-        >>> h.score(119.0)  # still inside the relaunch grace (10 s from 109.5)
+        >>> h.score(119.0), h.relaunching_since  # relaunching since 109.5
+        (0.0, 109.5)
+        >>> h.score(109.5 + 3600.0)  # however long it takes: not a hang
         0.0
         >>> h.learn_step(9, ts=121.5, ts_start=120.5)  # the new run's first step
-        >>> h.relaunch_durations
-        (12.0,)
+        >>> h.relaunch_durations, h.relaunching_since
+        ((12.0,), None)
         """
-        med = self.median_step_time or 0.0
-        learned = margin * max(self.relaunch_durations, default=0.0)
         if not self._in_grace:  # a second call (the relaunch carried out) keeps these
             self._old_last_step = self.last_step
             self._relaunch_started = ts
         self._relaunch_at = ts
         self.last_step = None
-        self.last_ts = ts + max(grace_steps * med, min_s, learned)
+        self.last_ts = ts
         self._in_grace = True
         self._phases.cancel()
         self._waits = {}
@@ -571,7 +592,7 @@ class HangDetector:
         self.last_step = step
         if self._in_grace:  # the first step of the new run ends the grace
             if self._relaunch_started is not None and ts > self._relaunch_started:
-                took = ts - self._relaunch_started  # learned: the next grace allows it
+                took = ts - self._relaunch_started
                 self.relaunch_durations = (*self.relaunch_durations[-3:], took)
             self.last_ts, self._in_grace = ts, False
             self._relaunch_at = self._relaunch_started = self._old_last_step = None

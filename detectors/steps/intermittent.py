@@ -15,6 +15,14 @@ slow; its score is the average slowdown those steps cost (fraction x excess), th
 pattern (one step in k when the slow steps are evenly spaced, the fraction
 otherwise) goes to the evidence.
 
+A window of 48 steps cannot show a rank slow on one step in 15 or 60. So each rank
+also keeps its last ``min_pulses`` (8) *pulses* (a slow step after one that was not:
+a burst of slow steps is one pulse) however far apart: a rank whose pulses come at a
+steady spacing (all gaps but one within 10 % of their median) and go on (the last is
+at most 1.5 spacings old) is intermittent at whatever period, with at least the
+WARNING score (:func:`intermittent_findings`): eight evenly spaced pulses of one rank
+are what noise does not make (a noisy rank's spikes come at random).
+
 Examples
 --------
 >>> import numpy as np
@@ -68,19 +76,39 @@ class IntermittentSlowdown:
         Weight of a new slow step in the mean excess of the rank's slow steps.
     """
 
-    def __init__(self, window: int = 48, min_slow: int = 5, alpha: float = 0.2) -> None:
+    def __init__(
+        self, window: int = 48, min_slow: int = 5, alpha: float = 0.2, min_pulses: int = 8
+    ) -> None:
         if not 2 <= window <= 64:
             raise ValueError(f"window must be within [2, 64], got {window!r}")
         if not 1 <= min_slow <= window:
             raise ValueError(f"min_slow must be within [1, window], got {min_slow!r}")
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be within (0, 1], got {alpha!r}")
+        if not 4 <= min_pulses <= 64:
+            raise ValueError(f"min_pulses must be within [4, 64], got {min_pulses!r}")
         self.window = window
         self.min_slow = min_slow
         self.alpha = alpha
+        self.min_pulses = min_pulses
         self._bits: U64 = np.zeros(0, dtype=np.uint64)
         self._seen: I64 = np.zeros(0, dtype=np.int64)  #: steps learned, capped at window
         self._excess: F64 = np.zeros(0, dtype=np.float64)
+        self._init_pulses()
+
+    #: pulses that name a rank at any period; class defaults (with the empty arrays
+    #: below) so that state written before pulses existed reads them
+    min_pulses: int = 8
+    _steps: I64 = np.zeros(0, dtype=np.int64)  #: train steps learned per rank
+    _pulse_at: I64 = np.zeros((0, 8), dtype=np.int64)  #: ring: step count at each pulse
+    _n_pulses: I64 = np.zeros(0, dtype=np.int64)
+    _pulse_excess: F64 = np.zeros(0, dtype=np.float64)  #: mean excess of the slow steps
+
+    def _init_pulses(self, size: int = 0) -> None:
+        self._steps = np.zeros(size, dtype=np.int64)
+        self._pulse_at = np.zeros((size, self.min_pulses), dtype=np.int64)
+        self._n_pulses = np.zeros(size, dtype=np.int64)
+        self._pulse_excess = np.zeros(size, dtype=np.float64)
 
     @property
     def _mask(self) -> np.uint64:
@@ -95,6 +123,22 @@ class IntermittentSlowdown:
         self._bits = np.concatenate((self._bits, np.zeros(size - have, np.uint64)))
         self._seen = np.concatenate((self._seen, np.zeros(size - have, np.int64)))
         self._excess = np.concatenate((self._excess, np.zeros(size - have, np.float64)))
+        self._ensure_pulses(size)
+
+    def _ensure_pulses(self, size: int) -> None:
+        have = self._steps.shape[0]
+        if have >= size:
+            return
+        if self._pulse_at.shape[1] != self.min_pulses or have == 0:
+            self._init_pulses(size)  # none kept yet (or state written before pulses)
+            return
+        grow = size - have
+        self._steps = np.concatenate((self._steps, np.zeros(grow, np.int64)))
+        self._pulse_at = np.concatenate(
+            (self._pulse_at, np.zeros((grow, self.min_pulses), np.int64))
+        )
+        self._n_pulses = np.concatenate((self._n_pulses, np.zeros(grow, np.int64)))
+        self._pulse_excess = np.concatenate((self._pulse_excess, np.zeros(grow, np.float64)))
 
     def counts(self, slots: I64) -> I64:
         """Slow steps of each of ``slots`` within its window (reads state only)."""
@@ -125,7 +169,9 @@ class IntermittentSlowdown:
         if slots.shape[0] == 0:
             return
         self._ensure(slots)
+        self._ensure_pulses(self._bits.shape[0])
         slow, excess = slow[mask], excess[mask]
+        self._learn_pulses(slots, slow, np.minimum(excess, self.MAX_EXCESS))
         bits = (self._bits[slots] << np.uint64(1)) & self._mask
         self._bits[slots] = bits | slow.astype(np.uint64)
         self._seen[slots] = np.minimum(self._seen[slots] + 1, self.window)
@@ -139,17 +185,77 @@ class IntermittentSlowdown:
         quiet = self._bits[slots] == 0  # nothing slow left in the window: start afresh
         self._excess[slots[quiet]] = 0.0
 
+    def _learn_pulses(self, slots: I64, slow: B, excess: F64) -> None:
+        """Count a pulse where a rank is slow after a step it was not (a burst of slow
+        steps is one pulse), at its step count; the mean excess of its slow steps."""
+        was_slow = (self._bits[slots] & np.uint64(1)).astype(bool)
+        start = slots[slow & ~was_slow]
+        self._pulse_at[start, self._n_pulses[start] % self.min_pulses] = self._steps[start]
+        self._n_pulses[start] += 1
+        hit, x = slots[slow], excess[slow]
+        old = self._pulse_excess[hit]
+        self._pulse_excess[hit] = np.where(old == 0.0, x, (1 - self.alpha) * old + self.alpha * x)
+        self._steps[slots] += 1
+
+    def periods(self, slots: I64) -> F64:
+        """The spacing (in train steps) of each rank's last ``min_pulses`` pulses when
+        it is steady (every gap but one within 10 % of their median, at least one step)
+        and still going (the last pulse at most 1.5 spacings old); 0 otherwise. Reads
+        state only.
+
+        >>> det = IntermittentSlowdown(min_pulses=8)
+        >>> slots = np.arange(2)
+        >>> for step in range(200):
+        ...     slow = np.array([step % 20 == 7, step in (3, 9, 50, 51, 90, 130, 131, 199)])
+        ...     det.learn(slots, slow, np.full(2, 0.5), np.ones(2, bool))
+        >>> det.periods(slots).tolist()  # slot 1's spikes come at random
+        [20.0, 0.0]
+        """
+        out = np.zeros(slots.shape[0], dtype=np.float64)
+        inside = slots < self._n_pulses.shape[0]
+        s = slots[inside]
+        ready = self._n_pulses[s] >= self.min_pulses
+        if not ready.any():
+            return out
+        at = np.sort(self._pulse_at[s[ready]], axis=1)
+        gaps = np.diff(at, axis=1).astype(np.float64)
+        mid = np.median(gaps, axis=1)
+        near = np.abs(gaps - mid[:, None]) <= np.maximum(1.0, 0.1 * mid)[:, None]
+        age = self._steps[s[ready]] - 1 - at[:, -1]
+        steady = (near.sum(axis=1) >= gaps.shape[1] - 1) & (mid >= 2) & (age <= 1.5 * mid)
+        val = np.zeros(s.shape[0], dtype=np.float64)
+        val[ready] = np.where(steady, mid, 0.0)
+        out[inside] = val
+        return out
+
+    def pulse_excess(self, slots: I64) -> F64:
+        """The mean excess of each rank's slow steps, over its pulses (reads state only)."""
+        out = np.zeros(slots.shape[0], dtype=np.float64)
+        inside = slots < self._pulse_excess.shape[0]
+        out[inside] = self._pulse_excess[slots[inside]]
+        return out
+
     def forget(self, slots: I64) -> None:
         """New hardware runs ``slots``: their history starts again."""
         inside = slots[slots < self._bits.shape[0]]
         self._bits[inside] = 0
         self._seen[inside] = 0
         self._excess[inside] = 0.0
+        pulsed = inside[inside < self._steps.shape[0]]
+        self._steps[pulsed] = 0
+        self._n_pulses[pulsed] = 0
+        self._pulse_excess[pulsed] = 0.0
 
     def pattern(self, slot: int) -> str:
         """The slot's slow steps in words: one step in k when evenly spaced."""
         if slot >= self._bits.shape[0]:
             return "no slow step"
+        period = float(self.periods(np.array([slot]))[0])
+        if period >= self.window / self.min_slow:  # too rare for the window to show
+            return (
+                f"slow once every {period:.0f} steps for its last {self.min_pulses} pulses, "
+                f"{self._pulse_excess[slot]:+.1%} on those steps"
+            )
         bits = int(self._bits[slot])
         ages = [i for i in range(self.window) if bits >> i & 1]  # 0: the newest step
         n = len(ages)
@@ -196,6 +302,12 @@ def intermittent_findings(
     their steps are steady stragglers, not intermittent ones.
     """
     score = det.score(slots)
+    # steady pulses at a period too long for the window: named at WARNING whatever the
+    # period (the cost they show, if higher)
+    period = det.periods(slots)
+    pulsed = det.pulse_excess(slots) / np.maximum(period, 1.0)
+    pulsed = np.where(period > 0, np.maximum(pulsed, config.intermittent_warning), 0.0)
+    score = np.maximum(score, pulsed)
     steady = det.counts(slots) > config.intermittent_max_fraction * det.window
     score = np.where(busy_rows | steady, 0.0, score)
     present = np.bincount(rank_node, minlength=len(node_names))

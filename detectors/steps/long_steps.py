@@ -18,7 +18,7 @@ Examples
 >>> p.learn(19, 10.0, isolated=True), p.learn(39, 10.0, isolated=True)
 (False, False)
 >>> p.due(59), p.due(59, confirmed=True), p.learn(59, 12.0, isolated=True), p.learned
-((20, 10.0), None, True, {20: 12.0})
+((20, 10.0), None, True, {20: 13.2})
 
 A job's start is a boundary its schedules count from: one save teaches a candidate.
 
@@ -34,10 +34,48 @@ A job's start is a boundary its schedules count from: one save teaches a candida
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["AnnouncedPhases", "PeriodicLongSteps"]
+__all__ = ["MAX_GROWTH", "TREND_RUNS", "AnnouncedPhases", "PeriodicLongSteps", "trend_next"]
+
+#: most growth from one run of a long step to the next that a job's own trend may
+#: allow (a save four times the last one is past any trend, and no announcer can
+#: stretch the allowance faster than this)
+MAX_GROWTH = 4.0
+#: runs of a long step (a phase name, a period) before its trend says what the next
+#: run takes: one run is no trend
+TREND_RUNS = 2
+
+
+def trend_next(durations: Sequence[float]) -> float:
+    """What the next run of a long step may take by the trend of its ``durations``
+    (oldest first): the longest of them, or the last one times the median ratio of the
+    last three runs to the run before each (between 1 and :data:`MAX_GROWTH`),
+    whichever is longer. Saves that grow, or double, are judged by how they grow, not
+    by a fixed multiple of the longest. 0.0 when empty.
+
+    >>> trend_next([10.0, 10.5, 9.8]), trend_next([2.0, 4.0, 8.0]), trend_next([10.0])
+    (10.5, 16.0, 10.0)
+    >>> round(trend_next([10.0, 12.0, 14.0, 16.0]), 2)  # + 2 s a run: 16 x 1.17
+    18.67
+    >>> trend_next([1.0, 100.0])  # no trend grows faster than MAX_GROWTH a run
+    400.0
+    """
+    runs = [d for d in durations if d > 0]
+    if not runs:
+        return 0.0
+    longest = max(runs)
+    if len(runs) < TREND_RUNS:
+        return longest
+    recent = runs[-4:]
+    ratios = sorted(b / a for a, b in itertools.pairwise(recent))
+    mid = len(ratios) // 2
+    ratio = ratios[mid] if len(ratios) % 2 else 0.5 * (ratios[mid - 1] + ratios[mid])
+    return max(longest, runs[-1] * min(max(ratio, 1.0), MAX_GROWTH))
 
 
 class PeriodicLongSteps:
@@ -64,14 +102,15 @@ class PeriodicLongSteps:
 
     Examples
     --------
-    Checkpoints of about 10 s at steps 19, 39 and 59; then two due steps pass
-    without one and the period is dropped:
+    Checkpoints of about 10 s at steps 19, 39 and 59 (the next may take what their
+    trend says, :func:`trend_next`); then two due steps pass without one and the
+    period is dropped:
 
     >>> p = PeriodicLongSteps(tolerance=1)
     >>> for step, duration in [(19, 10.0), (39, 9.0), (59, 10.5)]:
     ...     explained = p.learn(step, duration, isolated=True)
-    >>> explained, p.learned, p.due(79), p.due(70)
-    (True, {20: 10.5}, (20, 10.5), None)
+    >>> explained, round(p.learned[20], 2), p.due(70)
+    (True, 10.85, None)
     >>> p.expire(80)
     >>> p.expire(100)
     >>> p.learned
@@ -191,8 +230,12 @@ class PeriodicLongSteps:
             self._loose_durations = self._loose_durations[keep]
 
     def _typical(self, i: int) -> float:
-        n = min(int(self._n_durations[i]), self.DURATIONS_KEPT)
-        return float(self._durations[i, :n].max()) if n else 0.0
+        """The period's typical duration: what its next long step may take by the
+        trend of its last ones (:func:`trend_next`)."""
+        n, k = int(self._n_durations[i]), self.DURATIONS_KEPT
+        if n <= k:
+            return trend_next(self._durations[i, :n].tolist())
+        return trend_next(np.roll(self._durations[i], -(n % k)).tolist())  # oldest first
 
     def _due(self, step: int) -> npt.NDArray[np.intp]:
         """Rows whose next long step is due at ``step`` (within the tolerance)."""
@@ -296,14 +339,29 @@ class AnnouncedPhases:
             self.started, self.after_step = ts, after_step
         self.phase, self._announced_s = phase, expected_s
 
-    def expected_s(self, phase: str | None = None) -> float | None:
-        """Expected duration of ``phase`` (default: the one in progress), None when
-        neither announced nor seen before; reads state only."""
+    def expected_s(self, phase: str | None = None, cap: float | None = None) -> float | None:
+        """Expected duration of ``phase`` (default: the one in progress): the announced
+        one, or what the trend of its last runs says the next takes
+        (:func:`trend_next`, growth beyond the longest run cut to ``cap`` seconds),
+        whichever is longer; None when neither announced nor seen before; reads state
+        only."""
         name = self.phase if phase is None else phase
         seen = self._durations.get(name or "", [])
         announced = self._announced_s if name == self.phase else None
-        known = [d for d in (announced, max(seen, default=None)) if d is not None]
+        trend = trend_next(seen) if seen else None
+        if trend is not None and cap is not None:
+            trend = max(min(trend, cap), *seen)
+        known = [d for d in (announced, trend) if d is not None]
         return max(known) if known else None
+
+    def runs(self, phase: str | None = None) -> int:
+        """Runs of ``phase`` (default: the one in progress) remembered; reads state only."""
+        return len(self._durations.get((self.phase if phase is None else phase) or "", []))
+
+    @property
+    def announced_s(self) -> float | None:
+        """The length the phase in progress was announced to take, if it said."""
+        return self._announced_s if self.phase is not None else None
 
     def end(self, ts: float, step: int | None = None) -> bool:
         """Step ``step`` completed at event time ``ts``: True when it ends the phase in

@@ -178,7 +178,8 @@ def slowdown_findings(
             None,
             None,
             f"data wait {val:.3f}s vs peers {med:.3f}s "
-            f"({float(np.median(peer.data_excess[idx])):+.1%} of the step)",
+            f"({float(np.median(peer.data_excess[idx])):+.1%} of the step); investigate "
+            f"the input path (data loader workers, storage, the host's disk and NIC)",
         )
 
     out: list[Finding] = []

@@ -8,8 +8,10 @@ broker (no chDB or ClickHouse access needed), and every read is bounded:
   consumer groups of ``STEPGUARD_CONSUMER_GROUP`` (members when the broker can describe
   groups: Tansu cannot, and the table says so);
 - **jobs**: the last ``window`` records of each partition of the steps topic (its last
-  step, the age of that step's end event time, nodes heard from) and of the lifecycle
-  topic (ended or not);
+  step, the age of that step's end event time, nodes heard from), of the lifecycle
+  topic (ended or not) and of the commands topic (a relaunching command the actuator
+  signed after the job's last step: the job is *relaunching*, or *relaunch stuck* past
+  the detector setting ``relaunch_max_s``, as the worker sees it);
 - **incidents**: the last ``window`` records of each decisions partition; an episode is
   firing when its latest update there is FIRING; firing episodes are grouped by their
   incident key;
@@ -42,20 +44,24 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from pipeline.io.detector_config import load_detector_config
 from pipeline.io.errors import BrokerError
 from pipeline.io.kafka import client_config, reach
 from pipeline.io.settings import Settings
+from pipeline.io.trust import public_keys, signature_problem
 from pipeline.tools.tail import DEFAULT_WINDOW, quiet_client_logs, read_tail
 from schemas import (
     ActionRecord,
     ActionState,
     Alert,
     AlertState,
+    Command,
     Grade,
     JobEvent,
     JobEventKind,
     StepTelemetry,
 )
+from schemas.commands import RELAUNCHING
 
 __all__ = [
     "GRADE_SHORT",
@@ -96,6 +102,8 @@ class JobRow:
     age_s: float
     nodes: int
     ended: str | None = None  # the END reason, when the lifecycle tail has one
+    #: seconds since a signed relaunching command issued after the job's last step
+    relaunching_s: float | None = None
 
 
 @dataclass
@@ -133,6 +141,8 @@ class StatusSnapshot:
     incidents: list[IncidentRow]
     held: list[HeldRow]
     notes: list[str] = field(default_factory=list)
+    #: how long a relaunch may take before it is stuck (the detector setting)
+    relaunch_max_s: float = 1800.0
 
     def to_json(self) -> dict[str, Any]:
         def fix(value: Any) -> Any:
@@ -152,10 +162,15 @@ class StatusSnapshot:
 
 
 def jobs_from(
-    steps: Iterable[StepTelemetry], events: Iterable[JobEvent], now: datetime
+    steps: Iterable[StepTelemetry],
+    events: Iterable[JobEvent],
+    now: datetime,
+    commands: Iterable[Command] = (),
 ) -> list[JobRow]:
     """One row per job seen: its last step and how long ago that step ended (event
-    time), most recent first; ``ended`` from the latest END event after that step.
+    time), most recent first; ``ended`` from the latest END event after that step;
+    ``relaunching_s`` from the first of ``commands`` (the caller's, verified) that
+    relaunches the job after that step.
     """
     last: dict[str, StepTelemetry] = {}
     nodes: dict[str, set[str]] = {}
@@ -173,6 +188,11 @@ def jobs_from(
                 ended[ev.job_id] = ev
             elif ev.kind is JobEventKind.START:
                 ended.pop(ev.job_id, None)
+    relaunch: dict[str, datetime] = {}
+    for cmd in commands:
+        msg = last.get(cmd.job_id)
+        if cmd.kind in RELAUNCHING and msg is not None and cmd.issued_at > msg.ts_end:
+            relaunch[cmd.job_id] = min(cmd.issued_at, relaunch.get(cmd.job_id, cmd.issued_at))
     rows = [
         JobRow(
             job_id=job,
@@ -181,6 +201,9 @@ def jobs_from(
             age_s=max(0.0, (now - msg.ts_end).total_seconds()),
             nodes=len(nodes[job]),
             ended=_end_reason(ended.get(job)),
+            relaunching_s=(
+                max(0.0, (now - relaunch[job]).total_seconds()) if job in relaunch else None
+            ),
         )
         for job, msg in last.items()
     ]
@@ -372,12 +395,19 @@ def collect_status(
     notes += more
     steps = [d.message for d in read_tail(settings, "steps", window)]
     events = [d.message for d in read_tail(settings, "lifecycle", window)]
+    keys = public_keys(settings, "actuator")
+    signed = [  # a relaunch only the actuator's signed command shows (as the worker)
+        d.message
+        for d in read_tail(settings, "commands", window)
+        if isinstance(d.message, Command) and signature_problem(d.message, keys) is None
+    ]
     alerts = [d.message for d in read_tail(settings, "decisions", window)]
     now = now or datetime.now(UTC)
     held = held_from(latest_actions(settings), now, settings.hold_ttl_s)
     return StatusSnapshot(
         at=now, bootstrap=settings.kafka_bootstrap, services_from=source, services=services,
-        jobs=jobs_from(steps, events, now),  # type: ignore[arg-type]
+        jobs=jobs_from(steps, events, now, signed),  # type: ignore[arg-type]
+        relaunch_max_s=load_detector_config(settings.detector_config).relaunch_max_s,
         incidents=incidents_from(alerts),  # type: ignore[arg-type]
         held=held, notes=notes,
     )  # fmt: skip
@@ -435,12 +465,20 @@ def render_status(snap: StatusSnapshot, window: int) -> RenderableType:
     parts.append(svc)
 
     jobs = Table(title=f"jobs (last {window} step records per partition)", title_justify="left")
-    for col in ("job", "last step", "age", "nodes", "ended"):
+    for col in ("job", "last step", "age", "nodes", "state"):
         right = col in ("last step", "nodes")
         jobs.add_column(col, justify="right" if right else "left", overflow="fold")
     for j in snap.jobs:
-        age = Text(_age(j.age_s), style="red" if j.age_s > 300 and not j.ended else "")
-        jobs.add_row(*_plain(j.job_id, str(j.last_step), age, str(j.nodes), j.ended or ""))
+        state = Text(j.ended or "")
+        if not j.ended and j.relaunching_s is not None:
+            stuck = j.relaunching_s >= snap.relaunch_max_s
+            state = Text(
+                f"{'relaunch stuck' if stuck else 'relaunching'} {_age(j.relaunching_s)}",
+                style="red" if stuck else "yellow",
+            )
+        silent = j.age_s > 300 and not j.ended and j.relaunching_s is None
+        age = Text(_age(j.age_s), style="red" if silent else "")
+        jobs.add_row(*_plain(j.job_id, str(j.last_step), age, str(j.nodes), state))
     parts.append(jobs if snap.jobs else Text("jobs: none in the steps topic's tail"))
 
     inc = Table(title="firing incidents", title_justify="left")

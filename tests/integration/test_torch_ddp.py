@@ -49,6 +49,7 @@ from schemas import (
     CommandKind,
     JobEvent,
     JobEventKind,
+    RecommendedAction,
     decode,
 )
 
@@ -285,6 +286,10 @@ def test_a_data_loader_stall_is_named_as_data_wait(stack):
     s.run_job("--stall-rank", "1", "--stall-from", str(onset), "--stall-s", "0.2", steps=90)
     alert = s.wait_alert(firing(AlertKind.DATA_STALL, "node-a"), 60, "data stall on node-a")
     assert alert.rank == 1 and alert.evidence.metric.startswith("data"), alert
+    # issue 44: the remedy is the input path's, never replacing the node
+    stalls = [a for a in s.alerts if a.kind is AlertKind.DATA_STALL]
+    fired = [a for a in stalls if a.state is AlertState.FIRING]
+    assert all(a.recommended_action is RecommendedAction.INVESTIGATE for a in fired), fired
     wrong = [a for a in s.alerts if a.kind is AlertKind.STRAGGLER and a.node == "node-a"
              and a.state is AlertState.FIRING]  # fmt: skip
     assert not wrong, described(wrong)

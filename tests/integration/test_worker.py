@@ -6,6 +6,7 @@ bounded poll of a topic or a metrics endpoint, never a sleep before an assertion
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,6 +44,7 @@ from schemas import (
     CommandKind,
     DeadLetter,
     Grade,
+    RecommendedAction,
     decode,
     encode,
 )
@@ -308,17 +310,21 @@ def test_hang_detected_by_timer_while_no_steps_arrive(settings, workers, decisio
     assert not [a for a in items if a.kind is not AlertKind.HANG]
 
 
-def test_a_commanded_restart_is_not_a_hang_until_its_grace_runs_out(settings, workers, decisions):
+def test_a_commanded_restart_is_relaunching_not_a_hang(settings, workers, decisions, tmp_path):
     """The actuator's restart command reaches the worker through the commands topic:
-    the silence while the job relaunches is allowed for (the longest of
-    restart_grace_steps = 20 median step times, ~20 s here, and restart_grace_min_s =
-    30 s) instead of raising a hang after 2.5 (~2.6 s, as in the test above). A job that
-    never comes back still hangs once the grace is over.
+    from then until the new run's first step the job is relaunching (the
+    ``stepguard_worker_jobs_by_state`` gauge says so), not hung, for as long as
+    ``relaunch_max_s`` allows (30 s here, from the detector settings file); a job that
+    never comes back is then ``relaunch_stuck``: a WARNING to investigate, never a
+    CRITICAL hang (which would recommend a second RESTART). Without the command a hang
+    is raised after 2.5 step times (~2.6 s, as in the test above).
     Silence is read in event time from the alert, so a slow worker start cannot pass
     or fail it."""
+    config = tmp_path / "detectors.json"
+    config.write_text(json.dumps({"relaunch_max_s": 30.0}))
     sc = scenario("relaunch", [], base_compute_s=1.0, collective_s=0.01, steps=100)
     last_ts = max(e.ts for e in simulate(sc) if e.frame is not None and e.step == 60)
-    w = workers()
+    w = workers(detector_config=str(config))
     play(settings, sc, speed=None, stop_after_step=60)
     deadline = time.monotonic() + 60
     while w.metric("stepguard_worker_steps_total") < 61 and time.monotonic() < deadline:
@@ -334,15 +340,18 @@ def test_a_commanded_restart_is_not_a_hang_until_its_grace_runs_out(settings, wo
     publish(producer, registry_of(settings), "commands", command)
     producer.flush()
     producer.close()
-    items = decisions.wait(
-        firing(AlertKind.HANG, grade=Grade.CRITICAL), 90, "the hang after the grace", w
-    )
-    assert [(a.kind, a.grade) for a in items] == [
-        (AlertKind.HANG, Grade.WARNING),
-        (AlertKind.HANG, Grade.CRITICAL),
+    relaunching = 'stepguard_worker_jobs_by_state{state="relaunching"}'
+    deadline = time.monotonic() + 20
+    while w.metric(relaunching) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the worker's metrics endpoint, bounded
+    assert w.metric(relaunching) == 1, w.tail()
+    items = decisions.wait(firing(AlertKind.HANG), 90, "the stuck relaunch", w)
+    assert [(a.kind, a.grade, a.recommended_action) for a in items] == [
+        (AlertKind.HANG, Grade.WARNING, RecommendedAction.INVESTIGATE)
     ]
+    assert "relaunch_stuck" in items[0].summary
     silence = items[0].ts.timestamp() - last_ts  # event time, as the worker reads it
-    assert silence >= 15, (silence, w.tail())
+    assert silence >= 30, (silence, w.tail())
 
 
 def test_sigkill_mid_stream_neither_loses_nor_reopens_episodes(settings, workers, decisions):

@@ -441,6 +441,8 @@ def build_app(
                 else:
                     await handle(event)
             metrics.jobs.set(len(core.jobs))
+            for name, value in core.job_states().items():
+                metrics.job_states.labels(name).set(value)
             for name, value in core.counts().items():
                 metrics.state_events.labels(name).set(value)
 

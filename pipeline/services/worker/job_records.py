@@ -140,8 +140,9 @@ class _JobRecords:
         self, partition: int, offset: int, key: bytes | None, value: bytes | None, token: Any
     ) -> Handled:
         """A relaunching command for a job we hold: its silence from now on is the
-        relaunch, not a hang (:meth:`JobDetection.on_command`: a grace of
-        restart_grace_steps median step times), and the nodes it names stop reporting."""
+        relaunch, not a hang (:meth:`JobDetection.on_command`: relaunching until the
+        new run's first step, at most relaunch_max_s), and the nodes it names stop
+        reporting."""
         topic = self.topics.jobs
         msg = decode(Command, value, topic=topic, partition=partition, offset=offset, key=key)
         if isinstance(msg, Rejected):

@@ -103,6 +103,11 @@ class WorkerMetrics:
         )  # fmt: skip
         self.snapshots = Counter(p + "snapshots", "Snapshots written.", registry=reg)
         self.jobs = Gauge(p + "jobs", "Jobs held by this process.", registry=reg)
+        self.job_states = Gauge(
+            p + "jobs_by_state", "Jobs held, by state (running; relaunching from a "
+            "relaunch command to the new run's first step; relaunch_stuck past "
+            "relaunch_max_s; ending).", ["state"], registry=reg,
+        )  # fmt: skip
         self.state_events = Gauge(
             p + "state_events", "Since start: snapshots unreadable or oversized, records "
             "refused for a capacity limit or of an ended run.", ["event"], registry=reg,

@@ -39,7 +39,7 @@ from typing import Any
 
 from detectors.engine import DetectorConfig
 from detectors.frame import NodeStep
-from detectors.job import JobDetection
+from detectors.job import JOB_STATES, JobDetection
 from detectors.job_guard import LifecycleLimits
 from pipeline.io.clockskew import future_dated
 from pipeline.io.errors import CapacityError
@@ -429,6 +429,15 @@ class WorkerDetection(_JobRecords):
             "refused_proof": self.refused_proof,
             "pending_expired": self.pending.expired + self.pending.evicted,
         }
+
+    def job_states(self) -> dict[str, int]:
+        """How many jobs held are in each state (:attr:`JobDetection.state`): a job
+        relaunching is shown as such, not as silent (metrics)."""
+        counts = dict.fromkeys(JOB_STATES, 0)
+        for st in self.jobs.values():
+            state = st.detection.state
+            counts[state] = counts.get(state, 0) + 1
+        return counts
 
     def held(self, job_id: str) -> int:
         return len(self._held.get(job_id, ()))

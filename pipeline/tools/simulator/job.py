@@ -256,7 +256,8 @@ class SimulatedJob(_NodeHealth):
         """Relaunch the job; the first step run afterwards is ``from_step``.
 
         A checkpoint saved after step ``k`` restarts at ``k + 1``. The relaunch takes
-        ``cost_s`` (default 10 nominal steps) during which no step completes.
+        ``cost_s`` (default the scenario's ``relaunch_s``, else 10 nominal steps)
+        during which no step completes.
         Progress beyond ``from_step`` is lost (goodput counts it once).
         """
         if not 0 <= from_step <= self.step:
@@ -264,6 +265,8 @@ class SimulatedJob(_NodeHealth):
         if not self._ranks_alive.all():
             dead = [self.node_names[i] for i in np.flatnonzero(~self._ranks_alive)]
             raise SimulationError(f"cannot restart with dead node(s) {dead}; isolate them")
+        if cost_s is None:
+            cost_s = self.scenario.relaunch_s
         cost = 10.0 * self._nominal if cost_s is None else cost_s
         for f in self.scenario.faults:  # resuming from before a divergence: the bad
             if (  # batches are skipped on the way back (what teams do), it does not recur
@@ -453,6 +456,9 @@ class SimulatedJob(_NodeHealth):
                 extra_sd = s.compute_noise * max(0.0, f.magnitude - 1.0)
                 compute[idx] *= np.clip(1.0 + extra_sd * rng.standard_normal(idx.size), 0.5, 2.0)
             elif kind == FaultKind.DATA_STALL:
+                cycle = f.every_steps or 16
+                if f.variant == "bursts" and (step - f.onset_step) % cycle >= (cycle + 1) // 2:
+                    continue  # the queue refilled: this step's batch was ready
                 idx = self._mask(f)
                 data[idx] += f.magnitude * (1.0 + 0.1 * rng.standard_normal(idx.size)).clip(0.5)
             elif kind == FaultKind.NIC_FLAP:
@@ -477,7 +483,8 @@ class SimulatedJob(_NodeHealth):
                 seq = np.exp(f.magnitude * rng.standard_normal(s.dp))
                 compute *= seq[self.dp_group]
         if phase == Phase.CHECKPOINT:
-            grown = 1.0 + s.checkpoint_growth * len(self.checkpoints)
+            saved = len(self.checkpoints)
+            grown = (1.0 + s.checkpoint_growth * saved) * s.checkpoint_factor**saved
             compute += s.checkpoint_s * grown * (1.0 + 0.05 * rng.standard_normal(n))
 
         stall_s = self._hang_carry_s

@@ -87,6 +87,7 @@ _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.HEALTH_DELAY: (None, "window", "stall"),
     FaultKind.ECC_STORM: (None, "subsiding"),
     FaultKind.WORK_IMBALANCE: (None, "sequence_length", "moe", "stage"),
+    FaultKind.DATA_STALL: (None, "bursts"),
 }
 
 
@@ -117,7 +118,9 @@ class FaultSpec(BaseModel):
     degradation          slowdown reached at the end of the ramp (``shape``, ``ramp_steps``)
     thermal              fractional SM-clock loss (compute grows by 1/(1-m) - 1)
     nic_flap             seconds added to a step when the NIC flaps (``probability`` per step)
-    data_stall           seconds of data-loader wait added on the rank
+    data_stall           seconds of data-loader wait added on the rank (``variant:
+                         bursts``: on the first half of every ``every_steps`` steps
+                         only, default 16: a prefetch queue that drains and refills)
     ecc_storm            peak corrected-ECC errors per health report; the uncorrectable
                          error, XID 48 and crash come ``duration_steps`` (30) after onset;
                          ``variant: subsiding``: bursts of up to ``magnitude`` corrected
@@ -348,6 +351,20 @@ class Scenario(BaseModel):
         default=0.0,
         description="Each checkpoint save takes this fraction of checkpoint_s longer "
         "than the one before (a model and optimizer state that grow).",
+    )
+    checkpoint_factor: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=4.0,
+        description="Each checkpoint save takes this many times the one before, on top "
+        "of checkpoint_growth (2.0: saves that double, a storage filling up).",
+    )
+    relaunch_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds a relaunch (RESTART, ROLLBACK) takes before the new run's "
+        "first step: a scheduler queue, a container start, loading the checkpoint. "
+        "None: 10 nominal step times.",
     )
     base_compute_s: float = Field(default=0.9, gt=0)
     compute_noise: NonNegativeFloat = 0.015

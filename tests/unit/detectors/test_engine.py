@@ -294,9 +294,10 @@ def test_config_validation_names_the_field():
 
 
 def test_alerts_raised_while_the_job_relaunches_name_its_last_step():
-    """restarted() resets the hang clock's step, but a hardware alert or a hang raised
-    during the relaunch still names the step the job had reached, not step 0."""
-    mon = DetectorSuite("job")
+    """restarted() resets the hang clock's step, but a hardware alert or a stuck
+    relaunch raised during the relaunch still names the step the job had reached, not
+    step 0."""
+    mon = DetectorSuite("job", DetectorConfig(relaunch_max_s=100.0))
     last = None
     for f in frames(steps=30):
         mon.process_step(f)
@@ -308,7 +309,7 @@ def test_alerts_raised_while_the_job_relaunches_name_its_last_step():
     (a,) = mon.process_health(NodeHealth(job_id="job", node="node-9", ts=at, gpus=(hot,)))
     assert a.step == 29
     hangs = [x for t in range(3, 200) for x in mon.tick(last.ts + t) if x.kind is AlertKind.HANG]
-    assert hangs and hangs[0].step == 30
+    assert hangs and hangs[0].step == 30 and "(relaunch_stuck)" in hangs[0].summary
 
 
 def test_a_rack_slowing_together_is_one_group_alert_never_node_isolations():

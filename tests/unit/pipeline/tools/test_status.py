@@ -36,6 +36,8 @@ from schemas import (
     Alert,
     AlertKind,
     AlertState,
+    Command,
+    CommandKind,
     EndReason,
     Evidence,
     Grade,
@@ -77,6 +79,38 @@ def test_jobs_last_step_age_and_end():
     ]
     restarted = JobEvent(job_id="b", kind=JobEventKind.START, ts=T0)
     assert jobs_from(steps, [end, restarted], T0)[1].ended is None
+
+
+def test_a_job_relaunching_after_its_last_step_is_shown_relaunching_then_stuck():
+    """Issue 44: from a relaunching command until the new run's first step the job is
+    relaunching, not a silent job; past relaunch_max_s it is shown stuck."""
+    last = step_telemetry(job="a", node="n0", step=10).model_copy(
+        update={"ts_start": T0 - timedelta(seconds=1), "ts_end": T0}
+    )
+
+    def command(kind, at, cid="cmd-1"):
+        return Command(command_id=cid, kind=kind, job_id="a", reason=("fp",),
+                       mode=ActuatorMode.AUTO, issued_at=at,
+                       expires_at=at + timedelta(minutes=5))  # fmt: skip
+
+    before = command(CommandKind.RESTART, T0 - timedelta(seconds=5), "cmd-0")  # the old run's
+    checkpoint = command(CommandKind.CHECKPOINT, T0 + timedelta(seconds=1), "cmd-2")
+    restart = command(CommandKind.RESTART, T0 + timedelta(seconds=2))
+    later = T0 + timedelta(seconds=92)
+    assert jobs_from([last], [], later, [before, checkpoint])[0].relaunching_s is None
+    (row,) = jobs_from([last], [], later, [before, checkpoint, restart])
+    assert row.relaunching_s == 90.0
+
+    def shown(now, max_s):
+        snap = StatusSnapshot(at=now, bootstrap="b", services_from="s", services=[],
+                              jobs=jobs_from([last], [], now, [restart]), incidents=[],
+                              held=[], relaunch_max_s=max_s)  # fmt: skip
+        console = Console(file=io.StringIO(), width=80, color_system=None, record=True)
+        console.print(render_status(snap, 500))
+        return console.export_text()
+
+    assert "relaunching 1m30s" in shown(later, 1800.0)
+    assert "relaunch stuck 31m" in shown(T0 + timedelta(minutes=31, seconds=2), 1800.0)
 
 
 def test_incidents_group_firing_episodes_and_drop_resolved_ones():
