@@ -21,8 +21,12 @@ messages). The core restores one order, on event time:
 2. **Health waits for the steps to pass it.** A health report is held until a frame
    ends at or after its event time, and is then processed just before that frame;
    or until a :meth:`~JobDetection.tick` reaches its event time (the job is stalled:
-   the report is processed and the clock checked at the report's own time, as far as
-   the job's frames support it, :meth:`~JobDetection.clock_at`). A report
+   the report is processed and moves the clock to its own time, as far as the job's
+   frames support it, :meth:`~JobDetection.clock_at`). A report updates only its own
+   node's presence and signals; the job-wide clock check (hang, silent nodes) runs
+   once for the reports a call releases, at the newest time they moved the clock to
+   (an overflow of the hold: at the next frame, tick or flush), so a round of health
+   costs O(nodes), not O(nodes^2). A report
    therefore cannot make a job look hung while its steps are still in flight. When
    it *arrived* (the core's event time then) is noted at once
    (:meth:`~detectors.hang.presence.HealthPresence.arrived`): a node is silent only while
@@ -246,6 +250,9 @@ class JobDetection:
         self.relaunches = 0
         self._held: list[tuple[float, int, NodeHealth]] = []
         self._seq = 0  #: arrival order of held reports (ties on event time)
+        #: the event time a clock check is due at: reports released by a tick moved the
+        #: clock there (checked once per batch of them, not once per report)
+        self._clock_due: float | None = None
         self._commands: OrderedDict[str, Command] = OrderedDict()
         #: nodes that sent steps of the job, oldest first (at most MAX_STEP_NODES)
         self._step_nodes: OrderedDict[str, None] = OrderedDict()
@@ -297,9 +304,10 @@ class JobDetection:
         if prev is not None and frame.step > prev:
             self._step_stride = frame.step - prev
         self._prev_step = frame.step
+        alerts = self._check_clock()  # due from reports an overflow of the hold released
         self.guard.learn(frame.nodes)
         self._saw_nodes(frame.nodes)
-        alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
+        alerts += self.guard.contradict(frame.step, frame.ts)  # a step after an end
         alerts += self._release_health(frame.ts, tick=False)
         alerts += self.suite.process_step(frame)
         alerts += self._tick_suite(frame.ts)
@@ -314,7 +322,8 @@ class JobDetection:
 
     def on_health(self, msg: NodeHealth) -> list[Alert]:
         """A node's health report: held until the steps or a tick pass its event time
-        (rule 2). Returns what an overflow of the hold released (usually nothing)."""
+        (rule 2). Returns what an overflow of the hold released (usually nothing); the
+        clock check those reports make due runs with the next frame, tick or flush."""
         if msg.job_id is not None:
             self._check_job(msg.job_id)
         if self.now is not None and isinstance(self.suite, DetectorSuite):
@@ -456,12 +465,13 @@ class JobDetection:
         confirmed (they were sent before it)."""
         out = self._frames(self.assembler.expire(now), Detected(alerts=self._take_notes()))
         if self.now is not None and now <= self.now:
+            out.alerts += self._stamp(self._check_clock())  # one an overflow made due
             return out
         alerts = self._release_health(now, tick=True)
-        if self.now is None or now > self.now:  # not ticked there by a report already
-            if self.guard.ending is None:  # a pending end holds the clock
-                alerts += self._tick_suite(now)
+        if self.now is None or now > self.now:  # reports moved it no further than now
             self._advance(now)
+            self._clock_due = now
+        alerts += self._check_clock()  # a pending end holds the clock
         out.alerts += self._stamp(alerts)
         end = self.guard.due(now)
         if end is not None:
@@ -503,6 +513,7 @@ class JobDetection:
         for frame in self.assembler.flush():
             alerts += self.on_frame(frame)
         alerts += self._release_health(float("inf"), tick=True)
+        alerts += self._check_clock()
         end, self.guard.ending = self.guard.ending, None
         return self._stamp(alerts + (self._end(end) if end is not None else []))
 
@@ -639,6 +650,11 @@ class JobDetection:
         return alerts
 
     def _health(self, hts: float, msg: NodeHealth, *, tick: bool) -> list[Alert]:
+        """One report: its node's presence and signals only (O(1) in the job's size).
+        Released by a tick (``tick``), it moves the clock to its own time, and the
+        job-wide clock check it makes due runs once, after the batch it came in
+        (:meth:`_check_clock`), not once per report: a round of health on a job of N
+        nodes cost N presence sweeps over N nodes (issue 40)."""
         if msg.node in self.guard.members:
             alerts = self.suite.process_health(msg)
         else:  # rule 7: not judged for the job, so never a reason to isolate the node
@@ -648,10 +664,18 @@ class JobDetection:
         # otherwise checked the job for a hang 290 s after its last step
         at = self.clock_at(hts)
         if tick and (self.now is None or at >= self.now):
-            if self.guard.ending is None:
-                alerts += self._tick_suite(at)
             self._advance(at)
+            self._clock_due = at
         return alerts
+
+    def _check_clock(self) -> list[Alert]:
+        """The clock check that reports released by a tick made due, once, at the
+        newest time they moved the clock to (none while a pending end holds it)."""
+        at: float | None = self.__dict__.get("_clock_due")  # a state from before: none
+        self._clock_due = None
+        if at is None or self.guard.ending is not None:
+            return []
+        return self._tick_suite(at)
 
     def _end(self, end: PendingEnd) -> list[Alert]:
         """A pending end confirmed: every open episode resolves."""
