@@ -18,12 +18,12 @@ messages). The core restores one order, on event time:
    reported it, or forced out once the job has gone ``lag_steps`` steps and ``lag_s``
    seconds of event time past it; a step number seen again
    with a newer event time is a relaunch).
-2. **Health waits for the steps to pass it.** A health report is held until a frame
-   ends at or after its event time, and is then processed just before that frame;
-   or until a :meth:`~JobDetection.tick` reaches its event time (the job is stalled:
-   the report is processed and the clock checked at the report's own time, as far as
-   the job's frames support it, :meth:`~JobDetection.clock_at`). A report
-   therefore cannot make a job look hung while its steps are still in flight. When
+2. **Health waits for the steps to pass it.** A report is held until a frame ends at or
+   after its event time (processed just before it) or a tick reaches it (the job is
+   stalled: it moves the clock to its time, as far as :meth:`~JobDetection.clock_at`
+   lets), so it cannot make a job look hung while its steps are in flight. It updates
+   its node's presence and signals; the clock check runs once for the reports a call
+   releases (an overflow of the hold: at the next call), not once per report. When
    it *arrived* (the core's event time then) is noted at once
    (:meth:`~detectors.hang.presence.HealthPresence.arrived`): a node is silent only while
    its own reports stop, and a backlog arriving late is not silence.
@@ -202,8 +202,9 @@ class JobDetection:
     (the worker stores it in its changelog).
     """
 
-    #: class default: state written before the setting existed reads it from here
+    #: class defaults: state written before the setting existed reads them from here
     max_result_age_s: float = 600.0
+    _clock_due: float | None = None  #: a clock check owed at this time (rule 2)
 
     def __init__(
         self,
@@ -303,8 +304,8 @@ class JobDetection:
             self._step_stride = frame.step - prev
         self._prev_step = frame.step
         self.guard.learn(frame.nodes)
-        self._saw_nodes(frame.nodes)
-        alerts = self.guard.contradict(frame.step, frame.ts)  # a step after an end
+        self._saw_nodes(frame.nodes)  # the check owed, then a step after an end:
+        alerts = self._check_clock() + self.guard.contradict(frame.step, frame.ts)
         alerts += self._release_health(frame.ts, tick=False)
         alerts += self.suite.process_step(frame)
         alerts += self._tick_suite(frame.ts)
@@ -473,13 +474,12 @@ class JobDetection:
         confirmed (they were sent before it)."""
         out = self._frames(self.assembler.expire(now), Detected(alerts=self._take_notes()))
         if self.now is not None and now <= self.now:
+            out.alerts += self._stamp(self._check_clock())  # one an overflow made due
             return out
         alerts = self._release_health(now, tick=True)
-        if self.now is None or now > self.now:  # not ticked there by a report already
-            if self.guard.ending is None:  # a pending end holds the clock
-                alerts += self._tick_suite(now)
-            self._advance(now)
-        out.alerts += self._stamp(alerts)
+        if self.now is None or now > self.now:  # reports moved it no further than now
+            self.now = self._clock_due = now
+        out.alerts += self._stamp(alerts + self._check_clock())
         end = self.guard.due(now)
         if end is not None:
             self._frames(self.assembler.flush(), out)  # sent before the end
@@ -516,10 +516,8 @@ class JobDetection:
     def flush(self) -> list[Alert]:
         """End of input: every buffered step, then every held report, then a pending
         end (nothing can contradict it any more)."""
-        alerts: list[Alert] = []
-        for frame in self.assembler.flush():
-            alerts += self.on_frame(frame)
-        alerts += self._release_health(float("inf"), tick=True)
+        alerts = [a for frame in self.assembler.flush() for a in self.on_frame(frame)]
+        alerts += self._release_health(float("inf"), tick=True) + self._check_clock()
         end, self.guard.ending = self.guard.ending, None
         return self._stamp(alerts + (self._end(end) if end is not None else []))
 
@@ -660,15 +658,17 @@ class JobDetection:
             alerts = self.suite.process_health(msg)
         else:  # rule 7: not judged for the job, so never a reason to isolate the node
             alerts = self.guard.outsider(msg, max(self.last_step, 0))
-        # a report moves the clock no further than the job's frames support (rule 4):
-        # one dated +290 s, released at the end of input or by an overflow of the hold,
-        # otherwise checked the job for a hang 290 s after its last step
+        # its node's presence and signals only (O(1) in the job's size); it moves the clock
+        # no further than the frames support (rule 4: one dated +290 s otherwise checked
+        # the job for a hang 290 s after its last step) and owes one check for its batch
         at = self.clock_at(hts)
         if tick and (self.now is None or at >= self.now):
-            if self.guard.ending is None:
-                alerts += self._tick_suite(at)
-            self._advance(at)
+            self.now = self._clock_due = at  # one clock check owed for the batch
         return alerts
+
+    def _check_clock(self) -> list[Alert]:  # owed at the newest time reports moved it to
+        at, self._clock_due = self._clock_due, None  # a pending end holds the clock:
+        return [] if at is None or self.guard.ending is not None else self._tick_suite(at)
 
     def _end(self, end: PendingEnd) -> list[Alert]:
         """A pending end confirmed: every open episode resolves."""
