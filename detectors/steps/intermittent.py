@@ -303,10 +303,12 @@ def intermittent_findings(
     """
     score = det.score(slots)
     # steady pulses at a period too long for the window: named at WARNING whatever the
-    # period (the cost they show, if higher)
+    # period (the cost they show, if higher); a shorter period is the window's to judge
+    # by its cost (a mild rank's slow steps can fall a few steps apart by chance)
     period = det.periods(slots)
     pulsed = det.pulse_excess(slots) / np.maximum(period, 1.0)
-    pulsed = np.where(period > 0, np.maximum(pulsed, config.intermittent_warning), 0.0)
+    too_rare = period >= det.window / det.min_slow
+    pulsed = np.where(too_rare, np.maximum(pulsed, config.intermittent_warning), 0.0)
     score = np.maximum(score, pulsed)
     steady = det.counts(slots) > config.intermittent_max_fraction * det.window
     score = np.where(busy_rows | steady, 0.0, score)
