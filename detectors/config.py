@@ -226,7 +226,7 @@ class DetectorConfig:
     early_min_peers: int = 4
     waits_floor: float = 0.10
     waits_z: float = 4.0
-    waits_step_slow: float = 0.10
+    waits_step_slow: float = 0.05
     waits_warmup: int = 8
     cusum_k: float = 1.0
     cusum_clip: float = 4.0

@@ -54,7 +54,7 @@ Examples
 >>> score = waited_on(frame, slow, own, np.zeros(8, bool), floor=0.1, k=4.0, min_peers=4)
 >>> np.flatnonzero(score).tolist(), round(float(score[3]), 3)
 ([3], 0.154)
->>> bool(waited_on(frame, 0.02, own, np.zeros(8, bool), floor=0.1, k=4.0, min_peers=4).any())
+>>> bool(waited_on(frame, 0.0, own, np.zeros(8, bool), floor=0.1, k=4.0, min_peers=4).any())
 False
 >>> bool(waited_on(frame, slow, own * 0, np.zeros(8, bool), floor=0.1, k=4.0, min_peers=4).any())
 False
@@ -139,8 +139,8 @@ def waited_on(
     frame
         The step.
     step_slow
-        How much slower the step is than the job's baseline (:meth:`StepBaseline.slowdown`);
-        below ``floor`` nobody is named.
+        How much slower the step is than the job's baseline (:meth:`StepBaseline.slowdown`;
+        the caller decides how much is slow): the most any rank is charged with.
     own_deficit
         Each rank's comm-wait deficit beyond its own normal (a fraction of the step:
         minus its peer comm excess less its baseline's): a rank that always waits
@@ -155,7 +155,7 @@ def waited_on(
         Stages with fewer ranks name nobody.
     """
     n = frame.n_ranks
-    if n == 0 or step_slow < floor:
+    if n == 0 or step_slow <= 0:
         return np.zeros(n)
     groups = Groups.of(frame.pp_stage)
     med, mad = groups.median_and_mad(np.stack((frame.comm_wait, frame.compute, frame.step_time)))

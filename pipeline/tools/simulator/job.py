@@ -451,10 +451,9 @@ class SimulatedJob(_NodeHealth):
                 slow = f.slowdown_at(step)
                 if kind == FaultKind.INTERMITTENT and f.every_steps is None:
                     slow = f.magnitude if rng.random() < f.probability else 0.0
-                if f.variant == "hidden":  # contention: slower, its compute clock blind
-                    unseen[idx] += compute[idx] * slow
-                else:
-                    compute[idx] *= 1.0 + slow
+                hidden = f.variant == "hidden"  # contention: its compute clock is blind
+                unseen[idx] += compute[idx] * (slow if hidden else 0.0)
+                compute[idx] *= 1.0 + (0.0 if hidden else slow)
             elif kind == FaultKind.NOISY_NODE and f.variant == "waits":  # by placement
                 skew[self._mask(f)] += f.magnitude
             elif kind == FaultKind.NOISY_NODE:

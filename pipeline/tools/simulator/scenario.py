@@ -116,10 +116,8 @@ class FaultSpec(BaseModel):
     Meaning of ``magnitude`` per kind:
 
     ==================== =====================================================================
-    straggler            fractional compute slowdown (0.2: +20 %); ``variant: hidden``:
-                         the rank is that much slower but its compute clock reads
-                         normal (contention: a CPU hog on its cores), seen only in
-                         the waits (its own comm wait down, its peers' up)
+    straggler            fractional compute slowdown (0.2: +20 %); ``hidden``: slower, its
+                         compute clock normal (a CPU hog on its cores): only waits show it
     degradation          slowdown reached at the end of the ramp (``shape``, ``ramp_steps``)
     thermal              fractional SM-clock loss (compute grows by 1/(1-m) - 1)
     nic_flap             seconds added to a step when the NIC flaps (``probability`` per step)
@@ -173,10 +171,8 @@ class FaultSpec(BaseModel):
                          drains ``magnitude`` nodes per second (0: at once); needs
                          ``health_interval_s`` (:mod:`pipeline.tools.simulator.health_path`)
     noisy_node           trap: the node's compute noise is ``magnitude`` x the job's,
-                         its mean unchanged (noisier, not slower); ``variant:
-                         waits``: its ranks wait ``magnitude`` x the collective less
-                         than their peers, every step, the step no slower (they sit
-                         nearer the reduction's root)
+                         its mean unchanged (noisier, not slower); ``waits``: its ranks
+                         always wait ``magnitude`` x the collective less, the step no slower
     work_imbalance       trap: ranks get unequal work and take proportionally longer
                          (every rank then reports its tokens and FLOPs, see
                          ``Scenario.tokens_per_rank``): ``sequence_length`` (default):

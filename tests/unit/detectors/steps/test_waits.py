@@ -69,9 +69,7 @@ def test_waits_that_differ_while_the_job_keeps_its_pace_name_nobody():
 
 
 def test_a_rank_that_always_waits_less_is_not_blamed_when_the_whole_job_slows():
-    found = warnings(
-        frames(200, skew=dict.fromkeys(range(8, 16), 0.6), job_slow=(100, 160, 0.15))
-    )
+    found = warnings(frames(200, skew=dict.fromkeys(range(8, 16), 0.6), job_slow=(100, 160, 0.15)))
     assert found == []
 
 
