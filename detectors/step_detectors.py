@@ -25,7 +25,7 @@ from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
 from detectors.steps.waits import StepBaseline, waited_on
-from detectors.steps.work import WorkImbalance
+from detectors.steps.work import WorkImbalance, work_factor
 from detectors.training.divergence import DivergenceDetector
 from detectors.training.drift import LossDrift, drift_findings
 
@@ -176,11 +176,14 @@ class WaitedOn(StepDetector):
         t = ctx.temporal
         excluded = ~ctx.train | ~t.warmed
         excluded |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
+        factor = work_factor(frame)  # the clock's own time, not per unit of work
+        clock = frame.compute if factor is None else frame.compute / factor
         score = waited_on(
             frame,
             slow,
             -t.excess[2],  # beyond its own normal (values: slowdown, data, comm excess)
             excluded,
+            compute=clock,
             floor=cfg.waits_floor,
             k=cfg.waits_z,
             min_peers=cfg.early_min_peers,
@@ -195,8 +198,8 @@ class WaitedOn(StepDetector):
             peers = np.isin(stage, stage[idx]) & (score <= 0)
             med = float(np.median(frame.comm_wait[peers])) if peers.any() else 0.0
             own = float(np.median(frame.comm_wait[idx]))
-            c_own = float(np.median(frame.compute[idx]))
-            c_med = float(np.median(frame.compute[peers])) if peers.any() else c_own
+            c_own = float(np.median(clock[idx]))
+            c_med = float(np.median(clock[peers])) if peers.any() else c_own
             return (
                 "comm_wait_deficit",
                 med - own,

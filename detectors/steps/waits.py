@@ -126,6 +126,7 @@ def waited_on(
     own_deficit: F64,
     excluded: B,
     *,
+    compute: F64 | None = None,
     floor: float,
     k: float,
     min_peers: int,
@@ -148,6 +149,10 @@ def waited_on(
     excluded
         Rows never named (not training, baseline still warming, waiting on their
         data loader).
+    compute
+        The time each rank's clock measured, where ``frame.compute`` was rescaled to
+        the step's median work (:func:`detectors.steps.work.per_work`): a rank given
+        more tokens waits less for what it did, which its clock explains.
     floor, k
         The unexplained comm-wait deficit must reach this fraction of the step and
         this many robust sigmas of the peers' comm wait.
@@ -158,10 +163,11 @@ def waited_on(
     if n == 0 or step_slow <= 0:
         return np.zeros(n)
     groups = Groups.of(frame.pp_stage)
-    med, mad = groups.median_and_mad(np.stack((frame.comm_wait, frame.compute, frame.step_time)))
+    clock = frame.compute if compute is None else compute
+    med, mad = groups.median_and_mad(np.stack((frame.comm_wait, clock, frame.step_time)))
     inv = groups.inverse
     step = np.maximum(med[2], med[1] + med[0])[inv]
-    explained = np.maximum(frame.compute - med[1][inv], 0.0)
+    explained = np.maximum(clock - med[1][inv], 0.0)
     unexplained = med[0][inv] - frame.comm_wait - explained
     sigma = np.maximum(MAD_TO_SIGMA * mad[0][inv], _SIGMA_FLOOR_REL * step)
     sigma = np.maximum(sigma, 1e-9)

@@ -87,3 +87,28 @@ def test_a_compute_straggler_keeps_one_episode_with_its_compute_evidence():
     subjects = {(a.node, a.rank) for a in found if a.grade >= Grade.WARNING}
     assert subjects == {("node-2", 21)}
     assert {a.evidence.metric for a in found if a.rank == 21} == {"compute_s"}
+
+
+def test_ranks_given_more_work_are_not_blamed_for_waiting_less():
+    """Compute is compared per unit of work; what a rank's clock measured for its extra
+    tokens explains why it waits less (a hot MoE rank is not a hidden straggler)."""
+    rng = np.random.default_rng(5)
+    suite, found = DetectorSuite("job"), []
+    for step in range(140):
+        if step % 25 == 0:  # the hot ranks move; rank 21 stays hot, its slowing slows the step
+            hot = np.append(rng.choice(np.delete(np.arange(N), 21), 4, replace=False), 21)
+        tokens = np.full(N, 4096.0)
+        tokens[hot] *= 1.4
+        compute = COMPUTE * tokens / 4096.0 * (1.0 + 0.015 * rng.standard_normal(N))
+        if step >= 60:
+            compute[21] *= 1.1  # the step slows: a real straggler, named by its compute
+        step_time = float(compute.max()) + COLLECTIVE
+        f = StepFrame.from_arrays(
+            "job", step, 10.0 + step, compute, step_time - compute, tokens=tokens
+        )
+        found += [
+            a
+            for a in suite.process_step(f)
+            if a.state.value == "firing" and a.kind is AlertKind.STRAGGLER
+        ]
+    assert {(a.rank, a.evidence.metric) for a in found} == {(21, "compute_s")}, found
