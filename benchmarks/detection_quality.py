@@ -130,6 +130,11 @@ QUICK = (
     "hang_saves_growing_64n",
     # issue 44: an intermittent straggler at a period longer than the 48-step window
     "intermittent_every15_60pct_64n",
+    # issue 44: contention only the waits show (a rank, a node in a pipeline), and a
+    # node that always waits less while the whole job slows for another reason
+    "straggler_hidden_20pct_64n",
+    "straggler_hidden_node_15pct_128n_pp2",
+    "trap_waits_skew_64n",
 )
 
 # Targets.

@@ -108,6 +108,13 @@ class DetectorConfig:
                                     its step's peers, not waiting, is a straggler from
                                     the first step (:mod:`detectors.steps.early`)
     ``early_min_peers``             ... among at least this many peers
+    ``waits_floor`` / ``waits_z``   a rank its stage peers wait on: their comm wait
+                                    above its own, less what its compute clock
+                                    explains, by this fraction of the step *and* this
+                                    many robust sigmas (:mod:`detectors.steps.waits`)
+    ``waits_step_slow``             ... only while the step is this much (fraction)
+                                    slower than the job's own recent steps
+    ``waits_warmup``                ... learned from at least this many steps
     ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
     ``degradation_z``               smoothed-excess z that marks a creep (or, above
                                     ``straggler_warning``, a noisy straggler) ...
@@ -217,6 +224,10 @@ class DetectorConfig:
     early_floor: float = 0.30
     early_z: float = 5.0
     early_min_peers: int = 4
+    waits_floor: float = 0.10
+    waits_z: float = 4.0
+    waits_step_slow: float = 0.05
+    waits_warmup: int = 8
     cusum_k: float = 1.0
     cusum_clip: float = 4.0
     degradation_z: float = 5.0
@@ -284,6 +295,7 @@ class DetectorConfig:
             "data_stall_hold_steps",
             "fatal_latch_reports",
             "early_min_peers",
+            "waits_warmup",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")

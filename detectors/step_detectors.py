@@ -24,7 +24,8 @@ from detectors.steps.findings import loss_findings, loss_values
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
-from detectors.steps.work import WorkImbalance
+from detectors.steps.waits import StepBaseline, waited_on
+from detectors.steps.work import WorkImbalance, work_factor
 from detectors.training.divergence import DivergenceDetector
 from detectors.training.drift import LossDrift, drift_findings
 
@@ -36,6 +37,7 @@ __all__ = [
     "LossDriftStep",
     "NicFlap",
     "Slowdown",
+    "WaitedOn",
     "step_detectors",
 ]
 
@@ -45,6 +47,7 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
     return [
         Slowdown(),
         EarlyPeer(),
+        WaitedOn(StepBaseline(cfg.waits_warmup)),
         Intermittent(
             IntermittentSlowdown(
                 cfg.intermittent_window,
@@ -146,6 +149,93 @@ class EarlyPeer(StepDetector):
         )
         taken = {(f.signal, f.node, f.rank) for f in s.train_findings}
         return [f for f in found if (f.signal, f.node, f.rank) not in taken]
+
+
+class WaitedOn(StepDetector):
+    """The rank its stage peers wait on while the step is slow (:mod:`detectors.steps.waits`),
+    graded as a straggler; learns the job's own step time.
+
+    A node the compute rules already found this step keeps their finding (one episode,
+    the compute evidence)."""
+
+    __slots__ = ("base",)
+    name = "waited_on"
+
+    def __init__(self, base: StepBaseline) -> None:
+        self.base = base
+
+    def _step_time(self, ctx: StepContext) -> float:
+        st = ctx.frame.step_time[ctx.train]
+        return float(np.median(st)) if st.shape[0] else float("nan")
+
+    def findings(self, ctx: StepContext) -> list[Finding]:
+        cfg, peer, frame = ctx.config, ctx.peer, ctx.frame
+        slow = self.base.slowdown(self._step_time(ctx), k=4.0)
+        if slow < cfg.waits_step_slow:
+            return []
+        t = ctx.temporal
+        excluded = ~ctx.train | ~t.warmed
+        excluded |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
+        factor = work_factor(frame)  # the clock's own time, not per unit of work
+        clock = frame.compute if factor is None else frame.compute / factor
+        score = waited_on(
+            frame,
+            slow,
+            -t.excess[2],  # beyond its own normal (values: slowdown, data, comm excess)
+            excluded,
+            compute=clock,
+            floor=cfg.waits_floor,
+            k=cfg.waits_z,
+            min_peers=cfg.early_min_peers,
+        )
+        if not score.any():
+            return []
+        stage = frame.pp_stage
+
+        def describe(
+            idx: I64, sc: float, signal: str
+        ) -> tuple[str, float, float, float | None, float | None, float | None, str]:
+            peers = np.isin(stage, stage[idx]) & (score <= 0)
+            med = float(np.median(frame.comm_wait[peers])) if peers.any() else 0.0
+            own = float(np.median(frame.comm_wait[idx]))
+            c_own = float(np.median(clock[idx]))
+            c_med = float(np.median(clock[peers])) if peers.any() else c_own
+            return (
+                "comm_wait_deficit",
+                med - own,
+                sc,
+                med,
+                None,
+                None,
+                f"peers wait {med * 1e3:.0f} ms on it in the collectives vs its own "
+                f"{own * 1e3:.0f} ms ({sc:.1%} of the step unexplained by its compute "
+                f"{c_own:.3f}s vs peers {c_med:.3f}s); the step is {slow:+.1%} over the "
+                f"job's recent steps: look for contention its compute clock cannot see "
+                f"(a CPU hog on its cores, a throttled host thread, a slow NIC queue)",
+            )
+
+        found = rank_or_node_findings(
+            "straggler",
+            score,
+            ctx.floor("straggler"),
+            frame,
+            ctx.rank_node,
+            np.bincount(ctx.rank_node, minlength=len(ctx.node_names)),
+            cfg.node_fraction,
+            describe,
+            ctx.node_names,
+            ctx.open_nodes("straggler"),
+        )
+        named = {f.node for f in ctx.scores.train_findings if f.signal in _COMPUTE_SIGNALS}
+        return [f for f in found if f.node not in named]
+
+    def learn(self, ctx: StepContext) -> None:
+        st = self._step_time(ctx)
+        self.base.learn(st, slow=self.base.slowdown(st, k=4.0) >= ctx.config.waits_step_slow)
+
+
+#: What the compute rules name: a node they found this step is not named again by waits.
+_COMPUTE_SIGNALS = frozenset({"straggler", "degradation", "data_stall", "intermittent"})
 
 
 class Intermittent(StepDetector):

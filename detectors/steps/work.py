@@ -44,7 +44,7 @@ from detectors.base import Finding
 from detectors.frame import StepFrame
 from detectors.steps.imbalance import MAX_STAGES
 
-__all__ = ["MAX_FACTOR", "WorkImbalance", "per_work", "work_of"]
+__all__ = ["MAX_FACTOR", "WorkImbalance", "per_work", "work_factor", "work_of"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -73,17 +73,25 @@ def work_of(frame: StepFrame) -> tuple[str, F64] | None:
 def per_work(frame: StepFrame) -> StepFrame:
     """``frame`` with each rank's compute at the step's median work (module docstring);
     the frame itself when no rank said its work."""
+    factor = work_factor(frame)
+    return frame if factor is None else dataclasses.replace(frame, compute=frame.compute * factor)
+
+
+def work_factor(frame: StepFrame) -> F64 | None:
+    """What :func:`per_work` multiplies each rank's compute by (None: nothing); the
+    same of its result, whose work columns are the step's own (dividing by it gives
+    back the time each rank's clock measured)."""
     got = work_of(frame)
     if got is None:
-        return frame
+        return None
     work = got[1]
     said = np.isfinite(work) & (work > 0)
     if not bool(said.any()):
-        return frame
+        return None
     typical = float(median(work[said]))
     factor = np.ones(frame.n_ranks)
     factor[said] = np.clip(typical / work[said], 1.0 / MAX_FACTOR, MAX_FACTOR)
-    return dataclasses.replace(frame, compute=frame.compute * factor)
+    return factor
 
 
 class WorkImbalance:

@@ -9,6 +9,9 @@ straggler; 12, about +70 % compute: four ranks time-sliced on two busy cores mea
 each rank's compute with a spread near 15 %, and 6 matrices, +35 %, was named 2 to
 25 steps after its onset, as often past the tests' ten as not);
 ``--stall-rank R --stall-from K`` makes its data loader wait ``--stall-s`` per batch.
+``--hog-rank R --hog-from K`` pins rank R to one CPU and, from step K, a busy-looping
+process to the same CPU (a noisy neighbour: R's thread computes no more, it gets less
+of its core, so only the waits show it).
 ``--plain`` runs the same loop without the integration (the benchmark's baseline).
 Each rank writes its figures to ``--out/rank-R.json``.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +67,8 @@ def main() -> None:
     p.add_argument("--stall-rank", type=int, default=-1)
     p.add_argument("--stall-from", type=int, default=0)
     p.add_argument("--stall-s", type=float, default=0.2)
+    p.add_argument("--hog-rank", type=int, default=-1)
+    p.add_argument("--hog-from", type=int, default=0)
     p.add_argument("--plain", action="store_true")
     p.add_argument("--no-hook", action="store_true", help="watch() without the comm hook")
     p.add_argument("--no-commands", action="store_true", help="watch(commands=False)")
@@ -100,7 +107,19 @@ def main() -> None:
     extra_a = torch.randn(args.batch, HIDDEN)
     extra_b = torch.randn(HIDDEN, HIDDEN)
 
+    hog: subprocess.Popen[bytes] | None = None
+    cpu = max(os.sched_getaffinity(0))
+    if rank == args.hog_rank:
+        os.sched_setaffinity(0, {cpu})
+
     def train(step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nonlocal hog
+        if rank == args.hog_rank and step >= args.hog_from and hog is None:
+            spin = (  # busy until killed, or until this rank is gone (never outlives it)
+                f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nparent = os.getppid()\n"
+                "while os.getppid() == parent:\n    for _ in range(100000): pass"
+            )
+            hog = subprocess.Popen([sys.executable, "-c", spin])  # no shell: argv only
         if rank == args.slow_rank and step >= args.slow_from:
             for _ in range(args.slow_matmuls):  # real extra work on this rank
                 extra_a.copy_(torch.tanh(extra_a @ extra_b))
@@ -142,7 +161,10 @@ def main() -> None:
                 warmup_s, t0 = time.perf_counter() - t0, time.perf_counter()
                 cpu0, main0 = time.process_time(), time.thread_time()
     wall = time.perf_counter() - t0
-    cpu = {"cpu_process_s": time.process_time() - cpu0, "cpu_main_s": time.thread_time() - main0}
+    if hog is not None:
+        hog.kill()
+        hog.wait()
+    cpu_s = {"cpu_process_s": time.process_time() - cpu0, "cpu_main_s": time.thread_time() - main0}
     figures: dict[str, object] = {}
     if guard is not None:
         stats = guard.close()
@@ -151,7 +173,7 @@ def main() -> None:
                    "node": guard.topology.node, "run": guard.topology.run,
                    "stopped": guard.stopped is not None}  # fmt: skip
     doc = {"rank": rank, "start": start, "steps": done, "wall_s": wall, "warmup_s": warmup_s,
-           "timed_steps": done - min(done, args.warmup), **figures, **cpu,
+           "timed_steps": done - min(done, args.warmup), **figures, **cpu_s,
            "attempt": os.environ.get("STEPGUARD_ATTEMPT", "")}  # fmt: skip
     (args.out / f"rank-{rank}-a{doc['attempt'] or 0}.json").write_text(json.dumps(doc))
     dist.destroy_process_group()

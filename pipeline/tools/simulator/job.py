@@ -432,6 +432,7 @@ class SimulatedJob(_NodeHealth):
             if hit.size:
                 compute[hit] *= 1.0 + rng.uniform(0.1, 0.3, hit.size)
 
+        unseen, skew = np.zeros(n), np.zeros(n)  # busy unseen by compute; waits less
         for f in s.faults:
             if not f.active(step):
                 continue
@@ -450,7 +451,11 @@ class SimulatedJob(_NodeHealth):
                 slow = f.slowdown_at(step)
                 if kind == FaultKind.INTERMITTENT and f.every_steps is None:
                     slow = f.magnitude if rng.random() < f.probability else 0.0
-                compute[idx] *= 1.0 + slow
+                hidden = f.variant == "hidden"  # contention: its compute clock is blind
+                unseen[idx] += compute[idx] * (slow if hidden else 0.0)
+                compute[idx] *= 1.0 + (0.0 if hidden else slow)
+            elif kind == FaultKind.NOISY_NODE and f.variant == "waits":  # by placement
+                skew[self._mask(f)] += f.magnitude
             elif kind == FaultKind.NOISY_NODE:
                 idx = self._mask(f)
                 extra_sd = s.compute_noise * max(0.0, f.magnitude - 1.0)
@@ -493,9 +498,9 @@ class SimulatedJob(_NodeHealth):
                 compute[self.slot == self._slot_of[self._hang_node]] += stall_s
             else:
                 collective += stall_s
-        busy = compute + data
+        busy = compute + data + unseen
         step_time = float(busy.max()) + collective + extra
-        comm = step_time - busy
+        comm = step_time - busy - np.minimum(skew, 1.0) * collective
         loss, grad = self._loss(step, rng)
 
         start = self._hang_start if stall_s else self.ts

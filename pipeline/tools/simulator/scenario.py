@@ -88,6 +88,8 @@ _VARIANTS: dict[FaultKind, tuple[str | None, ...]] = {
     FaultKind.ECC_STORM: (None, "subsiding"),
     FaultKind.WORK_IMBALANCE: (None, "sequence_length", "moe", "stage"),
     FaultKind.DATA_STALL: (None, "bursts"),
+    FaultKind.STRAGGLER: (None, "compute", "hidden"),
+    FaultKind.NOISY_NODE: (None, "compute", "waits"),
 }
 
 
@@ -114,7 +116,8 @@ class FaultSpec(BaseModel):
     Meaning of ``magnitude`` per kind:
 
     ==================== =====================================================================
-    straggler            fractional compute slowdown (0.2: +20 %)
+    straggler            fractional compute slowdown (0.2: +20 %); ``hidden``: slower, its
+                         compute clock normal (a CPU hog on its cores): only waits show it
     degradation          slowdown reached at the end of the ramp (``shape``, ``ramp_steps``)
     thermal              fractional SM-clock loss (compute grows by 1/(1-m) - 1)
     nic_flap             seconds added to a step when the NIC flaps (``probability`` per step)
@@ -168,7 +171,8 @@ class FaultSpec(BaseModel):
                          drains ``magnitude`` nodes per second (0: at once); needs
                          ``health_interval_s`` (:mod:`pipeline.tools.simulator.health_path`)
     noisy_node           trap: the node's compute noise is ``magnitude`` x the job's,
-                         its mean unchanged (noisier, not slower)
+                         its mean unchanged (noisier, not slower); ``waits``: its ranks
+                         always wait ``magnitude`` x the collective less, the step no slower
     work_imbalance       trap: ranks get unequal work and take proportionally longer
                          (every rank then reports its tokens and FLOPs, see
                          ``Scenario.tokens_per_rank``): ``sequence_length`` (default):
