@@ -326,3 +326,17 @@ def command_st(draw: st.DrawFn) -> Command:
 
 
 ANY_MESSAGE = st.one_of(step_telemetry_st(), alert_st(), dead_letter_st(), command_st())
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of every sample of metric ``name`` in a Prometheus text exposition:
+    exactly that metric (``stepguard_worker_jobs`` is not ``..._jobs_by_state``), every
+    label set, or only the series ``name`` spells out with its labels."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        if series == name or series.split("{", 1)[0] == name:
+            total += float(value)
+    return total

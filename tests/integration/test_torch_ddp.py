@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IN_CI
+from tests.factories import metric_sum
 from tests.integration.pytorch_page import job_step
 
 try:
@@ -130,11 +131,7 @@ class Stack:
                 text = r.read().decode()
         except OSError:
             return 0.0
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and not line.startswith("#")
-        )
+        return metric_sum(text, name)
 
     def tail(self) -> str:
         logs = ""

@@ -56,6 +56,7 @@ from tests.factories import (
     job_controller_key,
     job_controller_settings,
     key_env,
+    metric_sum,
     signed_headers,
     telemetry_settings,
 )
@@ -107,11 +108,7 @@ class Worker:
                 text = r.read().decode()
         except OSError:
             return 0.0
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and not line.startswith("#")
-        )
+        return metric_sum(text, name)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
