@@ -44,14 +44,15 @@ class Clock:
         return self.now
 
 
-def step_msg(step: int, node: int, job: str = "j") -> bytes:
+def step_msg(step: int, node: int, job: str = "j", t0: datetime = T0) -> bytes:
+    """Node ``node``'s telemetry of ``step`` in a run that started at ``t0``."""
     samples = tuple(
         RankSample(rank=node * 8 + g, local_rank=g, step_time_s=STEP_S,
                    compute_s=1.0 + 0.001 * ((node * 8 + g + step) % 5),
                    comm_wait_s=0.2, data_wait_s=0.01)
         for g in range(8)
     )  # fmt: skip
-    ts = T0 + timedelta(seconds=STEP_S * step)
+    ts = t0 + timedelta(seconds=STEP_S * step)
     return encode(
         StepTelemetry(
             job_id=job,
@@ -77,12 +78,13 @@ def worker(clock: Clock | None = None, **kw: object) -> WorkerDetection:
     return WorkerDetection(TOPICS, 8, **(args | kw))  # type: ignore[arg-type]
 
 
-def feed(core: WorkerDetection, steps: range, offset: int = 0) -> list:
-    """Every node's telemetry of ``steps``; the alerts it raised."""
+def feed(core: WorkerDetection, steps: range, offset: int = 0, t0: datetime = T0) -> list:
+    """Every node's telemetry of ``steps`` of a run that started at ``t0``; the alerts
+    it raised."""
     alerts = []
     for s in steps:
         for n in range(8):
-            alerts += core.handle_step(0, offset, b"j", step_msg(s, n), token=offset).alerts
+            alerts += core.handle_step(0, offset, b"j", step_msg(s, n, t0=t0), token=offset).alerts
             offset += 1
     return alerts
 

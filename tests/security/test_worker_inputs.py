@@ -176,7 +176,8 @@ def test_a_replayed_result_does_not_keep_a_hung_job_relaunching():
     genuine = encode(result(key=JOB_J_KEY))
     first = core.route_result(0, 2, b"j", genuine)
     core.handle_job_record(first.partition, 2, b"j", first.value, "result", token="r")
-    feed(core, range(0, 30), offset=5000)  # the relaunched run makes progress, then hangs
+    # the relaunched run (its steps dated after the old run's) makes progress, then hangs
+    feed(core, range(0, 30), offset=5000, t0=T0 + timedelta(seconds=STEP_S * 40))
     hangs = []
     for i in range(40):  # the silence, with the genuine result replayed all along
         clock.now += 2.0
