@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from detectors.grading.grader import GradePolicy
-from detectors.hardware.health import FATAL_XIDS
+from detectors.episodes import GradePolicy
+from detectors.signals import FATAL_XIDS
 from schemas.alerts import AlertKind, RecommendedAction
 
 __all__ = ["DetectorConfig", "grade_policies"]

@@ -36,8 +36,8 @@ The suite coordinates; each concern lives in its own module:
 :mod:`detectors.steps.ranks`      dense rank slots: per-rank state is sized by ranks, not ids
 :mod:`detectors.registry`   node ids, the rank -> node map, nodes removed at a relaunch
 :mod:`detectors.steps.slowdown`   straggler, degradation and data-stall findings of a step
-:mod:`detectors.hardware.nic_flap`   NIC-flap findings and their window of spikes
-:mod:`detectors.steps.findings`   missing-rank, non-finite and diverging-loss findings
+:mod:`detectors.steps.nic_flap`   NIC-flap findings and their window of spikes
+:mod:`detectors.findings`   missing-rank, non-finite and diverging-loss findings
 :mod:`detectors.steps.intermittent` intermittent stragglers: how often a rank is clearly slow
 :mod:`detectors.steps.imbalance`    a pipeline stage slower as a whole: INFO, rebalance
 :mod:`detectors.steps.group`        nodes that began to slow together: one group finding
@@ -55,6 +55,7 @@ import numpy.typing as npt
 
 from detectors.base import Finding
 from detectors.config import DetectorConfig
+from detectors.findings import missing_findings, nonfinite_findings
 from detectors.frame import PHASE_CODES, StepFrame
 from detectors.grading.grader import Grader
 from detectors.hang.detector import HangDetector, HealthPresence, MissingRanks
@@ -63,7 +64,6 @@ from detectors.protocol import StepContext, StepDetector, StepScores
 from detectors.registry import NodeRegistry
 from detectors.signals import TRAIN_SIGNALS
 from detectors.step_detectors import step_detectors
-from detectors.steps.findings import missing_findings, nonfinite_findings
 from detectors.steps.first_step import anchor_first_step_outliers
 from detectors.steps.group import GroupFaults
 from detectors.steps.peer import PeerDetector

@@ -17,12 +17,12 @@ import numpy as np
 
 from detectors.base import Finding
 from detectors.config import DetectorConfig
-from detectors.hardware.nic_flap import NicWindow, nic_flap_findings
+from detectors.findings import loss_findings, loss_values
 from detectors.protocol import I64, StepContext, StepDetector
 from detectors.steps.early import early_outliers
-from detectors.steps.findings import loss_findings, loss_values
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
+from detectors.steps.nic_flap import NicWindow, nic_flap_findings
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
 from detectors.steps.waits import StepBaseline, waited_on
 from detectors.steps.work import WorkImbalance, work_factor
@@ -276,7 +276,7 @@ class Intermittent(StepDetector):
 
 
 class NicFlap(StepDetector):
-    """NIC flapping (:mod:`detectors.hardware.nic_flap`); leaves the step's spikes in
+    """NIC flapping (:mod:`detectors.steps.nic_flap`); leaves the step's spikes in
     ``scores.spikes`` for its window."""
 
     __slots__ = ("window",)

@@ -1,7 +1,7 @@
 """Grading: findings -> info / warning / critical :class:`schemas.Alert` updates.
 
 :class:`Grader` keeps one episode state per subject (signal, node, rank), advances it
-with the pure state machine of :mod:`detectors.grading.episodes` (enter and exit thresholds,
+with the pure state machine of :mod:`detectors.episodes` (enter and exit thresholds,
 minimum durations, flap suppression) on every observation, and turns its transitions
 into alert updates: one on a new episode, an escalation, a re-open or a resolve, never
 on every step. :meth:`Grader.close` resolves open episodes at once (the job ended, or
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from detectors.base import Finding, SubjectKey
-from detectors.grading.episodes import GRADES, EpisodeState, GradePolicy, Transition, advance
+from detectors.episodes import GRADES, EpisodeState, GradePolicy, Transition, advance
 from schemas.alerts import (
     Alert,
     AlertKind,

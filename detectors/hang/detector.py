@@ -3,7 +3,7 @@
 :class:`HangDetector`: a job that completes no step within ``factor`` times its
 median step time is hung, unless a long step it learned to expect (a periodic
 checkpoint or eval) or a phase the job announced is due: then the silence is measured
-against that step's own duration (:mod:`detectors.steps.long_steps`). Measured on event
+against that step's own duration (:mod:`detectors.hang.long_steps`). Measured on event
 time: :meth:`HangDetector.score` takes ``now`` (the worker calls it from
 ``tick(now)`` when no data arrives).
 
@@ -29,8 +29,8 @@ import numpy as np
 
 from detectors._stats import median
 from detectors.base import check_positive
+from detectors.hang.long_steps import TREND_RUNS, AnnouncedPhases, PeriodicLongSteps
 from detectors.hang.presence import HealthPresence, MissingRanks
-from detectors.steps.long_steps import TREND_RUNS, AnnouncedPhases, PeriodicLongSteps
 
 __all__ = ["HangDetector", "HealthPresence", "MissingRanks"]
 
@@ -50,7 +50,7 @@ class HangDetector:
       ``g`` steps later; a period is confirmed when it comes and dropped when due
       steps pass without one. Its *typical duration* is what the trend of its last
       eight long steps says the next takes, at least their longest
-      (:class:`~detectors.steps.long_steps.PeriodicLongSteps`).
+      (:class:`~detectors.hang.long_steps.PeriodicLongSteps`).
     - **Announced phases** (:meth:`announce`): the exporter says a long phase starts
       (``"checkpoint"``, ``"eval"``, ...), perhaps with its expected duration. Its
       expected duration is the larger of the announced one and what the trend of its
@@ -58,7 +58,7 @@ class HangDetector:
       by how they grow); with neither, or one run only (no trend yet), ``phase_steps``
       median step times (at least ``phase_floor_s``). The next
       completed step ends the announcement and records its duration
-      (:class:`~detectors.steps.long_steps.AnnouncedPhases`).
+      (:class:`~detectors.hang.long_steps.AnnouncedPhases`).
 
     - **Waits for input** (:meth:`waiting`): the job's leader says it has been waiting
       for its next batch (the data loader, the storage behind it) since a time, while
@@ -154,7 +154,7 @@ class HangDetector:
     or 20 median step times when longer); the next step ends it and its duration is
     learned. One run is no trend (the next save may take twice as long), so the second
     is still allowed the unknown length; from two runs on, the next may take 1.5 x what
-    their trend says (:func:`~detectors.steps.long_steps.trend_next`):
+    their trend says (:func:`~detectors.hang.long_steps.trend_next`):
 
     >>> ts += 10.0
     >>> h.learn_step(79, ts)

@@ -53,13 +53,11 @@ import numpy.typing as npt
 
 from detectors.base import Finding
 from detectors.hardware.state import NodeState, Prepared
+from detectors.signals import FATAL_XIDS  # defined below the families: the config reads it
 
 __all__ = ["FATAL_XIDS", "fatal_findings", "learn_fatal"]
 
 I64 = npt.NDArray[np.int64]
-
-#: XID codes that are critical at once (see the module docstring).
-FATAL_XIDS: frozenset[int] = frozenset({48, 64, 74, 79, 94, 95, 119, 120})
 
 
 def fatal_findings(

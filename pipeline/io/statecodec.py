@@ -57,7 +57,7 @@ from pydantic import BaseModel
 
 from pipeline.io.errors import StepguardError
 
-__all__ = ["ALLOWED_MODULES", "MAX_DEPTH", "StateFormatError", "dumps", "loads"]
+__all__ = ["ALLOWED_MODULES", "MAX_DEPTH", "MOVED", "StateFormatError", "dumps", "loads"]
 
 MAGIC = b"SGST"
 VERSION = 1
@@ -76,6 +76,18 @@ ALLOWED_MODULES = (
     "pipeline.services.archive.rows",
     "pipeline.services.worker.records",
 )
+#: Classes that moved (the name a state written before the move holds -> where the
+#: class lives now): such a state reads into the class as it is now, as if written
+#: today. Names only, never an import: the new module must be imported already.
+MOVED: dict[str, str] = {
+    # issue 38: the detector families recut by what they watch
+    "detectors.steps.long_steps.PeriodicLongSteps": "detectors.hang.long_steps.PeriodicLongSteps",
+    "detectors.steps.long_steps.AnnouncedPhases": "detectors.hang.long_steps.AnnouncedPhases",
+    "detectors.hardware.nic_flap.NicWindow": "detectors.steps.nic_flap.NicWindow",
+    "detectors.grading.episodes.GradePolicy": "detectors.episodes.GradePolicy",
+    "detectors.grading.episodes.Transition": "detectors.episodes.Transition",
+    "detectors.grading.episodes.EpisodeState": "detectors.episodes.EpisodeState",
+}
 _DTYPE_KINDS = frozenset("biufUS")
 _INT64 = (-(2**63), 2**64 - 1)
 _FACTORIES: dict[str, Any] = {"dict": dict, "list": list, "set": set, "int": int}
@@ -378,7 +390,7 @@ def _name(cls: type) -> str:
 
 
 def _class(name: Any) -> type:
-    cls = _lookup(name) if isinstance(name, str) and len(name) <= 300 else None
+    cls = _lookup(MOVED.get(name, name)) if isinstance(name, str) and len(name) <= 300 else None
     if cls is None:
         raise StateFormatError(f"{name!r} is not a state class (ALLOWED_MODULES)")
     return cls

@@ -54,30 +54,12 @@ WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
     "pipeline/tools/calibrate/command.py::run_calibrate": (14, "the calibrate command's options"),
 }  # fmt: skip
 
-#: (family module, module of another family) -> why the arrow stands. Another helper
-#: is recutting the families (issue 38 item 3): these are the arrows of today.
-SIDEWAYS: dict[tuple[str, str], str] = {
-    ("detectors.hang.detector", "detectors.steps.long_steps"):
-        "the long-step rule is a hang rule filed under steps/",
-    ("detectors.hardware.nic_flap", "detectors.steps.peer"):
-        "the NIC-flap detector is a step detector filed under hardware/",
-    ("detectors.hardware.nic_flap", "detectors.steps.temporal"):
-        "the NIC-flap detector is a step detector filed under hardware/",
-    ("detectors.steps.findings", "detectors.hang.detector"):
-        "the findings gather every family's verdicts from inside steps/",
-    ("detectors.steps.findings", "detectors.training.divergence"):
-        "the findings gather every family's verdicts from inside steps/",
-}  # fmt: skip
+#: (family module, module of another family) -> why the arrow stands: none stands (issue
+#: 38 item 3 recut the families by what they watch; keep it so)
+SIDEWAYS: dict[tuple[str, str], str] = {}
 
-#: (family module, module above the families) -> why the arrow stands
-UPWARD: dict[tuple[str, str], str] = {
-    ("detectors.hardware.nic_flap", "detectors.config"):
-        "reads DetectorConfig, which imports the hardware and grading families",
-    ("detectors.steps.intermittent", "detectors.config"):
-        "reads DetectorConfig, which imports the hardware and grading families",
-    ("detectors.steps.slowdown", "detectors.config"):
-        "reads DetectorConfig, which imports the hardware and grading families",
-}  # fmt: skip
+#: (family module, module above the families) -> why the arrow stands: none stands
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _product_files() -> dict[str, Path]:

@@ -4,7 +4,7 @@ saves (growing, doubling) and its announcement, not a fixed 1.5 x the longest.""
 import pytest
 
 from detectors.hang.detector import HangDetector
-from detectors.steps.long_steps import MAX_GROWTH, trend_next
+from detectors.hang.long_steps import MAX_GROWTH, trend_next
 
 FACTOR = 2.5
 STEP = 1.0

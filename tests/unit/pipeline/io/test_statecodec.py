@@ -183,3 +183,61 @@ def test_loads_is_total_every_malformed_blob_is_a_state_format_error(blob: bytes
     again while the entry stayed. Whatever the blob holds, the answer is one error."""
     with pytest.raises(StateFormatError):
         loads(blob, max_bytes=1 << 20)
+
+
+def _renamed(blob: bytes, names: dict[str, str]) -> bytes:
+    """``blob`` with every class name in ``names`` written as its value (a state as an
+    older stepguard, whose classes lived elsewhere, wrote it)."""
+
+    def walk(node: object) -> object:
+        if isinstance(node, dict):
+            out = {k: walk(v) for k, v in node.items()}
+            if isinstance(out.get("c"), str):
+                out["c"] = names.get(out["c"], out["c"])
+            return out
+        return [walk(v) for v in node] if isinstance(node, list) else node
+
+    header = statecodec._HEADER
+    _, version, flags, _ = header.unpack_from(blob)
+    assert flags == 0
+    body = msgspec.msgpack.encode(walk(msgspec.msgpack.decode(blob[header.size :])))
+    return header.pack(statecodec.MAGIC, version, 0, len(body)) + body
+
+
+def test_a_state_written_before_a_class_moved_reads_into_the_class_where_it_lives_now():
+    """Issue 38 recut the detector families (long steps are a hang rule, NIC flaps a
+    step rule, episodes the vocabulary below the families): a worker's snapshot written
+    by the release before names the old modules, and a worker upgraded under a running
+    job must still resume it, not start the job's baselines over."""
+    from detectors.config import DetectorConfig, grade_policies
+    from detectors.episodes import EpisodeState, Transition
+    from detectors.hang.detector import HangDetector
+    from detectors.hang.long_steps import AnnouncedPhases, PeriodicLongSteps
+    from detectors.steps.nic_flap import NicWindow
+
+    hang = HangDetector(factor=2.5, min_steps=3)
+    for step in range(12):
+        hang.learn_step(step, ts=100.0 + step, ts_start=99.5 + step)
+    value = {"hang": hang, "nic": NicWindow(window=8), "episode": EpisodeState(grade=1),
+             "policies": grade_policies(DetectorConfig()), "edge": Transition.REOPEN}  # fmt: skip
+    now = dumps(value, level=0)
+    moves = [  # (module now, module in the release before issue 38, its classes)
+        ("detectors.hang.long_steps", "detectors.steps.long_steps",
+         ("PeriodicLongSteps", "AnnouncedPhases")),
+        ("detectors.steps.nic_flap", "detectors.hardware.nic_flap", ("NicWindow",)),
+        ("detectors.episodes", "detectors.grading.episodes",
+         ("GradePolicy", "Transition", "EpisodeState")),
+    ]  # fmt: skip
+    before = {f"{new}.{c}": f"{was}.{c}" for new, was, names in moves for c in names}
+    old = _renamed(now, before)
+    assert old != now and b"detectors.steps.long_steps.PeriodicLongSteps" in old
+    assert not any(new.encode() in old for new in before)
+    back = loads(old)
+    assert type(back["hang"]._periods) is PeriodicLongSteps
+    assert type(back["hang"]._phases) is AnnouncedPhases
+    assert type(back["nic"]) is NicWindow and type(back["episode"]) is EpisodeState
+    assert back["edge"] is Transition.REOPEN and back["episode"].grade == 1
+    assert dumps(back, level=0) == now  # as if written today
+    # an old name that was not moved is still refused
+    with pytest.raises(StateFormatError, match="not a state class"):
+        loads(_renamed(now, {"detectors.hang.long_steps.AnnouncedPhases": "detectors.steps.x.A"}))
