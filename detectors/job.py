@@ -64,7 +64,8 @@ messages). The core restores one order, on event time:
    ahead of the job's last step than the assembler's ``max_lag_steps`` strides (it
    would force the job's steps out and shrink its nodes). Each refused node is named in a
    WARNING (``guardrail``, metric ``refused_records``): its problem, not the job's.
-   Ownership starts afresh when the job relaunches (ranks move to new hardware).
+   Ownership starts afresh when the job relaunches (ranks move to new hardware); a
+   node a relaunching command took out holds nothing from then (its result may be late).
 
 Everything kept is bounded: held health and remembered commands (``max_held_health``,
 ``max_commands``: beyond them the oldest report is processed at once, the oldest
@@ -279,13 +280,11 @@ class JobDetection:
                 raise RefusedRecord(why)
         owners = self._rank_owners()
         if not owners.same(msg):
+            suite = self.suite if isinstance(self.suite, DetectorSuite) else None
             try:
-                owners.check(
-                    msg,
-                    self.assembler.reporting(self.job_id),
-                    assembled=self.frames > 0,
-                    declared=msg.node in self.guard.members,
-                )
+                owners.check(msg, self.assembler.reporting(self.job_id), assembled=self.frames > 0,
+                             declared=msg.node in self.guard.members,
+                             left=suite.nodes.removed if suite is not None else frozenset())  # fmt: skip
             except RefusedRecord as exc:
                 self._note(msg, str(exc))
                 raise
@@ -699,13 +698,13 @@ class _RankOwners:
         ranks = self.node_ranks.get(msg.node)
         return ranks is not None and ranks == tuple(s.rank for s in msg.samples)
 
-    def check(
-        self, msg: NodeStep, reporting: frozenset[str], *, assembled: bool, declared: bool
-    ) -> None:
+    def check(self, msg: NodeStep, reporting: frozenset[str], *, assembled: bool,
+              declared: bool, left: frozenset[str] = frozenset()) -> None:  # fmt: skip
         """Refuse ``msg`` if it carries a rank another node holds and still reports (in
         the job's latest step, or before any step was assembled), or, from a node the
         job has not declared, a rank far beyond the job's once a step was assembled.
-        A rank's node is its sample's (a rack's message names each), else the sender."""
+        A rank's node is its sample's (a rack's message names each), else the sender;
+        a holder in ``left`` (a signed relaunch took it out of the job) holds nothing."""
         listed = [s.rank for s in msg.samples]
         if not listed:
             return
@@ -727,7 +726,7 @@ class _RankOwners:
             node = s.node or msg.node
             if held >= 0 and held != self.index.get(node, -2):
                 holder = self.names[held]
-                if holder in reporting or not reporting:
+                if (holder in reporting or not reporting) and holder not in left:
                     raise RefusedRecord(
                         f"node {node} reports rank {s.rank}, which node {holder} holds and "
                         "still reports: refused (a record speaks only for its own node)"

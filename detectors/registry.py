@@ -192,3 +192,8 @@ class NodeRegistry:
     def is_removed(self, node: str) -> bool:
         """Whether ``node`` was removed and has not reported a step since."""
         return node in self._removed
+
+    @property
+    def removed(self) -> frozenset[str]:
+        """The nodes removed that have not reported a step since."""
+        return frozenset(self._removed)

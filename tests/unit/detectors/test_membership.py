@@ -138,3 +138,36 @@ def test_a_rack_message_speaks_for_the_nodes_its_samples_name():
     assert {s.node for s in forged.samples} == {"login-01"}
     with pytest.raises(RefusedRecord, match=r"node login-01 reports rank .* node node-0002 holds"):
         det.on_step(forged)
+
+
+def test_a_relaunch_frees_the_ranks_of_the_node_it_took_out_before_its_result_arrives():
+    """Seen in CI (the simulated job at 8x, issue 41's test): the actuator's RESTART
+    took node-0002 out, and the new run's first record from its spare reached the
+    worker before the relaunch's result, on another topic: it was refused as carrying
+    ranks node-0002 held. The command is the actuator's signed word that node-0002
+    left; a node it did not name still may not take another's ranks."""
+    from datetime import timedelta
+
+    from schemas import ActuatorMode, Command, CommandKind
+
+    det, steps = first_steps(12)
+    for msgs in steps[:6]:
+        for m in msgs:
+            det.on_step(m)
+    at = steps[5][0].ts_end
+    cmd = Command(command_id="cmd-1", kind=CommandKind.RESTART, job_id=det.job_id,
+                  targets=("node-0002",), checkpoint_step=3, reason=("straggler",),
+                  mode=ActuatorMode.AUTO, issued_at=at,
+                  expires_at=at + timedelta(minutes=5))  # fmt: skip
+    det.on_command(cmd, now=at.timestamp())
+    assert det.state == "relaunching"
+    later = timedelta(seconds=60)
+    run = [[m.model_copy(update={"ts_start": m.ts_start + later, "ts_end": m.ts_end + later})  # type: ignore[attr-defined]
+            for m in msgs] for msgs in steps[6:9]]  # fmt: skip
+    with pytest.raises(RefusedRecord, match="node-0003"):  # not named by the command
+        det.on_step(run[0][3].model_copy(update={"node": "login-01"}))  # type: ignore[attr-defined]
+    for msgs in run:  # the new run, node-0002's ranks on its spare
+        for m in msgs:
+            det.on_step(m.model_copy(update={"node": "spare-000"}) if m.node == "node-0002" else m)  # type: ignore[attr-defined]
+    assert "spare-000" in det.guard.members and "login-01" not in det.guard.members
+    assert det.state == "running"
