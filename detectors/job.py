@@ -281,10 +281,10 @@ class JobDetection:
         owners = self._rank_owners()
         if not owners.same(msg):
             suite = self.suite if isinstance(self.suite, DetectorSuite) else None
+            left = suite.nodes.removed if suite is not None else frozenset()
             try:
                 owners.check(msg, self.assembler.reporting(self.job_id), assembled=self.frames > 0,
-                             declared=msg.node in self.guard.members,
-                             left=suite.nodes.removed if suite is not None else frozenset())  # fmt: skip
+                             declared=msg.node in self.guard.members, left=left)  # fmt: skip
             except RefusedRecord as exc:
                 self._note(msg, str(exc))
                 raise
