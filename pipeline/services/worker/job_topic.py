@@ -14,7 +14,6 @@ at once).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from pipeline.io.errors import CapacityError
 from pipeline.services.worker.admission import Admission
@@ -61,7 +60,7 @@ class JobTopic:
                 log.warning("%s refused: a %r record no worker sealed", rec.where, kind[:32])
                 why = f"unsealed {kind[:32]!r} record on the worker's jobs topic"
                 return rec.refused(why, "auth")
-            rec = replace(rec, value=payload)
+            rec = rec._replace(value=payload)
         if kind == "tick":
             return self.ticks.tick(rec)
         if kind == "expire":
