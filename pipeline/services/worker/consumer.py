@@ -6,7 +6,9 @@ ranks), each record handed to its stream without a task when the stream has room
 (:mod:`pipeline.services.worker.eager`), and the records of its ``bulk_topic`` (the
 steps topic) grouped into one :class:`~pipeline.services.worker.bulk.StepBatch` per
 partition and fetch (:mod:`pipeline.services.worker.bulk`). :data:`JOB_QUEUE_EVENTS`
-bounds what waits in the job agent's queue.
+bounds what waits in the job agent's queue. What the consumer's assignment and
+highwaters say is read here too: the partitions owned, those with unread records, and
+the lag gauges.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
+import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from mode.services import WaitResults
@@ -21,7 +24,14 @@ from mode.services import WaitResults
 from pipeline.services.worker.bulk import grouped
 from pipeline.services.worker.eager import eager_first
 
-__all__ = ["FETCH_MAX_WAIT_MS", "JOB_QUEUE_EVENTS", "LowLatencyConsumer"]
+__all__ = [
+    "FETCH_MAX_WAIT_MS",
+    "JOB_QUEUE_EVENTS",
+    "LowLatencyConsumer",
+    "lagging",
+    "owned",
+    "update_lag",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +95,43 @@ class LowLatencyConsumer(AIOKafkaConsumer):
         if self._stopped.is_set() or self._crashed.is_set():
             return WaitResults([], [], True)  # as mode answers once stopped
         return WaitResults([coro], [value], False)
+
+
+def owned(app: faust.App, steps_topic: str) -> set[int]:
+    try:
+        return {tp.partition for tp in app.consumer.assignment() if tp.topic == steps_topic}
+    except Exception:  # consumer not started yet
+        return set()
+
+
+def lagging(app: faust.App, topic: str, read: dict[Any, int]) -> set[int]:
+    """Partitions of ``topic`` whose highwater is beyond what the agent has read."""
+    out: set[int] = set()
+    try:
+        for tp in app.consumer.assignment():
+            if tp.topic != topic:
+                continue
+            hw = app.consumer.highwater(tp)
+            if hw is not None and hw > read.get((tp.topic, tp.partition), -1) + 1:
+                out.add(tp.partition)
+    except Exception:  # consumer not started: tick nothing rather than guess
+        return set(range(1 << 16))
+    return out
+
+
+def update_lag(app: faust.App, metrics: Any, read: dict[Any, int], skip: str = "") -> None:
+    """consumer_lag = highwater - (last offset read + 1), per owned partition of the
+    topics the agents read (not ``skip``: the table's changelog, which Faust reads
+    only while recovering, so it never shows a lag of 0)."""
+    try:
+        assignment = app.consumer.assignment()
+        for tp in assignment:
+            if tp.topic == skip:
+                continue
+            hw = app.consumer.highwater(tp)
+            if hw is None:
+                continue
+            lag = max(0, hw - (read.get((tp.topic, tp.partition), -1) + 1))
+            metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+    except Exception:  # metrics must never break the timer (consumer not started yet)
+        return

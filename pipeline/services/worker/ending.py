@@ -12,19 +12,14 @@ once they are old is the tick loop's (:mod:`pipeline.services.worker.ticks`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from pipeline.services.worker.book import JobBook
 from pipeline.services.worker.ended import EndMark, read_mark, write_mark
 from pipeline.services.worker.options import WorkerConfig
-from pipeline.services.worker.records import Handled, JobState
+from pipeline.services.worker.records import Handled, JobState, Load, no_table
 
 __all__ = ["Ending"]
-
-
-def _no_table(_job_id: str) -> bytes | None:
-    return None
 
 
 class Ending:
@@ -45,9 +40,7 @@ class Ending:
         while len(self.ended) > self.max_ended:
             self.ended.popitem(last=False)
 
-    def ended_before(
-        self, job_id: str, ts: float, load: Callable[[str], bytes | None] = _no_table
-    ) -> bool:
+    def ended_before(self, job_id: str, ts: float, load: Load = no_table) -> bool:
         """True for a record of an ended run; a newer record un-ends the job. A job this
         worker does not hold may have ended on another (its table entry is the mark of
         its end, :mod:`pipeline.services.worker.ended`): then this is a record replayed

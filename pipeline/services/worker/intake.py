@@ -14,7 +14,7 @@ whose snapshot is considered once, after its last record.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from detectors.frame import NodeStep
 from pipeline.io.errors import CapacityError
@@ -23,17 +23,14 @@ from pipeline.io.telemetry_auth import message_nodes
 from pipeline.services.worker.admission import Admission
 from pipeline.services.worker.book import JobBook
 from pipeline.services.worker.options import WorkerConfig
-from pipeline.services.worker.records import Handled, JobState, Record
+from pipeline.services.worker.records import Handled, JobState, Load, Record
 from pipeline.services.worker.snapshots import Snapshots
 from pipeline.services.worker.takeover import Takeover
 from schemas import StepTelemetry
 
-__all__ = ["Load", "StepIntake"]
+__all__ = ["StepIntake"]
 
 log = logging.getLogger(__name__)
-
-#: The table's entry under a job id (its snapshot or end mark), or None.
-Load = Callable[[str], bytes | None]
 
 
 class StepIntake:

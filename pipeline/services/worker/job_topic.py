@@ -19,9 +19,8 @@ from pipeline.io.errors import CapacityError
 from pipeline.services.worker.admission import Admission
 from pipeline.services.worker.book import JobBook
 from pipeline.services.worker.ending import Ending
-from pipeline.services.worker.intake import Load
 from pipeline.services.worker.options import WorkerConfig
-from pipeline.services.worker.records import Handled, Record
+from pipeline.services.worker.records import Handled, Load, Record
 from pipeline.services.worker.routing import Routing
 from pipeline.services.worker.snapshots import Snapshots
 from pipeline.services.worker.takeover import Takeover

@@ -5,6 +5,7 @@ versioned by :data:`STATE_LAYOUT`), the outcome of one record (:class:`Handled`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
@@ -25,6 +26,15 @@ from schemas import (
 from schemas.codec import MAX_MESSAGE_BYTES
 
 _M = TypeVar("_M", bound=Message)
+
+#: The worker's table read by job id: its snapshot or end mark, or None.
+Load = Callable[[str], bytes | None]
+
+
+def no_table(_job_id: str) -> bytes | None:
+    """A :data:`Load` of an empty table (tests, benchmarks)."""
+    return None
+
 
 #: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
 #: fields change: older snapshots are then refused (and the job rebuilt from its

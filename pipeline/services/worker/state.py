@@ -51,6 +51,7 @@ Examples
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, Unpack
 
@@ -59,7 +60,7 @@ from detectors.job_guard import LifecycleLimits
 from pipeline.services.worker.admission import Admission
 from pipeline.services.worker.book import JobBook
 from pipeline.services.worker.ending import Ending
-from pipeline.services.worker.intake import Load, StepIntake
+from pipeline.services.worker.intake import StepIntake
 from pipeline.services.worker.job_topic import JobTopic
 from pipeline.services.worker.options import (
     Capacity,
@@ -70,12 +71,15 @@ from pipeline.services.worker.options import (
     WorkerTrust,
     grouped,
 )
+from pipeline.services.worker.pending import PendingJobs
 from pipeline.services.worker.records import (
     CoreTopics,
     Forward,
     Handled,
     JobState,
+    Load,
     Record,
+    no_table,
     partition_for,
 )
 from pipeline.services.worker.routing import RELAUNCHING_EXECUTORS, Routing
@@ -100,10 +104,6 @@ __all__ = [
 KIND_HEADER = "stepguard-kind"
 
 
-def _no_table(_job_id: str) -> bytes | None:
-    return None
-
-
 class _Count:
     """A counter of :class:`~pipeline.services.worker.book.Counts`, read on the core."""
 
@@ -117,16 +117,12 @@ class _Count:
 class WorkerDetection:
     """Per-job detection state of one worker process.
 
-    The keywords from ``snapshot_steps`` to ``on_refused`` may also come grouped, as
-    :mod:`~pipeline.services.worker.options` objects: ``snapshots``
-    (:class:`~.options.SnapshotPolicy`: ``snapshot_*``, ``max_snapshot_bytes``),
-    ``capacity`` (:class:`~.options.Capacity`: ``max_message_bytes``, ``max_jobs``,
-    ``job_idle_ttl_s``, ``max_ranks_per_job``, ``max_nodes_per_job``, ``max_ended``,
-    ``max_pending_jobs``, ``pending_ttl_s``), ``timing`` (:class:`~.options.Timing`:
-    ``event_rate``, ``blind_after_s``, ``max_clock_skew_s``) and ``trust``
-    (:class:`~.options.WorkerTrust`: ``command_keys``, ``result_keys``,
-    ``executor_keys``, ``seal``, ``telemetry``, ``on_refused``); a keyword sets its
-    field in the group given (or the default group).
+    The keywords from ``snapshot_steps`` to ``on_refused`` may also come grouped
+    (:mod:`~pipeline.services.worker.options`): ``snapshots`` (the ``snapshot_*`` and
+    ``max_snapshot_bytes``), ``capacity`` (the other ``max_*`` but the skew, and the
+    TTLs), ``timing`` (``event_rate``, ``blind_after_s``, ``max_clock_skew_s``) and
+    ``trust`` (the keys, ``seal``, ``telemetry``, ``on_refused``); a keyword sets its
+    field in the group given, or in the default group.
 
     Parameters
     ----------
@@ -245,7 +241,6 @@ class WorkerDetection:
         self.config = config
         self.topics = topics
         self.n_partitions = n_partitions
-        self.clock = clock
         self.book = book = JobBook(config)
         self.snapshots = snaps = Snapshots(config, book)
         self.ending = ending = Ending(config, book)
@@ -263,12 +258,12 @@ class WorkerDetection:
         return self.book.jobs
 
     @property
-    def pending(self) -> Any:
+    def pending(self) -> PendingJobs[JobState]:
         """The jobs named but not yet confirmed (:mod:`pipeline.services.worker.pending`)."""
         return self.book.pending
 
     @property
-    def ended(self) -> Any:
+    def ended(self) -> OrderedDict[str, float]:
         """Ended jobs remembered: job -> event time of its end."""
         return self.ending.ended
 
@@ -316,7 +311,7 @@ class WorkerDetection:
     # -- records: the positional form of before, each a Record to its collaborator --------
     def handle_step(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None,
-        token: Any, load: Load = _no_table, headers: Any = None,
+        token: Any, load: Load = no_table, headers: Any = None,
     ) -> Handled:  # fmt: skip
         """One StepTelemetry record from the steps topic (``headers``: its proofs)."""
         rec = Record(topic=self.topics.steps, partition=partition, offset=offset, key=key,
@@ -325,7 +320,7 @@ class WorkerDetection:
 
     def handle_steps(
         self, partition: int, records: Iterable[tuple[Any, ...]], token: Any,
-        load: Load = _no_table,
+        load: Load = no_table,
     ) -> list[Handled]:  # fmt: skip
         """A fetch's records of one steps partition, ``(offset, key, value[, headers])``
         in offset order (:meth:`StepIntake.handle_batch`); ``token`` stands for every
@@ -341,7 +336,7 @@ class WorkerDetection:
 
     def handle_job_record(
         self, partition: int, offset: int, key: bytes | None, value: bytes | None,
-        kind: str, token: Any, load: Load = _no_table,
+        kind: str, token: Any, load: Load = no_table,
     ) -> Handled:  # fmt: skip
         """One record of the internal job topic: forwarded health, command, result or
         lifecycle event, or a timer's tick or expire (:class:`JobTopic`)."""

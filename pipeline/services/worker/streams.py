@@ -27,7 +27,7 @@ import faust
 from pipeline.io.settings import Settings
 from pipeline.io.trust import SigningKey, sign
 from pipeline.services.worker.bulk import AckLines, StepBatch
-from pipeline.services.worker.consumer import JOB_QUEUE_EVENTS
+from pipeline.services.worker.consumer import JOB_QUEUE_EVENTS, lagging, owned, update_lag
 from pipeline.services.worker.current import make_current
 from pipeline.services.worker.metrics import WorkerMetrics
 from pipeline.services.worker.records import Forward, Handled, Record
@@ -251,23 +251,23 @@ class WorkerStreams:
             os._exit(RECOVERY_STALLED_EXIT)
         if busy:
             return
-        owned = _owned(app, steps)
+        mine = owned(app, steps)
         left: list[tuple[str, bytes]] = []  # not adopted: ended jobs' marks among them
         for key, blob in list(self.table.items()):
             if blob is not None:
                 with contextlib.suppress(Exception):
-                    if not core.adopt(key.decode(), blob, owned):
+                    if not core.adopt(key.decode(), blob, mine):
                         left.append((key.decode(), blob))
-        for job_id, partition, value in core.expiry_ticks(left, owned):
+        for job_id, partition, value in core.expiry_ticks(left, mine):
             await self._send_kind(job_id, partition, value, b"expire")
         # a partition with unread steps is *our* backlog, not a silent job: no tick
-        behind = _lagging(app, steps, self.last_read)
+        behind = lagging(app, steps, self.last_read)
         for job_id in list(core.jobs):
             rec = core.tick_record(job_id)
-            if rec is None or rec[0] not in owned or rec[0] in behind:
+            if rec is None or rec[0] not in mine or rec[0] in behind:
                 continue
             await self._send_kind(job_id, rec[0], rec[1], b"tick")
-        _update_lag(app, self.metrics, self.last_read, skip=self.changelog)
+        update_lag(app, self.metrics, self.last_read, skip=self.changelog)
 
     async def _send_kind(self, job_id: str, partition: int, value: bytes, kind: bytes) -> None:
         await self.jobs_out.send(key=job_id.encode(), value=value, partition=partition,
@@ -341,48 +341,6 @@ def _header(headers: Any, name: str) -> str:
         if k == name:
             return v.decode() if isinstance(v, bytes) else str(v)
     return ""
-
-
-def _owned(app: faust.App, steps_topic: str) -> set[int]:
-    try:
-        return {tp.partition for tp in app.consumer.assignment() if tp.topic == steps_topic}
-    except Exception:  # consumer not started yet
-        return set()
-
-
-def _lagging(app: faust.App, topic: str, read: dict[Any, int]) -> set[int]:
-    """Partitions of ``topic`` whose highwater is beyond what the agent has read."""
-    out: set[int] = set()
-    try:
-        for tp in app.consumer.assignment():
-            if tp.topic != topic:
-                continue
-            hw = app.consumer.highwater(tp)
-            if hw is not None and hw > read.get((tp.topic, tp.partition), -1) + 1:
-                out.add(tp.partition)
-    except Exception:  # consumer not started: tick nothing rather than guess
-        return set(range(1 << 16))
-    return out
-
-
-def _update_lag(
-    app: faust.App, metrics: WorkerMetrics, read: dict[Any, int], skip: str = ""
-) -> None:
-    """consumer_lag = highwater - (last offset read + 1), per owned partition of the
-    topics the agents read (not ``skip``: the table's changelog, which Faust reads
-    only while recovering, so it never shows a lag of 0)."""
-    try:
-        assignment = app.consumer.assignment()
-        for tp in assignment:
-            if tp.topic == skip:
-                continue
-            hw = app.consumer.highwater(tp)
-            if hw is None:
-                continue
-            lag = max(0, hw - (read.get((tp.topic, tp.partition), -1) + 1))
-            metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
-    except Exception:  # metrics must never break the timer (consumer not started yet)
-        return
 
 
 class RecoveryWatchdog:
