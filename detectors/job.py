@@ -384,7 +384,7 @@ class JobDetection:
         the health reports it delayed are not silence, so silent nodes are judged from
         ``at`` on (:meth:`~detectors.hang.presence.HealthPresence.resume`). The hang clock
         is the driver's: it keeps running from the job's last step (see
-        :meth:`pipeline.services.worker.state.WorkerDetection._resume`)."""
+        :meth:`pipeline.services.worker.takeover.Takeover.resume`)."""
         if isinstance(self.suite, DetectorSuite):
             self.suite.presence.resume(at)
 

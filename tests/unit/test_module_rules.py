@@ -34,8 +34,6 @@ LONG_MODULES: dict[str, tuple[int, str]] = {
     "pipeline/cli/app.py": (664, "typer commands; split into groups as cli/archive.py is"),
     "pipeline/client/pytorch/guard.py": (746, "TorchGuard: exporter, listener, relaunch, work"),
     "pipeline/io/settings.py": (722, "one Settings of every variable; split by role (item 4)"),
-    "pipeline/services/worker/app.py": (714, "build_app; the worker by concern is item 1"),
-    "pipeline/services/worker/state.py": (709, "WorkerDetection; the worker by concern is item 1"),
 }
 
 #: "module::Qualified.name" -> (the most parameters it may take, why it stands over MAX_PARAMS)
@@ -47,9 +45,6 @@ WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
         19, "the public per-rank record as keywords, work too; from the schema's columns in item 2",
     ),
     "pipeline/client/pytorch/guard.py::watch": (13, "the public one-call PyTorch setup"),
-    "pipeline/services/worker/state.py::WorkerDetection.__init__": (
-        26, "the worker's collaborators by hand; the worker by concern is item 1",
-    ),
     "pipeline/cli/replay.py::replay": (13, "a typer command: a parameter per option"),
     "pipeline/tools/calibrate/command.py::run_calibrate": (14, "the calibrate command's options"),
 }  # fmt: skip

@@ -9,7 +9,7 @@ silence became a hang of a finished job (the chaos soak: a job ended 3 s before 
 worker was killed). So the job's table entry becomes an :class:`EndMark`: the end's
 event time (records up to it belong to the ended run), the steps partition it lives
 on, and the worker's wall clock when it was written. Whoever owns the partition next
-reads it back (:meth:`~pipeline.services.worker.state.WorkerDetection.state`, the
+reads it back (:meth:`~pipeline.services.worker.takeover.Takeover.state`, the
 tick loop's adopt) and ignores the ended run's records; a record newer than the end
 (a new run under the same id) starts afresh. The mark is deleted once it is older
 than the worker's job idle time (``STEPGUARD_JOB_IDLE_TTL_S``: by then no replay

@@ -1,22 +1,40 @@
-"""What the worker's core keeps and returns: a job's state as stored in the changelog
-(:class:`JobState`, versioned by :data:`STATE_LAYOUT`), the outcome of one record
-(:class:`Handled`, :class:`Forward`), the topics it reads and the partition of a key."""
+"""What the worker's core takes, keeps and returns: the record it is handed
+(:class:`Record`), a job's state as stored in the changelog (:class:`JobState`,
+versioned by :data:`STATE_LAYOUT`), the outcome of one record (:class:`Handled`,
+:class:`Forward`), the topics it reads and the partition of a key."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from kafka.partitioner.default import murmur2
 
 from detectors.job import Detected, JobDetection
 from pipeline.io import statecodec
 from pipeline.io.statecodec import StateFormatError
+from pipeline.io.telemetry_auth import Headers
 from schemas import (
     Alert,
     DeadLetter,
+    Message,
+    Rejected,
+    decode,
 )
+from schemas.codec import MAX_MESSAGE_BYTES
+
+_M = TypeVar("_M", bound=Message)
+
+#: The worker's table read by job id: its snapshot or end mark, or None.
+Load = Callable[[str], bytes | None]
+
+
+def no_table(_job_id: str) -> bytes | None:
+    """A :data:`Load` of an empty table (tests, benchmarks)."""
+    return None
+
 
 #: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
 #: fields change: older snapshots are then refused (and the job rebuilt from its
@@ -180,3 +198,49 @@ def _dead_letter(
         source_topic=topic, partition=partition, offset=offset, key=key, raw=value or b"",
         error=error[:2000], stage=stage, ts=datetime.now(UTC),
     )  # fmt: skip
+
+
+class Record(NamedTuple):
+    """One record handed to the core: where it was read (``topic``, ``partition``,
+    ``offset``), its ``key`` and ``value``, the ``token`` the driver acks it by once
+    the core releases it (a Faust event; a batch's ticket; None in tests), and its
+    ``headers`` (the telemetry proofs, :mod:`pipeline.io.telemetry_auth`). Immutable;
+    built by keyword. A named tuple rather than a frozen dataclass: one is built per
+    record on the hot path, where a frozen dataclass's ``__init__`` added 0.8 µs of CPU
+    to the 6.4 µs a replayed step record took (a named tuple: 0.2-0.3 µs).
+
+    >>> r = Record(topic="s", partition=0, offset=5, key=b"j", value=b"{oops", token="t5")
+    >>> r.where, r.refused("no", "decode").release, r.refused("no", "decode").dead_letters[0].offset
+    ('s[0]@5', ['t5'], 5)
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    token: Any = None
+    headers: Headers | None = None
+
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``, as the logs name a record."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    def letter(self, error: str, stage: str) -> DeadLetter:
+        """The dead letter of this record (``stage``: where it was refused)."""
+        return _dead_letter(self.value, error, self.topic, self.partition, self.offset,
+                            self.key, stage)  # fmt: skip
+
+    def refused(self, error: str, stage: str) -> Handled:
+        """This record dead-lettered and its token released."""
+        return Handled(dead_letters=[self.letter(error, stage)], release=[self.token])
+
+    def released(self, job_id: str | None = None) -> Handled:
+        """Nothing to do for this record but ack it."""
+        return Handled(job_id=job_id, release=[self.token])
+
+    def decode(self, model: type[_M], max_bytes: int = MAX_MESSAGE_BYTES) -> _M | Rejected:
+        """The value read as ``model`` (:func:`schemas.decode`), or its dead letter."""
+        return decode(model, self.value, topic=self.topic, partition=self.partition,
+                      offset=self.offset, key=self.key, max_bytes=max_bytes)  # fmt: skip

@@ -77,7 +77,7 @@ def test_the_consumer_groups_the_steps_topic_and_passes_the_rest(monkeypatch):
 
     from faust.transport import consumer as faust_consumer
 
-    from pipeline.services.worker.app import _LowLatencyConsumer
+    from pipeline.services.worker.consumer import LowLatencyConsumer
 
     steps0, steps1, jobs0 = TP("steps", 0), TP("steps", 1), TP("jobs", 0)
     fetched = [(steps0, record(5)), (jobs0, "health"), (steps1, record(9)), (steps0, record(6))]
@@ -87,7 +87,7 @@ def test_the_consumer_groups_the_steps_topic_and_passes_the_rest(monkeypatch):
             yield tp, rec
 
     monkeypatch.setattr(faust_consumer.Consumer, "getmany", getmany)
-    cls = type("C", (_LowLatencyConsumer,), {"bulk_topic": "steps"})
+    cls = type("C", (LowLatencyConsumer,), {"bulk_topic": "steps"})
     consumer = cls.__new__(cls)
     consumer.app = SimpleNamespace(consumer_generation_id=4)
     assert consumer._to_message(steps0, fetched[0][1]) is fetched[0][1]  # kept raw

@@ -368,6 +368,6 @@ def test_end_marks_beyond_max_ended_go_oldest_first_and_a_snapshot_never_goes():
     table["j0"] = out.snapshot
     replayed = core.handle_job_record(0, 50, b"j", due[0][2], "expire", "r", table.get)
     assert not replayed.tombstone  # an old order never deletes a later end's mark
-    forged = core._tick_value("j", clock.now, "expire")  # an expire naming the live job
+    forged = core.ticks.value("j", clock.now, "expire")  # an expire naming the live job
     out = core.handle_job_record(0, 51, b"j", forged, "expire", "f", table.get)
     assert not out.tombstone and out.release == ["f"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.services.worker.app import RecoveryWatchdog
+from pipeline.services.worker.streams import RecoveryWatchdog
 
 
 def test_reports_only_an_unbroken_stall_over_the_timeout():
