@@ -255,4 +255,6 @@ class TailCalibrator:
         a = math.log1p(-w) + prior
         b = math.log(w) + self._log_empirical(z)
         hi = max(a, b)
+        if hi == -math.inf:  # both tails underflow (z ~ 1e200): -inf - -inf is NaN
+            return -math.inf
         return min(hi + math.log1p(math.exp(min(a, b) - hi)), 0.0)

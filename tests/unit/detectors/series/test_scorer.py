@@ -206,3 +206,16 @@ def test_any_input_gives_finite_unit_scores_that_later_rows_never_change(rows, t
     # whatever came before, the state holds numbers: ordinary rows score finitely
     for col in scorer._columns.values():
         assert math.isfinite(col.plain.level) and math.isfinite(col.plain.spread_level)
+
+
+def test_a_finite_value_far_beyond_the_learned_scale_scores_one_not_nan():
+    """Found by the property above: after values that grew to 6e16, a finite 2.8e296
+    made both tails of the calibrator underflow to -inf, and their log-sum-exp gave NaN."""
+    grown = [1.4011478898110764e16, 5.960101153143119e16, 830484.6534819992]
+    values = [0.0] * 10 + [1.0, 3.0, 4.0, 6.0, 12.0, 18.0, *grown, 2.803124915643106e296]
+    times = [0.0] * 11 + [None, 0.0, None, 0.0, None, None, None, None, 0.0]
+    for season in ("none", "auto"):
+        rows = [{"a": v} for v in values]
+        scores = SeriesScorer(warmup=3, season=season).score_rows(rows, times)
+        assert all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in scores), (season, scores)
+        assert scores[-1] == 1.0
