@@ -32,7 +32,7 @@ import gc
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import chain
 from typing import Annotated, Any, Final, Literal
@@ -43,7 +43,9 @@ import numpy.typing as npt
 from msgspec.structs import astuple
 
 from detectors.frame import ROW_FIELDS
+from pipeline.io import fastcolumns
 from schemas.codec import MAX_MESSAGE_BYTES
+from schemas.columnar import PHASES
 from schemas.telemetry import (
     MAX_FLOPS,
     MAX_GROUP_ID,
@@ -68,6 +70,7 @@ PHASE_CODES: Final[dict[str, int]] = {
     Phase.EVAL.value: 2,
     Phase.CHECKPOINT.value: 3,
 }
+assert tuple(PHASE_CODES) == PHASES, "the columns' phase codes are the steps table's"
 _INT64_MAX = 2**63 - 1
 
 # Narrower than the schema on purpose: every accepted int fits int64, the whole value is
@@ -218,6 +221,26 @@ def decode_steps(values: Sequence[bytes | None]) -> StepColumns:
 
 
 def _decode_steps(values: Sequence[bytes | None]) -> StepColumns:
+    """Version-3 messages by their columns (:mod:`~pipeline.io.fastcolumns`), the
+    others by their samples; the two parts merged in input order."""
+    columnar = [
+        i for i, raw in enumerate(values)
+        if raw is not None and len(raw) <= MAX_MESSAGE_BYTES and fastcolumns.is_columnar(raw)
+    ]  # fmt: skip
+    if not columnar:
+        return _decode_rows(values)
+    cols = fastcolumns.decode(values, columnar, StepColumns, _times, _invalid_messages)
+    if len(columnar) == len(values):
+        return cols
+    taken = set(columnar)
+    where = [i for i in range(len(values)) if i not in taken]
+    rows = _decode_rows([values[i] for i in where])
+    at = np.asarray(where, dtype=np.int64)
+    rows = replace(rows, messages=at[rows.messages], slow=[where[i] for i in rows.slow])
+    return fastcolumns.merge(rows, cols)
+
+
+def _decode_rows(values: Sequence[bytes | None]) -> StepColumns:
     slow: list[int] = []
     decoded: list[_BatchStep] = []
     index: list[int] = []
@@ -302,7 +325,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
                 node=m.node,
                 run=m.run,
                 step=m.step,
-                schema_version=m.schema_version,
+                schema_version=1 if m.samples[0].node is None else 2,  # v3: its samples
                 ts_start=msgspec.Raw(b""),
                 ts_end=msgspec.Raw(b""),
                 samples=[
@@ -550,6 +573,9 @@ def decode_step(raw: bytes | None) -> StepView | None:
     """
     if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii():
         return None
+    if fastcolumns.is_columnar(raw):
+        cols = fastcolumns.decode([raw], [0], StepColumns, _times, _invalid_messages)
+        return fastcolumns.view(cols, b'"nodes":' in raw, StepView, _Sample)  # type: ignore[no-any-return]
     try:
         m = _DECODER.decode(raw)
     except msgspec.DecodeError:
