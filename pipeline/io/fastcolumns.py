@@ -30,6 +30,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 import numpy as np
 import numpy.typing as npt
+from msgspec.structs import astuple
 
 from schemas.columnar import COLUMNS, MAX_COLUMN_SAMPLES, PHASES
 from schemas.telemetry import (
@@ -46,7 +47,8 @@ from schemas.telemetry import (
 StepColumns = Any
 
 __all__ = [
-    "Columnar", "decode", "is_columnar", "merge", "parse", "sample_columns", "times_of", "view",
+    "ColumnView", "Columnar", "decode", "is_columnar", "merge", "parse", "sample_columns",
+    "times_of", "view_of",
 ]  # fmt: skip
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -278,8 +280,8 @@ def decode(
             node=[m.node for m in now],
             run=[m.run for m in now],
             step=np.fromiter((m.step for m in now), dtype=np.int64, count=len(now)),
-            ts_start=[times[2 * j] for j in alive],  # type: ignore[misc]
-            ts_end=[times[2 * j + 1] for j in alive],  # type: ignore[misc]
+            ts_start=[times[2 * j] for j in alive],
+            ts_end=[times[2 * j + 1] for j in alive],
             n_samples=n_samples,
             sample_message=sample_message,
             slow=sorted(slow),
@@ -293,34 +295,146 @@ def decode(
         alive = [j for k, j in enumerate(alive) if k not in set(bad)]
 
 
-def view(
-    cols: StepColumns, rack: bool, make: Callable[..., Any], sample: Callable[..., Any]
-) -> Any:
-    """The one version-3 message of ``cols`` as a view (``make``: StepView, ``sample``:
-    its samples' struct), or None (pydantic decides)."""
-    if cols.slow:
-        return None
-    n = len(cols.rank)
+_I4: Final = np.dtype("<i4")
+_F8: Final = np.dtype("<f8")
 
-    def said(a: npt.NDArray[np.float64], integral: bool) -> list[Any]:
-        if np.isnan(a).all():
-            return [None] * n
-        return [None if math.isnan(x) else int(x) if integral else x for x in a.tolist()]
 
-    def signal(a: npt.NDArray[np.float64], null: npt.NDArray[np.bool_]) -> list[Any]:
-        if null.all():
-            return [None] * n
-        return [None if z else x for x, z in zip(a.tolist(), null.tolist(), strict=True)]
+class ColumnView:
+    """One version-3 message the worker's per-record fast path took, as arrays: what
+    :meth:`detectors.frame.StepFrame.from_messages` concatenates (``frame_columns``),
+    with ``samples`` built only when a reader asks for them."""
 
-    phases = [PHASES[p] for p in cols.phase.tolist()]
-    fields = zip(
-        cols.rank.tolist(), cols.local_rank.tolist(), cols.step_time_s.tolist(),
-        cols.compute_s.tolist(), cols.comm_wait_s.tolist(), cols.data_wait_s.tolist(),
-        cols.dp_group.tolist(), cols.pp_stage.tolist(), cols.tp_group.tolist(), phases,
-        signal(cols.loss, cols.loss_null), signal(cols.grad_norm, cols.grad_norm_null),
-        said(cols.tokens, True), said(cols.flops, False), said(cols.max_seq_len, True),
-        cols.sample_node if rack else [None] * n, strict=True,
+    __slots__ = (
+        "_sample",
+        "_samples",
+        "columns",
+        "job_id",
+        "node",
+        "nodes",
+        "run",
+        "step",
+        "ts_end",
+        "ts_start",
     )  # fmt: skip
-    samples = [sample(*f) for f in fields]
-    return make(cols.job_id[0], cols.node[0], int(cols.step[0]), cols.ts_start[0],
-                cols.ts_end[0], samples, cols.run[0])  # fmt: skip
+
+    def __init__(
+        self, m: Columnar, start: Any, end: Any, columns: dict[str, Any], sample: Any
+    ) -> None:
+        self.job_id, self.node, self.step, self.run = m.job_id, m.node, m.step, m.run
+        self.ts_start, self.ts_end = start, end
+        self.nodes: tuple[str, ...] | None = (
+            None if m.columns.nodes is None else tuple(m.columns.nodes)
+        )
+        self.columns = columns
+        self._sample = sample
+        self._samples: list[Any] | None = None
+
+    def frame_columns(self) -> dict[str, Any]:
+        """The frame's columns of this message (``node_idx`` indexes ``nodes``; None: every
+        sample is the message's node)."""
+        return self.columns
+
+    @property
+    def samples(self) -> list[Any]:
+        if self._samples is None:
+            c, n = self.columns, len(self.columns["rank"])
+
+            def said(a: npt.NDArray[np.float64] | None, integral: bool) -> list[Any]:
+                if a is None:
+                    return [None] * n
+                return [None if math.isnan(x) else int(x) if integral else x for x in a.tolist()]
+
+            def signal(a: npt.NDArray[np.float64], has: npt.NDArray[np.bool_]) -> list[Any]:
+                return [x if h else None for x, h in zip(a.tolist(), has.tolist(), strict=True)]
+
+            names = (
+                [None] * n if self.nodes is None
+                else [self.nodes[k] for k in c["node_idx"].tolist()]
+            )  # fmt: skip
+            fields = zip(
+                c["rank"].tolist(), c["local_rank"].tolist(), c["step_time"].tolist(),
+                c["compute"].tolist(), c["comm_wait"].tolist(), c["data_wait"].tolist(),
+                c["dp_group"].tolist(), c["pp_stage"].tolist(), c["tp_group"].tolist(),
+                [PHASES[p] for p in c["phase"].tolist()],
+                signal(c["loss"], c["has_loss"]), signal(c["grad_norm"], c["has_grad_norm"]),
+                said(c["tokens"], True), said(c["flops"], False), said(c["max_seq_len"], True),
+                names, strict=True,
+            )  # fmt: skip
+            self._samples = [self._sample(*f) for f in fields]
+        return self._samples
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return list(map(astuple, self.samples))
+
+
+def view_of(raw: bytes, times: Callable[[Columnar], Any], sample: Any) -> ColumnView | None:
+    """The worker's per-record path for a version-3 message: a few numpy calls a
+    message, whatever its size; None where pydantic decides (as :func:`decode`). A
+    rack's ``node_order`` lists the indexes of ``nodes`` in the order the samples first
+    name them (the frame names its nodes in that order, as it does a version-2
+    message's): the table's own order when each node's samples come together (what
+    ``merge_nodes`` sends), else found by a sort."""
+    m = parse(raw)
+    if m is None:
+        return None
+    when = times(m)
+    if when is None:
+        return None
+    c, n = m.columns, m.columns.n
+    ints = np.frombuffer(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)),
+                         dtype=_I4).reshape(5, n)  # fmt: skip
+    if ints.min() < 0 or ints[0].max() >= MAX_RANKS_PER_JOB or ints[1].max() > MAX_LOCAL_RANK:
+        return None
+    t = np.frombuffer(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s)),
+                      dtype=_F8).reshape(4, n)  # fmt: skip
+    if not (t.min() >= 0 and t.max() <= MAX_STEP_SECONDS):  # NaN fails too
+        return None
+    phase = np.frombuffer(c.phase, dtype=np.uint8)
+    if phase.max() >= len(PHASES):
+        return None
+    rank = ints[0]
+    if n > 1 and not (rank[1:] > rank[:-1]).all() and np.unique(rank).size != n:
+        return None
+    out: dict[str, Any] = {
+        "rank": rank.astype(np.int64), "local_rank": ints[1], "dp_group": ints[2],
+        "pp_stage": ints[3], "tp_group": ints[4], "phase": phase.view(np.int8),
+        "step_time": t[0], "compute": t[1], "comm_wait": t[2], "data_wait": t[3],
+    }  # fmt: skip
+    for signal in ("loss", "grad_norm"):
+        values, null = getattr(c, signal), getattr(c, f"{signal}_null")
+        if values is None:
+            out[signal], out[f"has_{signal}"] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
+            continue
+        a = np.frombuffer(values, dtype=_F8)
+        if null is None:
+            out[signal], out[f"has_{signal}"] = a, np.ones(n, dtype=np.bool_)
+            continue
+        mask = np.frombuffer(null, dtype=np.uint8)
+        if mask.max() > 1:
+            return None
+        out[signal], out[f"has_{signal}"] = np.where(mask == 1, np.nan, a), mask == 0
+    for work, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+        raw_work = getattr(c, work)
+        w = None if raw_work is None else np.frombuffer(raw_work, dtype=_F8)
+        if w is not None:
+            said: npt.NDArray[np.float64] = w[~np.isnan(w)]
+            if not said.size:
+                w = None
+            elif not (said.min() >= 0 and said.max() <= top) or (
+                work != "flops" and not (np.floor(said) == said).all()
+            ):
+                return None
+        out[work] = w
+    out["node_idx"] = out["node_order"] = None
+    if c.nodes is not None:
+        idx = np.frombuffer(c.node_idx or b"", dtype=_I4)
+        steps = np.diff(idx)
+        if idx[0] == 0 and idx[-1] == len(c.nodes) - 1 and not ((steps != 0) & (steps != 1)).any():
+            out["node_order"] = range(len(c.nodes))
+        elif idx.min() < 0 or idx.max() >= len(c.nodes):
+            return None
+        else:
+            seen, first = np.unique(idx, return_index=True)
+            out["node_order"] = seen[np.argsort(first)].tolist()
+        out["node_idx"] = idx
+    return ColumnView(m, when[0], when[1], out, sample)

@@ -223,21 +223,18 @@ def decode_steps(values: Sequence[bytes | None]) -> StepColumns:
 def _decode_steps(values: Sequence[bytes | None]) -> StepColumns:
     """Version-3 messages by their columns (:mod:`~pipeline.io.fastcolumns`), the
     others by their samples; the two parts merged in input order."""
-    columnar = [
-        i for i, raw in enumerate(values)
-        if raw is not None and len(raw) <= MAX_MESSAGE_BYTES and fastcolumns.is_columnar(raw)
-    ]  # fmt: skip
+    fits = [raw is not None and len(raw) <= MAX_MESSAGE_BYTES for raw in values]
+    columnar = [i for i, v in enumerate(values) if fits[i] and fastcolumns.is_columnar(v or b"")]
     if not columnar:
         return _decode_rows(values)
     cols = fastcolumns.decode(values, columnar, StepColumns, _times, _invalid_messages)
     if len(columnar) == len(values):
-        return cols
-    taken = set(columnar)
-    where = [i for i in range(len(values)) if i not in taken]
+        return cols  # type: ignore[no-any-return]
+    where = sorted(set(range(len(values))) - set(columnar))
     rows = _decode_rows([values[i] for i in where])
     at = np.asarray(where, dtype=np.int64)
     rows = replace(rows, messages=at[rows.messages], slow=[where[i] for i in rows.slow])
-    return fastcolumns.merge(rows, cols)
+    return fastcolumns.merge(rows, cols)  # type: ignore[no-any-return]
 
 
 def _decode_rows(values: Sequence[bytes | None]) -> StepColumns:
@@ -547,11 +544,22 @@ def sample_of(fields: dict[str, Any]) -> _Sample:
     return msgspec.convert(fields, _Sample, strict=False)
 
 
+def _step_times(m: Any) -> tuple[datetime, datetime] | None:
+    """A message's start and end as pydantic reads them, or None (pydantic decides)."""
+    if _PYDANTIC_TIME.search(m.ts_start) or _PYDANTIC_TIME.search(m.ts_end):
+        return None
+    try:
+        start, end = _TIME.decode(m.ts_start), _TIME.decode(m.ts_end)
+    except msgspec.DecodeError:
+        return None
+    return (start, end) if end >= start else None
+
+
 # A seventh fractional digit (msgspec rounds, pydantic truncates) or an escape: pydantic.
 _PYDANTIC_TIME = re.compile(rb"[.,][0-9]{7}|\\")
 
 
-def decode_step(raw: bytes | None) -> StepView | None:
+def decode_step(raw: bytes | None) -> StepView | fastcolumns.ColumnView | None:
     """Decode one steps-topic value, or return None for the caller to use
     ``schemas.decode`` (invalid input, and valid but unusual input alike).
 
@@ -574,20 +582,15 @@ def decode_step(raw: bytes | None) -> StepView | None:
     if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii():
         return None
     if fastcolumns.is_columnar(raw):
-        cols = fastcolumns.decode([raw], [0], StepColumns, _times, _invalid_messages)
-        return fastcolumns.view(cols, b'"nodes":' in raw, StepView, _Sample)  # type: ignore[no-any-return]
+        return fastcolumns.view_of(raw, _step_times, _Sample)
     try:
         m = _DECODER.decode(raw)
     except msgspec.DecodeError:
         return None
-    if _PYDANTIC_TIME.search(m.ts_start) or _PYDANTIC_TIME.search(m.ts_end):
+    when = _step_times(m)
+    if when is None:
         return None
-    try:
-        start, end = _TIME.decode(m.ts_start), _TIME.decode(m.ts_end)
-    except msgspec.DecodeError:
-        return None
-    if end < start:
-        return None
+    start, end = when
     # msgspec has checked every field but two rules across samples (and bounded the
     # timings, so none is infinite: JSON has no NaN): the versions, and no rank twice
     samples = m.samples
