@@ -232,12 +232,12 @@ class StepFrame:
                 raise ValueError("messages mix jobs or steps")
             ends.append(m.ts_end.timestamp())
             starts.append(m.ts_start.timestamp())
-            arrays = getattr(m, "frame_columns", None)
-            if arrays is not None:
+            arrays = m.frame_columns() if hasattr(m, "frame_columns") else None
+            if arrays is not None:  # None: the message has rows after all (a small one)
                 if rows:
                     parts.append(_row_part(rows, where))
                     rows, where = [], []
-                parts.append(_column_part(arrays(), m, pos))
+                parts.append(_column_part(arrays, m, pos))
                 continue
             packed = m.rows() if hasattr(m, "rows") else list(map(_ROW, m.samples))
             if not packed:

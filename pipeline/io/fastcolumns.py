@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, Literal
 
@@ -32,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from msgspec.structs import astuple
 
+from detectors.frame import ROW_FIELDS
 from schemas.columnar import COLUMNS, MAX_COLUMN_SAMPLES, PHASES
 from schemas.telemetry import (
     MAX_FLOPS,
@@ -295,6 +297,29 @@ def decode(
         alive = [j for k, j in enumerate(alive) if k not in set(bad)]
 
 
+class _ViewSample(msgspec.Struct, gc=False):
+    """A rank's sample of a :class:`ColumnView` (built only when read): the fields of
+    :data:`~detectors.frame.ROW_FIELDS`, in that order, values already checked."""
+
+    rank: int
+    local_rank: int
+    step_time_s: float
+    compute_s: float
+    comm_wait_s: float
+    data_wait_s: float
+    dp_group: int
+    pp_stage: int
+    tp_group: int
+    phase: str
+    loss: float | None
+    grad_norm: float | None
+    tokens: int | None
+    flops: float | None
+    max_seq_len: int | None
+    node: str | None
+
+
+assert _ViewSample.__struct_fields__ == ROW_FIELDS, "rows() must give the frame's order"
 _I4: Final = np.dtype("<i4")
 _F8: Final = np.dtype("<f8")
 
@@ -305,7 +330,6 @@ class ColumnView:
     with ``samples`` built only when a reader asks for them."""
 
     __slots__ = (
-        "_sample",
         "_samples",
         "columns",
         "job_id",
@@ -318,26 +342,28 @@ class ColumnView:
     )  # fmt: skip
 
     def __init__(
-        self, m: Columnar, start: Any, end: Any, columns: dict[str, Any], sample: Any
-    ) -> None:
+        self, m: Columnar, start: Any, end: Any, columns: dict[str, Any] | None,
+        samples: list[_ViewSample] | None = None,
+    ) -> None:  # fmt: skip
         self.job_id, self.node, self.step, self.run = m.job_id, m.node, m.step, m.run
         self.ts_start, self.ts_end = start, end
         self.nodes: tuple[str, ...] | None = (
             None if m.columns.nodes is None else tuple(m.columns.nodes)
         )
         self.columns = columns
-        self._sample = sample
-        self._samples: list[Any] | None = None
+        self._samples = samples
 
-    def frame_columns(self) -> dict[str, Any]:
+    def frame_columns(self) -> dict[str, Any] | None:
         """The frame's columns of this message (``node_idx`` indexes ``nodes``; None: every
-        sample is the message's node)."""
+        sample is the message's node), or None for a small one: read its ``rows()``."""
         return self.columns
 
     @property
-    def samples(self) -> list[Any]:
+    def samples(self) -> list[_ViewSample]:
         if self._samples is None:
-            c, n = self.columns, len(self.columns["rank"])
+            c = self.columns
+            assert c is not None  # a small view is built with its samples
+            n = len(c["rank"])
 
             def said(a: npt.NDArray[np.float64] | None, integral: bool) -> list[Any]:
                 if a is None:
@@ -360,14 +386,75 @@ class ColumnView:
                 said(c["tokens"], True), said(c["flops"], False), said(c["max_seq_len"], True),
                 names, strict=True,
             )  # fmt: skip
-            self._samples = [self._sample(*f) for f in fields]
+            self._samples = [_ViewSample(*f) for f in fields]
         return self._samples
 
     def rows(self) -> list[tuple[Any, ...]]:
         return list(map(astuple, self.samples))
 
 
-def view_of(raw: bytes, times: Callable[[Columnar], Any], sample: Any) -> ColumnView | None:
+#: A message of at most this many samples is checked and viewed in Python (a node's
+#: message: numpy's fixed cost per call is more than the work on eight values).
+SMALL: Final = 16
+
+
+def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
+    """:func:`view_of` for a small message: its samples built at once, the same checks."""
+    c, n = m.columns, m.columns.n
+
+    def ints(b: bytes) -> list[int]:
+        return memoryview(b).cast("i").tolist()
+
+    def floats(b: bytes | None) -> list[float] | None:
+        return None if b is None else memoryview(b).cast("d").tolist()
+
+    flat = ints(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)))
+    rank, local = flat[:n], flat[n : 2 * n]
+    groups = [flat[2 * n : 3 * n], flat[3 * n : 4 * n], flat[4 * n :]]
+    if min(flat) < 0 or max(rank) >= MAX_RANKS_PER_JOB or max(local) > MAX_LOCAL_RANK:
+        return None
+    spans = floats(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s))) or []
+    total = sum(spans)  # NaN when a value is (or inf and -inf are)
+    if math.isnan(total) or min(spans) < 0 or max(spans) > MAX_STEP_SECONDS:
+        return None
+    if max(c.phase) >= len(PHASES) or len(set(rank)) != n:
+        return None
+    times = [spans[:n], spans[n : 2 * n], spans[2 * n : 3 * n], spans[3 * n :]]
+    signals = []
+    for values, null in ((c.loss, c.loss_null), (c.grad_norm, c.grad_norm_null)):
+        v = floats(values)
+        if v is None:
+            signals.append([None] * n)
+        elif null is None:
+            signals.append(v)
+        elif max(null) > 1:
+            return None
+        else:
+            signals.append([None if z else x for x, z in zip(v, null, strict=True)])
+    work: list[list[Any]] = []
+    for name, top, integral in (("tokens", MAX_TOKENS, True), ("flops", MAX_FLOPS, False),
+                                ("max_seq_len", MAX_TOKENS, True)):  # fmt: skip
+        v = floats(getattr(c, name))
+        if v is None:
+            work.append([None] * n)
+            continue
+        said = [x for x in v if not math.isnan(x)]
+        if said and (min(said) < 0 or max(said) > top or (integral and not all(
+            x.is_integer() for x in said))):  # fmt: skip
+            return None
+        work.append([None if math.isnan(x) else int(x) if integral else x for x in v])
+    names: list[str | None] = [None] * n
+    if c.nodes is not None:
+        idx = ints(c.node_idx or b"")
+        if min(idx) < 0 or max(idx) >= len(c.nodes):
+            return None
+        names = [c.nodes[k] for k in idx]
+    samples = list(map(_ViewSample, rank, local, *times, *groups, [PHASES[p] for p in c.phase],
+                       *signals, *work, names))  # fmt: skip
+    return ColumnView(m, when[0], when[1], None, samples)
+
+
+def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     """The worker's per-record path for a version-3 message: a few numpy calls a
     message, whatever its size; None where pydantic decides (as :func:`decode`). A
     rack's ``node_order`` lists the indexes of ``nodes`` in the order the samples first
@@ -380,6 +467,8 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any], sample: Any) -> Column
     when = times(m)
     if when is None:
         return None
+    if m.columns.n <= SMALL and sys.byteorder == "little":
+        return _small(m, when)
     c, n = m.columns, m.columns.n
     ints = np.frombuffer(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)),
                          dtype=_I4).reshape(5, n)  # fmt: skip
@@ -430,11 +519,11 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any], sample: Any) -> Column
         idx = np.frombuffer(c.node_idx or b"", dtype=_I4)
         steps = np.diff(idx)
         if idx[0] == 0 and idx[-1] == len(c.nodes) - 1 and not ((steps != 0) & (steps != 1)).any():
-            out["node_order"] = range(len(c.nodes))
+            out["node_order"] = list(range(len(c.nodes)))
         elif idx.min() < 0 or idx.max() >= len(c.nodes):
             return None
         else:
             seen, first = np.unique(idx, return_index=True)
             out["node_order"] = seen[np.argsort(first)].tolist()
         out["node_idx"] = idx
-    return ColumnView(m, when[0], when[1], out, sample)
+    return ColumnView(m, when[0], when[1], out)

@@ -582,7 +582,7 @@ def decode_step(raw: bytes | None) -> StepView | fastcolumns.ColumnView | None:
     if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii():
         return None
     if fastcolumns.is_columnar(raw):
-        return fastcolumns.view_of(raw, _step_times, _Sample)
+        return fastcolumns.view_of(raw, _step_times)
     try:
         m = _DECODER.decode(raw)
     except msgspec.DecodeError:

@@ -191,3 +191,35 @@ def test_a_good_message_beside_a_bad_one_in_a_batch_is_kept():
     cols = decode_steps([json.dumps(bad).encode(), json.dumps(good).encode()])
     assert cols.slow == [0] and cols.messages.tolist() == [1]
     assert cols.sample_node == ["n0", "n1", "n0", "n1"]
+
+
+@pytest.mark.parametrize("small", [16, 0])  # the Python path of small messages, numpy's
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    drawn=st.lists(mutated_v3(), min_size=1, max_size=3),
+    whole=st.lists(ascii_steps(), min_size=1, max_size=3),
+)
+def test_both_per_record_paths_take_only_what_pydantic_takes_with_its_values(small, drawn, whole):
+    from pipeline.io import fastcolumns
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fastcolumns, "SMALL", small)
+        for raw in drawn:
+            if decode_step(raw) is not None:
+                assert not isinstance(decode(StepTelemetry, raw), Rejected)
+        for m in whole:
+            view = decode_step(encode(columnar(m)))
+            assert view is not None
+            assert [tuple(map(repr, r)) for r in view.rows()] == [
+                tuple(map(repr, r)) for r in decode_step_rows(m)
+            ]
+
+
+def decode_step_rows(m: StepTelemetry) -> list[tuple]:
+    """The model's samples as the frame's rows (a phase by its value)."""
+    from detectors.frame import ROW_FIELDS
+
+    return [
+        tuple(getattr(s, f).value if f == "phase" else getattr(s, f) for f in ROW_FIELDS)
+        for s in m.samples
+    ]
