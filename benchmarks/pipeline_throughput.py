@@ -16,6 +16,14 @@ Measures, on a real broker (embedded Tansu unless --bootstrap / STEPGUARD_KAFKA_
   time, wall time at scoring minus the step's end (the worker's latency histogram);
   ``latency_128k_rack_*`` the same for 131,072 ranks in rack messages;
 - ``worker_peak_rss_mb`` / ``..._128k``: the worker's peak RSS (VmHWM);
+- columnar telemetry (StepTelemetry version 3, issue 40), keys with ``columnar``:
+  ``columnar_decode_frame_us_per_rank_step_rack`` (the worker's decode and step frames
+  per rank-step, rack messages of ``--rack`` nodes) beside
+  ``columnar_baseline_decode_frame_us_per_rank_step_node`` (today's node messages, same
+  run) and their ratio; ``core_rank_steps_per_s[_rack]_columnar``;
+  ``worker_rank_steps_per_s_columnar`` (128 nodes x 8 ranks, columnar node messages),
+  ``worker_rank_steps_per_s_128k_rack_columnar``; ``--columnar-only`` runs just these,
+  each beside its baseline (``columnar_baseline_*``) in the same run;
 - ``workers_2_rank_steps_per_s`` / ``workers_1_...``: two workers on two partitions
   against one. Not run on the embedded broker (``--no-two-workers`` is implied there):
   Tansu expires a stopped member's session whatever its timeout, and the run hangs in
@@ -342,6 +350,38 @@ def bench_columnar(rack: int) -> dict[str, float]:
     out["columnar_decode_frame_ratio_rack_to_node_path"] = col_rack / node
     out["core_rank_steps_per_s_columnar"] = bench_core(128, 60, columnar=True)
     out["core_rank_steps_per_s_rack_columnar"] = bench_core(2048, 8, rack=rack, columnar=True)
+    return out
+
+
+def bench_columnar_worker(base: Settings, rack: int, steps: int, tmp: Path) -> dict[str, float]:
+    """:func:`bench_columnar`, then the worker (Faust, the broker) on node messages of
+    8 ranks and on the 131,072-rank job in rack messages, today's and columnar, in
+    turn on the same broker, with the worker's own CPU microseconds per rank-step
+    (``*_cpu_us``: what bounds it when the broker and the load generator share the
+    cores); a run whose records the worker refuses raises."""
+    out = bench_columnar(rack)
+    big = max(10, steps // 20)
+    runs = (
+        ("columnar_baseline_worker_rank_steps_per_s", 128, steps, 1, False),
+        ("worker_rank_steps_per_s_columnar", 128, steps, 1, True),
+        ("columnar_baseline_worker_rank_steps_per_s_128k_rack", 16_384, big, rack, False),
+        ("worker_rank_steps_per_s_128k_rack_columnar", 16_384, big, rack, True),
+    )
+    for key, nodes, n_steps, per, columnar in runs:
+        print(f"worker: {key} ...", flush=True)
+        cpu: list[float] = []
+        out[key], _ = bench_worker_throughput(
+            fresh(base), nodes, n_steps, tmp, rack=per, cpu_out=cpu, columnar=columnar
+        )
+        out[key.replace("_per_s", "_cpu_us")] = cpu[0]
+    out["columnar_128k_rack_speedup"] = (
+        out["worker_rank_steps_per_s_128k_rack_columnar"]
+        / out["columnar_baseline_worker_rank_steps_per_s_128k_rack"]
+    )
+    out["columnar_128k_rack_steps_per_s"] = out["worker_rank_steps_per_s_128k_rack_columnar"] / (
+        16_384 * 8
+    )
+    out["rack"] = rack
     return out
 
 
@@ -963,6 +1003,13 @@ def main() -> None:
         help="--auth-only: runs of each kind, alternating (the best of each is kept)",
     )  # fmt: skip
     ap.add_argument(
+        "--columnar-only", action="store_true",
+        help="only issue 40's side-by-side rows (--json keys *columnar*): decode + frame "
+        "and the core on today's messages and on columnar ones (StepTelemetry version 3), "
+        "then one worker at 128 nodes x 8 ranks in node messages, columnar and not, and "
+        "the 131,072-rank job in rack messages, columnar and not",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch-max", type=int, default=0,
         help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one event per call; 0: "
         "the default)",
@@ -990,6 +1037,15 @@ def main() -> None:
             results["command"], ("faust-streaming", "aiokafka", "msgspec", "numpy", "pydantic")
         )
         results["load_average_start"] = os.getloadavg()[0]
+        if args.columnar_only:
+            print("columnar telemetry: side by side ...", flush=True)
+            for key, value in bench_columnar_worker(base, args.rack, steps, tmp).items():
+                results[key] = value
+            results["load_average_end"] = os.getloadavg()[0]
+            print(json.dumps(results, indent=2))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            return
         if args.auth_only:
             print("authenticated telemetry: with and without ...", flush=True)
             for key, value in bench_auth(
@@ -1006,12 +1062,17 @@ def main() -> None:
         results["core_rank_steps_per_s"] = bench_core(128, 60)
         results["core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=args.rack)
         results["core_parts_us"] = bench_core_parts(128, 60)
+        for key, value in bench_columnar(args.rack).items():
+            results[key] = value
         print("exporter hook ...", flush=True)
         results["exporter_call_us"] = bench_exporter(fresh(base), calls)
         print("worker throughput ...", flush=True)
         s = fresh(base)
         rate, rss1 = bench_worker_throughput(s, 128, steps, tmp)
         results["worker_rank_steps_per_s"] = rate
+        results["worker_rank_steps_per_s_columnar"], _ = bench_worker_throughput(
+            fresh(base), 128, steps, tmp, columnar=True
+        )
         print("bare consumer and Faust baseline ...", flush=True)
         results["bare_consumer_msgs_per_s"] = bench_bare_consumer(s, 128 * steps)
         results["faust_per_event_baseline_per_s"] = bench_faust(s, 128 * steps, tmp)
@@ -1038,6 +1099,11 @@ def main() -> None:
             fresh(base), 16_384, 10 if args.quick else 3 * big_steps, tmp, rack=args.rack
         )  # fmt: skip
         results["worker_rank_steps_per_s_128k_rack"] = rate_rack
+        print(f"worker throughput at 128k ranks, {args.rack} nodes a message, columns ...")
+        results["worker_rank_steps_per_s_128k_rack_columnar"], _ = bench_worker_throughput(
+            fresh(base), 16_384, 10 if args.quick else 3 * big_steps, tmp, rack=args.rack,
+            columnar=True,
+        )  # fmt: skip
         results["rack"] = args.rack
         print("latency at 16k ranks x 1 step/s ...", flush=True)
         p50, p99, rss2 = bench_latency(fresh(base), 2048, seconds, tmp)
