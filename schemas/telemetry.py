@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AwareDatetime,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
-    SerializerFunctionWrapHandler,
-    model_serializer,
     model_validator,
 )
 
@@ -160,6 +158,13 @@ class RankSample(Message):
         return self.loss is None or math.isfinite(self.loss)
 
 
+class _Unsent(tuple):  # type: ignore[type-arg]
+    """A version-3 message's samples: held for its readers, never serialised (its
+    ``columns`` travel instead)."""
+
+    __slots__ = ()
+
+
 class StepTelemetry(Message):
     """Every rank of one node, or of one rack's nodes, for one step of one job (topic
     key: job id).
@@ -195,6 +200,7 @@ class StepTelemetry(Message):
     ts_end: AwareDatetime = Field(description="Event time the step ended (rank clock).")
     samples: tuple[RankSample, ...] = Field(
         default=(),
+        exclude_if=lambda v: type(v) is _Unsent,  # version 3 sends its columns instead
         description="Versions 1 and 2: the samples (at least one). Version 3 sends "
         "``columns`` instead (its model holds both).",
     )
@@ -236,19 +242,12 @@ class StepTelemetry(Message):
             if not self.samples:
                 raise ValueError("StepTelemetry version 3: columns or samples")
             object.__setattr__(self, "columns", SampleColumns.of(self.samples))
+            object.__setattr__(self, "samples", _Unsent(self.samples))
         elif self.samples:
             raise ValueError("StepTelemetry version 3 carries columns, not samples too")
         else:
-            samples = tuple(RankSample(**row) for row in samples_of(self.columns))
+            samples = _Unsent(RankSample(**row) for row in samples_of(self.columns))
             object.__setattr__(self, "samples", samples)
-
-    @model_serializer(mode="wrap")
-    def _wire(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]  # unannotated: the JSON Schema stays the model's
-        """Version 3 sends its columns, not its samples."""
-        data: dict[str, Any] = handler(self)
-        if self.schema_version == 3:
-            data.pop("samples", None)
-        return data
 
 
 class GpuHealth(Message):
