@@ -348,7 +348,9 @@ def bench_columnar(rack: int) -> dict[str, float]:
     out["columnar_decode_frame_us_per_rank_step_node"] = bench_decode_frame(128, 30, columnar=True)
     out["columnar_decode_frame_us_per_rank_step_rack"] = col_rack
     out["columnar_decode_frame_ratio_rack_to_node_path"] = col_rack / node
+    out["columnar_baseline_core_rank_steps_per_s"] = bench_core(128, 60)
     out["core_rank_steps_per_s_columnar"] = bench_core(128, 60, columnar=True)
+    out["columnar_baseline_core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=rack)
     out["core_rank_steps_per_s_rack_columnar"] = bench_core(2048, 8, rack=rack, columnar=True)
     return out
 
