@@ -270,7 +270,8 @@ def decode(
         j for j, (s, e) in enumerate(zip(times[0::2], times[1::2], strict=True))
         if s is not None and e is not None and e >= s
     ]  # fmt: skip
-    slow += [index[j] for j in range(len(msgs)) if j not in set(alive)]
+    kept = set(alive)
+    slow += [index[j] for j in range(len(msgs)) if j not in kept]
     while True:  # twice at most: the messages the schema refuses go, the rest again
         now = [msgs[j] for j in alive]
         per_sample, nodes, refused = sample_columns(now)
@@ -294,7 +295,8 @@ def decode(
         if not bad:
             return cols
         slow += [index[alive[k]] for k in bad]
-        alive = [j for k, j in enumerate(alive) if k not in set(bad)]
+        dropped = set(bad)
+        alive = [j for k, j in enumerate(alive) if k not in dropped]
 
 
 class _ViewSample(msgspec.Struct, gc=False):
