@@ -3,7 +3,8 @@
 ``schemas.decode`` builds a pydantic model per message: ~16 us for one StepTelemetry of
 eight ranks, which caps a consumer near 60k messages/s before it does anything else.
 :func:`decode_steps` decodes a whole batch with msgspec straight from JSON into flat
-numpy columns (one entry per rank sample) and applies pydantic's checks vectorised.
+numpy columns (one entry per rank sample) and applies pydantic's checks vectorised;
+version-3 (columnar) messages by :mod:`pipeline.io.fastcolumns`, one array per field.
 
 The fast path is deliberately narrower than the schema: anything it does not accept
 (unusual but valid spellings such as ``"5"`` for an int or a timestamp without seconds,
@@ -157,8 +158,8 @@ class StepColumns:
     floats (NaN/inf kept) with ``loss_null``/``grad_norm_null`` marking JSON nulls.
     The work fields ``tokens``, ``flops`` and ``max_seq_len`` are floats, NaN where the
     sample did not say (work is never NaN when said: the schema bounds it).
-    ``sample_node`` is each sample's node: its own in a version-2 (rack) message, else
-    the message's ``node`` (which, in a rack's message, names the sender).
+    ``sample_node`` is each sample's node: its own in a rack's message (version 2, or 3
+    with ``nodes``), else the message's ``node`` (in a rack's message, the sender).
     ``slow`` lists the input indices the caller must decode with ``schemas.decode``.
     """
 
