@@ -16,6 +16,14 @@ Measures, on a real broker (embedded Tansu unless --bootstrap / STEPGUARD_KAFKA_
   time, wall time at scoring minus the step's end (the worker's latency histogram);
   ``latency_128k_rack_*`` the same for 131,072 ranks in rack messages;
 - ``worker_peak_rss_mb`` / ``..._128k``: the worker's peak RSS (VmHWM);
+- columnar telemetry (StepTelemetry version 3, issue 40), keys with ``columnar``:
+  ``columnar_decode_frame_us_per_rank_step_rack`` (the worker's decode and step frames
+  per rank-step, rack messages of ``--rack`` nodes) beside
+  ``columnar_baseline_decode_frame_us_per_rank_step_node`` (today's node messages, same
+  run) and their ratio; ``core_rank_steps_per_s[_rack]_columnar``;
+  ``worker_rank_steps_per_s_columnar`` (128 nodes x 8 ranks, columnar node messages),
+  ``worker_rank_steps_per_s_128k_rack_columnar``; ``--columnar-only`` runs just these,
+  each beside its baseline (``columnar_baseline_*``) in the same run;
 - ``workers_2_rank_steps_per_s`` / ``workers_1_...``: two workers on two partitions
   against one. Not run on the embedded broker (``--no-two-workers`` is implied there):
   Tansu expires a stopped member's session whatever its timeout, and the run hangs in
@@ -39,6 +47,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import os
 import re
 import signal
@@ -78,7 +87,9 @@ BENCH_KEYS = NodeKeys(secret=BENCH_SECRET)
 AUTH = {"on": True, "check": True}
 
 
-def node_model(job: str, node: int, step: int, ts: float, gpus: int = 8) -> StepTelemetry:
+def node_model(
+    job: str, node: int, step: int, ts: float, gpus: int = 8, version: int = 1
+) -> StepTelemetry:
     samples = tuple(
         RankSample(
             rank=node * gpus + g, local_rank=g, step_time_s=1.0,
@@ -89,7 +100,7 @@ def node_model(job: str, node: int, step: int, ts: float, gpus: int = 8) -> Step
     )  # fmt: skip
     t = datetime.fromtimestamp(ts, UTC)
     return StepTelemetry(
-        job_id=job, node=f"node-{node:05d}", step=step,
+        schema_version=version, job_id=job, node=f"node-{node:05d}", step=step,
         ts_start=datetime.fromtimestamp(ts - 1.0, UTC), ts_end=t, samples=samples,
     )  # fmt: skip
 
@@ -106,10 +117,12 @@ class NodeMessages:
     (on a cluster every node encodes its own). Each sender gets one template per value
     of the compute-time pattern, rendered with the step and its times. ``rack`` > 1:
     one StepTelemetry version 2 per ``rack`` nodes (what ``stepguard export-rack``
-    sends), else one per node.
+    sent before issue 40), else one per node (version 1); ``columnar``: version 3
+    instead, the samples as columns (what both send now).
     """
 
-    def __init__(self, job: str, nodes: int, rack: int = 1) -> None:
+    def __init__(self, job: str, nodes: int, rack: int = 1, columnar: bool = False) -> None:
+        self.columnar = columnar
         # any whole second works as the template's time: every render replaces it
         self._T = float(int(time.time()) - 7)
         end = datetime.fromtimestamp(self._T, UTC).strftime("%Y-%m-%dT%H:%M:%SZ").encode()
@@ -133,9 +146,9 @@ class NodeMessages:
 
     def _message(self, job: str, first: int, step: int, rack: int) -> bytes:
         if rack == 1:
-            return node_message(job, first, step, self._T)
+            return encode(node_model(job, first, step, self._T, version=3 if self.columnar else 1))
         models = [node_model(job, n, step, self._T) for n in range(first, first + rack)]
-        return encode(merge_nodes(models, f"rack-{first // rack:05d}"))
+        return encode(merge_nodes(models, f"rack-{first // rack:05d}", columnar=self.columnar))
 
     def render(self, step: int, ts: float) -> list[bytes]:
         """Every sender's message for ``step`` ending at ``ts`` (times formatted once)."""
@@ -182,13 +195,16 @@ def bench_exporter(settings: Settings, calls: int) -> float:
 
 
 # -- prefill + bare consumer -----------------------------------------------------------
-def prefill(settings: Settings, job: str | list[str], nodes: int, steps: int, rack: int = 1) -> int:
+def prefill(
+    settings: Settings, job: str | list[str], nodes: int, steps: int, rack: int = 1,
+    columnar: bool = False,
+) -> int:  # fmt: skip
     """``steps`` steps of ``nodes`` nodes of each job, step by step (jobs interleaved)."""
     create_topics(settings)
     producer = make_producer(settings)
     topic = registry_of(settings).name("steps")
     jobs = [job] if isinstance(job, str) else job
-    messages = [NodeMessages(j, nodes, rack) for j in jobs]
+    messages = [NodeMessages(j, nodes, rack, columnar) for j in jobs]
     # dated from now: the last step ends now, so no record is ahead of the worker's
     # clock (the clock-skew rule dead-letters those) however long the prefill takes
     t0 = time.time() - steps
@@ -227,15 +243,16 @@ def bench_bare_consumer(settings: Settings, expected: int) -> float:
 
 # -- the worker's core without Faust ---------------------------------------------------
 def bench_core(
-    nodes: int, steps: int, rack: int = 1, auth: bool = False, cpu_out: list[float] | None = None
-) -> float:
+    nodes: int, steps: int, rack: int = 1, auth: bool = False, cpu_out: list[float] | None = None,
+    columnar: bool = False,
+) -> float:  # fmt: skip
     """Rank-steps/s of :class:`WorkerDetection` alone (decode, assembly, detection, snapshots)
     on pre-encoded records, in this process: what the worker would do without Faust.
     ``auth``: each record carries its nodes' proofs and the core verifies them; with
     ``cpu_out``, this process's CPU microseconds per message are appended to it."""
     from pipeline.services.worker.state import CoreTopics, WorkerDetection
 
-    messages = NodeMessages("core-job", nodes, rack)
+    messages = NodeMessages("core-job", nodes, rack, columnar)
     t0 = time.time() - steps
     values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
     senders = messages.senders * steps
@@ -292,6 +309,82 @@ def bench_core_parts(nodes: int, steps: int) -> dict[str, float]:
     on_step_s = time.perf_counter() - start
     n = len(values) / 1e6
     return {"decode_us": decode_s / n, "frame_us": frame_s / n, "on_step_us": on_step_s / n}
+
+
+def bench_decode_frame(nodes: int, steps: int, rack: int = 1, columnar: bool = False) -> float:
+    """Microseconds per rank-step of the worker's decode (``decode_step``, record by
+    record) and the step frames (``StepFrame.from_messages`` of each step's decoded
+    messages): what issue 40 takes from per-field Python work to arrays. Raises when
+    the fast decoder leaves a record to pydantic (a refused record is not measured)."""
+    from detectors.frame import StepFrame
+    from pipeline.io.fastdecode import decode_step
+
+    messages = NodeMessages("core-job", nodes, rack, columnar)
+    per_step = len(messages.senders)
+    t0 = time.time() - steps
+    values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
+    best = math.inf
+    for _ in range(3):  # the best of three: the machine is shared
+        start = time.perf_counter()
+        decoded = [decode_step(v) for v in values]
+        if any(d is None for d in decoded):
+            raise RuntimeError("the fast decoder left benchmark records to pydantic")
+        for i in range(0, len(decoded), per_step):
+            StepFrame.from_messages(decoded[i : i + per_step])  # type: ignore[arg-type]
+        best = min(best, time.perf_counter() - start)
+    return best / (steps * nodes * 8) * 1e6
+
+
+def bench_columnar(rack: int) -> dict[str, float]:
+    """Issue 40's side-by-side rows, one run: decode + frame per rank-step and the core
+    (decode, assembly, detection) on today's messages and on columnar ones."""
+    out: dict[str, float] = {}
+    node = bench_decode_frame(128, 30)
+    col_rack = bench_decode_frame(2048, 4, rack=rack, columnar=True)
+    out["columnar_baseline_decode_frame_us_per_rank_step_node"] = node
+    out["columnar_baseline_decode_frame_us_per_rank_step_rack"] = bench_decode_frame(
+        2048, 4, rack=rack
+    )
+    out["columnar_decode_frame_us_per_rank_step_node"] = bench_decode_frame(128, 30, columnar=True)
+    out["columnar_decode_frame_us_per_rank_step_rack"] = col_rack
+    out["columnar_decode_frame_ratio_rack_to_node_path"] = col_rack / node
+    out["columnar_baseline_core_rank_steps_per_s"] = bench_core(128, 60)
+    out["core_rank_steps_per_s_columnar"] = bench_core(128, 60, columnar=True)
+    out["columnar_baseline_core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=rack)
+    out["core_rank_steps_per_s_rack_columnar"] = bench_core(2048, 8, rack=rack, columnar=True)
+    return out
+
+
+def bench_columnar_worker(base: Settings, rack: int, steps: int, tmp: Path) -> dict[str, float]:
+    """:func:`bench_columnar`, then the worker (Faust, the broker) on node messages of
+    8 ranks and on the 131,072-rank job in rack messages, today's and columnar, in
+    turn on the same broker, with the worker's own CPU microseconds per rank-step
+    (``*_cpu_us``: what bounds it when the broker and the load generator share the
+    cores); a run whose records the worker refuses raises."""
+    out = bench_columnar(rack)
+    big = max(10, steps // 20)
+    runs = (
+        ("columnar_baseline_worker_rank_steps_per_s", 128, steps, 1, False),
+        ("worker_rank_steps_per_s_columnar", 128, steps, 1, True),
+        ("columnar_baseline_worker_rank_steps_per_s_128k_rack", 16_384, big, rack, False),
+        ("worker_rank_steps_per_s_128k_rack_columnar", 16_384, big, rack, True),
+    )
+    for key, nodes, n_steps, per, columnar in runs:
+        print(f"worker: {key} ...", flush=True)
+        cpu: list[float] = []
+        out[key], _ = bench_worker_throughput(
+            fresh(base), nodes, n_steps, tmp, rack=per, cpu_out=cpu, columnar=columnar
+        )
+        out[key.replace("_per_s", "_cpu_us")] = cpu[0]
+    out["columnar_128k_rack_speedup"] = (
+        out["worker_rank_steps_per_s_128k_rack_columnar"]
+        / out["columnar_baseline_worker_rank_steps_per_s_128k_rack"]
+    )
+    out["columnar_128k_rack_steps_per_s"] = out["worker_rank_steps_per_s_128k_rack_columnar"] / (
+        16_384 * 8
+    )
+    out["rack"] = rack
+    return out
 
 
 def bench_verify(nodes: int, steps: int, rack: int = 1) -> float:
@@ -527,13 +620,13 @@ class WorkerProc:
 
 def bench_worker_throughput(
     settings: Settings, nodes: int, steps: int, tmp: Path, rack: int = 1, timeout_s: float = 600,
-    cpu_out: list[float] | None = None,
+    cpu_out: list[float] | None = None, columnar: bool = False,
 ):  # fmt: skip
     """Rank-steps/s of one worker over a prefilled backlog, and its peak RSS; with
     ``cpu_out``, the worker's CPU microseconds per rank-step while it scored are
     appended to it (its own time: what a loaded machine's other processes do not
     change)."""
-    prefill(settings, "bench-job", nodes, steps, rack)
+    prefill(settings, "bench-job", nodes, steps, rack, columnar)
     total = (steps - 2) * nodes * 8  # the last steps wait for a later one to complete
     w = WorkerProc(settings, tmp)
     try:
@@ -912,6 +1005,13 @@ def main() -> None:
         help="--auth-only: runs of each kind, alternating (the best of each is kept)",
     )  # fmt: skip
     ap.add_argument(
+        "--columnar-only", action="store_true",
+        help="only issue 40's side-by-side rows (--json keys *columnar*): decode + frame "
+        "and the core on today's messages and on columnar ones (StepTelemetry version 3), "
+        "then one worker at 128 nodes x 8 ranks in node messages, columnar and not, and "
+        "the 131,072-rank job in rack messages, columnar and not",
+    )  # fmt: skip
+    ap.add_argument(
         "--batch-max", type=int, default=0,
         help="STEPGUARD_WORKER_BATCH_MAX of the workers (1: one event per call; 0: "
         "the default)",
@@ -939,6 +1039,15 @@ def main() -> None:
             results["command"], ("faust-streaming", "aiokafka", "msgspec", "numpy", "pydantic")
         )
         results["load_average_start"] = os.getloadavg()[0]
+        if args.columnar_only:
+            print("columnar telemetry: side by side ...", flush=True)
+            for key, value in bench_columnar_worker(base, args.rack, steps, tmp).items():
+                results[key] = value
+            results["load_average_end"] = os.getloadavg()[0]
+            print(json.dumps(results, indent=2))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            return
         if args.auth_only:
             print("authenticated telemetry: with and without ...", flush=True)
             for key, value in bench_auth(
@@ -955,12 +1064,17 @@ def main() -> None:
         results["core_rank_steps_per_s"] = bench_core(128, 60)
         results["core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=args.rack)
         results["core_parts_us"] = bench_core_parts(128, 60)
+        for key, value in bench_columnar(args.rack).items():
+            results[key] = value
         print("exporter hook ...", flush=True)
         results["exporter_call_us"] = bench_exporter(fresh(base), calls)
         print("worker throughput ...", flush=True)
         s = fresh(base)
         rate, rss1 = bench_worker_throughput(s, 128, steps, tmp)
         results["worker_rank_steps_per_s"] = rate
+        results["worker_rank_steps_per_s_columnar"], _ = bench_worker_throughput(
+            fresh(base), 128, steps, tmp, columnar=True
+        )
         print("bare consumer and Faust baseline ...", flush=True)
         results["bare_consumer_msgs_per_s"] = bench_bare_consumer(s, 128 * steps)
         results["faust_per_event_baseline_per_s"] = bench_faust(s, 128 * steps, tmp)
@@ -987,6 +1101,11 @@ def main() -> None:
             fresh(base), 16_384, 10 if args.quick else 3 * big_steps, tmp, rack=args.rack
         )  # fmt: skip
         results["worker_rank_steps_per_s_128k_rack"] = rate_rack
+        print(f"worker throughput at 128k ranks, {args.rack} nodes a message, columns ...")
+        results["worker_rank_steps_per_s_128k_rack_columnar"], _ = bench_worker_throughput(
+            fresh(base), 16_384, 10 if args.quick else 3 * big_steps, tmp, rack=args.rack,
+            columnar=True,
+        )  # fmt: skip
         results["rack"] = args.rack
         print("latency at 16k ranks x 1 step/s ...", flush=True)
         p50, p99, rss2 = bench_latency(fresh(base), 2048, seconds, tmp)

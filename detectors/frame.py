@@ -205,7 +205,9 @@ class StepFrame:
 
         Every sample becomes a tuple (:data:`ROW_FIELDS`, in C where the message has
         ``rows()``), the tuples are transposed at once and each column converted by
-        numpy: per-rank Python work is what bounds a frame at 1k-16k ranks a step.
+        numpy: per-rank Python work is what bounds a frame at 1k-16k ranks a step. A
+        message with ``frame_columns()`` (a columnar message, StepTelemetry version 3)
+        gives its columns as arrays instead, and the frame concatenates them.
         """
         if not messages:
             raise ValueError("messages must not be empty")
@@ -224,11 +226,19 @@ class StepFrame:
                 nodes.append(node)
             return p
 
+        parts: list[dict[str, Any]] = []  # in message order, with columnar messages
         for m in messages:
             if m.job_id != job_id or m.step != step:
                 raise ValueError("messages mix jobs or steps")
             ends.append(m.ts_end.timestamp())
             starts.append(m.ts_start.timestamp())
+            arrays = m.frame_columns() if hasattr(m, "frame_columns") else None
+            if arrays is not None:  # None: the message has rows after all (a small one)
+                if rows:
+                    parts.append(_row_part(rows, where))
+                    rows, where = [], []
+                parts.append(_column_part(arrays, m, pos))
+                continue
             packed = m.rows() if hasattr(m, "rows") else list(map(_ROW, m.samples))
             if not packed:
                 continue
@@ -237,6 +247,10 @@ class StepFrame:
                 where += [pos(m.node)] * len(packed)
             else:  # a rack's message (StepTelemetry version 2): every sample names its node
                 where += [pos(r[-1] or m.node) for r in packed]
+        if parts:
+            if rows:
+                parts.append(_row_part(rows, where))
+            return cls._from_parts(job_id, step, step_times(ends, starts), nodes, parts)
         n = len(rows)
         cols = list(zip(*rows, strict=True)) if n else [()] * len(ROW_FIELDS)
         rank = np.array(cols[0], dtype=np.int64)
@@ -291,6 +305,36 @@ class StepFrame:
             flops=flops,
             max_seq_len=max_seq_len,
         )
+
+    @classmethod
+    def _from_parts(
+        cls, job_id: str, step: int, times: tuple[float, float], nodes: list[str],
+        parts: list[dict[str, Any]],
+    ) -> StepFrame:  # fmt: skip
+        """A frame of column parts (:func:`_row_part`, :func:`_column_part`)."""
+        cols: dict[str, Any] = {}
+        for name in parts[0]:
+            if name in WORK_FIELDS:
+                said = [p[name] for p in parts if p[name] is not None]
+                if not said:
+                    cols[name] = None
+                    continue
+                values = [
+                    p[name] if p[name] is not None else np.full(p["rank"].shape[0], np.nan)
+                    for p in parts
+                ]  # fmt: skip
+            else:
+                values = [p[name] for p in parts]
+            cols[name] = np.concatenate(values) if len(values) > 1 else np.array(values[0])
+        rank = cols["rank"]
+        n = rank.shape[0]
+        if n > 1 and not bool((rank[1:] > rank[:-1]).all()):
+            keep = np.argsort(rank, kind="stable")
+            ranked = rank[keep]
+            keep = keep[np.concatenate([[True], ranked[1:] != ranked[:-1]])]  # first counts
+            cols = {k: None if v is None else v[keep] for k, v in cols.items()}
+        return cls(job_id=job_id, step=step, ts=times[0], ts_start=times[1],
+                   nodes=tuple(nodes), **cols)  # fmt: skip
 
     @classmethod
     def from_arrays(
@@ -437,6 +481,44 @@ class StepFrame:
                 )
             )
         return out
+
+
+def _row_part(rows: list[tuple[object, ...]], where: list[int]) -> dict[str, Any]:
+    """The frame's columns of rows (:data:`ROW_FIELDS` tuples) whose nodes are ``where``."""
+    cols = list(zip(*rows, strict=True))
+    loss, has_loss = _signal(cols[10])
+    grad_norm, has_grad_norm = _signal(cols[11])
+    keep = lambda a: a  # noqa: E731 - the rows stay in their order here
+    return {
+        "rank": np.array(cols[0], dtype=np.int64),
+        "node_idx": np.array(where, dtype=np.int32),
+        "local_rank": np.array(cols[1], dtype=np.int32),
+        "dp_group": np.array(cols[6], dtype=np.int32),
+        "pp_stage": np.array(cols[7], dtype=np.int32),
+        "tp_group": np.array(cols[8], dtype=np.int32),
+        "phase": np.array([PHASE_CODES[p] for p in cols[9]], dtype=np.int8),
+        "step_time": np.array(cols[2], dtype=np.float64),
+        "compute": np.array(cols[3], dtype=np.float64),
+        "comm_wait": np.array(cols[4], dtype=np.float64),
+        "data_wait": np.array(cols[5], dtype=np.float64),
+        "loss": loss, "has_loss": has_loss, "grad_norm": grad_norm,
+        "has_grad_norm": has_grad_norm, "tokens": _work(cols[12], keep),
+        "flops": _work(cols[13], keep), "max_seq_len": _work(cols[14], keep),
+    }  # fmt: skip
+
+
+def _column_part(arrays: dict[str, Any], m: Any, pos: Any) -> dict[str, Any]:
+    """The frame's columns of a columnar message: its arrays, its nodes placed."""
+    part = dict(arrays)
+    idx, order = part["node_idx"], part.pop("node_order")
+    if idx is None:  # a node's own message
+        part["node_idx"] = np.full(part["rank"].shape[0], pos(m.node), dtype=np.int32)
+    else:  # a rack's: its nodes placed in the order its samples first name them
+        lut = np.zeros(len(m.nodes), dtype=np.int32)
+        for k in order:
+            lut[k] = pos(m.nodes[k])
+        part["node_idx"] = lut[idx]
+    return part
 
 
 def _signal(values: Sequence[object]) -> tuple[F64, B]:

@@ -5,7 +5,9 @@ handles ~13k messages/s, so batching ranks per node is what makes cluster scale 
 Version 2 lets one message carry several nodes (a rack aggregator's): each sample then
 names its own ``node``, and the message's ``node`` names the sender (the rack), whose
 silence is what a lost aggregator looks like (its nodes' ranks go missing). Node-level
-(version 1) and rack-level (version 2) senders mix freely in one job.
+(version 1) and rack-level (version 2) senders mix freely in one job. Version 3 carries
+the samples as columns (:class:`~schemas.columnar.SampleColumns`: one typed array per
+field), for a node's or a rack's message alike; it mixes with the others too.
 
 Examples
 --------
@@ -25,9 +27,16 @@ import math
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field, NonNegativeFloat, NonNegativeInt, model_validator
+from pydantic import (
+    AwareDatetime,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    model_validator,
+)
 
 from schemas._base import Message
+from schemas.columnar import SampleColumns, samples_of
 
 __all__ = [
     "MAX_COUNTER",
@@ -149,6 +158,13 @@ class RankSample(Message):
         return self.loss is None or math.isfinite(self.loss)
 
 
+class _Unsent(tuple):  # type: ignore[type-arg]
+    """A version-3 message's samples: held for its readers, never serialised (its
+    ``columns`` travel instead)."""
+
+    __slots__ = ()
+
+
 class StepTelemetry(Message):
     """Every rank of one node, or of one rack's nodes, for one step of one job (topic
     key: job id).
@@ -156,7 +172,10 @@ class StepTelemetry(Message):
     Version 1: ``node`` is the node of every sample. Version 2 (a rack aggregator):
     ``node`` is the sender and every sample names its node; a sample's ``node`` in a
     version-1 message is an error (an older worker would file its rank under the
-    sender).
+    sender). Version 3: the samples travel as ``columns`` (node or rack alike: the
+    columns' ``nodes`` name each sample's node in a rack's message); validating one
+    materialises ``samples`` (so every reader of ``samples`` works), building one from
+    ``samples`` packs its ``columns``, and its JSON carries the columns only.
 
     >>> from datetime import UTC, datetime
     >>> t = datetime(2026, 1, 1, tzinfo=UTC)
@@ -169,7 +188,7 @@ class StepTelemetry(Message):
     """
 
     kind_name = "step_telemetry"
-    schema_version: Literal[1, 2] = 1
+    schema_version: Literal[1, 2, 3] = 1
     job_id: str = Field(min_length=1, max_length=256)
     node: str = Field(
         min_length=1, max_length=256,
@@ -179,7 +198,17 @@ class StepTelemetry(Message):
     step: NonNegativeInt = Field(le=MAX_STEP)
     ts_start: AwareDatetime = Field(description="Event time the step started (rank clock).")
     ts_end: AwareDatetime = Field(description="Event time the step ended (rank clock).")
-    samples: tuple[RankSample, ...] = Field(min_length=1)
+    samples: tuple[RankSample, ...] = Field(
+        default=(),
+        exclude_if=lambda v: type(v) is _Unsent,  # version 3 sends its columns instead
+        description="Versions 1 and 2: the samples (at least one). Version 3 sends "
+        "``columns`` instead (its model holds both).",
+    )
+    columns: SampleColumns | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="Version 3: the samples as one typed array per field.",
+    )
     run: str = Field(
         default="",
         max_length=256,
@@ -189,6 +218,12 @@ class StepTelemetry(Message):
 
     @model_validator(mode="after")
     def _check_order(self) -> StepTelemetry:
+        if self.schema_version == 3:
+            self._columnar()
+        elif self.columns is not None:
+            raise ValueError("columns are StepTelemetry version 3")
+        if not self.samples:
+            raise ValueError("samples: at least one")
         if self.ts_end < self.ts_start:
             raise ValueError("ts_end is before ts_start")
         ranks = [s.rank for s in self.samples]
@@ -200,6 +235,19 @@ class StepTelemetry(Message):
         if self.schema_version == 2 and named != len(self.samples):
             raise ValueError("StepTelemetry version 2: every sample names its node")
         return self
+
+    def _columnar(self) -> None:
+        """Version 3: pack the samples given, or materialise the columns given."""
+        if self.columns is None:
+            if not self.samples:
+                raise ValueError("StepTelemetry version 3: columns or samples")
+            object.__setattr__(self, "columns", SampleColumns.of(self.samples))
+            object.__setattr__(self, "samples", _Unsent(self.samples))
+        elif self.samples:
+            raise ValueError("StepTelemetry version 3 carries columns, not samples too")
+        else:
+            samples = _Unsent(RankSample(**row) for row in samples_of(self.columns))
+            object.__setattr__(self, "samples", samples)
 
 
 class GpuHealth(Message):

@@ -3,9 +3,10 @@
 A worker handles a few thousand records a second, so a 131,072-rank job in node-level
 messages (16,384 a step) is faster than one worker at any step time under ~2 s. A rack
 aggregator merges the node messages of its rack into one
-:class:`~schemas.StepTelemetry` of version 2 (each sample names its node, the
-message's ``node`` names the rack): at 8 nodes of 8 GPUs a rack, that job sends 2,048
-messages a step.
+:class:`~schemas.StepTelemetry` of version 3 (columns; each sample names its node, the
+message's ``node`` names the rack; version 2, samples as objects, with
+``STEPGUARD_STEPS_COLUMNAR=0`` for workers older than version 3): at 8 nodes of 8
+GPUs a rack, that job sends 2,048 messages a step.
 
 Node aggregators (``stepguard export-node --rack HOST:PORT``) send their per-node
 messages to the rack over UDP (:class:`RackLink`; lifecycle events still go straight to
@@ -32,7 +33,7 @@ Examples
 >>> b.add(node(0), now=0.0)
 []
 >>> [(m.schema_version, m.node, [s.node for s in m.samples]) for m in b.add(node(1), 0.1)]
-[(2, 'rack-0', ['n0', 'n1'])]
+[(3, 'rack-0', ['n0', 'n1'])]
 >>> b.add(node(1), 0.2), b.late  # that step of that rack is out already
 ([], 1)
 """
@@ -62,8 +63,11 @@ log = logging.getLogger(__name__)
 MAX_DATAGRAM = 65_507
 
 
-def merge_nodes(messages: Sequence[StepTelemetry], sender: str) -> StepTelemetry:
-    """One version-2 message from the node messages of one step of one job.
+def merge_nodes(
+    messages: Sequence[StepTelemetry], sender: str, *, columnar: bool = True
+) -> StepTelemetry:
+    """One version-3 message (version 2 unless ``columnar``) from the node messages of
+    one step of one job.
 
     Every sample keeps its node; times span the nodes' (earliest start, latest end).
     """
@@ -78,7 +82,8 @@ def merge_nodes(messages: Sequence[StepTelemetry], sender: str) -> StepTelemetry
         for s in m.samples
     )
     return StepTelemetry(
-        schema_version=2, job_id=first.job_id, node=sender, step=first.step, run=first.run,
+        schema_version=3 if columnar else 2, job_id=first.job_id, node=sender,
+        step=first.step, run=first.run,
         ts_start=min(m.ts_start for m in messages), ts_end=max(m.ts_end for m in messages),
         samples=samples,
     )  # fmt: skip
@@ -105,6 +110,8 @@ class RackBatcher:
         Groups held at once; one more publishes the oldest early.
     max_done
         Published groups remembered, so that a late node is recognised.
+    columnar
+        Publish StepTelemetry version 3 (columns); False: version 2.
     """
 
     def __init__(
@@ -115,6 +122,7 @@ class RackBatcher:
         max_wait_s: float = 2.0,
         max_pending: int = 1024,
         max_done: int = 4096,
+        columnar: bool = True,
     ) -> None:
         if nodes_per_rack < 1:
             raise ValueError(f"nodes_per_rack must be >= 1, got {nodes_per_rack!r}")
@@ -127,6 +135,7 @@ class RackBatcher:
         self.max_wait_s = max_wait_s
         self.max_pending = max_pending
         self.max_done = max_done
+        self.columnar = columnar
         self._pending: OrderedDict[tuple[str, str, int], _Group] = OrderedDict()
         self._done: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self.late = 0  #: node messages for a group already published (dropped)
@@ -166,7 +175,7 @@ class RackBatcher:
         self._done[key] = None
         while len(self._done) > self.max_done:
             self._done.popitem(last=False)
-        return merge_nodes(list(group.nodes.values()), self.name)
+        return merge_nodes(list(group.nodes.values()), self.name, columnar=self.columnar)
 
 
 class RackLink:
@@ -209,9 +218,10 @@ class RackLink:
 class RackAggregator:
     """Receive node messages on UDP ``listen``; publish one message per rack and step.
 
-    Nothing received is trusted: a datagram that is not a valid version-1
-    StepTelemetry is counted in ``malformed`` (one warning each), one dated beyond
-    ``STEPGUARD_MAX_CLOCK_SKEW_S`` in ``future_dated``; neither is published.
+    Nothing received is trusted: a datagram that is not a valid node's StepTelemetry
+    (version 1, or 3 without sample nodes) is counted in ``malformed`` (one warning
+    each), one dated beyond ``STEPGUARD_MAX_CLOCK_SKEW_S`` in ``future_dated``; neither
+    is published.
     """
 
     def __init__(
@@ -225,7 +235,9 @@ class RackAggregator:
         sink: KafkaSink | None = None,
     ) -> None:
         self.sink = sink or KafkaSink(settings)
-        self.batcher = RackBatcher(name, nodes_per_rack, max_wait_s=max_wait_s)
+        self.batcher = RackBatcher(
+            name, nodes_per_rack, max_wait_s=max_wait_s, columnar=settings.steps_columnar
+        )
         self.received = 0
         self.malformed = 0
         self._future = FutureGate(settings.max_clock_skew_s, "rack aggregator")
@@ -254,7 +266,7 @@ class RackAggregator:
 
     def _handle(self, data: bytes, now: float) -> None:
         msg = decode(StepTelemetry, data, topic="rack", max_bytes=MAX_DATAGRAM)
-        if isinstance(msg, Rejected) or msg.schema_version != 1:
+        if isinstance(msg, Rejected) or msg.samples[0].node is not None:  # a rack's
             self.malformed += 1
             why = msg.letter.error if isinstance(msg, Rejected) else "not a node's message"
             log.warning("rack aggregator: malformed datagram: %s", why[:300])

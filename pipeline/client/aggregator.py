@@ -58,7 +58,9 @@ class NodeAggregator:
     ) -> None:
         self.socket_path = Path(socket_path)
         self.sink: MessageSink = sink or KafkaSink(settings)
-        self.batcher = StepBatcher(ranks_per_node, max_wait_s=max_wait_s)
+        self.batcher = StepBatcher(
+            ranks_per_node, max_wait_s=max_wait_s, columnar=settings.steps_columnar
+        )
         self.received = 0
         self.malformed = 0
         self._future = FutureGate(settings.max_clock_skew_s, "aggregator")

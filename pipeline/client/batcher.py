@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import ValidationError
 
@@ -53,17 +53,23 @@ class StepBatcher:
     """Collect records per (job, node, step); release a message when the node's
     ``ranks_per_node`` ranks are all in or ``max_wait_s`` passed (a dead rank must not
     hold its node back). Without ``ranks_per_node``, a record ``lag_steps`` steps later
-    also releases a step.
+    also releases a step. A message is StepTelemetry version 3 (columns) unless
+    ``columnar`` is False (version 1, for workers older than version 3).
 
     >>> b = StepBatcher(ranks_per_node=2)
     >>> r = RankRecord("j", "n0", 3, 0, 0, "train", 0, 0, 0, 1.0, 0.8, 0.1, 0.1,
     ...                None, None, 10.0, 11.0, 0.0)
-    >>> b.add(r), len(b.add(r._replace(rank=1, local_rank=1)))
-    ([], 1)
+    >>> b.add(r), [m.schema_version for m in b.add(r._replace(rank=1, local_rank=1))]
+    ([], [3])
     """
 
     def __init__(
-        self, ranks_per_node: int | None = None, lag_steps: int = 2, max_wait_s: float = 2.0
+        self,
+        ranks_per_node: int | None = None,
+        lag_steps: int = 2,
+        max_wait_s: float = 2.0,
+        *,
+        columnar: bool = True,
     ) -> None:
         if ranks_per_node is not None and ranks_per_node < 1:
             raise ValueError("ranks_per_node must be >= 1")
@@ -74,6 +80,7 @@ class StepBatcher:
         self.ranks_per_node = ranks_per_node
         self.lag_steps = lag_steps
         self.max_wait_s = max_wait_s
+        self.schema_version: Literal[1, 3] = 3 if columnar else 1
         self._open: dict[tuple[str, str, int], dict[int, RankRecord]] = {}
         self._newest: dict[tuple[str, str], int] = {}
         self.invalid = 0
@@ -153,6 +160,7 @@ class StepBatcher:
         try:
             return [
                 StepTelemetry(
+                    schema_version=self.schema_version,
                     job_id=key[0],
                     node=key[1],
                     step=key[2],

@@ -3,7 +3,8 @@
 ``schemas.decode`` builds a pydantic model per message: ~16 us for one StepTelemetry of
 eight ranks, which caps a consumer near 60k messages/s before it does anything else.
 :func:`decode_steps` decodes a whole batch with msgspec straight from JSON into flat
-numpy columns (one entry per rank sample) and applies pydantic's checks vectorised.
+numpy columns (one entry per rank sample) and applies pydantic's checks vectorised;
+version-3 (columnar) messages by :mod:`pipeline.io.fastcolumns`, one array per field.
 
 The fast path is deliberately narrower than the schema: anything it does not accept
 (unusual but valid spellings such as ``"5"`` for an int or a timestamp without seconds,
@@ -32,7 +33,7 @@ import gc
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import chain
 from typing import Annotated, Any, Final, Literal
@@ -43,7 +44,9 @@ import numpy.typing as npt
 from msgspec.structs import astuple
 
 from detectors.frame import ROW_FIELDS
+from pipeline.io import fastcolumns
 from schemas.codec import MAX_MESSAGE_BYTES
+from schemas.columnar import PHASES
 from schemas.telemetry import (
     MAX_FLOPS,
     MAX_GROUP_ID,
@@ -68,6 +71,7 @@ PHASE_CODES: Final[dict[str, int]] = {
     Phase.EVAL.value: 2,
     Phase.CHECKPOINT.value: 3,
 }
+assert tuple(PHASE_CODES) == PHASES, "the columns' phase codes are the steps table's"
 _INT64_MAX = 2**63 - 1
 
 # Narrower than the schema on purpose: every accepted int fits int64, the whole value is
@@ -154,8 +158,8 @@ class StepColumns:
     floats (NaN/inf kept) with ``loss_null``/``grad_norm_null`` marking JSON nulls.
     The work fields ``tokens``, ``flops`` and ``max_seq_len`` are floats, NaN where the
     sample did not say (work is never NaN when said: the schema bounds it).
-    ``sample_node`` is each sample's node: its own in a version-2 (rack) message, else
-    the message's ``node`` (which, in a rack's message, names the sender).
+    ``sample_node`` is each sample's node: its own in a rack's message (version 2, or 3
+    with ``nodes``), else the message's ``node`` (in a rack's message, the sender).
     ``slow`` lists the input indices the caller must decode with ``schemas.decode``.
     """
 
@@ -218,6 +222,23 @@ def decode_steps(values: Sequence[bytes | None]) -> StepColumns:
 
 
 def _decode_steps(values: Sequence[bytes | None]) -> StepColumns:
+    """Version-3 messages by their columns (:mod:`~pipeline.io.fastcolumns`), the
+    others by their samples; the two parts merged in input order."""
+    fits = [raw is not None and len(raw) <= MAX_MESSAGE_BYTES for raw in values]
+    columnar = [i for i, v in enumerate(values) if fits[i] and fastcolumns.is_columnar(v or b"")]
+    if not columnar:
+        return _decode_rows(values)
+    cols = fastcolumns.decode(values, columnar, StepColumns, _times, _invalid_messages)
+    if len(columnar) == len(values):
+        return cols  # type: ignore[no-any-return]
+    where = sorted(set(range(len(values))) - set(columnar))
+    rows = _decode_rows([values[i] for i in where])
+    at = np.asarray(where, dtype=np.int64)
+    rows = replace(rows, messages=at[rows.messages], slow=[where[i] for i in rows.slow])
+    return fastcolumns.merge(rows, cols)  # type: ignore[no-any-return]
+
+
+def _decode_rows(values: Sequence[bytes | None]) -> StepColumns:
     slow: list[int] = []
     decoded: list[_BatchStep] = []
     index: list[int] = []
@@ -302,7 +323,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
                 node=m.node,
                 run=m.run,
                 step=m.step,
-                schema_version=m.schema_version,
+                schema_version=1 if m.samples[0].node is None else 2,  # v3: its samples
                 ts_start=msgspec.Raw(b""),
                 ts_end=msgspec.Raw(b""),
                 samples=[
@@ -524,11 +545,22 @@ def sample_of(fields: dict[str, Any]) -> _Sample:
     return msgspec.convert(fields, _Sample, strict=False)
 
 
+def _step_times(m: Any) -> tuple[datetime, datetime] | None:
+    """A message's start and end as pydantic reads them, or None (pydantic decides)."""
+    if _PYDANTIC_TIME.search(m.ts_start) or _PYDANTIC_TIME.search(m.ts_end):
+        return None
+    try:
+        start, end = _TIME.decode(m.ts_start), _TIME.decode(m.ts_end)
+    except msgspec.DecodeError:
+        return None
+    return (start, end) if end >= start else None
+
+
 # A seventh fractional digit (msgspec rounds, pydantic truncates) or an escape: pydantic.
 _PYDANTIC_TIME = re.compile(rb"[.,][0-9]{7}|\\")
 
 
-def decode_step(raw: bytes | None) -> StepView | None:
+def decode_step(raw: bytes | None) -> StepView | fastcolumns.ColumnView | None:
     """Decode one steps-topic value, or return None for the caller to use
     ``schemas.decode`` (invalid input, and valid but unusual input alike).
 
@@ -550,18 +582,16 @@ def decode_step(raw: bytes | None) -> StepView | None:
     """
     if raw is None or len(raw) > MAX_MESSAGE_BYTES or not raw.isascii():
         return None
+    if fastcolumns.is_columnar(raw):
+        return fastcolumns.view_of(raw, _step_times)
     try:
         m = _DECODER.decode(raw)
     except msgspec.DecodeError:
         return None
-    if _PYDANTIC_TIME.search(m.ts_start) or _PYDANTIC_TIME.search(m.ts_end):
+    when = _step_times(m)
+    if when is None:
         return None
-    try:
-        start, end = _TIME.decode(m.ts_start), _TIME.decode(m.ts_end)
-    except msgspec.DecodeError:
-        return None
-    if end < start:
-        return None
+    start, end = when
     # msgspec has checked every field but two rules across samples (and bounded the
     # timings, so none is infinite: JSON has no NaN): the versions, and no rank twice
     samples = m.samples

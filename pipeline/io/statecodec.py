@@ -72,6 +72,7 @@ ALLOWED_MODULES = (
     "schemas",
     "detectors.assembly",
     "detectors.job",
+    "pipeline.io.fastcolumns",
     "pipeline.io.fastdecode",
     "pipeline.services.archive.rows",
     "pipeline.services.worker.records",

@@ -212,7 +212,10 @@ def _hmac_pads(key: bytes) -> tuple[Any, Any]:
 
 def message_nodes(msg: Any) -> list[str]:
     """The nodes a telemetry message speaks for: a health report's node; a steps
-    message's node and, in a rack's message (version 2), every sample's node."""
+    message's node and, in a rack's message (version 2, or 3), every sample's node."""
+    table = getattr(msg, "nodes", None)  # a columnar view's (version 3): its nodes table
+    if isinstance(table, tuple):
+        return list(dict.fromkeys((msg.node, *table)))
     nodes = [msg.node]
     samples = getattr(msg, "samples", None)
     if samples and getattr(samples[0], "node", None) is not None:

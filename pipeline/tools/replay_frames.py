@@ -54,7 +54,7 @@ class Part(NamedTuple):
 
 def _kind(obj: dict[str, Any]) -> str:
     """Which message a JSON object is, by its fields."""
-    if "samples" in obj:
+    if "samples" in obj or "columns" in obj:  # columns: StepTelemetry version 3
         return "step"
     if "gpus" in obj or "interval_s" in obj or "nic_errors" in obj:
         return "health"

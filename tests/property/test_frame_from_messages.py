@@ -9,10 +9,12 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detectors.frame import PHASE_CODES, WORK_FIELDS, StepFrame, step_times
+from pipeline.io import fastcolumns
 from pipeline.io.fastdecode import decode_step
 from schemas import Phase, RankSample, StepTelemetry, encode
 
@@ -135,3 +137,25 @@ def test_a_frame_of_fast_views_equals_one_of_models(msgs: list[StepTelemetry]) -
     if any(v is None for v in views):  # a NaN loss travels as a string: pydantic's
         return
     assert_frame(StepFrame.from_messages(views), reference(msgs))  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps(), st.lists(st.booleans(), min_size=5, max_size=5))
+def test_a_frame_of_columnar_views_mixed_with_others_equals_the_reference(
+    msgs: list[StepTelemetry], columnar: list[bool]
+) -> None:
+    # version 3 for some senders (arrays concatenated), versions 1/2 for the others
+    mixed = [
+        StepTelemetry.model_validate({**m.model_dump(), "schema_version": 3}) if new else m
+        for m, new in zip(msgs, columnar, strict=False)
+    ]
+    for small in (16, 0):  # a small message's rows, and any message's arrays
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fastcolumns, "SMALL", small)
+            views = [decode_step(encode(m)) for m in mixed]
+        got = [v if v is not None else m for v, m in zip(views, mixed, strict=True)]
+        assert all(
+            v is not None for v, m in zip(views, mixed, strict=True) if m.schema_version == 3
+        )
+        assert_frame(StepFrame.from_messages(got), reference(msgs))  # type: ignore[arg-type]
+    assert_frame(StepFrame.from_messages(mixed), reference(msgs))  # the models' samples

@@ -390,6 +390,9 @@ def test_a_live_worker_consumes_steps_with_its_principal(secure_kafka, topics, t
         "STEPGUARD_WORKER_METRICS_PORT": "0",
         "STEPGUARD_WORKER_SESSION_TIMEOUT_S": "6",
         "STEPGUARD_WORKER_SNAPSHOT_STEPS": "2",  # held records are acked at a snapshot
+        # this tree's worker, not whichever one is installed (it runs from tmp_path):
+        # an older worker dead-letters what this tree's exporter sends
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
     }  # fmt: skip
     env.pop("STEPGUARD_ACTUATOR_PRIVATE_KEY")  # the worker only verifies commands
     exporter = StepExporter.direct(

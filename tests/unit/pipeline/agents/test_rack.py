@@ -27,9 +27,10 @@ def node_msg(node: int, step: int = 1, ranks: int = 2) -> StepTelemetry:
                          samples=samples)  # fmt: skip
 
 
-def test_a_rack_message_attributes_every_rank_to_its_own_node():
-    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0")
-    assert rack.schema_version == 2 and rack.node == "rack-0"
+@pytest.mark.parametrize(("columnar", "version"), [(True, 3), (False, 2)])
+def test_a_rack_message_attributes_every_rank_to_its_own_node(columnar, version):
+    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0", columnar=columnar)
+    assert rack.schema_version == version and rack.node == "rack-0"
     frame = StepFrame.from_messages([rack, node_msg(2)])  # a rack and a node, one step
     assert frame.nodes == ("n0", "n1", "n2")
     assert [frame.node_of_rank(r) for r in (0, 3, 5)] == ["n0", "n1", "n2"]
@@ -39,13 +40,22 @@ def test_a_rack_message_attributes_every_rank_to_its_own_node():
 
 
 def test_a_sample_naming_its_node_needs_version_2_and_version_2_needs_every_node():
-    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0")
+    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0", columnar=False)
     doc = rack.model_dump()
     with pytest.raises(ValueError, match="version 2"):
         StepTelemetry.model_validate(doc | {"schema_version": 1})
     doc["samples"][0]["node"] = None
     with pytest.raises(ValueError, match="every sample names its node"):
         StepTelemetry.model_validate(doc)
+
+
+def test_a_columnar_rack_message_carries_its_nodes_as_a_table_and_an_index():
+    rack = merge_nodes([node_msg(0), node_msg(1)], "rack-0")
+    assert rack.columns is not None and rack.columns.nodes == ("n0", "n1")
+    again = StepTelemetry.model_validate_json(encode(rack))
+    assert b'"samples"' not in encode(rack) and again.samples == rack.samples
+    old = merge_nodes([node_msg(0), node_msg(1)], "rack-0", columnar=False)
+    assert [s.model_dump() for s in again.samples] == [s.model_dump() for s in old.samples]
 
 
 def test_a_rank_sent_by_its_node_and_by_its_rack_counts_once():

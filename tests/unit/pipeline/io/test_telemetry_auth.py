@@ -77,6 +77,33 @@ def test_a_rack_needs_a_proof_per_node_and_message_nodes_lists_them():
     assert problem == "no proof of node 'n1'"
 
 
+@pytest.mark.parametrize("small", [16, 0])  # the worker's view of a small and a large message
+def test_a_signed_columnar_rack_message_passes_the_workers_check_on_its_view(small, monkeypatch):
+    from pipeline.agents.rack import merge_nodes
+    from pipeline.io import fastcolumns
+    from pipeline.io.fastdecode import decode_step
+
+    monkeypatch.setattr(fastcolumns, "SMALL", small)
+    base = step_telemetry()
+    nodes = [
+        base.model_copy(update={"node": f"n{i}", "samples": tuple(
+            s.model_copy(update={"rank": 100 * i + s.rank}) for s in base.samples)})
+        for i in range(2)
+    ]  # fmt: skip
+    rack = merge_nodes(nodes, "rack-0")  # version 3: the senders' default
+    assert rack.schema_version == 3
+    value = encode(rack)
+    prover = TelemetryProver(NodeKeys(keys={n: derive_node_key(SECRET, n)
+                                            for n in ("rack-0", "n0", "n1")}))  # fmt: skip
+    headers = prover.headers("steps", rack, value)  # what the rack aggregator's sink sends
+    view = decode_step(value)  # what the worker checks the proofs against
+    assert view is not None and message_nodes(view) == message_nodes(rack) == ["rack-0", "n0", "n1"]
+    check = TelemetryVerifier(NodeKeys(secret=SECRET))
+    assert check.nodes_problem(headers, value, message_nodes(view)) is None
+    short = [h for h in headers if not h[1].startswith(b"node:n1:")]
+    assert check.nodes_problem(short, value, message_nodes(view)) == "no proof of node 'n1'"
+
+
 def test_the_derived_key_cache_is_bounded():
     keys = NodeKeys(secret=SECRET, max_cached=4)
     for i in range(20):

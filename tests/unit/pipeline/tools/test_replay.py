@@ -305,3 +305,21 @@ def test_blank_lines_and_crlf_keep_every_rows_number_across_read_blocks(tmp_path
     assert refused == [] and [r for r, _ in got] == expect
     assert [item.key[2] for _, item in got] == [m.step for m in map(
         StepTelemetry.model_validate_json, lines)]  # fmt: skip
+
+
+def test_columnar_jsonl_plays_like_the_messages_it_packs_and_a_bad_one_is_refused():
+    sc = _scenario()
+    old = _jsonl(sc)
+    new = [
+        encode(StepTelemetry.model_validate({**json.loads(x), "schema_version": 3})) for x in old
+    ]
+    assert all(b'"columns"' in x and b'"samples"' not in x for x in new)
+    by_old = replay(read_jsonl(old, "j", r := ReplayResult("rp")), r)
+    doc = json.loads(new[2])
+    doc["columns"]["rank"] = doc["columns"]["rank"][:-4]  # a rank short: lengths disagree
+    new[2] = json.dumps(doc).encode()
+    by_new = replay(read_jsonl(new, "j", n := ReplayResult("rp")), n)
+    assert [(x.row, x.reason.split(":")[0]) for x in n.refused] == [(3, "StepTelemetry")]
+    assert "rank" in n.refused[0].reason
+    assert by_new.rank_steps == by_old.rank_steps - 8  # that node's ranks of one step
+    assert _named(by_new) == _named(by_old) == {"node-0005"}

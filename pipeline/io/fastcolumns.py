@@ -1,0 +1,538 @@
+"""The fast decoder's half for StepTelemetry version 3: columns, not samples.
+
+A version-3 message carries one base64 array per sample field
+(:mod:`schemas.columnar`); msgspec turns each into bytes, and a batch's messages become
+:class:`~pipeline.io.fastdecode.StepColumns` by joining each field's bytes and one
+``np.frombuffer`` per field: no Python object per sample or field. The schema's rules
+(lengths, ranges, NaN and null, no rank twice in a message) are checked vectorised over
+the batch; a message that breaks one, or that the fast path does not take (an unknown
+field, an escape in a name, a seventh fractional digit of a time), goes to ``slow``
+for ``schemas.decode`` to give its exact error.
+
+The worker decodes record by record (:func:`view_of`, through
+:func:`~pipeline.io.fastdecode.decode_step`): a :class:`ColumnView` of arrays that
+:meth:`~detectors.frame.StepFrame.from_messages` concatenates, checked by a fixed
+number of numpy calls a message; a message of at most :data:`SMALL` samples (a node's)
+is checked and viewed in Python instead, where numpy's fixed cost is more than the
+work (BENCHMARKS.md, "Columns on the wire").
+
+>>> from datetime import UTC, datetime
+>>> from schemas import RankSample, StepTelemetry, encode
+>>> t = datetime(2026, 1, 1, tzinfo=UTC)
+>>> s = [RankSample(rank=r, local_rank=r, step_time_s=0.5, compute_s=0.4,
+...                 comm_wait_s=0.1, data_wait_s=0.0) for r in range(2)]
+>>> raw = encode(StepTelemetry(schema_version=3, job_id="j", node="n0", step=3,
+...                            ts_start=t, ts_end=t, samples=tuple(s)))
+>>> is_columnar(raw), parse(raw).columns.n
+(True, 2)
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+from msgspec.structs import astuple
+
+from detectors.frame import ROW_FIELDS
+from schemas.columnar import COLUMNS, MAX_COLUMN_SAMPLES, PHASES
+from schemas.telemetry import (
+    MAX_FLOPS,
+    MAX_LOCAL_RANK,
+    MAX_RANKS_PER_JOB,
+    MAX_STEP,
+    MAX_STEP_SECONDS,
+    MAX_TOKENS,
+)
+
+#: :class:`~pipeline.io.fastdecode.StepColumns` (this module stands below that one, which
+#: hands its classes and checks in)
+StepColumns = Any
+
+__all__ = [
+    "ColumnView", "Columnar", "decode", "is_columnar", "merge", "parse", "sample_columns",
+    "times_of", "view_of",
+]  # fmt: skip
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+_Nodes = Annotated[list[_Name], msgspec.Meta(min_length=1, max_length=MAX_COLUMN_SAMPLES)]
+_NAN: Final = struct.pack("<d", float("nan"))
+_MARK: Final = b'"columns":'
+
+
+class _Cols(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_COLUMN_SAMPLES)]
+    rank: bytes
+    local_rank: bytes
+    dp_group: bytes
+    pp_stage: bytes
+    tp_group: bytes
+    phase: bytes
+    step_time_s: bytes
+    compute_s: bytes
+    comm_wait_s: bytes
+    data_wait_s: bytes
+    loss: bytes | None = None
+    loss_null: bytes | None = None
+    grad_norm: bytes | None = None
+    grad_norm_null: bytes | None = None
+    tokens: bytes | None = None
+    flops: bytes | None = None
+    max_seq_len: bytes | None = None
+    node_idx: bytes | None = None
+    nodes: (
+        Annotated[list[_Name], msgspec.Meta(min_length=1, max_length=MAX_COLUMN_SAMPLES)] | None
+    ) = None
+
+
+class Columnar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """A version-3 message as msgspec decoded it (times still raw JSON tokens)."""
+
+    job_id: _Name
+    node: _Name
+    step: Annotated[int, msgspec.Meta(ge=0, le=MAX_STEP)]
+    ts_start: msgspec.Raw
+    ts_end: msgspec.Raw
+    columns: _Cols
+    schema_version: Literal[3]
+    run: Annotated[str, msgspec.Meta(max_length=256)] = ""
+
+
+_DECODER = msgspec.json.Decoder(Columnar)
+_SIZES: Final = {name: np.dtype(dt).itemsize for name, (dt, _) in COLUMNS.items()}
+_REQUIRED: Final = ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
+                    "step_time_s", "compute_s", "comm_wait_s", "data_wait_s")  # fmt: skip
+
+
+def is_columnar(raw: bytes) -> bool:
+    """Whether ``raw`` looks like a version-3 message (the fast path tries it as one)."""
+    return _MARK in raw
+
+
+def parse(raw: bytes) -> Columnar | None:
+    """msgspec's decode and the columns' shape (lengths, pairs), or None for pydantic."""
+    try:
+        m = _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    c = m.columns
+    n = c.n
+    for name, size in _SIZES.items():
+        buf = getattr(c, name)
+        if buf is not None and len(buf) != n * size:
+            return None
+    if (c.loss_null is not None and c.loss is None) or (
+        c.grad_norm_null is not None and c.grad_norm is None
+    ):
+        return None
+    if (c.nodes is None) != (c.node_idx is None):
+        return None
+    return m
+
+
+def sample_columns(
+    msgs: Sequence[Columnar],
+) -> tuple[dict[str, npt.NDArray[Any]], list[str], npt.NDArray[np.bool_]]:
+    """The batch's per-sample columns (StepColumns' names), each sample's node, and a
+    mask of the samples whose values the schema refuses."""
+    counts = [m.columns.n for m in msgs]
+
+    def field(name: str, fill: bytes) -> npt.NDArray[Any]:
+        raw = b"".join(
+            buf if (buf := getattr(m.columns, name)) is not None else fill * k
+            for m, k in zip(msgs, counts, strict=True)
+        )
+        return np.frombuffer(raw, dtype=COLUMNS[name][0])
+
+    out: dict[str, npt.NDArray[Any]] = {}
+    for name in _REQUIRED:
+        out[name] = field(name, b"")
+    for signal in ("loss", "grad_norm"):
+        out[signal] = field(signal, _NAN).astype(np.float64)
+        has = [getattr(m.columns, signal) is not None for m in msgs]
+        masks = (
+            getattr(m.columns, f"{signal}_null") or (b"\0" if h else b"\1") * k
+            for m, h, k in zip(msgs, has, counts, strict=True)
+        )
+        out[f"{signal}_null"] = np.frombuffer(b"".join(masks), dtype=np.uint8)
+    for work in ("tokens", "flops", "max_seq_len"):
+        out[work] = field(work, _NAN).astype(np.float64)
+    bad = _refused(out)
+    for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group"):
+        out[name] = out[name].astype(np.int64)
+    out["phase"] = out["phase"].astype(np.int8)
+    for name in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
+        out[name] = out[name].astype(np.float64)
+    for signal in ("loss", "grad_norm"):
+        out[f"{signal}_null"] = out[f"{signal}_null"].astype(np.bool_)
+    nodes: list[str] = []
+    for m, k in zip(msgs, counts, strict=True):
+        c = m.columns
+        if c.nodes is None:
+            nodes += [m.node] * k
+            continue
+        idx = np.frombuffer(c.node_idx or b"", dtype="<i4")
+        inside = (idx >= 0) & (idx < len(c.nodes))
+        if not inside.all():
+            start = len(nodes)
+            bad[start : start + k] |= ~inside
+            idx = np.where(inside, idx, 0)
+        names = np.array(c.nodes, dtype=object)
+        nodes += names[idx].tolist()
+    return out, nodes, bad
+
+
+def _refused(c: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
+    """Samples out of the schema's range (:class:`~schemas.RankSample`'s bounds)."""
+    bad = (c["rank"] < 0) | (c["rank"] >= MAX_RANKS_PER_JOB)
+    bad |= (c["local_rank"] < 0) | (c["local_rank"] > MAX_LOCAL_RANK)
+    for g in ("dp_group", "pp_stage", "tp_group"):  # int32: never above MAX_GROUP_ID
+        bad |= c[g] < 0
+    bad |= c["phase"] >= len(PHASES)
+    for t in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
+        bad |= ~((c[t] >= 0) & (c[t] <= MAX_STEP_SECONDS))  # NaN fails both
+    for s in ("loss_null", "grad_norm_null"):
+        bad |= c[s] > 1
+    for w, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+        v = c[w]
+        said = ~np.isnan(v)
+        ok = (v >= 0) & (v <= top)
+        if w != "flops":
+            ok &= np.floor(v) == v
+        bad |= said & ~ok
+    return bad
+
+
+def merge(a: StepColumns, b: StepColumns) -> StepColumns:
+    """Two decoded parts of one batch as one, messages in input order (``messages``
+    of each indexes the whole batch)."""
+    messages = np.concatenate([a.messages, b.messages])
+    order = np.argsort(messages, kind="stable")
+    glob = np.concatenate([a.messages[a.sample_message], b.messages[b.sample_message]])
+    perm = np.argsort(glob, kind="stable")  # a message's samples stay in their order
+
+    def per_message(x: list[Any], y: list[Any]) -> list[Any]:
+        both = x + y
+        return [both[i] for i in order.tolist()]
+
+    def per_sample(x: npt.NDArray[Any], y: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.concatenate([x, y])[perm]
+
+    sorted_messages = messages[order]
+    nodes = a.sample_node + b.sample_node
+    kw: dict[str, Any] = {
+        "messages": sorted_messages,
+        "job_id": per_message(a.job_id, b.job_id),
+        "node": per_message(a.node, b.node),
+        "run": per_message(a.run, b.run),
+        "step": np.concatenate([a.step, b.step])[order],
+        "ts_start": per_message(a.ts_start, b.ts_start),
+        "ts_end": per_message(a.ts_end, b.ts_end),
+        "n_samples": np.concatenate([a.n_samples, b.n_samples])[order],
+        "sample_message": np.searchsorted(sorted_messages, glob[perm]).astype(np.int64),
+        "slow": sorted([*a.slow, *b.slow]),
+        "sample_node": [nodes[i] for i in perm.tolist()],
+    }
+    for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
+                 "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss",
+                 "loss_null", "grad_norm", "grad_norm_null", "tokens", "flops",
+                 "max_seq_len"):  # fmt: skip
+        kw[name] = per_sample(getattr(a, name), getattr(b, name))
+    return type(a)(**kw)
+
+
+def times_of(msgs: Sequence[Columnar]) -> list[msgspec.Raw]:
+    """The time tokens of the messages, start and end alternating."""
+    return [t for m in msgs for t in (m.ts_start, m.ts_end)]
+
+
+def decode(
+    values: Sequence[bytes | None],
+    where: list[int],
+    make: Callable[..., StepColumns],
+    times_of_raw: Callable[[list[msgspec.Raw]], list[Any]],
+    invalid: Callable[[StepColumns], npt.NDArray[np.int64]],
+) -> StepColumns:
+    """The columns of the version-3 messages at ``where`` (``messages`` and ``slow``
+    index ``values``): every field one ``np.frombuffer`` for the whole batch."""
+    slow: list[int] = []
+    msgs: list[Columnar] = []
+    index: list[int] = []
+    for i in where:
+        raw = values[i]
+        m = parse(raw) if raw is not None and raw.isascii() else None
+        if m is None:
+            slow.append(i)
+        else:
+            msgs.append(m)
+            index.append(i)
+    times = times_of_raw(times_of(msgs))
+    alive = [
+        j for j, (s, e) in enumerate(zip(times[0::2], times[1::2], strict=True))
+        if s is not None and e is not None and e >= s
+    ]  # fmt: skip
+    kept = set(alive)
+    slow += [index[j] for j in range(len(msgs)) if j not in kept]
+    while True:  # twice at most: the messages the schema refuses go, the rest again
+        now = [msgs[j] for j in alive]
+        per_sample, nodes, refused = sample_columns(now)
+        n_samples = np.fromiter((m.columns.n for m in now), dtype=np.int64, count=len(now))
+        sample_message = np.repeat(np.arange(len(now), dtype=np.int64), n_samples)
+        cols = make(
+            messages=np.asarray([index[j] for j in alive], dtype=np.int64),
+            job_id=[m.job_id for m in now],
+            node=[m.node for m in now],
+            run=[m.run for m in now],
+            step=np.fromiter((m.step for m in now), dtype=np.int64, count=len(now)),
+            ts_start=[times[2 * j] for j in alive],
+            ts_end=[times[2 * j + 1] for j in alive],
+            n_samples=n_samples,
+            sample_message=sample_message,
+            slow=sorted(slow),
+            sample_node=nodes,
+            **per_sample,
+        )
+        bad = np.union1d(sample_message[refused], invalid(cols)).tolist()
+        if not bad:
+            return cols
+        slow += [index[alive[k]] for k in bad]
+        dropped = set(bad)
+        alive = [j for k, j in enumerate(alive) if k not in dropped]
+
+
+class _ViewSample(msgspec.Struct, gc=False):
+    """A rank's sample of a :class:`ColumnView` (built only when read): the fields of
+    :data:`~detectors.frame.ROW_FIELDS`, in that order, values already checked."""
+
+    rank: int
+    local_rank: int
+    step_time_s: float
+    compute_s: float
+    comm_wait_s: float
+    data_wait_s: float
+    dp_group: int
+    pp_stage: int
+    tp_group: int
+    phase: str
+    loss: float | None
+    grad_norm: float | None
+    tokens: int | None
+    flops: float | None
+    max_seq_len: int | None
+    node: str | None
+
+
+assert _ViewSample.__struct_fields__ == ROW_FIELDS, "rows() must give the frame's order"
+_I4: Final = np.dtype("<i4")
+_F8: Final = np.dtype("<f8")
+
+
+class ColumnView:
+    """One version-3 message the worker's per-record fast path took, as arrays: what
+    :meth:`detectors.frame.StepFrame.from_messages` concatenates (``frame_columns``),
+    with ``samples`` built only when a reader asks for them."""
+
+    __slots__ = (
+        "_samples",
+        "columns",
+        "job_id",
+        "node",
+        "nodes",
+        "run",
+        "step",
+        "ts_end",
+        "ts_start",
+    )  # fmt: skip
+
+    def __init__(
+        self, m: Columnar, start: Any, end: Any, columns: dict[str, Any] | None,
+        samples: list[_ViewSample] | None = None,
+    ) -> None:  # fmt: skip
+        self.job_id, self.node, self.step, self.run = m.job_id, m.node, m.step, m.run
+        self.ts_start, self.ts_end = start, end
+        self.nodes: tuple[str, ...] | None = (
+            None if m.columns.nodes is None else tuple(m.columns.nodes)
+        )
+        self.columns = columns
+        self._samples = samples
+
+    def frame_columns(self) -> dict[str, Any] | None:
+        """The frame's columns of this message (``node_idx`` indexes ``nodes``; None: every
+        sample is the message's node), or None for a small one: read its ``rows()``."""
+        return self.columns
+
+    @property
+    def samples(self) -> list[_ViewSample]:
+        if self._samples is None:
+            c = self.columns
+            assert c is not None  # a small view is built with its samples
+            n = len(c["rank"])
+
+            def said(a: npt.NDArray[np.float64] | None, integral: bool) -> list[Any]:
+                if a is None:
+                    return [None] * n
+                return [None if math.isnan(x) else int(x) if integral else x for x in a.tolist()]
+
+            def signal(a: npt.NDArray[np.float64], has: npt.NDArray[np.bool_]) -> list[Any]:
+                return [x if h else None for x, h in zip(a.tolist(), has.tolist(), strict=True)]
+
+            names = (
+                [None] * n if self.nodes is None
+                else [self.nodes[k] for k in c["node_idx"].tolist()]
+            )  # fmt: skip
+            fields = zip(
+                c["rank"].tolist(), c["local_rank"].tolist(), c["step_time"].tolist(),
+                c["compute"].tolist(), c["comm_wait"].tolist(), c["data_wait"].tolist(),
+                c["dp_group"].tolist(), c["pp_stage"].tolist(), c["tp_group"].tolist(),
+                [PHASES[p] for p in c["phase"].tolist()],
+                signal(c["loss"], c["has_loss"]), signal(c["grad_norm"], c["has_grad_norm"]),
+                said(c["tokens"], True), said(c["flops"], False), said(c["max_seq_len"], True),
+                names, strict=True,
+            )  # fmt: skip
+            self._samples = [_ViewSample(*f) for f in fields]
+        return self._samples
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return list(map(astuple, self.samples))
+
+
+#: A message of at most this many samples is checked and viewed in Python (a node's
+#: message: numpy's fixed cost per call is more than the work on eight values).
+SMALL: Final = 16
+
+
+def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
+    """:func:`view_of` for a small message: its samples built at once, the same checks."""
+    c, n = m.columns, m.columns.n
+
+    def ints(b: bytes) -> list[int]:
+        return memoryview(b).cast("i").tolist()
+
+    def floats(b: bytes | None) -> list[float] | None:
+        return None if b is None else memoryview(b).cast("d").tolist()
+
+    flat = ints(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)))
+    rank, local = flat[:n], flat[n : 2 * n]
+    groups = [flat[2 * n : 3 * n], flat[3 * n : 4 * n], flat[4 * n :]]
+    if min(flat) < 0 or max(rank) >= MAX_RANKS_PER_JOB or max(local) > MAX_LOCAL_RANK:
+        return None
+    spans = floats(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s))) or []
+    total = sum(spans)  # NaN when a value is (or inf and -inf are)
+    if math.isnan(total) or min(spans) < 0 or max(spans) > MAX_STEP_SECONDS:
+        return None
+    if max(c.phase) >= len(PHASES) or len(set(rank)) != n:
+        return None
+    times = [spans[:n], spans[n : 2 * n], spans[2 * n : 3 * n], spans[3 * n :]]
+    signals = []
+    for values, null in ((c.loss, c.loss_null), (c.grad_norm, c.grad_norm_null)):
+        v = floats(values)
+        if v is None:
+            signals.append([None] * n)
+        elif null is None:
+            signals.append(v)
+        elif max(null) > 1:
+            return None
+        else:
+            signals.append([None if z else x for x, z in zip(v, null, strict=True)])
+    work: list[list[Any]] = []
+    for name, top, integral in (("tokens", MAX_TOKENS, True), ("flops", MAX_FLOPS, False),
+                                ("max_seq_len", MAX_TOKENS, True)):  # fmt: skip
+        v = floats(getattr(c, name))
+        if v is None:
+            work.append([None] * n)
+            continue
+        said = [x for x in v if not math.isnan(x)]
+        if said and (min(said) < 0 or max(said) > top or (integral and not all(
+            x.is_integer() for x in said))):  # fmt: skip
+            return None
+        work.append([None if math.isnan(x) else int(x) if integral else x for x in v])
+    names: list[str | None] = [None] * n
+    if c.nodes is not None:
+        idx = ints(c.node_idx or b"")
+        if min(idx) < 0 or max(idx) >= len(c.nodes):
+            return None
+        names = [c.nodes[k] for k in idx]
+    samples = list(map(_ViewSample, rank, local, *times, *groups, [PHASES[p] for p in c.phase],
+                       *signals, *work, names))  # fmt: skip
+    return ColumnView(m, when[0], when[1], None, samples)
+
+
+def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
+    """The worker's per-record path for a version-3 message: a few numpy calls a
+    message, whatever its size; None where pydantic decides (as :func:`decode`). A
+    rack's ``node_order`` lists the indexes of ``nodes`` in the order the samples first
+    name them (the frame names its nodes in that order, as it does a version-2
+    message's): the table's own order when each node's samples come together (what
+    ``merge_nodes`` sends), else found by a sort."""
+    m = parse(raw)
+    if m is None:
+        return None
+    when = times(m)
+    if when is None:
+        return None
+    if m.columns.n <= SMALL and sys.byteorder == "little":
+        return _small(m, when)
+    c, n = m.columns, m.columns.n
+    ints = np.frombuffer(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)),
+                         dtype=_I4).reshape(5, n)  # fmt: skip
+    if ints.min() < 0 or ints[0].max() >= MAX_RANKS_PER_JOB or ints[1].max() > MAX_LOCAL_RANK:
+        return None
+    t = np.frombuffer(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s)),
+                      dtype=_F8).reshape(4, n)  # fmt: skip
+    if not (t.min() >= 0 and t.max() <= MAX_STEP_SECONDS):  # NaN fails too
+        return None
+    phase = np.frombuffer(c.phase, dtype=np.uint8)
+    if phase.max() >= len(PHASES):
+        return None
+    rank = ints[0]
+    if n > 1 and not (rank[1:] > rank[:-1]).all() and np.unique(rank).size != n:
+        return None
+    out: dict[str, Any] = {
+        "rank": rank.astype(np.int64), "local_rank": ints[1], "dp_group": ints[2],
+        "pp_stage": ints[3], "tp_group": ints[4], "phase": phase.view(np.int8),
+        "step_time": t[0], "compute": t[1], "comm_wait": t[2], "data_wait": t[3],
+    }  # fmt: skip
+    for signal in ("loss", "grad_norm"):
+        values, null = getattr(c, signal), getattr(c, f"{signal}_null")
+        if values is None:
+            out[signal], out[f"has_{signal}"] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
+            continue
+        a = np.frombuffer(values, dtype=_F8)
+        if null is None:
+            out[signal], out[f"has_{signal}"] = a, np.ones(n, dtype=np.bool_)
+            continue
+        mask = np.frombuffer(null, dtype=np.uint8)
+        if mask.max() > 1:
+            return None
+        out[signal], out[f"has_{signal}"] = np.where(mask == 1, np.nan, a), mask == 0
+    for work, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+        raw_work = getattr(c, work)
+        w = None if raw_work is None else np.frombuffer(raw_work, dtype=_F8)
+        if w is not None:
+            said: npt.NDArray[np.float64] = w[~np.isnan(w)]
+            if not said.size:
+                w = None
+            elif not (said.min() >= 0 and said.max() <= top) or (
+                work != "flops" and not (np.floor(said) == said).all()
+            ):
+                return None
+        out[work] = w
+    out["node_idx"] = out["node_order"] = None
+    if c.nodes is not None:
+        idx = np.frombuffer(c.node_idx or b"", dtype=_I4)
+        steps = np.diff(idx)
+        if idx[0] == 0 and idx[-1] == len(c.nodes) - 1 and not ((steps != 0) & (steps != 1)).any():
+            out["node_order"] = list(range(len(c.nodes)))
+        elif idx.min() < 0 or idx.max() >= len(c.nodes):
+            return None
+        else:
+            seen, first = np.unique(idx, return_index=True)
+            out["node_order"] = seen[np.argsort(first)].tolist()
+        out["node_idx"] = idx
+    return ColumnView(m, when[0], when[1], out)
