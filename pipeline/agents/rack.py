@@ -5,7 +5,7 @@ messages (16,384 a step) is faster than one worker at any step time under ~2 s. 
 aggregator merges the node messages of its rack into one
 :class:`~schemas.StepTelemetry` of version 3 (columns; each sample names its node, the
 message's ``node`` names the rack; version 2, samples as objects, with
-``STEPGUARD_STEPS_COLUMNAR=0`` for workers older than version 3): at 8 nodes of 8
+``STEPGUARD_STEPS_COLUMNAR=off`` for workers older than version 3): at 8 nodes of 8
 GPUs a rack, that job sends 2,048 messages a step.
 
 Node aggregators (``stepguard export-node --rack HOST:PORT``) send their per-node
@@ -236,7 +236,7 @@ class RackAggregator:
     ) -> None:
         self.sink = sink or KafkaSink(settings)
         self.batcher = RackBatcher(
-            name, nodes_per_rack, max_wait_s=max_wait_s, columnar=settings.steps_columnar
+            name, nodes_per_rack, max_wait_s=max_wait_s, columnar=settings.steps_columnar != "off"
         )
         self.received = 0
         self.malformed = 0

@@ -59,7 +59,7 @@ class NodeAggregator:
         self.socket_path = Path(socket_path)
         self.sink: MessageSink = sink or KafkaSink(settings)
         self.batcher = StepBatcher(
-            ranks_per_node, max_wait_s=max_wait_s, columnar=settings.steps_columnar
+            ranks_per_node, max_wait_s=max_wait_s, columnar=settings.steps_columnar == "all"
         )
         self.received = 0
         self.malformed = 0

@@ -286,7 +286,9 @@ class StepExporter:
         """Batch in this process and publish straight to Kafka."""
         transport = DirectTransport(
             KafkaSink(settings),
-            StepBatcher(ranks_per_node, max_wait_s=max_wait_s, columnar=settings.steps_columnar),
+            StepBatcher(
+                ranks_per_node, max_wait_s=max_wait_s, columnar=settings.steps_columnar == "all"
+            ),
         )
         kwargs.setdefault("max_clock_skew_s", settings.max_clock_skew_s)
         return cls(transport, job_id=job_id, node=node, **kwargs)  # type: ignore[arg-type]

@@ -110,3 +110,38 @@ def test_losing_a_rack_is_its_nodes_going_missing_not_a_job_hang():
     assert frames_after >= 120 - lost_at - 3  # the job's steps kept being scored
     missing = {a.node for a in firing if a.kind is AlertKind.MISSING}
     assert missing == lost
+
+
+@pytest.mark.parametrize(
+    ("setting", "node_version", "rack_version"),
+    [(None, 1, 3), ("rack", 1, 3), ("all", 3, 3), ("off", 1, 2)],
+)
+def test_steps_columnar_says_which_senders_send_columns(
+    setting, node_version, rack_version, tmp_path
+):
+    """By default a rack's message goes as columns (its 64 ranks decode 3x faster so)
+    and a node's as rows (its 8 decode faster as rows today: BENCHMARKS.md)."""
+    from pipeline.agents.node import NodeAggregator
+    from pipeline.agents.rack import RackAggregator
+    from pipeline.io.settings import load_settings
+
+    env = {} if setting is None else {"STEPGUARD_STEPS_COLUMNAR": setting}
+    settings = load_settings(env)
+    sink = object()
+    node = NodeAggregator(settings, tmp_path / "n.sock", ranks_per_node=2, sink=sink)  # type: ignore[arg-type]
+    rack = RackAggregator(settings, ("127.0.0.1", 0), name="rack-0", nodes_per_rack=2,
+                          sink=sink)  # type: ignore[arg-type]  # fmt: skip
+    try:
+        assert node.batcher.schema_version == node_version
+        merged = rack.batcher.add(node_msg(0), 0.0) + rack.batcher.add(node_msg(1), 0.0)
+        assert [m.schema_version for m in merged] == [rack_version]
+    finally:
+        node.sock.close()
+        rack.sock.close()
+
+
+def test_a_steps_columnar_value_not_known_fails_naming_the_variable():
+    from pipeline.io.settings import load_settings
+
+    with pytest.raises(Exception, match="STEPGUARD_STEPS_COLUMNAR: Input should be"):
+        load_settings({"STEPGUARD_STEPS_COLUMNAR": "yes"})
