@@ -379,9 +379,7 @@ class ClientSettings(KafkaSettings, KeySettings, TelemetryAuthSettings):
 
     #: a record dated more than this beyond the wall clock is dead-lettered
     max_clock_skew_s: float = Field(default=300.0, gt=0)
-    #: which steps messages go as StepTelemetry version 3 (columns): "rack" (a rack's
-    #: 64 ranks decode 3x faster as columns; a node's 8 decode faster as rows today),
-    #: "all", or "off" (versions 1 and 2 only, for workers older than version 3)
+    #: steps sent as version 3 (columns): "rack" messages, "all", or "off" (docs/configuration.md)
     steps_columnar: Literal["rack", "all", "off"] = "rack"
     #: the CommandListener's, inside training code (0: off; one per process on a host)
     listener_metrics_port: int = Field(default=0, ge=0, le=65535)
