@@ -19,9 +19,10 @@ from schemas import (
     StepTelemetry,
     encode,
 )
+from tests.clock import day_start
 from tests.factories import ACTUATOR_KEY, job_controller_key, test_key
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T0 = day_start()
 TOPICS = CoreTopics("steps", "health", "jobs", commands="commands", lifecycle="lifecycle",
                     results="results")  # fmt: skip
 STEP_S = 1.3

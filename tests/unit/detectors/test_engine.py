@@ -10,6 +10,7 @@ import pytest
 from detectors.engine import DetectorConfig, DetectorSuite
 from detectors.frame import StepFrame
 from schemas import AlertKind, AlertState, GpuHealth, Grade, NodeHealth, Phase, RecommendedAction
+from tests.clock import day_start
 
 
 def frames(
@@ -235,7 +236,7 @@ def test_health_fatal_xid_is_critical_at_once_and_names_the_node():
         utilization_pct=90,
         xid_codes=(79,),
     )
-    msg = NodeHealth(job_id="job", node="node-9", ts=datetime(2026, 1, 1, tzinfo=UTC), gpus=(g,))
+    msg = NodeHealth(job_id="job", node="node-9", ts=day_start(), gpus=(g,))
     (a,) = mon.process_health(msg)
     assert (a.kind, a.grade, a.node) == (AlertKind.HARDWARE, Grade.CRITICAL, "node-9")
     assert a.recommended_action is RecommendedAction.ISOLATE
@@ -245,7 +246,7 @@ def test_health_fatal_xid_is_critical_at_once_and_names_the_node():
 
 def test_silent_health_node_is_missing():
     mon = DetectorSuite("job")
-    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    t0 = day_start()
     g = GpuHealth(index=0, temperature_c=60, power_w=300, sm_clock_mhz=1980, utilization_pct=90)
     for i in range(6):
         for n in ("a", "b", "c"):

@@ -30,8 +30,9 @@ from schemas import (
     Phase,
     RecommendedAction,
 )
+from tests.clock import day_start
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+T0 = day_start().timestamp()
 STEP_S = 1.3
 NODES = 8
 

@@ -1,14 +1,15 @@
 """Hardware baselines (own + fleet) and hard rules."""
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from detectors.hardware.health import FATAL_XIDS, HardwareDetector
 from schemas import GpuHealth, NodeHealth
+from tests.clock import day_start
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T0 = day_start()
 
 
 def report(node, i, *, temp=65.0, clock=1980.0, corr=0, unc=0, xids=(), reasons=(), nic=0):

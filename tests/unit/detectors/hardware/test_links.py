@@ -1,14 +1,15 @@
 """Silent hardware slowdowns (issue 16 item 2): PCIe downtraining, NVLink links down,
 row remapping, drain XIDs and clock reasons, scored and graded through DetectorSuite."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from detectors.engine import DetectorSuite
 from detectors.hardware.health import FATAL_XIDS, HardwareDetector
 from schemas import GpuHealth, NodeHealth
 from schemas.alerts import Grade, RecommendedAction
+from tests.clock import day_start
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T0 = day_start()
 NODES = tuple(f"n{i}" for i in range(8))
 
 

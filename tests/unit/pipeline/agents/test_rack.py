@@ -3,8 +3,6 @@ nodes report partly through racks (StepTelemetry version 2), partly on their own
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 
 from detectors.frame import StepFrame
@@ -13,8 +11,9 @@ from pipeline.agents.rack import RackBatcher, merge_nodes
 from pipeline.io.fastdecode import decode_step
 from pipeline.tools.simulator import Scenario, simulate
 from schemas import AlertKind, AlertState, RankSample, StepTelemetry, encode
+from tests.clock import day_start
 
-T = datetime(2026, 1, 1, tzinfo=UTC)  # a clock the test controls: nothing here reads the wall
+T = day_start()  # a clock the test controls, dated from the run
 
 
 def node_msg(node: int, step: int = 1, ranks: int = 2) -> StepTelemetry:

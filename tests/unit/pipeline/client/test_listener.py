@@ -13,6 +13,7 @@ from pipeline.client.listener import CommandListener
 from pipeline.io.settings import load_settings
 from pipeline.io.trust import FinishedCommands, sign
 from schemas import ActuatorMode, Command, CommandKind
+from tests.clock import day_start
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, key_settings
 
 
@@ -83,7 +84,7 @@ def test_a_refusal_is_sent_without_waiting_and_a_kafka_error_never_reaches_train
 
 def test_finished_commands_are_bounded_and_expire():
     """Issue 22: the executors' and listener's sets of finished commands grew forever."""
-    t = datetime(2026, 1, 1, tzinfo=UTC)
+    t = day_start()
     done = FinishedCommands(max_size=3)
     for i in range(5):
         done.add(f"cmd-{i}", t + timedelta(seconds=60 + i))

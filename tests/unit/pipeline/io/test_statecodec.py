@@ -7,7 +7,6 @@ import pickle
 import struct
 import zlib
 from collections import OrderedDict, defaultdict
-from datetime import UTC, datetime
 from typing import ClassVar
 
 import msgspec
@@ -21,6 +20,7 @@ from pipeline.io import statecodec
 from pipeline.io.fastdecode import decode_step
 from pipeline.io.statecodec import StateFormatError, dumps, loads
 from schemas import AlertKind, encode
+from tests.clock import day_start
 from tests.factories import step_telemetry
 
 
@@ -43,7 +43,7 @@ def test_values_of_every_kind_round_trip_with_shared_and_cyclic_references():
         "scalars": (np.float64(1.5), np.int64(-3), 2**70, float("inf")),
         "maps": (OrderedDict([("z", 1), ("a", 2)]), dd, {(1, "x"): frozenset({3})}),
         "enum": AlertKind.HANG,
-        "when": datetime(2026, 1, 1, tzinfo=UTC),
+        "when": day_start(),
         "model": step_telemetry(),
         "struct": decode_step(encode(step_telemetry())),
         "assembler": asm,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from typer.testing import CliRunner
@@ -31,9 +31,10 @@ from schemas import (
     decode,
     encode,
 )
+from tests.clock import day_start
 from tests.factories import ACTUATOR_KEY, OPERATOR_KEY, WORKER_KEY, key_settings, samples, test_key
 
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 NEW, OLD = test_key("k2"), test_key("k1")
 BOTH = NEW.verifier() | OLD.verifier()
 

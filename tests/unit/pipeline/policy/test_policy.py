@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -26,8 +26,9 @@ from schemas import (
     RecommendedAction,
     command_id,
 )
+from tests.clock import day_start
 
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 RA = RecommendedAction
 
 

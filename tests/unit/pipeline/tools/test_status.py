@@ -4,7 +4,7 @@ lines and tables (at 80 columns)."""
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from rich.console import Console
@@ -45,9 +45,10 @@ from schemas import (
     JobEventKind,
     RecommendedAction,
 )
+from tests.clock import day_start
 from tests.factories import ACTUATOR_KEY, WORKER_KEY, step_telemetry, test_key
 
-T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 
 
 def alert(fp="fp-a-0000001", seq=0, *, node="node-3", state=AlertState.FIRING,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -20,9 +20,10 @@ from schemas import (
     Command,
     CommandKind,
 )
+from tests.clock import day_start
 from tests.factories import ACTUATOR_KEY
 
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 
 
 def command(kind=CommandKind.ISOLATE, targets=("node-3",), **kw) -> Command:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -22,8 +22,9 @@ from pipeline.services.alertmanager.episodes import (
     postable,
 )
 from schemas import Alert, AlertKind, AlertState, Evidence, Grade, RecommendedAction
+from tests.clock import day_start
 
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 P = BridgeParams(cluster="c1", runbook_url="https://runbooks.example/sg/", resend_s=60,
                  resolve_timeout_s=300, episode_ttl_s=3600, max_episodes=3)  # fmt: skip
 

@@ -5,7 +5,7 @@ fast path leaves aside) and through ``rows_for``."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -13,8 +13,9 @@ import pytest
 from pipeline.io.fastdecode import from_models
 from pipeline.services.archive.rows import rows_for, step_rows, step_rows_of
 from schemas import Phase, RankSample, StepTelemetry, encode
+from tests.clock import day_start
 
-T = datetime(2026, 1, 1, tzinfo=UTC)  # fixed event times: nothing here reads the clock
+T = day_start()  # event times the test controls, dated from the run
 
 
 def _message(version: int, step: int) -> StepTelemetry:

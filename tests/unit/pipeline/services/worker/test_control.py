@@ -3,7 +3,7 @@ worker applies to new jobs and what it refuses (signature, replay, future, inval
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -11,9 +11,10 @@ from detectors.config import DetectorConfig
 from pipeline.io.trust import SigningKey, canonical, sign, signature_problem
 from pipeline.services.worker.control import DetectorControl
 from schemas import ActuatorMode, ControlMessage, encode
+from tests.clock import day_start
 from tests.factories import OPERATOR_KEY
 
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 NOW = (T0 + timedelta(hours=1)).timestamp()
 
 

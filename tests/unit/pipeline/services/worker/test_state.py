@@ -33,9 +33,10 @@ from schemas import (
     StepTelemetry,
     encode,
 )
+from tests.clock import day_start
 from tests.factories import ACTUATOR_KEY, EXECUTOR_KEY, WORKER_KEY, job_controller_key
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
+T0 = day_start()
 TOPICS = CoreTopics("steps", "health", "jobs", lifecycle="lifecycle")
 
 
@@ -612,8 +613,10 @@ def test_a_batch_of_steps_does_what_the_records_one_by_one_do():
                                                        node == 3 else 1.0, job=job)))  # fmt: skip
     records.insert(101, (b"a", b"{not json"))
     ahead = datetime.now(UTC) + timedelta(days=2)  # its time of day is early morning
-    records.insert(202, (b"a", step_msg(5, 0, job="a").replace(
-        b'"2026-01-01', ahead.strftime('"%Y-%m-%d').encode())))  # fmt: skip
+    future = step_msg(5, 0, job="a").replace(
+        T0.strftime('"%Y-%m-%d').encode(), ahead.strftime('"%Y-%m-%d').encode())  # fmt: skip
+    assert future != step_msg(5, 0, job="a")  # the record really is dated ahead
+    records.insert(202, (b"a", future))
 
     def what(outs):
         alerts = [(a.job_id, a.kind, a.node, a.grade, a.state) for o in outs for a in o.alerts]

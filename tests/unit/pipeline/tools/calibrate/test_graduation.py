@@ -4,7 +4,7 @@ kind and fault kind, and the kinds ready for auto (on each archive backend)."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from typer.testing import CliRunner
@@ -28,8 +28,9 @@ from schemas import (
     Message,
     RecommendedAction,
 )
+from tests.clock import day_start
 
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+T0 = day_start(hour=12)
 KEY = SigningKey.generate("actuator-test")
 OPERATOR = SigningKey.generate("operator-test")
 #: results count only signed (the archive keeps an unverified one as signed = 0)

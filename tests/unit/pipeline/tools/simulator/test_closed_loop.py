@@ -4,7 +4,6 @@ boundaries (relaunches included)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,8 +20,9 @@ from pipeline.tools.simulator import (
 from pipeline.tools.simulator.closed_loop import at_step_boundary
 from pipeline.tools.simulator.control import JobController
 from schemas import ActuatorMode, Command, CommandKind, CommandStatus
+from tests.clock import day_start
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+NOW = day_start(hour=12)
 
 
 @pytest.mark.parametrize("speed", [None, 0.25, 1.0, 8.0, 32.0])
