@@ -305,8 +305,9 @@ def test_a_cpu_hog_on_one_ranks_core_is_named_on_its_node_within_15_steps(stack)
     so its peers wait on it, and the waits name its node within 15 steps, no other node.
     Ranks are pinned (``--pin``): each to a core of its own where the host has 4, else
     each emulated node to its own share of the cores, so the hog contends with node-b
-    alone (unpinned, 4 ranks time-sliced on 2 cores all contend, and the hog's core
-    loses the other ranks to the scheduler: no one waits on rank 3 for long)."""
+    alone (unpinned, the scheduler moves the other ranks on and off the hog's core, and
+    how much of it rank 3 loses varies from run to run: it waited least in 31 of 50
+    steps in one measured run, 45 of 50 in another)."""
     s = stack("observe")
     onset = 40
     s.run_job("--pin", "--hog-rank", "3", "--hog-from", str(onset), steps=90)
