@@ -312,6 +312,7 @@ def test_a_cpu_hog_on_one_ranks_core_is_named_on_its_node_within_15_steps(stack)
     onset = 40
     s.run_job("--pin", "--hog-rank", "3", "--hog-from", str(onset), steps=90)
     alert = s.wait_alert(firing(AlertKind.STRAGGLER, "node-b"), 60, "straggler alert on node-b")
+    print(f"hog from step {onset}: named at step {alert.step}:", described([alert]))
     assert alert.step is not None and onset <= alert.step <= onset + 15, described([alert])
     wrong = [a for a in s.alerts if a.node != "node-b" and a.state is AlertState.FIRING]
     assert not wrong, described(wrong)
@@ -371,6 +372,7 @@ def test_auto_mode_replaces_the_straggler_and_a_90_s_relaunch_is_relaunching_not
         assert time.monotonic() < relaunched + delay + 120, f"not back\n{s.tail()}"
         s.poll(0.5)
     back = time.monotonic() - relaunched
+    print(f"relaunch: relaunching shown {shown:.1f} s in, running again at {back:.1f} s")
     assert shown < delay <= back, (shown, back)  # relaunching the whole time it took
     doc = s.finish_job(proc)
     (relaunch,) = doc["relaunches"]  # exactly once
