@@ -24,7 +24,7 @@ from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.nic_flap import NicWindow, nic_flap_findings
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
-from detectors.steps.waits import StepBaseline, waited_on
+from detectors.steps.waits import RecentScores, StepBaseline, waited_on
 from detectors.steps.work import WorkImbalance, work_factor
 from detectors.training.divergence import DivergenceDetector
 from detectors.training.drift import LossDrift, drift_findings
@@ -152,43 +152,51 @@ class EarlyPeer(StepDetector):
 
 
 class WaitedOn(StepDetector):
-    """The rank its stage peers wait on while the step is slow (:mod:`detectors.steps.waits`),
-    graded as a straggler; learns the job's own step time.
+    """The rank its stage peers wait on while the job's recent steps are slow
+    (:mod:`detectors.steps.waits`), named on its scores' median over the last steps
+    (:class:`~detectors.steps.waits.RecentScores`), graded as a straggler; learns the
+    job's own step time.
 
     A node the compute rules already found this step keeps their finding (one episode,
     the compute evidence)."""
 
-    __slots__ = ("base",)
+    __slots__ = ("_named", "_score", "base", "recent")
     name = "waited_on"
 
-    def __init__(self, base: StepBaseline) -> None:
+    def __init__(self, base: StepBaseline, recent: RecentScores | None = None) -> None:
         self.base = base
+        self.recent = recent if recent is not None else RecentScores(base.span)
+        self._score: np.ndarray | None = None  #: this step's, until learned
+        self._named = False  #: a rank is named this step: the step is the fault's
 
     def _step_time(self, ctx: StepContext) -> float:
         st = ctx.frame.step_time[ctx.train]
         return float(np.median(st)) if st.shape[0] else float("nan")
 
     def findings(self, ctx: StepContext) -> list[Finding]:
-        cfg, peer, frame = ctx.config, ctx.peer, ctx.frame
+        cfg, frame = ctx.config, ctx.frame
+        self._score, self._named = None, False
         slow = self.base.slowdown(self._step_time(ctx), k=4.0)
         if slow < cfg.waits_step_slow:
             return []
         t = ctx.temporal
         excluded = ~ctx.train | ~t.warmed
-        excluded |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
         factor = work_factor(frame)  # the clock's own time, not per unit of work
         clock = frame.compute if factor is None else frame.compute / factor
-        score = waited_on(
+        self._score = waited_on(
             frame,
             slow,
             -t.excess[2],  # beyond its own normal (values: slowdown, data, comm excess)
             excluded,
             compute=clock,
+            node=ctx.rank_node,
             floor=cfg.waits_floor,
             k=cfg.waits_z,
             min_peers=cfg.early_min_peers,
         )
-        if not score.any():
+        score = self.recent.median(ctx.slots, self._score)
+        self._named = bool(score.any())
+        if not self._named:
             return []
         stage = frame.pp_stage
 
@@ -231,7 +239,16 @@ class WaitedOn(StepDetector):
 
     def learn(self, ctx: StepContext) -> None:
         st = self._step_time(ctx)
-        self.base.learn(st, slow=self.base.slowdown(st, k=4.0) >= ctx.config.waits_step_slow)
+        k = 4.0  # a step slow on its own is no baseline either, before the median says so
+        slow = max(self.base.slowdown(st, k=k), self.base.slowdown(st, k=k, span=1))
+        named = self._named or bool(self.recent.values.any())  # lately: the fault's steps
+        self.base.learn(st, slow=named or slow >= ctx.config.waits_step_slow)
+        score = self._score if self._score is not None else np.zeros(ctx.slots.shape[0])
+        self.recent.learn(ctx.slots, score)
+        self._score, self._named = None, False
+
+    def forget(self, slots: I64) -> None:
+        self.recent.forget(slots)
 
 
 #: What the compute rules name: a node they found this step is not named again by waits.

@@ -20,7 +20,9 @@ A rank is *waited on* in a step when
   against its peers, :mod:`detectors.steps.temporal`, warm): a rank that always waits
   less by where it sits (nearer the reduction's root) is not blamed when the whole
   job slows for another reason;
-- it does not wait on its data loader (that is the data stall's);
+- its own clocks do not explain it: the part of that gap its compute clock (above its
+  peers') or its wait for data (above its peers': a stalled loader, the data stall's
+  to name) accounts for is not counted;
 - and the step itself is slower than the job's own recent steps by at least
   ``waits_step_slow`` and four robust sigmas of their spread (:class:`StepBaseline`,
   learned from the steps that were not slow, ready after ``waits_warmup`` of them):
@@ -44,10 +46,13 @@ Examples
 >>> compute = np.full(8, 0.20)                       # every clock reads normal
 >>> comm = np.full(8, 0.06); comm[3] = 0.02          # rank 3's peers wait on it
 >>> frame = StepFrame.from_arrays("j", 9, 9.0, compute, comm, step_time=np.full(8, 0.26))
->>> base = StepBaseline(warmup=3)
+>>> base = StepBaseline(warmup=3, span=3)
 >>> for s in (0.21, 0.215, 0.205):
 ...     base.learn(s, slow=False)
->>> slow = base.slowdown(0.26, k=4.0)
+>>> base.slowdown(0.26, k=4.0)                        # one slow step of the last three
+0.0
+>>> base.learn(0.26, slow=True)
+>>> slow = base.slowdown(0.26, k=4.0)                 # two of three
 >>> round(slow, 3)
 0.238
 >>> own = np.full(8, 0.5)                             # all of it new to each rank
@@ -58,6 +63,19 @@ Examples
 False
 >>> bool(waited_on(frame, slow, own * 0, np.zeros(8, bool), floor=0.1, k=4.0, min_peers=4).any())
 False
+
+A host that slows both its ranks in a stage of four is half the stage: its ranks are
+judged against the other node's, not against a median that sits between them.
+
+>>> comm4 = np.array([0.06, 0.06, 0.02, 0.02])
+>>> four = StepFrame.from_arrays("j", 9, 9.0, np.full(4, 0.2), comm4, step_time=np.full(4, 0.26))
+>>> none = np.zeros(4, bool)
+>>> bool(waited_on(four, slow, own[:4], none, floor=0.1, k=4.0, min_peers=4).any())
+False
+>>> nodes = np.array([0, 0, 1, 1])
+>>> score = waited_on(four, slow, own[:4], none, node=nodes, floor=0.1, k=4.0, min_peers=4)
+>>> np.flatnonzero(score).tolist()
+[2, 3]
 """
 
 from __future__ import annotations
@@ -65,12 +83,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from detectors._stats import MAD_TO_SIGMA, Groups
+from detectors._stats import MAD_TO_SIGMA, Groups, median
 from detectors.frame import StepFrame
 
-__all__ = ["StepBaseline", "waited_on"]
+__all__ = ["NODE_SHARE", "RecentScores", "StepBaseline", "waited_on"]
 
 F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
 
 #: Robust sigma of the peers' comm wait is floored at this fraction of the step.
@@ -79,7 +98,10 @@ _SIGMA_FLOOR_REL = 0.01
 
 class StepBaseline:
     """The job's own recent step time: the median of the last ``window`` steps that
-    were not slow, and its robust relative spread.
+    were not slow, and its robust relative spread; a step is judged by the median of
+    the last ``span`` steps (its own included), whose noise is that spread shrunk by
+    ``1.2533 / sqrt(span)`` (the median's standard error): on a shared host one step
+    varies by 10-15 %, a contention that holds does not.
 
     Parameters
     ----------
@@ -87,22 +109,29 @@ class StepBaseline:
         Steps learned before :meth:`slowdown` says anything.
     window
         Steps kept (bounded memory: one float each).
+    span
+        Recent steps whose median is judged.
     """
 
-    __slots__ = ("history", "warmup", "window")
+    __slots__ = ("history", "recent", "span", "warmup", "window")
 
-    def __init__(self, warmup: int = 8, window: int = 64) -> None:
+    def __init__(self, warmup: int = 8, window: int = 64, span: int = 5) -> None:
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1, got {warmup!r}")
         if window < warmup:
             raise ValueError(f"window must be >= warmup, got {window!r}")
+        if span < 1:
+            raise ValueError(f"span must be >= 1, got {span!r}")
         self.warmup = warmup
         self.window = window
+        self.span = span
         self.history: F64 = np.empty(0)
+        self.recent: F64 = np.empty(0)
 
-    def slowdown(self, step_time: float, k: float) -> float:
-        """How much slower ``step_time`` is than the baseline (a fraction), or 0 while
-        warming or while within ``k`` robust sigmas of the baseline's own spread."""
+    def slowdown(self, step_time: float, k: float, span: int | None = None) -> float:
+        """How much slower the median of the last ``span`` steps (``step_time`` the
+        newest) is than the baseline (a fraction), or 0 while warming or while within
+        ``k`` robust sigmas of that median's noise."""
         h = self.history
         if h.shape[0] < self.warmup or not np.isfinite(step_time):
             return 0.0
@@ -110,14 +139,76 @@ class StepBaseline:
         if med <= 0:
             return 0.0
         sigma = MAD_TO_SIGMA * float(np.median(np.abs(h - med))) / med
-        slow = step_time / med - 1.0
+        n = self.span if span is None else span
+        last = np.append(
+            self.recent[max(self.recent.shape[0] - n + 1, 0) :] if n > 1 else [], step_time
+        )
+        if last.shape[0] > 1:
+            sigma *= _MEDIAN_SE / np.sqrt(last.shape[0])
+        slow = float(np.median(last)) / med - 1.0
         return slow if slow >= k * sigma else 0.0
 
     def learn(self, step_time: float, slow: bool) -> None:
-        """Keep ``step_time`` unless the step was slow (a fault is not the baseline)."""
-        if slow or not np.isfinite(step_time) or step_time <= 0:
+        """Keep ``step_time`` among the recent steps, and in the baseline unless the
+        step was slow (a fault is not the baseline)."""
+        if not np.isfinite(step_time) or step_time <= 0:
             return
-        self.history = np.append(self.history[-(self.window - 1) :], step_time)
+        keep = max(self.recent.shape[0] - self.span + 2, 0)
+        self.recent = np.append(self.recent[keep:], step_time)
+        if not slow:
+            self.history = np.append(self.history[-(self.window - 1) :], step_time)
+
+
+class RecentScores:
+    """Each rank's :func:`waited_on` scores of its last ``span`` steps (0 where it was
+    not waited on), by slot: a rank is named on their median, so it must be waited on
+    in most of them. One step's waits on a busy host are noise (a healthy rank of a
+    4-rank CPU job waited 30 % less than its own normal in some steps); a neighbour
+    that takes its core keeps it waited on in most steps.
+
+    >>> r = RecentScores(span=3)
+    >>> slots = np.arange(2)
+    >>> r.median(slots, np.array([0.3, 0.0])).tolist()   # one step: not yet
+    [0.0, 0.0]
+    >>> r.learn(slots, np.array([0.3, 0.0]))
+    >>> r.median(slots, np.array([0.2, 0.4])).tolist()   # two of three
+    [0.2, 0.0]
+    """
+
+    __slots__ = ("span", "values")
+
+    def __init__(self, span: int = 5) -> None:
+        if span < 1:
+            raise ValueError(f"span must be >= 1, got {span!r}")
+        self.span = span
+        self.values: F64 = np.zeros((span - 1, 0))
+
+    def median(self, slots: I64, score: F64) -> F64:
+        """The median of each slot's stored scores and ``score`` (reads state only)."""
+        past = np.zeros((self.span - 1, slots.shape[0]))
+        inside = slots < self.values.shape[1]
+        past[:, inside] = self.values[:, slots[inside]]
+        return np.median(np.vstack((past, score[None, :])), axis=0)
+
+    def learn(self, slots: I64, score: F64) -> None:
+        """Store ``score`` as each slot's newest; the oldest goes."""
+        if not score.any() and not self.values.any():
+            return  # nothing waited on lately: the common case costs a scan
+        need = int(slots.max()) + 1 if slots.shape[0] else 0
+        if need > self.values.shape[1]:
+            grow = np.zeros((self.span - 1, need - self.values.shape[1]))
+            self.values = np.hstack((self.values, grow))
+        if self.span > 1:
+            self.values[:-1, slots] = self.values[1:, slots]
+            self.values[-1, slots] = score
+
+    def forget(self, slots: I64) -> None:
+        """Forget ``slots`` (a replaced node's ranks start afresh)."""
+        self.values[:, slots[slots < self.values.shape[1]]] = 0.0
+
+
+#: The standard error of a sample's median, in sigmas of its values, times sqrt(n).
+_MEDIAN_SE = 1.2533
 
 
 def waited_on(
@@ -127,6 +218,7 @@ def waited_on(
     excluded: B,
     *,
     compute: F64 | None = None,
+    node: I64 | None = None,
     floor: float,
     k: float,
     min_peers: int,
@@ -147,12 +239,17 @@ def waited_on(
         minus its peer comm excess less its baseline's): a rank that always waits
         less, by where it sits, is named only for what it waits less than it used to.
     excluded
-        Rows never named (not training, baseline still warming, waiting on their
-        data loader).
+        Rows never named (not training, baseline still warming).
     compute
         The time each rank's clock measured, where ``frame.compute`` was rescaled to
         the step's median work (:func:`detectors.steps.work.per_work`): a rank given
         more tokens waits less for what it did, which its clock explains.
+    node
+        Each row's node. A rank's node-mates share its host, and its contention: they
+        are no witnesses of it. Where a node holds at least ``1 / NODE_SHARE`` of its
+        stage, its ranks are judged against the stage's ranks on *other* nodes (a
+        hogged host of two ranks in a stage of four is half the stage, and the
+        stage's median sits between the waiters and the waited-on).
     floor, k
         The unexplained comm-wait deficit must reach this fraction of the step and
         this many robust sigmas of the peers' comm wait.
@@ -164,14 +261,49 @@ def waited_on(
         return np.zeros(n)
     groups = Groups.of(frame.pp_stage)
     clock = frame.compute if compute is None else compute
-    med, mad = groups.median_and_mad(np.stack((frame.comm_wait, clock, frame.step_time)))
+    values = np.stack((frame.comm_wait, clock, frame.data_wait, frame.step_time))
+    med, mad = groups.median_and_mad(values)
     inv = groups.inverse
-    step = np.maximum(med[2], med[1] + med[0])[inv]
-    explained = np.maximum(clock - med[1][inv], 0.0)
-    unexplained = med[0][inv] - frame.comm_wait - explained
-    sigma = np.maximum(MAD_TO_SIGMA * mad[0][inv], _SIGMA_FLOOR_REL * step)
+    step = np.maximum(med[3], med[1] + med[0])[inv]
+    ref, spread = med[:3, inv], mad[0][inv]
+    if node is not None:
+        ref, spread = _other_nodes(values, groups, node, ref, spread)
+    # what its own clocks say it spent: more compute, or a longer wait for its batch
+    # (a stalled loader arrives late by its stall: the data stall's to name)
+    explained = np.maximum(clock - ref[1], 0.0) + np.maximum(frame.data_wait - ref[2], 0.0)
+    unexplained = ref[0] - frame.comm_wait - explained
+    sigma = np.maximum(MAD_TO_SIGMA * spread, _SIGMA_FLOOR_REL * step)
     sigma = np.maximum(sigma, 1e-9)
-    rel = np.minimum(unexplained / np.maximum(step, 1e-9), own_deficit)
+    # its own normal was learned against the whole stage: move it to the same reference
+    own = own_deficit + (ref[0] - med[0][inv]) / np.maximum(step, 1e-9)
+    rel = np.minimum(unexplained / np.maximum(step, 1e-9), own)
     hit = (rel >= floor) & (unexplained >= k * sigma) & (groups.sizes[inv] >= min_peers)
     hit &= ~excluded & np.isfinite(rel)
     return np.where(hit, np.minimum(rel, step_slow), 0.0)
+
+
+#: A node holding at least 1 / NODE_SHARE of its stage's ranks is judged against the
+#: stage's other nodes (:func:`waited_on`); smaller shares move the stage's median
+#: little, and the exact reference would cost a pass per node.
+NODE_SHARE = 8
+
+
+def _other_nodes(values: F64, groups: Groups, node: I64, ref: F64, spread: F64) -> tuple[F64, F64]:
+    """``ref`` (comm wait, clock and data wait medians) and ``spread`` (comm wait's MAD) of each
+    row, from its stage's rows on other nodes where its node holds a large share."""
+    inv = groups.inverse
+    pair = inv * (int(node.max()) + 1) + node
+    keys, first, counts = np.unique(pair, return_index=True, return_counts=True)
+    big = counts * NODE_SHARE >= groups.sizes[inv[first]]
+    if not big.any():
+        return ref, spread
+    ref, spread = ref.copy(), spread.copy()
+    for key, row in zip(keys[big].tolist(), first[big].tolist(), strict=True):
+        rows = pair == key
+        others = (inv == inv[row]) & ~rows
+        if not others.any():
+            continue  # one node is the whole stage: nobody else to compare with
+        m = median(values[:3, others])
+        ref[:, rows] = m[:, None]
+        spread[rows] = median(np.abs(values[0, others] - m[0]))
+    return ref, spread

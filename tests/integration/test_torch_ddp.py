@@ -95,6 +95,8 @@ class Stack:
         with self.out.open("wb") as out:
             self.proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=out, stderr=out)
         self.settings = base.model_copy(update={"topic_prefix": self.prefix})
+        self.summary, self.ranks_out = tmp / "relaunch.json", tmp / "ranks"
+        self.jobs: list[subprocess.Popen[bytes]] = []
         self.alerts: list[Alert] = []
         self.commands: list[Command] = []
         self.events: list[JobEvent] = []
@@ -140,6 +142,10 @@ class Stack:
         return self.out.read_text(errors="replace")[-2000:] + logs
 
     def close(self) -> None:
+        for job in self.jobs:  # a test that failed while its job ran: nothing outlives it
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait(30)
         self._consumer.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # up stops its children in order
@@ -154,6 +160,13 @@ class Stack:
         self, *args: str, steps: int, timeout: float = 600, script: Path = JOB_SCRIPT,
         sourced: tuple[str, ...] | None = None, check: bool = True,
     ) -> dict[str, Any]:  # fmt: skip
+        proc = self.start_job(*args, steps=steps, script=script, sourced=sourced)
+        return self.finish_job(proc, timeout, check=check)
+
+    def start_job(
+        self, *args: str, steps: int, script: Path = JOB_SCRIPT,
+        sourced: tuple[str, ...] | None = None,
+    ) -> subprocess.Popen[bytes]:  # fmt: skip
         # docs/pytorch.md's step 4 as written: the files up wrote sourced, the venv not
         # activated (its bin is off PATH: stepguard-torchrun finds torchrun itself)
         page = job_step()
@@ -163,8 +176,7 @@ class Stack:
         for name in page.sourced if sourced is None else sourced:  # this test's up wrote
             env |= _env_file(self.state / Path(name).name)
         env |= page.env | {"OMP_NUM_THREADS": "1"}
-        summary = self.tmp / "relaunch.json"
-        out = self.tmp / "ranks"
+        summary, out = self.summary, self.ranks_out
         launcher, dashes, *torchrun, train = page.argv
         assert launcher == ".venv/bin/stepguard-torchrun" and train == "train.py", page
         argv = [
@@ -176,6 +188,13 @@ class Stack:
         with self.job_log.open("wb") as log:  # its own session: nothing outlives a timeout
             proc = subprocess.Popen(argv, cwd=self.tmp, env=env, stdout=log, stderr=log,
                                     start_new_session=True)  # fmt: skip
+        self.jobs.append(proc)
+        return proc
+
+    def finish_job(
+        self, proc: subprocess.Popen[bytes], timeout: float = 600, check: bool = True
+    ) -> dict[str, Any]:
+        """Wait for the job started by :meth:`start_job`; its summary and ranks' figures."""
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -185,8 +204,10 @@ class Stack:
         if not check:
             return {"exit_code": code, "log": self.job_log.read_text(errors="replace")}
         assert code == 0, self.job_log.read_text()[-6000:]
-        doc = json.loads(summary.read_text())
-        doc["ranks"] = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+        doc = json.loads(self.summary.read_text())
+        doc["ranks"] = [
+            json.loads(p.read_text()) for p in sorted(self.ranks_out.glob("rank-*.json"))
+        ]
         return doc
 
     def wait_steps(self, total: int, timeout: float = 120) -> None:
@@ -265,6 +286,38 @@ def test_a_clean_ddp_run_raises_nothing(stack):
     assert kinds.count(JobEventKind.PHASE) == 1, kinds
 
 
+def test_a_long_clean_run_raises_no_warning(stack):
+    """Shared-host noise is not a fault (issue 44): 300 clean steps (every rank's compute
+    and waits spiking for a few steps as the host's other work comes and goes) raise no
+    alert of WARNING or above, so nothing recommends replacing a node."""
+    s = stack("observe")
+    steps = 300
+    doc = s.run_job(steps=steps)
+    assert doc["relaunches"] == [], doc
+    s.wait_steps(steps * 4)
+    loud = [a for a in s.alerts if a.state is AlertState.FIRING and a.grade.level >= 1]
+    assert not loud, described(loud)
+
+
+def test_a_cpu_hog_on_one_ranks_core_is_named_on_its_node_within_15_steps(stack):
+    """A noisy neighbour (issue 44): from step 40 a busy process shares rank 3's core. Its
+    thread computes no more (its compute clock reads normal); it gets less of its core,
+    so its peers wait on it, and the waits name its node within 15 steps, no other node.
+    Ranks are pinned (``--pin``): each to a core of its own where the host has 4, else
+    each emulated node to its own share of the cores, so the hog contends with node-b
+    alone (unpinned, the scheduler moves the other ranks on and off the hog's core, and
+    how much of it rank 3 loses varies from run to run: it waited least in 31 of 50
+    steps in one measured run, 45 of 50 in another)."""
+    s = stack("observe")
+    onset = 40
+    s.run_job("--pin", "--hog-rank", "3", "--hog-from", str(onset), steps=90)
+    alert = s.wait_alert(firing(AlertKind.STRAGGLER, "node-b"), 60, "straggler alert on node-b")
+    print(f"hog from step {onset}: named at step {alert.step}:", described([alert]))
+    assert alert.step is not None and onset <= alert.step <= onset + 15, described([alert])
+    wrong = [a for a in s.alerts if a.node != "node-b" and a.state is AlertState.FIRING]
+    assert not wrong, described(wrong)
+
+
 def test_a_compute_straggler_is_named_within_ten_steps_with_cause_compute(stack):
     s = stack("observe")
     onset = 40
@@ -292,9 +345,36 @@ def test_a_data_loader_stall_is_named_as_data_wait(stack):
     assert not wrong, described(wrong)
 
 
-def test_auto_mode_checkpoints_replaces_the_straggler_with_the_spare_and_relaunches_once(stack):
+def test_auto_mode_replaces_the_straggler_and_a_90_s_relaunch_is_relaunching_not_a_hang(stack):
+    """Auto mode checkpoints, isolates the straggler's node and restarts the job once
+    with the spare in; the relaunch takes 90 s (every rank of the new run waits that
+    long before it joins the group: a scheduler's queue, a node's boot), and all that
+    while the worker holds the job as relaunching (its ``jobs_by_state`` gauge), raises
+    no hang and issues no second RESTART (issue 44)."""
     s = stack("auto")
-    doc = s.run_job("--slow-rank", "3", "--slow-from", "40", steps=160)
+    delay = 90.0
+    proc = s.start_job("--slow-rank", "3", "--slow-from", "40",
+                       "--relaunch-delay-s", str(delay), steps=160)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while "stepguard-torchrun: relaunch 1:" not in s.job_log.read_text(errors="replace"):
+        assert proc.poll() is None, s.job_log.read_text(errors="replace")[-6000:]
+        assert time.monotonic() < deadline, f"no relaunch\n{s.tail()}"
+        s.poll(0.5)  # reading the topics while the old run goes on, bounded
+    # the new run is in its 90 s start-up: relaunching until its first step, then running
+    relaunched = time.monotonic()
+    gauge = 'stepguard_worker_jobs_by_state{state="%s"}'
+    while s.metric(gauge % "relaunching") < 1:
+        assert time.monotonic() < relaunched + 60, f"never relaunching\n{s.tail()}"
+        s.poll(0.5)  # the alerts and commands of the relaunch, as they come
+    shown = time.monotonic() - relaunched
+    while s.metric(gauge % "running") < 1:
+        assert proc.poll() is None, s.job_log.read_text(errors="replace")[-6000:]
+        assert time.monotonic() < relaunched + delay + 120, f"not back\n{s.tail()}"
+        s.poll(0.5)
+    back = time.monotonic() - relaunched
+    print(f"relaunch: relaunching shown {shown:.1f} s in, running again at {back:.1f} s")
+    assert shown < delay <= back, (shown, back)  # relaunching the whole time it took
+    doc = s.finish_job(proc)
     (relaunch,) = doc["relaunches"]  # exactly once
     assert relaunch["exclude"] == ["node-b"] and doc["nodes"] == ["node-a", SPARE], doc
     second = [r for r in doc["ranks"] if r["attempt"] == "1"]
@@ -306,6 +386,8 @@ def test_auto_mode_checkpoints_replaces_the_straggler_with_the_spare_and_relaunc
     assert CommandKind.CHECKPOINT in kinds and CommandKind.ISOLATE in kinds, kinds
     isolate = next(c for c in s.commands if c.kind is CommandKind.ISOLATE)
     assert isolate.targets == ("node-b",) and isolate.replacements == (SPARE,), isolate
+    hangs = [a for a in s.alerts if a.kind is AlertKind.HANG]
+    assert not hangs, described(hangs)
 
 
 def test_one_process_without_a_process_group_publishes_its_measured_steps(settings):

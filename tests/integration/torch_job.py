@@ -12,6 +12,9 @@ each rank's compute with a spread near 15 %, and 6 matrices, +35 %, was named 2 
 ``--hog-rank R --hog-from K`` pins rank R to one CPU and, from step K, a busy-looping
 process to the same CPU (a noisy neighbour: R's thread computes no more, it gets less
 of its core, so only the waits show it).
+``--relaunch-delay-s S`` makes every rank of a relaunched run (``STEPGUARD_ATTEMPT``
+past 0) wait S seconds before it joins the process group: a relaunch that takes that
+long (a scheduler's queue, a node's boot, a checkpoint's read), not a sleep in a step.
 ``--plain`` runs the same loop without the integration (the benchmark's baseline).
 Each rank writes its figures to ``--out/rank-R.json``.
 """
@@ -48,6 +51,23 @@ def batches(rank: int, args: argparse.Namespace, start: int):
         step += 1
 
 
+def placement(rank: int, world: int, per_node: int, cpus: set[int]) -> set[int]:
+    """The CPUs rank ``rank`` runs on with ``--pin``: a core of its own where the host has
+    one per rank, else its emulated node's share of the cores (a node's ranks share
+    that node's CPUs, as on a real host; nodes never share one).
+
+    >>> placement(3, 4, 2, {0, 1}), placement(1, 4, 2, {0, 1}), placement(3, 4, 2, set(range(8)))
+    ({1}, {0}, {3})
+    """
+    ordered = sorted(cpus)
+    if len(ordered) >= world:
+        return {ordered[rank]}
+    nodes = max(world // max(per_node, 1), 1)
+    node = min(rank // max(per_node, 1), nodes - 1)
+    share = ordered[node * len(ordered) // nodes : (node + 1) * len(ordered) // nodes]
+    return set(share) or {ordered[node % len(ordered)]}
+
+
 def main() -> None:
     # torch inside: pytest imports this file to look for doctests, also without torch
     import torch
@@ -69,6 +89,9 @@ def main() -> None:
     p.add_argument("--stall-s", type=float, default=0.2)
     p.add_argument("--hog-rank", type=int, default=-1)
     p.add_argument("--hog-from", type=int, default=0)
+    p.add_argument("--pin", action="store_true",
+                   help="each rank (and its threads) on its placement's CPUs")  # fmt: skip
+    p.add_argument("--relaunch-delay-s", type=float, default=0.0)
     p.add_argument("--plain", action="store_true")
     p.add_argument("--no-hook", action="store_true", help="watch() without the comm hook")
     p.add_argument("--no-commands", action="store_true", help="watch(commands=False)")
@@ -79,6 +102,13 @@ def main() -> None:
     args = p.parse_args()
 
     torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("STEPGUARD_RANKS_PER_NODE", "0") or world)
+    cpus = placement(int(os.environ.get("RANK", "0")), world, per_node, os.sched_getaffinity(0))
+    if args.pin:  # before the process group: the backend's threads inherit it
+        os.sched_setaffinity(0, cpus)
+    if os.environ.get("STEPGUARD_ATTEMPT", "0") not in ("", "0"):
+        time.sleep(args.relaunch_delay_s)  # the relaunch's own start-up, before the group
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -108,8 +138,8 @@ def main() -> None:
     extra_b = torch.randn(HIDDEN, HIDDEN)
 
     hog: subprocess.Popen[bytes] | None = None
-    cpu = max(os.sched_getaffinity(0))
-    if rank == args.hog_rank:
+    cpu = min(cpus) if args.pin else max(os.sched_getaffinity(0))
+    if rank == args.hog_rank and not args.pin:
         os.sched_setaffinity(0, {cpu})
 
     def train(step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -39,12 +39,13 @@ def no_table(_job_id: str) -> bytes | None:
 #: Version of the detectors' state layout inside a snapshot. Bump it when a detector's
 #: fields change: older snapshots are then refused (and the job rebuilt from its
 #: replayed records) instead of failing on the first step.
-STATE_LAYOUT = 6  # 3: JobDetection keeps the job's members and lifecycle guard; 4: the
+STATE_LAYOUT = 7  # 3: JobDetection keeps the job's members and lifecycle guard; 4: the
 # suite keeps the group, replica, imbalance and drift detectors (issue 23); 5: the suite's
 # classes are renamed (JobMonitor -> DetectorSuite, MonitorConfig -> DetectorConfig, in the
 # snapshot by qualified name), its train-step detectors are one list (step_detectors) and
 # the table is "job-states" (issue 21); 6: the step assembler keeps each pending step's
-# earliest event time (it forces a step out on event time as well as on steps)
+# earliest event time (it forces a step out on event time as well as on steps); 7: the
+# waits detector keeps its recent steps and each rank's recent scores (issue 44)
 
 
 def partition_for(key: str, n_partitions: int) -> int:
