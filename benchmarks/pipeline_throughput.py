@@ -23,7 +23,10 @@ Measures, on a real broker (embedded Tansu unless --bootstrap / STEPGUARD_KAFKA_
   run) and their ratio; ``core_rank_steps_per_s[_rack]_columnar``;
   ``worker_rank_steps_per_s_columnar`` (128 nodes x 8 ranks, columnar node messages),
   ``worker_rank_steps_per_s_128k_rack_columnar``; ``--columnar-only`` runs just these,
-  each beside its baseline (``columnar_baseline_*``) in the same run;
+  each beside its baseline (``columnar_baseline_*``) in the same run, and
+  ``columnar_breakdown_us_{rack_v3,rack_v2,node_v3,node_v1}``: the core's µs a
+  rank-step by part (decode, auth, frame, assembly, detection, other; the worker's
+  ``*_cpu_us`` less the core's total is Faust, the consumer and the broker's fetch);
 - ``workers_2_rank_steps_per_s`` / ``workers_1_...``: two workers on two partitions
   against one. Not run on the embedded broker (``--no-two-workers`` is implied there):
   Tansu expires a stopped member's session whatever its timeout, and the run hangs in
