@@ -23,7 +23,10 @@ Measures, on a real broker (embedded Tansu unless --bootstrap / STEPGUARD_KAFKA_
   run) and their ratio; ``core_rank_steps_per_s[_rack]_columnar``;
   ``worker_rank_steps_per_s_columnar`` (128 nodes x 8 ranks, columnar node messages),
   ``worker_rank_steps_per_s_128k_rack_columnar``; ``--columnar-only`` runs just these,
-  each beside its baseline (``columnar_baseline_*``) in the same run;
+  each beside its baseline (``columnar_baseline_*``) in the same run, and
+  ``columnar_breakdown_us_{rack_v3,rack_v2,node_v3,node_v1}``: the core's µs a
+  rank-step by part (decode, auth, frame, assembly, detection, other; the worker's
+  ``*_cpu_us`` less the core's total is Faust, the consumer and the broker's fetch);
 - ``workers_2_rank_steps_per_s`` / ``workers_1_...``: two workers on two partitions
   against one. Not run on the embedded broker (``--no-two-workers`` is implied there):
   Tansu expires a stopped member's session whatever its timeout, and the run hangs in
@@ -263,18 +266,87 @@ def bench_core(
     core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0,
                            telemetry=check)  # fmt: skip
     scored, letters = 0, 0
+    records = [(k, b"core-job", v, headers[k]) for k, v in enumerate(values)]
     start, cpu = time.perf_counter(), time.process_time()
-    for offset, value in enumerate(values):
-        out = core.handle_step(0, offset, b"core-job", value, token=None,
-                               headers=headers[offset])  # fmt: skip
-        scored += out.rank_steps
-        letters += len(out.dead_letters)
+    for at in range(0, len(records), FETCH):  # fetches, as the worker reads them
+        for out in core.handle_steps(0, records[at : at + FETCH], token=None):
+            scored += out.rank_steps
+            letters += len(out.dead_letters)
     elapsed = time.perf_counter() - start
     if cpu_out is not None:
         cpu_out.append((time.process_time() - cpu) / len(values) * 1e6)
     if letters or not scored:
         raise RuntimeError(f"the core dead-lettered {letters} records, scored {scored}")
     return scored / elapsed
+
+
+#: records a fetch of the core benchmarks (the worker's default ``worker_batch_max``)
+FETCH = 1000
+
+
+def bench_core_breakdown(
+    nodes: int, steps: int, rack: int = 1, columnar: bool = False
+) -> dict[str, float]:
+    """Where the core's time goes, microseconds per rank-step, on the worker's path
+    (``handle_steps`` a fetch at a time, proofs checked): ``decode`` (the fetch's
+    records, :func:`~pipeline.io.fetchcolumns.decode_fetch`), ``auth`` (the proofs),
+    ``frame`` (``StepFrame.from_messages``), ``detection`` (``on_frame``: the suite),
+    ``assembly`` (the rest of ``on_step``: rank ownership and count, the assembler),
+    ``other`` (the rest of ``handle_steps``: admission, clocks, snapshots); and
+    ``total``. Each part timed by a wrapper around it (a few µs per message)."""
+    from detectors.frame import StepFrame
+    from detectors.job import JobDetection
+    from pipeline.io import telemetry_auth
+    from pipeline.services.worker import intake
+    from pipeline.services.worker.state import CoreTopics, WorkerDetection
+
+    spent = dict.fromkeys(("decode", "auth", "frame", "detection", "on_step"), 0.0)
+
+    def timed(part: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                spent[part] += time.perf_counter() - t
+
+        return wrapper
+
+    messages = NodeMessages("core-job", nodes, rack, columnar)
+    t0 = time.time() - steps
+    values = [v for step in range(steps) for v in messages.render(step, t0 + step)]
+    senders = messages.senders * steps
+    records = [(k, b"core-job", v, BENCH_KEYS.proofs(v, n))
+               for k, (v, n) in enumerate(zip(values, senders, strict=True))]  # fmt: skip
+    verifier = telemetry_auth.TelemetryVerifier
+    saved = (intake.decode_fetch, verifier.nodes_problem, StepFrame.__dict__["from_messages"],
+             JobDetection.on_frame, JobDetection.on_step)  # fmt: skip
+    intake.decode_fetch = timed("decode", saved[0])  # type: ignore[assignment]
+    telemetry_auth.TelemetryVerifier.nodes_problem = timed("auth", saved[1])  # type: ignore[method-assign]
+    StepFrame.from_messages = classmethod(timed("frame", saved[2].__func__))  # type: ignore[method-assign,assignment]
+    JobDetection.on_frame = timed("detection", saved[3])  # type: ignore[method-assign]
+    JobDetection.on_step = timed("on_step", saved[4])  # type: ignore[method-assign]
+    try:
+        check = TelemetryVerifier(NodeKeys(secret=BENCH_SECRET))
+        core = WorkerDetection(CoreTopics("s", "h", "j"), 1, max_clock_skew_s=300.0,
+                               telemetry=check)  # fmt: skip
+        scored = 0
+        start = time.perf_counter()
+        for at in range(0, len(records), FETCH):
+            for out in core.handle_steps(0, records[at : at + FETCH], token=None):
+                scored += out.rank_steps
+        total = time.perf_counter() - start
+    finally:
+        intake.decode_fetch = saved[0]
+        telemetry_auth.TelemetryVerifier.nodes_problem = saved[1]  # type: ignore[method-assign]
+        StepFrame.from_messages = saved[2]  # type: ignore[method-assign]
+        JobDetection.on_frame, JobDetection.on_step = saved[3], saved[4]  # type: ignore[method-assign]
+    per = 1e6 / scored
+    out = {k: spent[k] * per for k in ("decode", "auth", "frame", "detection")}
+    out["assembly"] = (spent["on_step"] - spent["frame"] - spent["detection"]) * per
+    out["other"] = (total - spent["decode"] - spent["auth"] - spent["on_step"]) * per
+    out["total"] = total * per
+    return out
 
 
 def bench_core_parts(nodes: int, steps: int) -> dict[str, float]:
@@ -312,12 +384,13 @@ def bench_core_parts(nodes: int, steps: int) -> dict[str, float]:
 
 
 def bench_decode_frame(nodes: int, steps: int, rack: int = 1, columnar: bool = False) -> float:
-    """Microseconds per rank-step of the worker's decode (``decode_step``, record by
+    """Microseconds per rank-step of the worker's decode (``decode_fetch`` of each
+    step's records: version 3 as one block of arrays a step, other versions record by
     record) and the step frames (``StepFrame.from_messages`` of each step's decoded
     messages): what issue 40 takes from per-field Python work to arrays. Raises when
     the fast decoder leaves a record to pydantic (a refused record is not measured)."""
     from detectors.frame import StepFrame
-    from pipeline.io.fastdecode import decode_step
+    from pipeline.io.fetchcolumns import decode_fetch
 
     messages = NodeMessages("core-job", nodes, rack, columnar)
     per_step = len(messages.senders)
@@ -326,11 +399,11 @@ def bench_decode_frame(nodes: int, steps: int, rack: int = 1, columnar: bool = F
     best = math.inf
     for _ in range(3):  # the best of three: the machine is shared
         start = time.perf_counter()
-        decoded = [decode_step(v) for v in values]
-        if any(d is None for d in decoded):
-            raise RuntimeError("the fast decoder left benchmark records to pydantic")
-        for i in range(0, len(decoded), per_step):
-            StepFrame.from_messages(decoded[i : i + per_step])  # type: ignore[arg-type]
+        for i in range(0, len(values), per_step):
+            decoded = decode_fetch(values[i : i + per_step])
+            if any(d is None for d in decoded):
+                raise RuntimeError("the fast decoder left benchmark records to pydantic")
+            StepFrame.from_messages(decoded)
         best = min(best, time.perf_counter() - start)
     return best / (steps * nodes * 8) * 1e6
 
@@ -352,6 +425,13 @@ def bench_columnar(rack: int) -> dict[str, float]:
     out["core_rank_steps_per_s_columnar"] = bench_core(128, 60, columnar=True)
     out["columnar_baseline_core_rank_steps_per_s_rack"] = bench_core(2048, 8, rack=rack)
     out["core_rank_steps_per_s_rack_columnar"] = bench_core(2048, 8, rack=rack, columnar=True)
+    for name, nodes, steps, per, columnar in (
+        ("columnar_breakdown_us_rack_v3", 2048, 8, rack, True),
+        ("columnar_breakdown_us_rack_v2", 2048, 8, rack, False),
+        ("columnar_breakdown_us_node_v3", 128, 60, 1, True),
+        ("columnar_breakdown_us_node_v1", 128, 60, 1, False),
+    ):
+        out[name] = bench_core_breakdown(nodes, steps, per, columnar)  # type: ignore[assignment]
     return out
 
 

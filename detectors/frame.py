@@ -207,11 +207,23 @@ class StepFrame:
         ``rows()``), the tuples are transposed at once and each column converted by
         numpy: per-rank Python work is what bounds a frame at 1k-16k ranks a step. A
         message with ``frame_columns()`` (a columnar message, StepTelemetry version 3)
-        gives its columns as arrays instead, and the frame concatenates them.
+        gives its columns as arrays instead, and the frame concatenates them. Messages
+        that are all spans of column blocks (a fetch's columnar messages decoded per
+        step, :mod:`detectors.framing`) are taken once per block, not per message.
         """
         if not messages:
             raise ValueError("messages must not be empty")
         job_id, step = messages[0].job_id, messages[0].step
+        if getattr(messages[0], "block", None) is not None:  # spans of column blocks
+            from detectors.framing import gathered  # built on this module
+
+            spans = gathered(messages)
+            if spans is not None:
+                if any(m.job_id != job_id or m.step != step for m in messages):
+                    raise ValueError("messages mix jobs or steps")
+                ts, start = step_times([m.ts_end.timestamp() for m in messages],
+                                       [m.ts_start.timestamp() for m in messages])  # fmt: skip
+                return cls(job_id=job_id, step=step, ts=ts, ts_start=start, **spans)
         nodes: list[str] = []
         node_pos: dict[str, int] = {}
         rows: list[tuple[object, ...]] = []

@@ -108,6 +108,7 @@ from detectors.assembly import StepAssembler
 from detectors.engine import DetectorConfig, DetectorSuite
 from detectors.errors import CapacityError, RefusedRecord
 from detectors.frame import NodeStep, StepFrame
+from detectors.framing import rank_array, rank_key, sample_nodes
 from detectors.job_guard import JobGuard, LifecycleLimits, PendingEnd
 from schemas import (
     Alert,
@@ -543,14 +544,12 @@ class JobDetection:
 
     def _count_ranks(self, msg: NodeStep) -> None:
         """Refuse a message that would take the job beyond ``max_ranks`` ranks."""
-        listed = [s.rank for s in msg.samples]
-        if not listed:
+        ranks = rank_array(msg)
+        if not ranks.size:
             return
-        top = max(listed)
-        known = self._ranks
-        if top < known.shape[0] and all(map(known.data.__getitem__, listed)):
+        top = int(ranks.max())
+        if top < self._ranks.shape[0] and bool(self._ranks[ranks].all()):
             return  # all counted before: a node's every step after its first
-        ranks = np.array(listed, dtype=np.int64)
         if top >= MAX_RANKS_PER_JOB:
             raise CapacityError(f"rank {top} is beyond the schema's {MAX_RANKS_PER_JOB}")
         if top >= self._ranks.shape[0]:
@@ -696,7 +695,7 @@ class _RankOwners:
     def same(self, msg: NodeStep) -> bool:
         """The node reports the ranks it reported last time (the hot path)."""
         ranks = self.node_ranks.get(msg.node)
-        return ranks is not None and ranks == tuple(s.rank for s in msg.samples)
+        return ranks is not None and ranks == rank_key(msg)
 
     def check(self, msg: NodeStep, reporting: frozenset[str], *, assembled: bool,
               declared: bool, left: frozenset[str] = frozenset()) -> None:  # fmt: skip
@@ -705,45 +704,41 @@ class _RankOwners:
         job has not declared, a rank far beyond the job's once a step was assembled.
         A rank's node is its sample's (a rack's message names each), else the sender;
         a holder in ``left`` (a signed relaunch took it out of the job) holds nothing."""
-        listed = [s.rank for s in msg.samples]
-        if not listed:
+        ranks = rank_array(msg)
+        if not ranks.size:
             return
-        top = max(listed)
+        top = int(ranks.max())
         if assembled and not declared and self.top >= 0 and top > 2 * self.top + 1:
             raise RefusedRecord(
                 f"node {msg.node} reports rank {top}, far beyond the job's highest "
                 f"rank {self.top}: refused"
             )
-        if len(self.names) >= 2 * MAX_NODES_PER_JOB and any(
-            (s.node or msg.node) not in self.index for s in msg.samples
-        ):
+        names, where = sample_nodes(msg)
+        if len(self.names) >= 2 * MAX_NODES_PER_JOB and any(n not in self.index for n in names):
             raise RefusedRecord(f"job has named {len(self.names)} nodes: {msg.node} refused")
-        size = self.owner.shape[0]
-        for s in msg.samples:
-            if s.rank >= size:
-                continue
-            held = int(self.owner[s.rank])
-            node = s.node or msg.node
-            if held >= 0 and held != self.index.get(node, -2):
-                holder = self.names[held]
-                if (holder in reporting or not reporting) and holder not in left:
-                    raise RefusedRecord(
-                        f"node {node} reports rank {s.rank}, which node {holder} holds and "
-                        "still reports: refused (a record speaks only for its own node)"
-                    )
+        inside = np.flatnonzero(ranks < self.owner.shape[0])  # vectorised, samples in order:
+        held = self.owner[ranks[inside]]
+        own = np.array([self.index.get(n, -2) for n in names], dtype=np.int64)[where[inside]]
+        for k in np.flatnonzero((held >= 0) & (held != own)).tolist():
+            holder, node = self.names[int(held[k])], names[int(where[inside[k]])]
+            if (holder in reporting or not reporting) and holder not in left:
+                raise RefusedRecord(
+                    f"node {node} reports rank {int(ranks[inside[k]])}, which node {holder} "
+                    "holds and still reports: refused (a record speaks only for its own node)"
+                )
 
     def take(self, msg: NodeStep) -> None:
-        ranks = tuple(s.rank for s in msg.samples)
-        if ranks:
-            need = max(ranks) + 1
+        ranks = rank_array(msg)
+        if ranks.size:
+            need = int(ranks.max()) + 1
             if need > self.owner.shape[0]:
                 grown = np.full(max(need, 2 * self.owner.shape[0]), -1, dtype=np.int32)
                 grown[: self.owner.shape[0]] = self.owner
                 self.owner = grown
-            for s in msg.samples:
-                self.owner[s.rank] = self._index(s.node or msg.node)
+            names, where = sample_nodes(msg)
+            self.owner[ranks] = np.array([self._index(n) for n in names], dtype=np.int32)[where]
             self.top = max(self.top, need - 1)
-        self.node_ranks[msg.node] = ranks
+        self.node_ranks[msg.node] = rank_key(msg)
 
     def _index(self, node: str) -> int:
         at = self.index.get(node)

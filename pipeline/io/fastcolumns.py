@@ -9,8 +9,9 @@ the batch; a message that breaks one, or that the fast path does not take (an un
 field, an escape in a name, a seventh fractional digit of a time), goes to ``slow``
 for ``schemas.decode`` to give its exact error.
 
-The worker decodes record by record (:func:`view_of`, through
-:func:`~pipeline.io.fastdecode.decode_step`): a :class:`ColumnView` of arrays that
+The worker decodes a fetch at once (:mod:`pipeline.io.fetchcolumns`: a job step's
+messages as one block); a record alone (:func:`view_of`, through
+:func:`~pipeline.io.fastdecode.decode_step`) is a :class:`ColumnView` of arrays that
 :meth:`~detectors.frame.StepFrame.from_messages` concatenates, checked by a fixed
 number of numpy calls a message; a message of at most :data:`SMALL` samples (a node's)
 is checked and viewed in Python instead, where numpy's fixed cost is more than the

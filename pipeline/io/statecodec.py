@@ -74,6 +74,7 @@ ALLOWED_MODULES = (
     "detectors.job",
     "pipeline.io.fastcolumns",
     "pipeline.io.fastdecode",
+    "pipeline.io.fetchcolumns",
     "pipeline.services.archive.rows",
     "pipeline.services.worker.records",
 )

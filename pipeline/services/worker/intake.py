@@ -7,8 +7,9 @@ job's clock (bounded by what the job's frames support, and, while a job taken ov
 catches up, counted as arrived when its event time says), and handed to the job's
 detection; then held until a snapshot covers it
 (:class:`~pipeline.services.worker.snapshots.Snapshots`). A fetch's records of one
-partition go through together (:meth:`StepIntake.handle_batch`): one outcome per job,
-whose snapshot is considered once, after its last record.
+partition go through together (:meth:`StepIntake.handle_batch`): decoded together (a
+job step's columnar messages as one block of arrays, :mod:`pipeline.io.fetchcolumns`),
+one outcome per job, whose snapshot is considered once, after its last record.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterable
 from detectors.frame import NodeStep
 from pipeline.io.errors import CapacityError
 from pipeline.io.fastdecode import decode_step
+from pipeline.io.fetchcolumns import decode_fetch
 from pipeline.io.telemetry_auth import message_nodes
 from pipeline.services.worker.admission import Admission
 from pipeline.services.worker.book import JobBook
@@ -72,10 +74,12 @@ class StepIntake:
         outs: dict[str, Handled] = {}
         taken: dict[str, tuple[JobState, int]] = {}
         token = None
-        for rec in records:
+        batch = list(records)
+        decoded = decode_fetch([rec.value for rec in batch], self.max_message_bytes)
+        for rec, msg in zip(batch, decoded, strict=True):
             token = rec.token
             try:
-                got = self._step(rec, load, outs)
+                got = self._step(rec, load, outs, msg)
             except Exception:  # never let one record stop the batch
                 log.exception("worker failed on %s", rec.where)
                 done.append(Handled(release=[rec.token]))
@@ -91,14 +95,15 @@ class StepIntake:
         return done
 
     def _step(
-        self, rec: Record, load: Load, outs: dict[str, Handled] | None
-    ) -> tuple[JobState, Handled] | Handled:
-        """Decode, take and detect one step record: its job's state and the Handled it
-        added to (the job's in ``outs``, when a batch shares one), or the Handled of a
-        record that goes no further (released, or dead-lettered)."""
+        self, rec: Record, load: Load, outs: dict[str, Handled] | None,
+        msg: NodeStep | Handled | None = None,
+    ) -> tuple[JobState, Handled] | Handled:  # fmt: skip
+        """Decode (unless the batch did: ``msg``), take and detect one step record: its
+        job's state and the Handled it added to (the job's in ``outs``, when a batch
+        shares one), or the Handled of a record that goes no further (released, or
+        dead-lettered)."""
         value = rec.value
-        msg: NodeStep | Handled | None = None
-        if value is None or len(value) <= self.max_message_bytes:
+        if outs is None and (value is None or len(value) <= self.max_message_bytes):
             msg = decode_step(value)
         if msg is None:
             msg = self.admission.decoded(StepTelemetry, rec)
