@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     if decoders == procs:
                         firsts.append(first_s)
                         busies.append(busy)
-            _, version = backend.query("SELECT version()")
+            _, ch_version = backend.query("SELECT version()")
             raw, e2e = statistics.median(raws), statistics.median(e2es)
             result[name] = {
                 "archived_rows_per_s": round(e2e),
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 else round(
                     statistics.median([b / x for b, x in zip(busies, e2es, strict=True)]) * 1e6, 2
                 ),
-                "version": str(version[0][0]),
+                "version": str(ch_version[0][0]),
                 "archived_runs": [round(x) for x in e2es],
                 "archived_in_process_runs": [round(x) for x in inprocs or e2es],
                 "raw_runs": [round(x) for x in raws],
