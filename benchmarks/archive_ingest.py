@@ -3,9 +3,12 @@ the backend's raw insert rate measured in the same run, on a ClickHouse server a
 
     python benchmarks/archive_ingest.py [--quick] [--json PATH] [--clickhouse DSN]
                                         [--kafka HOST:PORT] [--no-write]
+                                        [--steps-version 1|2|3]
 
 Without --clickhouse it uses STEPGUARD_TEST_CLICKHOUSE, else measures chDB only.
-Without --kafka it starts the embedded Tansu broker.
+Without --kafka it starts the embedded Tansu broker. --steps-version: 1 (default) a
+node's messages of 8 ranks as rows; 2 a rack aggregator's of 8 nodes (64 ranks) as rows;
+3 the same rack messages as columns (what rack aggregators send by default).
 """
 
 from __future__ import annotations
@@ -45,26 +48,33 @@ from pipeline.services.archive.rows import step_rows
 from schemas import RankSample, StepTelemetry, encode
 
 RANKS_PER_NODE = 8
+NODES_PER_RACK = 8  # a rack aggregator's message (--steps-version 2 or 3)
 REPEATS = 3
 
 
-def messages(n: int, nodes: int = 64) -> list[StepTelemetry]:
-    """``n`` per-node step messages of a ``nodes``-node job, realistic sizes, one step a
-    second up to now (dated from the clock, as every record a service reads)."""
-    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=n // nodes + 1)
+def messages(n: int, nodes: int = 64, version: int = 1) -> list[StepTelemetry]:
+    """``n`` step messages of a ``nodes``-node job, realistic sizes, one step a second up
+    to now (dated from the clock, as every record a service reads): per node (version 1),
+    or per rack of :data:`NODES_PER_RACK` nodes, as rows (2) or as columns (3)."""
+    per = 1 if version == 1 else NODES_PER_RACK
+    senders = nodes // per
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=n // senders + 1)
     out = []
     for i in range(n):
-        node, step = i % nodes, i // nodes
+        sender, step = i % senders, i // senders
         ts = t0 + timedelta(seconds=step)
         samples = tuple(
             RankSample(
                 rank=node * RANKS_PER_NODE + g, local_rank=g, dp_group=node, pp_stage=0,
                 step_time_s=0.45, compute_s=0.38 + 0.001 * g, comm_wait_s=0.05,
                 data_wait_s=0.02, loss=2.5, grad_norm=1.1,
+                node=None if version == 1 else f"node-{node:04d}",
             )
+            for node in range(sender * per, sender * per + per)
             for g in range(RANKS_PER_NODE)
         )  # fmt: skip
-        out.append(StepTelemetry(job_id="bench", node=f"node-{node:04d}", step=step,
+        name = f"node-{sender:04d}" if version == 1 else f"rack-{sender:03d}"
+        out.append(StepTelemetry(schema_version=version, job_id="bench", node=name, step=step,
                                  ts_start=ts, ts_end=ts, samples=samples))  # fmt: skip
     return out
 
@@ -126,11 +136,11 @@ def chdb_parses_rate(chdb: ChdbBackend, values: list[bytes], batch: int) -> floa
              "ver": pa.array(np.arange(len(chunk), dtype=np.uint64))}
         )  # fmt: skip
         chdb.execute(sql)
-        rows += RANKS_PER_NODE * len(chunk)
+        rows += RANKS_PER_NODE * len(chunk)  # version 1: a node's messages
     return rows / (time.perf_counter() - t0)
 
 
-def consume_rate(settings: Any, n_msgs: int, batch: int, group: str) -> float:
+def consume_rate(settings: Any, n_msgs: int, batch: int, group: str, per_msg: int) -> float:
     """Rows/s of the archiver's consumer alone (aiokafka with the archiver's fetch
     settings, records fetched and dropped), steady state as :func:`archived_rate`."""
     config = aiokafka_consumer_config(settings, group)
@@ -148,7 +158,7 @@ def consume_rate(settings: Any, n_msgs: int, batch: int, group: str) -> float:
                 more = await consumer.getmany(timeout_ms=500, max_records=batch)
                 n = sum(map(len, more.values()))
                 got, idle = got + n, (idle + 1 if n == 0 else 0)
-            return (got - first) * RANKS_PER_NODE / (time.perf_counter() - t1)
+            return (got - first) * per_msg / (time.perf_counter() - t1)
         finally:
             await consumer.stop()
 
@@ -165,13 +175,20 @@ def publish_all(settings: Any, msgs: list[StepTelemetry]) -> None:
     producer.close()
 
 
-def archived_rate(settings: Any, backend: ArchiveBackend, n_msgs: int, batch: int, group: str,
-                  decode_processes: int) -> tuple[float, float, float | None]:  # fmt: skip
+def archived_rate(
+    settings: Any,
+    backend: ArchiveBackend,
+    n_msgs: int,
+    batch: int,
+    group: str,
+    decode_processes: int,
+    per_msg: int,
+) -> tuple[float, float, float | None]:
     """(steady rows/s, seconds to the first batch, cores busy) of a fresh consumer group
     reading the whole topic. Steady is measured from the end of the first batch (group
     join and first fetch excluded) until every row is archived; cores busy is the whole
     machine's (archiver, broker, ClickHouse) over that window."""
-    want = n_msgs * RANKS_PER_NODE
+    want = n_msgs * per_msg
     archiver = Archiver(settings, backend, topics=["steps"], group_id=group, max_batch=batch,
                         max_wait_s=0.5, decode_processes=decode_processes)  # fmt: skip
     try:
@@ -208,13 +225,22 @@ def main(argv: list[str] | None = None) -> int:
         default=default_decode_processes(),
         help="the archiver's decode processes (default: as `stepguard archiver`)",
     )
+    ap.add_argument(
+        "--steps-version",
+        type=int,
+        choices=(1, 2, 3),
+        default=1,
+        help="1: a node's messages as rows; 2, 3: a rack's, as rows / columns",
+    )
     args = ap.parse_args(argv)
-    n = 40_000 if args.quick else 160_000
+    version = args.steps_version
+    per_msg = RANKS_PER_NODE * (1 if version == 1 else NODES_PER_RACK)
+    n = (40_000 if args.quick else 160_000) * RANKS_PER_NODE // per_msg
     procs = args.decode_processes
-    batch = 5_000  # messages per insert: 40k rows
-    msgs = messages(n)
+    batch = 40_000 // per_msg  # messages per insert: 40k rows
+    msgs = messages(n, version=version)
     values = [encode(m) for m in msgs]
-    result: dict[str, Any] = {"messages": n, "rows": n * RANKS_PER_NODE}
+    result: dict[str, Any] = {"messages": n, "rows": n * per_msg, "steps_version": version}
     with ExitStack() as stack:
         if args.kafka:
             base = load_settings({}, kafka_bootstrap=args.kafka, broker_flavor="kafka")
@@ -239,26 +265,30 @@ def main(argv: list[str] | None = None) -> int:
             parses: list[float] = []
             busies: list[Any] = []  # cores busy per archived run; None off Linux
             for rep in range(REPEATS):  # alternate raw and archived: same conditions
-                print(f"[{name}] raw insert of {n * RANKS_PER_NODE} rows ...", file=sys.stderr)
+                print(f"[{name}] raw insert of {n * per_msg} rows ...", file=sys.stderr)
                 raws.append(raw_insert_rate(backend, msgs, batch))
                 backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
                 # the archiver's two other stages alone, in the same conditions
                 decodes.append(decode_rate(values, batch))
-                consumes.append(consume_rate(settings, n, batch, f"bench{tag}.{name}{rep}.c"))
-                if isinstance(backend, ChdbBackend):
+                consumes.append(
+                    consume_rate(settings, n, batch, f"bench{tag}.{name}{rep}.c", per_msg)
+                )
+                if isinstance(backend, ChdbBackend) and version == 1:  # its JSON's shape
                     parses.append(chdb_parses_rate(backend, values, batch))
                     backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
                 for decoders, out in ((procs, e2es), (0, inprocs)) if procs else ((0, e2es),):
                     print(f"[{name}] broker -> archiver ({decoders} decoders) -> {name} ...",
                           file=sys.stderr)  # fmt: skip
                     group = f"bench{tag}.{name}{rep}.{decoders}"
-                    e2e, first_s, busy = archived_rate(settings, backend, n, batch, group, decoders)
+                    e2e, first_s, busy = archived_rate(
+                        settings, backend, n, batch, group, decoders, per_msg
+                    )
                     backend.execute(f"TRUNCATE TABLE {backend.database}.steps")
                     out.append(e2e)
                     if decoders == procs:
                         firsts.append(first_s)
                         busies.append(busy)
-            _, version = backend.query("SELECT version()")
+            _, ch_version = backend.query("SELECT version()")
             raw, e2e = statistics.median(raws), statistics.median(e2es)
             result[name] = {
                 "archived_rows_per_s": round(e2e),
@@ -276,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 else round(
                     statistics.median([b / x for b, x in zip(busies, e2es, strict=True)]) * 1e6, 2
                 ),
-                "version": str(version[0][0]),
+                "version": str(ch_version[0][0]),
                 "archived_runs": [round(x) for x in e2es],
                 "archived_in_process_runs": [round(x) for x in inprocs or e2es],
                 "raw_runs": [round(x) for x in raws],
@@ -298,12 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items())
         + ".",
         "",
-        f"{n} StepTelemetry messages of {RANKS_PER_NODE} ranks ({n * RANKS_PER_NODE} rows), "
-        f"inserts of {batch * RANKS_PER_NODE} rows; median of {REPEATS} runs, raw and archived "
-        "alternating. Raw = `backend.insert` of prepared numpy columns (the archiver's insert "
-        "path); archived = consume (aiokafka) + decode (`pipeline.io.fastdecode`) + columns + "
-        "insert + commit, steady state (from the end of the first batch: the consumer-group "
-        "join is reported apart). The archiver runs as `stepguard archiver` does here, with "
+        f"{n} StepTelemetry messages of version {version}, {per_msg} ranks each "
+        f"({n * per_msg} rows), inserts of {batch * per_msg} rows; median of {REPEATS} runs, "
+        "raw and archived alternating. Raw = `backend.insert` of prepared numpy columns (the "
+        "archiver's insert path); archived = consume (aiokafka) + decode "
+        "(`pipeline.io.fastdecode`) + columns + insert + commit, steady state (from the "
+        "end of the first batch: the consumer-group join is reported apart). The archiver "
+        "runs as `stepguard archiver` does here, with "
         f"{procs} decode process(es) (one per core but one); the in-process column is the "
         "same archiver decoding on its own thread, under the GIL it shares with fetch and "
         "insert. Cores busy: the whole machine's (archiver, broker, ClickHouse) during the "

@@ -22,6 +22,7 @@ from pipeline.io.errors import ArchiveError, ArchiveRowError
 from pipeline.io.redact import redact
 from pipeline.io.settings import Settings
 from pipeline.services.archive.arrow import arrow_array
+from pipeline.services.archive.columns import register_numpy_columns
 from pipeline.services.archive.limits import QueryLimits, WaitingWriters, with_limits
 from pipeline.services.archive.refusals import code_of, is_data_error, refused_value
 
@@ -310,6 +311,7 @@ class ServerBackend:
         if not any(isinstance(columns[c], np.ndarray) for c in names):
             self._run(sql, [columns[c] for c in names], columnar=True)
             return n
+        register_numpy_columns()
         _register_numpy_enums(types.values())
         data = _for_numpy_driver([columns[c] for c in names])
         self._run(sql, data, client=self._numpy_client, columnar=True)
@@ -321,24 +323,11 @@ class ServerBackend:
 
 
 def _for_numpy_driver(columns: list[Any]) -> list[Any]:
-    """Columns as clickhouse-driver's numpy columns take them. A nullable column (a
-    masked array) becomes float64 when nothing is NULL, else an object array with None
-    for NULL; a NaN stays a NaN either way (the numpy Float columns test ``is None``,
-    not pandas.isnull: ``test_nan_and_null_losses_stay_apart``)."""
-    out = []
-    for values in columns:
-        if isinstance(values, np.ma.MaskedArray):
-            data = np.asarray(values.data)
-            mask = np.ma.getmaskarray(values)
-            if mask.any():
-                data = data.astype(object)
-                data[mask] = None
-            out.append(data)
-        else:
-            out.append(
-                values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
-            )
-    return out
+    """Columns as clickhouse-driver's numpy columns take them, with the writers of
+    :mod:`~pipeline.services.archive.columns`: numpy arrays (masked ones with their mask
+    as NULL, a NaN stays a NaN: ``test_nan_and_null_losses_stay_apart``) as they are, a
+    list as an object array."""
+    return [v if isinstance(v, np.ndarray) else np.asarray(v, dtype=object) for v in columns]
 
 
 _NUMPY_ENUMS: set[str] = set()
@@ -357,12 +346,10 @@ def _register_numpy_enums(types: Any) -> None:
             continue
         try:
             from clickhouse_driver.columns.numpy import service
-            from clickhouse_driver.columns.numpy.intcolumn import NumpyInt8Column
         except ImportError:  # pragma: no cover - the driver's generic column still works
             return
-        service.column_by_type[ch_type] = type(
-            "NumpyEnum8Column", (NumpyInt8Column,), {"ch_type": ch_type}
-        )
+        int8 = service.column_by_type["Int8"]  # columns.register_numpy_columns's, once run
+        service.column_by_type[ch_type] = type("NumpyEnum8Column", (int8,), {"ch_type": ch_type})
         _NUMPY_ENUMS.add(ch_type)
 
 

@@ -84,3 +84,28 @@ def test_v3_messages_left_to_pydantic_archive_the_same_rows():
     _assert_same_table(
         rows_for([(m, 0) for m in old])["steps"], rows_for([(_as_v3(m), 0) for m in old])["steps"]
     )
+
+
+def _spec(values) -> str:
+    """The ClickHouse type a steps column's array goes to (Enum8 as its Int8 codes,
+    DateTime as its UInt32 seconds: the same bytes)."""
+    if values.dtype == object:
+        return "String"
+    base = {"u": "UInt", "i": "Int", "f": "Float"}[values.dtype.kind]
+    spec = f"{base}{values.dtype.itemsize * 8}"
+    return f"Nullable({spec})" if isinstance(values, np.ma.MaskedArray) else spec
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_v3_columns_go_to_the_server_as_the_bytes_of_the_old_rows(version):
+    # the server's column path (pipeline.services.archive.columns): every column of a v3
+    # batch is written whole, and its bytes are those the driver writes for the v1/v2
+    # batch's rows one Python value at a time
+    from tests.unit.pipeline.services.archive.test_columns import as_rows, wire, zero_under_nulls
+
+    old = [_message(version, s) for s in range(3)]
+    rows = step_rows([encode(m) for m in old]).columns
+    columns = step_rows([encode(_as_v3(m)) for m in old]).columns
+    for name, values in columns.items():
+        expected = wire(_spec(values), as_rows(rows[name]), numpy=False)
+        assert wire(_spec(values), zero_under_nulls(values), numpy=True) == expected, name
