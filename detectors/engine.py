@@ -106,7 +106,10 @@ class DetectorSuite:
     nodes
         The job's nodes and the node each rank runs on.
     grader
-        Open alert episodes and their grades.
+        Open alert episodes and their grades (the suite's :class:`Grading`).
+    members
+        Every other member by protocol (:class:`~detectors.suite_members.SuiteMembers`),
+        driving the family objects held here (``peer``, ``baselines``, ``hang``, ...).
     steps_seen
         Steps processed.
     """
