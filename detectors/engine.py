@@ -155,12 +155,13 @@ class DetectorSuite:
         self.nodes = NodeRegistry()
         self._last_step = -1  #: the last step completed before a relaunch
         self.steps_seen = 0
+        self.members  # noqa: B018  built now: scoring a new suite's first step changes nothing
 
     @cached_property
     def members(self) -> SuiteMembers:
         """The members around the family objects above, by protocol
-        (:mod:`detectors.suite_members`): built on first use, so a state written
-        before they existed gets them too."""
+        (:mod:`detectors.suite_members`): a new suite builds them at once, a state
+        written before they existed on first use."""
         return suite_members(
             self.config,
             missing=self.missing,
