@@ -4,8 +4,9 @@ drives them (:func:`suite_members`).
 
 The family objects are the suite's state (``suite.hang``, ``suite.presence``, ...: a
 snapshot names them), and these members only drive them: each holds the object it
-wraps, nothing of its own, so a state written before the members existed reads back
-and gets its members afresh.
+wraps (the hang member the thresholds too) and no state of its own, so a snapshot
+written before the members existed reads back and builds them on first use
+(:attr:`DetectorSuite.members <detectors.engine.DetectorSuite.members>`).
 
 Examples
 --------
