@@ -41,37 +41,42 @@ The suite coordinates; each concern lives in its own module:
 :mod:`detectors.steps.intermittent` intermittent stragglers: how often a rank is clearly slow
 :mod:`detectors.steps.imbalance`    a pipeline stage slower as a whole: INFO, rebalance
 :mod:`detectors.steps.group`        nodes that began to slow together: one group finding
-:mod:`detectors.protocol`   :class:`StepDetector`, what the suite drives for a train step
+:mod:`detectors.protocol`   what the suite drives: :class:`StepDetector` for a train step,
+                            ``StepMember``, ``ClockMember``, ``HealthMember``, ``Grading``
 :mod:`detectors.step_detectors`     the train-step detectors, in scoring order
+:mod:`detectors.suite_members`      every other member around its family's class, in order
 ==========================  ==========================================================
+
+The family objects (``peer``, ``baselines``, ``hang``, ``missing``, ``presence``,
+``hardware``, ``groups``, ``replicas``, ``grader``, ``step_detectors``) are the suite's
+state, under the names a snapshot holds; the suite drives them through
+:attr:`DetectorSuite.members`, by protocol, never by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
 
-from detectors.base import Finding
 from detectors.config import DetectorConfig
-from detectors.findings import missing_findings, nonfinite_findings
 from detectors.frame import PHASE_CODES, StepFrame
 from detectors.grading.grader import Grader
 from detectors.hang.detector import HangDetector, HealthPresence, MissingRanks
-from detectors.hardware.health import HEALTH_SIGNALS, HardwareDetector
-from detectors.protocol import StepContext, StepDetector, StepScores
+from detectors.hardware.health import HardwareDetector
+from detectors.protocol import Grading, StepContext, StepDetector, StepScores, Tick
 from detectors.registry import NodeRegistry
 from detectors.signals import TRAIN_SIGNALS
 from detectors.step_detectors import step_detectors
-from detectors.steps.first_step import anchor_first_step_outliers
 from detectors.steps.group import GroupFaults
 from detectors.steps.peer import PeerDetector
 from detectors.steps.ranks import RankIndex
 from detectors.steps.replica import ReplicaDrift
-from detectors.steps.slowdown import replica_corrected
 from detectors.steps.temporal import RankBaselines
 from detectors.steps.work import per_work
+from detectors.suite_members import SuiteMembers, suite_members
 from schemas.alerts import Alert, Grade
 from schemas.telemetry import NodeHealth, Phase
 
@@ -101,7 +106,10 @@ class DetectorSuite:
     nodes
         The job's nodes and the node each rank runs on.
     grader
-        Open alert episodes and their grades.
+        Open alert episodes and their grades (the suite's :class:`Grading`).
+    members
+        Every other member by protocol (:class:`~detectors.suite_members.SuiteMembers`),
+        driving the family objects held here (``peer``, ``baselines``, ``hang``, ...).
     steps_seen
         Steps processed.
     """
@@ -142,11 +150,29 @@ class DetectorSuite:
         self.step_detectors: list[StepDetector] = step_detectors(cfg)
         self.groups = GroupFaults(cfg.group_window, cfg.group_min_nodes)
         self.replicas = ReplicaDrift(warmup_steps=cfg.warmup_steps)
-        self.grader = Grader(job_id, cfg.policies())
+        self.grader: Grading = Grader(job_id, cfg.policies())
         self.ranks = RankIndex()
         self.nodes = NodeRegistry()
         self._last_step = -1  #: the last step completed before a relaunch
         self.steps_seen = 0
+        self.members  # noqa: B018  built now: scoring a new suite's first step changes nothing
+
+    @cached_property
+    def members(self) -> SuiteMembers:
+        """The members around the family objects above, by protocol
+        (:mod:`detectors.suite_members`): a new suite builds them at once, a state
+        written before they existed on first use."""
+        return suite_members(
+            self.config,
+            missing=self.missing,
+            peer=self.peer,
+            baselines=self.baselines,
+            replicas=self.replicas,
+            groups=self.groups,
+            hang=self.hang,
+            presence=self.presence,
+            hardware=self.hardware,
+        )
 
     @property
     def last_step(self) -> int:
@@ -173,6 +199,7 @@ class DetectorSuite:
         rank_node = node_ids[frame.node_idx]
         train = frame.phase == _TRAIN
         train_step = bool(frame.n_ranks) and bool(train.mean() >= 0.5)
+        cfg, g = self.config, self.grader
         out = StepScores(
             frame=frame,
             slots=slots,
@@ -181,34 +208,26 @@ class DetectorSuite:
             rank_node=rank_node,
             train=train,
             train_step=train_step,
+            config=cfg,
+            floor=g.min_score,
+            nodes=self.nodes,
+            rank_ids=self.ranks.ids,
         )
         if frame.n_ranks == 0:
             return out
-        cfg, g = self.config, self.grader
-        out.missing = missing_findings(
-            self.missing, slots, g.min_score("missing"), self.nodes, self.ranks.ids
-        )
-        out.nonfinite = nonfinite_findings(frame)
-        if not train_step:
+        members = self.members
+        for m in members.scorers:  # missing, non-finite; a train step's peers, baselines
+            m.score(out)
+        if not train_step or out.peer is None or out.temporal is None:
             return out
-        peer = self.peer.score_frame(frame)
-        inv = peer.groups.inverse
-        slowdown, c_scale = peer.slowdown, peer.compute_scale[inv]
-        if cfg.replica_correction:
-            slowdown, c_scale = replica_corrected(
-                peer, frame.dp_group, rank_node, cfg.mad_floor_rel
-            )
-        out.values = np.stack((slowdown, peer.data_excess, peer.comm_excess))
-        out.scales = np.stack((c_scale, peer.data_scale[inv], peer.comm_scale[inv]))
-        out.temporal = t = self.baselines.score(slots, out.values, out.scales)
         out.context = ctx = StepContext(
             frame=frame,
             slots=slots,
             rank_node=rank_node,
             node_names=names,
             train=train,
-            peer=peer,
-            temporal=t,
+            peer=out.peer,
+            temporal=out.temporal,
             config=cfg,
             floor=g.min_score,
             firing_rows=lambda signal: self._firing_ranks(signal, frame, rank_node),
@@ -217,15 +236,8 @@ class DetectorSuite:
         )
         for det in self.step_detectors:
             out.train_findings += det.findings(ctx)
-        if cfg.replica_correction:  # what the correction hides: whole replicas slowing
-            out.replicas = self.replicas.score(peer.slowdown, frame.dp_group, rank_node, train)
-            out.replica_findings = self.replicas.findings(
-                out.replicas, frame.dp_group, rank_node, names, g.min_score("group")
-            )
-        out.node_findings = out.train_findings
-        out.train_findings = self.groups.collapse(
-            out.train_findings, frame.step, out.replica_findings
-        )
+        for m in members.collectors:  # replica evidence, then the group collapse
+            m.score(out)
         return out
 
     def process_step(self, frame: StepFrame) -> list[Alert]:
@@ -237,10 +249,12 @@ class DetectorSuite:
         ctx, s.context = s.context, None
         step, ts = frame.step, frame.ts
         g = self.grader
+        members = self.members
         # progress: a completed step resolves a hang
-        self.hang.learn_step(step, ts, frame.ts_start)
+        done: set[str] = set()
+        for c in members.clock:
+            done |= c.progress(frame)
         self._last_step = self.last_step
-        done = {"hang"} if self.relaunching_since is not None else {"hang", "relaunch_stuck"}
         alerts = g.observe((), signals=done, step=step, ts=ts)
         if frame.n_ranks == 0:
             return alerts
@@ -253,28 +267,21 @@ class DetectorSuite:
         self.nodes.register(frame.nodes)
         moved = self.nodes.record_ranks(s.slots, s.rank_node)
         if moved.shape[0]:  # these ranks now run on other hardware: fresh baselines
-            self.baselines.forget(moved)
+            for m in members.scorers:
+                m.forget(moved)
             for det in self.step_detectors:
                 det.forget(moved)
-        self.missing.learn(s.slots)
-        if s.temporal is not None and s.values is not None and s.scales is not None:
-            mask = s.train & ~self._critical_ranks(frame, s.rank_node)
-            self.baselines.learn(s.slots, s.values, s.scales, mask, s.temporal)
-            anchor_first_step_outliers(  # slow from the first step: not its normal
-                self.baselines,
-                s.slots,
-                frame.pp_stage.astype(np.int64),
-                s.rank_node,
-                mask,
-                floor=self.config.first_step_floor,
-                k=self.config.first_step_z,
-            )
-            if ctx is not None:
-                for det in self.step_detectors:
-                    det.learn(ctx)
-            self.groups.learn(s.node_findings, step, s.replica_findings)
-            if s.replicas is not None:
-                self.replicas.learn(s.replicas, self.config.straggler_warning)
+            for m in members.collectors:
+                m.forget(moved)
+        if s.temporal is not None:
+            s.learn_mask = s.train & ~self._critical_ranks(frame, s.rank_node)
+        for m in members.scorers:
+            m.learn(s)
+        if ctx is not None:
+            for det in self.step_detectors:
+                det.learn(ctx)
+        for m in members.collectors:
+            m.learn(s)
         self.steps_seen += 1
         return alerts
 
@@ -311,17 +318,16 @@ class DetectorSuite:
         ts = msg.ts.timestamp()
         step = max(self.last_step, 0)
         g = self.grader
-        alerts = g.observe((), signals={"health_missing"}, step=step, ts=ts, node=msg.node)
-        self.presence.learn(msg.node, ts, msg.interval_s)
-        prep = self.hardware.prepare(msg)
-        findings = [
-            f for f in self.hardware.score_prepared(prep) if f.score >= g.min_score(f.signal)
-        ]
-        alerts += g.observe(findings, signals=HEALTH_SIGNALS, step=step, ts=ts, node=msg.node)
-        firing = g.firing()
-        anomalous = {f.signal for f in findings}
-        anomalous |= {k[0] for k in firing if k[1] == msg.node}
-        self.hardware.learn_prepared(prep, anomalous=anomalous)
+        alerts: list[Alert] = []
+        anomalous: set[str] = set()
+        read = [(m, m.prepare(msg)) for m in self.members.health]
+        for m, prep in read:  # a report settles its node's silence; hardware findings
+            found = m.findings(prep, g.min_score)
+            alerts += g.observe(found, signals=m.signals, step=step, ts=ts, node=msg.node)
+            anomalous |= {f.signal for f in found}
+        anomalous |= {k[0] for k in g.firing() if k[1] == msg.node}
+        for m, prep in read:
+            m.learn(prep, anomalous)
         return alerts
 
     # -- clock ---------------------------------------------------------------------
@@ -351,12 +357,12 @@ class DetectorSuite:
         expected to report health (their late reports are ignored until they appear in
         the job's steps again).
         """
-        cfg = self.config
-        self.hang.restart(now, cfg.restart_grace_steps, getattr(cfg, "restart_grace_min_s", 0.0))
+        removed = tuple(removed_nodes)
+        for c in self.members.clock:
+            c.restarted(now, removed)
         for det in self.step_detectors:
             det.restarted()  # e.g. loss drift: a rollback resumes from an earlier, higher loss
-        for node in removed_nodes:
-            self.presence.forget(node)
+        for node in removed:
             self.nodes.remove(node)
 
     def announce_phase(
@@ -390,78 +396,9 @@ class DetectorSuite:
         """Check for a hung job and silent nodes at event time ``now`` (epoch seconds)."""
         g = self.grader
         step = self.last_step + 1
+        tick = Tick(now=now, last_step=self.last_step, stepping_at=self.stepping_at,
+                    floor=g.min_score)  # fmt: skip
         alerts: list[Alert] = []
-        # silence counts from the job's last progress: a step most of its nodes
-        # reported (``stepping_at``, set by the core) is progress even while one node's
-        # record of it is missing (refused, or that node died: the missing detector's)
-        last = self.hang.last_ts
-        stepping = self.stepping_at
-        at = now
-        if stepping is not None and last is not None and stepping > last:
-            at = now - (min(stepping, now) - last)
-        h = self.hang.graded(at)
-        hang_f: list[Finding] = []
-        if h >= g.min_score("hang"):
-            baseline, why = self.hang.explain(at)
-            hang_f.append(
-                Finding(
-                    "hang",
-                    None,
-                    None,
-                    h,
-                    "seconds_since_step",
-                    at - (self.hang.last_ts or at),
-                    h,
-                    baseline=baseline,
-                    detail=f"{why}; last step {self.last_step}",
-                )
-            )
-        alerts += g.observe(hang_f, signals={"hang"}, step=step, ts=now)
-        alerts += g.observe(
-            self._relaunch_findings(now), signals={"relaunch_stuck"}, step=step, ts=now
-        )
-        silent = self.presence.score(now)
-        floor = g.min_score("health_missing")
-        miss_f = [
-            Finding(
-                "health_missing",
-                node,
-                None,
-                s,
-                "intervals_silent",
-                s,
-                s,
-                detail=f"no health report for {s:.1f} intervals while other nodes report",
-            )
-            for node, s in sorted(silent.items())
-            if s >= floor
-        ]
-        alerts += g.observe(miss_f, signals={"health_missing"}, step=step, ts=now)
+        for c in self.members.clock:  # the job's silence, then its nodes'
+            alerts += g.observe(c.findings(tick), signals=c.signals, step=step, ts=now)
         return alerts
-
-    def _relaunch_findings(self, now: float) -> list[Finding]:
-        """A relaunch past ``relaunch_max_s``: the job's one ``relaunch_stuck`` finding,
-        scored in maximums (WARNING from 1)."""
-        since = self.relaunching_since
-        limit = self.config.relaunch_max_s
-        if since is None or now - since < limit:
-            return []
-        took = now - since
-        return [
-            Finding(
-                "relaunch_stuck",
-                None,
-                None,
-                took / max(limit, 1e-9),
-                "seconds_relaunching",
-                took,
-                took / max(limit, 1e-9),
-                baseline=limit,
-                detail=(
-                    f"relaunch_stuck: relaunching for {took:.0f}s since the relaunch, past "
-                    f"the {limit:.0f}s a relaunch may take, and no step of the new run; "
-                    f"investigate the scheduler and the job's start (not restarted again); "
-                    f"last step {self.last_step}"
-                ),
-            )
-        ]

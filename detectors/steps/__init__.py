@@ -18,8 +18,10 @@ Members, by what they say of a rank, node or group:
 
 Verbs: a stateful member scores a frame (``score``, ``score_frame``) and learns it
 (``learn``, ``learn_one``); a rule is a function from scores to
-:class:`~detectors.base.Finding`\\s. The suite drives them as
-:class:`~detectors.protocol.StepDetector`\\s (:mod:`detectors.step_detectors`).
+:class:`~detectors.base.Finding`\\s. The suite drives the rules as
+:class:`~detectors.protocol.StepDetector`\\s (:mod:`detectors.step_detectors`), and the
+scoring they share (peer, baselines) and what follows them (replicas, groups) as
+:class:`~detectors.protocol.StepMember`\\s (:mod:`detectors.suite_members`).
 Imports only the vocabulary below the families (``base``, ``frame``, ``config``, ...),
 never another family (``tests/unit/test_module_rules.py``).
 """

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.io.settings import Settings
+from pipeline.io.settings.actuator import ActuatorSettings
 from schemas import ActionRecord, ActuatorMode, Alert, Command, ControlMessage, RecommendedAction
 
 __all__ = ["Issued", "Outcome", "PolicyParams"]
@@ -84,7 +84,9 @@ class PolicyParams:
         return dict(self.action_modes).get(action, self.mode)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> PolicyParams:
+    def from_settings(cls, settings: ActuatorSettings) -> PolicyParams:
+        """The parameters ``settings`` give (a whole :class:`~pipeline.io.settings.Settings`
+        is one too): the policy reads the actuator's role only."""
         return cls(
             mode=ActuatorMode(settings.actuator_mode),
             command_ttl_s=settings.command_ttl_s,

@@ -33,7 +33,6 @@ LONG_MODULES: dict[str, tuple[int, str]] = {
     "pipeline/cli/actuator.py": (617, "typer commands; split into groups as cli/archive.py is"),
     "pipeline/cli/app.py": (664, "typer commands; split into groups as cli/archive.py is"),
     "pipeline/client/pytorch/guard.py": (746, "TorchGuard: exporter, listener, relaunch, work"),
-    "pipeline/io/settings.py": (724, "one Settings of every variable; split by role (item 4)"),
 }
 
 #: "module::Qualified.name" -> (the most parameters it may take, why it stands over MAX_PARAMS)

@@ -59,7 +59,7 @@ from pipeline.io.kafka import (
 )
 from pipeline.io.metrics import ExecutorMetrics
 from pipeline.io.redact import redact, url_origin, url_secrets
-from pipeline.io.settings import Settings
+from pipeline.io.settings import ExecutorSettings, Settings
 from pipeline.io.trust import (
     FinishedCommands,
     PublicKeys,
@@ -257,19 +257,19 @@ class WebhookExecutor(Executor):
         return error
 
 
-def _slurm(settings: Settings) -> Executor:
+def _slurm(settings: ExecutorSettings) -> Executor:
     jobs = SlurmJobs.parse(settings.slurm_jobs, settings.slurm_job_prefix)
     return SlurmExecutor(settings.slurm_scontrol, jobs=jobs)
 
 
-def _webhook(settings: Settings) -> Executor:
+def _webhook(settings: ExecutorSettings) -> Executor:
     return WebhookExecutor(
         settings.webhooks, timeout_s=settings.webhook_timeout_s,
         retries=settings.webhook_retries,
     )  # fmt: skip
 
 
-def _kubernetes(settings: Settings) -> Executor:
+def _kubernetes(settings: ExecutorSettings) -> Executor:
     # imported here: the kubernetes client is an optional extra
     from pipeline.services.actuator.kubernetes import KubernetesExecutor, load_api_client
 
@@ -282,7 +282,7 @@ def _kubernetes(settings: Settings) -> Executor:
     )  # fmt: skip
 
 
-_BUILDERS: dict[str, Callable[[Settings], Executor]] = {
+_BUILDERS: dict[str, Callable[[ExecutorSettings], Executor]] = {
     "dry-run": lambda _settings: DryRunExecutor(),
     "slurm": _slurm,
     "webhook": _webhook,
@@ -291,10 +291,12 @@ _BUILDERS: dict[str, Callable[[Settings], Executor]] = {
 #: how ``stepguard executor KIND`` builds each kind of
 #: :data:`~pipeline.services.actuator.kinds.EXECUTOR_KINDS` (the one list of kinds; a
 #: kind without a builder fails here, at import)
-EXECUTORS: dict[str, Callable[[Settings], Executor]] = {k: _BUILDERS[k] for k in EXECUTOR_KINDS}
+EXECUTORS: dict[str, Callable[[ExecutorSettings], Executor]] = {
+    k: _BUILDERS[k] for k in EXECUTOR_KINDS
+}
 
 
-def make_executor(kind: str, settings: Settings) -> Executor:
+def make_executor(kind: str, settings: ExecutorSettings) -> Executor:
     """The executor of ``kind`` (one of :data:`EXECUTORS`) built from ``settings``."""
     return EXECUTORS[executor_kind(kind).name](settings)
 

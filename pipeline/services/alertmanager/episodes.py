@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from pipeline.io.settings import Settings
+from pipeline.io.settings import AlertmanagerSettings
 from schemas import Alert, AlertKind, AlertState, Grade
 
 __all__ = [
@@ -112,7 +112,7 @@ class BridgeParams:
             raise ValueError("episode_ttl_s must be positive and max_episodes >= 1")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> BridgeParams:
+    def from_settings(cls, settings: AlertmanagerSettings) -> BridgeParams:
         return cls(
             cluster=settings.alertmanager_cluster,
             runbook_url=settings.alertmanager_runbook_url,

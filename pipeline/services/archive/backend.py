@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.io.errors import ArchiveError, ArchiveRowError
 from pipeline.io.redact import redact
-from pipeline.io.settings import Settings
+from pipeline.io.settings import ArchiveSettings
 from pipeline.services.archive.arrow import arrow_array
 from pipeline.services.archive.columns import register_numpy_columns
 from pipeline.services.archive.limits import QueryLimits, WaitingWriters, with_limits
@@ -556,7 +556,7 @@ def _converter(ch_type: str) -> Callable[[Any], Any]:
     return lambda v: v
 
 
-def open_backend(settings: Settings) -> ServerBackend | ChdbBackend:
+def open_backend(settings: ArchiveSettings) -> ServerBackend | ChdbBackend:
     """The backend the settings choose: a server DSN if given, else chDB at chdb_path."""
     if settings.clickhouse_dsn is not None:
         return ServerBackend(settings.clickhouse_dsn.get_secret_value())

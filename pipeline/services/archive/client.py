@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.io.errors import ArchiveError
-from pipeline.io.settings import Settings
+from pipeline.io.settings import ArchiveSettings
 from pipeline.services.archive.backend import (
     ArchiveBackend,
     ArchiveBusyError,
@@ -112,7 +112,7 @@ class ClientBackend:
         """Nothing to close: each query is one connection."""
 
 
-def open_reader(settings: Settings) -> ArchiveBackend:
+def open_reader(settings: ArchiveSettings) -> ArchiveBackend:
     """The archive for reading: the server (DSN), the archiver's query socket when an
     archiver owns the chDB directory, or the chDB directory itself.
 
