@@ -104,6 +104,9 @@ class StepScores:
     slow: B | None = None  #: ranks clearly slow this step (intermittent stragglers)
     slow_excess: F64 | None = None
     stage_gaps: F64 | None = None  #: each stage's compute gap over the others
+    #: each rank's waited-on score this step, before the median over the last steps
+    waits: F64 | None = None
+    waits_named: bool = False  #: a rank is waited on in most recent steps
     node_findings: list[Finding] = field(default_factory=list)  #: before grouping
     replica_findings: list[Finding] = field(default_factory=list)  #: group evidence only
     replicas: ReplicaStep | None = None

@@ -160,14 +160,12 @@ class WaitedOn(StepDetector):
     A node the compute rules already found this step keeps their finding (one episode,
     the compute evidence)."""
 
-    __slots__ = ("_named", "_score", "base", "recent")
+    __slots__ = ("base", "recent")
     name = "waited_on"
 
     def __init__(self, base: StepBaseline, recent: RecentScores | None = None) -> None:
         self.base = base
         self.recent = recent if recent is not None else RecentScores(base.span)
-        self._score: np.ndarray | None = None  #: this step's, until learned
-        self._named = False  #: a rank is named this step: the step is the fault's
 
     def _step_time(self, ctx: StepContext) -> float:
         st = ctx.frame.step_time[ctx.train]
@@ -175,7 +173,6 @@ class WaitedOn(StepDetector):
 
     def findings(self, ctx: StepContext) -> list[Finding]:
         cfg, frame = ctx.config, ctx.frame
-        self._score, self._named = None, False
         slow = self.base.slowdown(self._step_time(ctx), k=4.0)
         if slow < cfg.waits_step_slow:
             return []
@@ -183,7 +180,7 @@ class WaitedOn(StepDetector):
         excluded = ~ctx.train | ~t.warmed
         factor = work_factor(frame)  # the clock's own time, not per unit of work
         clock = frame.compute if factor is None else frame.compute / factor
-        self._score = waited_on(
+        ctx.scores.waits = waited_on(
             frame,
             slow,
             -t.excess[2],  # beyond its own normal (values: slowdown, data, comm excess)
@@ -194,9 +191,9 @@ class WaitedOn(StepDetector):
             k=cfg.waits_z,
             min_peers=cfg.early_min_peers,
         )
-        score = self.recent.median(ctx.slots, self._score)
-        self._named = bool(score.any())
-        if not self._named:
+        score = self.recent.median(ctx.slots, ctx.scores.waits)
+        ctx.scores.waits_named = bool(score.any())  # the step is the fault's: not learned
+        if not ctx.scores.waits_named:
             return []
         stage = frame.pp_stage
 
@@ -241,11 +238,10 @@ class WaitedOn(StepDetector):
         st = self._step_time(ctx)
         k = 4.0  # a step slow on its own is no baseline either, before the median says so
         slow = max(self.base.slowdown(st, k=k), self.base.slowdown(st, k=k, span=1))
-        named = self._named or bool(self.recent.values.any())  # lately: the fault's steps
+        named = ctx.scores.waits_named or bool(self.recent.values.any())  # lately: the fault's
         self.base.learn(st, slow=named or slow >= ctx.config.waits_step_slow)
-        score = self._score if self._score is not None else np.zeros(ctx.slots.shape[0])
-        self.recent.learn(ctx.slots, score)
-        self._score, self._named = None, False
+        score = ctx.scores.waits
+        self.recent.learn(ctx.slots, score if score is not None else np.zeros(ctx.slots.shape[0]))
 
     def forget(self, slots: I64) -> None:
         self.recent.forget(slots)
