@@ -167,12 +167,21 @@ class WaitedOn(StepDetector):
         self.base = base
         self.recent = recent if recent is not None else RecentScores(base.span)
 
+    def _upgrade(self) -> None:
+        """Fill what a state written before the recent scores lacks (a suite restored
+        from an older snapshot): no recent steps, no recent scores."""
+        if not hasattr(self.base, "span"):
+            self.base.span, self.base.recent = 5, np.empty(0)
+        if not hasattr(self, "recent"):
+            self.recent = RecentScores(self.base.span)
+
     def _step_time(self, ctx: StepContext) -> float:
         st = ctx.frame.step_time[ctx.train]
         return float(np.median(st)) if st.shape[0] else float("nan")
 
     def findings(self, ctx: StepContext) -> list[Finding]:
         cfg, frame = ctx.config, ctx.frame
+        self._upgrade()
         slow = self.base.slowdown(self._step_time(ctx), k=4.0)
         if slow < cfg.waits_step_slow:
             return []
@@ -235,6 +244,7 @@ class WaitedOn(StepDetector):
         return [f for f in found if f.node not in named]
 
     def learn(self, ctx: StepContext) -> None:
+        self._upgrade()
         st = self._step_time(ctx)
         k = 4.0  # a step slow on its own is no baseline either, before the median says so
         slow = max(self.base.slowdown(st, k=k), self.base.slowdown(st, k=k, span=1))
@@ -244,6 +254,7 @@ class WaitedOn(StepDetector):
         self.recent.learn(ctx.slots, score if score is not None else np.zeros(ctx.slots.shape[0]))
 
     def forget(self, slots: I64) -> None:
+        self._upgrade()
         self.recent.forget(slots)
 
 
