@@ -43,12 +43,15 @@ from msgspec.structs import astuple
 from detectors.frame import ROW_FIELDS
 from schemas.columnar import COLUMNS, MAX_COLUMN_SAMPLES, PHASES
 from schemas.telemetry import (
-    MAX_FLOPS,
+    FIELDS,
+    INT_FIELDS,
     MAX_LOCAL_RANK,
     MAX_RANKS_PER_JOB,
     MAX_STEP,
     MAX_STEP_SECONDS,
-    MAX_TOKENS,
+    OPTIONAL_FIELDS,
+    SIGNAL_FIELDS,
+    TIME_FIELDS,
 )
 
 #: :class:`~pipeline.io.fastdecode.StepColumns` (this module stands below that one, which
@@ -66,29 +69,19 @@ _NAN: Final = struct.pack("<d", float("nan"))
 _MARK: Final = b'"columns":'
 
 
-class _Cols(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_COLUMN_SAMPLES)]
-    rank: bytes
-    local_rank: bytes
-    dp_group: bytes
-    pp_stage: bytes
-    tp_group: bytes
-    phase: bytes
-    step_time_s: bytes
-    compute_s: bytes
-    comm_wait_s: bytes
-    data_wait_s: bytes
-    loss: bytes | None = None
-    loss_null: bytes | None = None
-    grad_norm: bytes | None = None
-    grad_norm_null: bytes | None = None
-    tokens: bytes | None = None
-    flops: bytes | None = None
-    max_seq_len: bytes | None = None
-    node_idx: bytes | None = None
-    nodes: (
-        Annotated[list[_Name], msgspec.Meta(min_length=1, max_length=MAX_COLUMN_SAMPLES)] | None
-    ) = None
+#: The columns every message has (the rest may be absent: no sample said them).
+_REQUIRED: Final = tuple(n for n, f in FIELDS.items() if f.kind in ("int", "phase", "time"))
+#: A version-3 message's columns as msgspec reads them: :data:`~schemas.columnar.COLUMNS`.
+_Cols = msgspec.defstruct(
+    "_Cols",
+    [("n", Annotated[int, msgspec.Meta(ge=1, le=MAX_COLUMN_SAMPLES)]),
+     *((c, bytes) for c in COLUMNS if c in _REQUIRED),
+     *((c, bytes | None, None) for c in COLUMNS if c not in _REQUIRED),
+     ("nodes", _Nodes | None, None)],
+    gc=False, forbid_unknown_fields=True, module=__name__,
+)  # fmt: skip
+#: The per-sample columns of StepColumns a message gives (a sample's node apart).
+_PER_SAMPLE: Final = tuple(c for c in COLUMNS if c != "node_idx")
 
 
 class Columnar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -106,8 +99,6 @@ class Columnar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 
 _DECODER = msgspec.json.Decoder(Columnar)
 _SIZES: Final = {name: np.dtype(dt).itemsize for name, (dt, _) in COLUMNS.items()}
-_REQUIRED: Final = ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
-                    "step_time_s", "compute_s", "comm_wait_s", "data_wait_s")  # fmt: skip
 
 
 def is_columnar(raw: bytes) -> bool:
@@ -127,10 +118,9 @@ def parse(raw: bytes) -> Columnar | None:
         buf = getattr(c, name)
         if buf is not None and len(buf) != n * size:
             return None
-    if (c.loss_null is not None and c.loss is None) or (
-        c.grad_norm_null is not None and c.grad_norm is None
-    ):
-        return None
+    for signal in SIGNAL_FIELDS:
+        if getattr(c, f"{signal}_null") is not None and getattr(c, signal) is None:
+            return None
     if (c.nodes is None) != (c.node_idx is None):
         return None
     return m
@@ -153,7 +143,7 @@ def sample_columns(
     out: dict[str, npt.NDArray[Any]] = {}
     for name in _REQUIRED:
         out[name] = field(name, b"")
-    for signal in ("loss", "grad_norm"):
+    for signal in SIGNAL_FIELDS:
         out[signal] = field(signal, _NAN).astype(np.float64)
         has = [getattr(m.columns, signal) is not None for m in msgs]
         masks = (
@@ -161,15 +151,15 @@ def sample_columns(
             for m, h, k in zip(msgs, has, counts, strict=True)
         )
         out[f"{signal}_null"] = np.frombuffer(b"".join(masks), dtype=np.uint8)
-    for work in ("tokens", "flops", "max_seq_len"):
+    for work in OPTIONAL_FIELDS:
         out[work] = field(work, _NAN).astype(np.float64)
     bad = _refused(out)
-    for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group"):
+    for name in INT_FIELDS:
         out[name] = out[name].astype(np.int64)
     out["phase"] = out["phase"].astype(np.int8)
-    for name in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
+    for name in TIME_FIELDS:
         out[name] = out[name].astype(np.float64)
-    for signal in ("loss", "grad_norm"):
+    for signal in SIGNAL_FIELDS:
         out[f"{signal}_null"] = out[f"{signal}_null"].astype(np.bool_)
     nodes: list[str] = []
     for m, k in zip(msgs, counts, strict=True):
@@ -190,23 +180,38 @@ def sample_columns(
 
 def _refused(c: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
     """Samples out of the schema's range (:class:`~schemas.RankSample`'s bounds)."""
-    bad = (c["rank"] < 0) | (c["rank"] >= MAX_RANKS_PER_JOB)
-    bad |= (c["local_rank"] < 0) | (c["local_rank"] > MAX_LOCAL_RANK)
-    for g in ("dp_group", "pp_stage", "tp_group"):  # int32: never above MAX_GROUP_ID
-        bad |= c[g] < 0
+    bad = np.zeros(c["rank"].shape[0], dtype=np.bool_)
+    for name in INT_FIELDS:  # int32: a bound at 2**31 - 1 holds already
+        f = FIELDS[name]
+        bad |= c[name] < f.low if f.high is None or f.high >= 2**31 - 1 else (
+            (c[name] < f.low) | (c[name] > f.high))  # fmt: skip
     bad |= c["phase"] >= len(PHASES)
-    for t in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
-        bad |= ~((c[t] >= 0) & (c[t] <= MAX_STEP_SECONDS))  # NaN fails both
-    for s in ("loss_null", "grad_norm_null"):
-        bad |= c[s] > 1
-    for w, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+    for t in TIME_FIELDS:
+        bad |= ~((c[t] >= FIELDS[t].low) & (c[t] <= FIELDS[t].high))  # NaN fails both
+    for s in SIGNAL_FIELDS:
+        bad |= c[f"{s}_null"] > 1
+    for w in OPTIONAL_FIELDS:
         v = c[w]
         said = ~np.isnan(v)
-        ok = (v >= 0) & (v <= top)
-        if w != "flops":
+        ok = _within(v, w)
+        if FIELDS[w].integral:
             ok &= np.floor(v) == v
         bad |= said & ~ok
     return bad
+
+
+def _inside(low: float, high: float, name: str) -> bool:
+    """Whether ``low .. high`` lies in a field's bounds (a small message's, in Python)."""
+    f = FIELDS[name]
+    return (f.low is None or low >= f.low) and (f.high is None or high <= f.high)
+
+
+def _within(v: npt.NDArray[np.float64], name: str) -> npt.NDArray[np.bool_]:
+    """Where values lie in a field's bounds (NaN nowhere)."""
+    f = FIELDS[name]
+    low = -np.inf if f.low is None else f.low
+    high = np.inf if f.high is None else f.high
+    return (v >= low) & (v <= high)  # type: ignore[no-any-return]
 
 
 def merge(a: StepColumns, b: StepColumns) -> StepColumns:
@@ -239,10 +244,7 @@ def merge(a: StepColumns, b: StepColumns) -> StepColumns:
         "slow": sorted([*a.slow, *b.slow]),
         "sample_node": [nodes[i] for i in perm.tolist()],
     }
-    for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
-                 "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss",
-                 "loss_null", "grad_norm", "grad_norm_null", "tokens", "flops",
-                 "max_seq_len"):  # fmt: skip
+    for name in _PER_SAMPLE:
         kw[name] = per_sample(getattr(a, name), getattr(b, name))
     return type(a)(**kw)
 
@@ -306,29 +308,11 @@ def decode(
         alive = [j for k, j in enumerate(alive) if k not in dropped]
 
 
-class _ViewSample(msgspec.Struct, gc=False):
-    """A rank's sample of a :class:`ColumnView` (built only when read): the fields of
-    :data:`~detectors.frame.ROW_FIELDS`, in that order, values already checked."""
-
-    rank: int
-    local_rank: int
-    step_time_s: float
-    compute_s: float
-    comm_wait_s: float
-    data_wait_s: float
-    dp_group: int
-    pp_stage: int
-    tp_group: int
-    phase: str
-    loss: float | None
-    grad_norm: float | None
-    tokens: int | None
-    flops: float | None
-    max_seq_len: int | None
-    node: str | None
-
-
-assert _ViewSample.__struct_fields__ == ROW_FIELDS, "rows() must give the frame's order"
+#: A rank's sample of a :class:`ColumnView` (built only when read): the fields of
+#: :data:`~detectors.frame.ROW_FIELDS`, in that order, values already checked.
+_ViewSample = msgspec.defstruct(
+    "_ViewSample", [(f, Any) for f in ROW_FIELDS], gc=False, module=__name__
+)
 _I4: Final = np.dtype("<i4")
 _F8: Final = np.dtype("<f8")
 
@@ -386,15 +370,17 @@ class ColumnView:
                 [None] * n if self.nodes is None
                 else [self.nodes[k] for k in c["node_idx"].tolist()]
             )  # fmt: skip
-            fields = zip(
-                c["rank"].tolist(), c["local_rank"].tolist(), c["step_time"].tolist(),
-                c["compute"].tolist(), c["comm_wait"].tolist(), c["data_wait"].tolist(),
-                c["dp_group"].tolist(), c["pp_stage"].tolist(), c["tp_group"].tolist(),
-                [PHASES[p] for p in c["phase"].tolist()],
-                signal(c["loss"], c["has_loss"]), signal(c["grad_norm"], c["has_grad_norm"]),
-                said(c["tokens"], True), said(c["flops"], False), said(c["max_seq_len"], True),
-                names, strict=True,
-            )  # fmt: skip
+            lists: dict[str, list[Any]] = {"node": names}
+            for name, f in FIELDS.items():
+                if f.kind in ("int", "time"):
+                    lists[name] = c[_FRAME.get(name, name)].tolist()
+                elif f.kind == "phase":
+                    lists[name] = [PHASES[p] for p in c["phase"].tolist()]
+                elif f.kind == "signal":
+                    lists[name] = signal(c[name], c[f"has_{name}"])
+                elif f.kind == "optional":
+                    lists[name] = said(c.get(name), f.integral)
+            fields = zip(*(lists[f] for f in ROW_FIELDS), strict=True)
             self._samples = [_ViewSample(*f) for f in fields]
         return self._samples
 
@@ -402,6 +388,8 @@ class ColumnView:
         return list(map(astuple, self.samples))
 
 
+#: The frame's names of the timings (the schema's without ``_s``).
+_FRAME: Final = {t: t.removesuffix("_s") for t in TIME_FIELDS}
 #: A message of at most this many samples is checked and viewed in Python (a node's
 #: message: numpy's fixed cost per call is more than the work on eight values).
 SMALL: Final = 16
@@ -417,49 +405,47 @@ def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
     def floats(b: bytes | None) -> list[float] | None:
         return None if b is None else memoryview(b).cast("d").tolist()
 
-    flat = ints(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)))
+    flat = ints(b"".join(getattr(c, f) for f in INT_FIELDS))
     rank, local = flat[:n], flat[n : 2 * n]
-    groups = [flat[2 * n : 3 * n], flat[3 * n : 4 * n], flat[4 * n :]]
     if min(flat) < 0 or max(rank) >= MAX_RANKS_PER_JOB or max(local) > MAX_LOCAL_RANK:
         return None
-    spans = floats(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s))) or []
+    spans = floats(b"".join(getattr(c, f) for f in TIME_FIELDS)) or []
     total = sum(spans)  # NaN when a value is (or inf and -inf are)
     if math.isnan(total) or min(spans) < 0 or max(spans) > MAX_STEP_SECONDS:
         return None
     if max(c.phase) >= len(PHASES) or len(set(rank)) != n:
         return None
-    times = [spans[:n], spans[n : 2 * n], spans[2 * n : 3 * n], spans[3 * n :]]
-    signals = []
-    for values, null in ((c.loss, c.loss_null), (c.grad_norm, c.grad_norm_null)):
-        v = floats(values)
+    lists: dict[str, list[Any]] = {f: flat[k * n : (k + 1) * n] for k, f in enumerate(INT_FIELDS)}
+    lists.update({f: spans[k * n : (k + 1) * n] for k, f in enumerate(TIME_FIELDS)})
+    lists["phase"] = [PHASES[p] for p in c.phase]
+    for signal in SIGNAL_FIELDS:
+        v, null = floats(getattr(c, signal)), getattr(c, f"{signal}_null")
         if v is None:
-            signals.append([None] * n)
+            lists[signal] = [None] * n
         elif null is None:
-            signals.append(v)
+            lists[signal] = v
         elif max(null) > 1:
             return None
         else:
-            signals.append([None if z else x for x, z in zip(v, null, strict=True)])
-    work: list[list[Any]] = []
-    for name, top, integral in (("tokens", MAX_TOKENS, True), ("flops", MAX_FLOPS, False),
-                                ("max_seq_len", MAX_TOKENS, True)):  # fmt: skip
+            lists[signal] = [None if z else x for x, z in zip(v, null, strict=True)]
+    for name in OPTIONAL_FIELDS:
+        f = FIELDS[name]
         v = floats(getattr(c, name))
         if v is None:
-            work.append([None] * n)
+            lists[name] = [None] * n
             continue
         said = [x for x in v if not math.isnan(x)]
-        if said and (min(said) < 0 or max(said) > top or (integral and not all(
-            x.is_integer() for x in said))):  # fmt: skip
+        if said and (not _inside(min(said), max(said), name) or (
+            f.integral and not all(x.is_integer() for x in said))):  # fmt: skip
             return None
-        work.append([None if math.isnan(x) else int(x) if integral else x for x in v])
-    names: list[str | None] = [None] * n
+        lists[name] = [None if math.isnan(x) else int(x) if f.integral else x for x in v]
+    lists["node"] = [None] * n
     if c.nodes is not None:
         idx = ints(c.node_idx or b"")
         if min(idx) < 0 or max(idx) >= len(c.nodes):
             return None
-        names = [c.nodes[k] for k in idx]
-    samples = list(map(_ViewSample, rank, local, *times, *groups, [PHASES[p] for p in c.phase],
-                       *signals, *work, names))  # fmt: skip
+        lists["node"] = [c.nodes[k] for k in idx]
+    samples = list(map(_ViewSample, *(lists[f] for f in ROW_FIELDS)))
     return ColumnView(m, when[0], when[1], None, samples)
 
 
@@ -479,12 +465,12 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     if m.columns.n <= SMALL and sys.byteorder == "little":
         return _small(m, when)
     c, n = m.columns, m.columns.n
-    ints = np.frombuffer(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)),
-                         dtype=_I4).reshape(5, n)  # fmt: skip
+    ints = np.frombuffer(b"".join(getattr(c, f) for f in INT_FIELDS),
+                         dtype=_I4).reshape(len(INT_FIELDS), n)  # fmt: skip
     if ints.min() < 0 or ints[0].max() >= MAX_RANKS_PER_JOB or ints[1].max() > MAX_LOCAL_RANK:
         return None
-    t = np.frombuffer(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s)),
-                      dtype=_F8).reshape(4, n)  # fmt: skip
+    t = np.frombuffer(b"".join(getattr(c, f) for f in TIME_FIELDS),
+                      dtype=_F8).reshape(len(TIME_FIELDS), n)  # fmt: skip
     if not (t.min() >= 0 and t.max() <= MAX_STEP_SECONDS):  # NaN fails too
         return None
     phase = np.frombuffer(c.phase, dtype=np.uint8)
@@ -494,11 +480,10 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     if n > 1 and not (rank[1:] > rank[:-1]).all() and np.unique(rank).size != n:
         return None
     out: dict[str, Any] = {
-        "rank": rank.astype(np.int64), "local_rank": ints[1], "dp_group": ints[2],
-        "pp_stage": ints[3], "tp_group": ints[4], "phase": phase.view(np.int8),
-        "step_time": t[0], "compute": t[1], "comm_wait": t[2], "data_wait": t[3],
+        **dict(zip(INT_FIELDS, ints, strict=True)), "rank": rank.astype(np.int64),
+        "phase": phase.view(np.int8), **{_FRAME[f]: t[k] for k, f in enumerate(TIME_FIELDS)},
     }  # fmt: skip
-    for signal in ("loss", "grad_norm"):
+    for signal in SIGNAL_FIELDS:
         values, null = getattr(c, signal), getattr(c, f"{signal}_null")
         if values is None:
             out[signal], out[f"has_{signal}"] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
@@ -511,15 +496,15 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
         if mask.max() > 1:
             return None
         out[signal], out[f"has_{signal}"] = np.where(mask == 1, np.nan, a), mask == 0
-    for work, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+    for work in OPTIONAL_FIELDS:
         raw_work = getattr(c, work)
         w = None if raw_work is None else np.frombuffer(raw_work, dtype=_F8)
         if w is not None:
             said: npt.NDArray[np.float64] = w[~np.isnan(w)]
             if not said.size:
                 w = None
-            elif not (said.min() >= 0 and said.max() <= top) or (
-                work != "flops" and not (np.floor(said) == said).all()
+            elif not _within(said, work).all() or (
+                FIELDS[work].integral and not (np.floor(said) == said).all()
             ):
                 return None
         out[work] = w
