@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from schemas import RankSample, StepTelemetry
 from schemas.telemetry import FIELDS, SAMPLE_FIELDS
 
-__all__ = ["NAMED_FIELDS", "WIRE_FIELDS", "WORK_FIELDS", "RankRecord", "StepBatcher"]
+__all__ = ["NAMED_FIELDS", "WIRE_FIELDS", "RankRecord", "StepBatcher"]
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,7 @@ _SAMPLE = tuple(f for f in SAMPLE_FIELDS if FIELDS[f].kind != "node")
 #: run, holding those a rank said (the work: tokens, flops, max_seq_len, and any field
 #: added to the schema since).
 NAMED_FIELDS: tuple[str, ...] = tuple(f for f in _SAMPLE if f not in _WIRE_HEAD)
-#: The work fields a record may carry (the named ones: kept for older imports).
-WORK_FIELDS = NAMED_FIELDS
-_DEFAULTS = (None, "", *(FIELDS[f].default for f in NAMED_FIELDS))
+_DEFAULTS = ("", *(FIELDS[f].default for f in NAMED_FIELDS))  # run's, then the schema's
 
 if TYPE_CHECKING:
     RankRecord = Any
