@@ -33,6 +33,7 @@ import math
 import struct
 import sys
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -82,6 +83,16 @@ _Cols = msgspec.defstruct(
 )  # fmt: skip
 #: The per-sample columns of StepColumns a message gives (a sample's node apart).
 _PER_SAMPLE: Final = tuple(c for c in COLUMNS if c != "node_idx")
+#: Hot-path getters and names, made once from the lists above.
+_INTS_OF: Final = attrgetter(*INT_FIELDS)
+_TIMES_OF: Final = attrgetter(*TIME_FIELDS)
+_SIGNALS: Final = tuple((s, f"{s}_null", f"has_{s}") for s in SIGNAL_FIELDS)
+#: optional field -> (lowest, highest, integral), the schema's bounds
+_BOUNDS: Final = {
+    w: (-math.inf if FIELDS[w].low is None else FIELDS[w].low,
+        math.inf if FIELDS[w].high is None else FIELDS[w].high, FIELDS[w].integral)
+    for w in OPTIONAL_FIELDS
+}  # fmt: skip
 
 
 class Columnar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -118,8 +129,8 @@ def parse(raw: bytes) -> Columnar | None:
         buf = getattr(c, name)
         if buf is not None and len(buf) != n * size:
             return None
-    for signal in SIGNAL_FIELDS:
-        if getattr(c, f"{signal}_null") is not None and getattr(c, signal) is None:
+    for signal, null, _ in _SIGNALS:
+        if getattr(c, null) is not None and getattr(c, signal) is None:
             return None
     if (c.nodes is None) != (c.node_idx is None):
         return None
@@ -198,12 +209,6 @@ def _refused(c: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
             ok &= np.floor(v) == v
         bad |= said & ~ok
     return bad
-
-
-def _inside(low: float, high: float, name: str) -> bool:
-    """Whether ``low .. high`` lies in a field's bounds (a small message's, in Python)."""
-    f = FIELDS[name]
-    return (f.low is None or low >= f.low) and (f.high is None or high <= f.high)
 
 
 def _within(v: npt.NDArray[np.float64], name: str) -> npt.NDArray[np.bool_]:
@@ -310,9 +315,15 @@ def decode(
 
 #: A rank's sample of a :class:`ColumnView` (built only when read): the fields of
 #: :data:`~detectors.frame.ROW_FIELDS`, in that order, values already checked.
+_VIEW_TYPES: Final[dict[str, Any]] = {
+    "int": int, "time": float, "phase": str, "signal": float | None, "node": str | None,
+}  # fmt: skip
 _ViewSample = msgspec.defstruct(
-    "_ViewSample", [(f, Any) for f in ROW_FIELDS], gc=False, module=__name__
-)
+    "_ViewSample",
+    [(f, _VIEW_TYPES.get(FIELDS[f].kind) or (int if FIELDS[f].integral else float) | None)
+     for f in ROW_FIELDS],
+    gc=False, module=__name__,
+)  # fmt: skip
 _I4: Final = np.dtype("<i4")
 _F8: Final = np.dtype("<f8")
 
@@ -390,6 +401,12 @@ class ColumnView:
 
 #: The frame's names of the timings (the schema's without ``_s``).
 _FRAME: Final = {t: t.removesuffix("_s") for t in TIME_FIELDS}
+_FRAME_TIMES: Final = tuple(_FRAME.values())
+#: The order :func:`_small` builds a sample's fields in: ROW_FIELDS' (a schema whose
+#: fields break it fails here, at import, not in a view).
+_SMALL_ORDER: Final = ("rank", "local_rank", *TIME_FIELDS, *INT_FIELDS[2:], "phase",
+                       *SIGNAL_FIELDS, *OPTIONAL_FIELDS, "node")  # fmt: skip
+assert ROW_FIELDS == _SMALL_ORDER, f"_small builds {_SMALL_ORDER}, rows are {ROW_FIELDS}"
 #: A message of at most this many samples is checked and viewed in Python (a node's
 #: message: numpy's fixed cost per call is more than the work on eight values).
 SMALL: Final = 16
@@ -405,47 +422,50 @@ def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
     def floats(b: bytes | None) -> list[float] | None:
         return None if b is None else memoryview(b).cast("d").tolist()
 
-    flat = ints(b"".join(getattr(c, f) for f in INT_FIELDS))
+    flat = ints(b"".join(_INTS_OF(c)))
     rank, local = flat[:n], flat[n : 2 * n]
+    groups = [flat[2 * n : 3 * n], flat[3 * n : 4 * n], flat[4 * n :]]
     if min(flat) < 0 or max(rank) >= MAX_RANKS_PER_JOB or max(local) > MAX_LOCAL_RANK:
         return None
-    spans = floats(b"".join(getattr(c, f) for f in TIME_FIELDS)) or []
+    spans = floats(b"".join(_TIMES_OF(c))) or []
     total = sum(spans)  # NaN when a value is (or inf and -inf are)
     if math.isnan(total) or min(spans) < 0 or max(spans) > MAX_STEP_SECONDS:
         return None
     if max(c.phase) >= len(PHASES) or len(set(rank)) != n:
         return None
-    lists: dict[str, list[Any]] = {f: flat[k * n : (k + 1) * n] for k, f in enumerate(INT_FIELDS)}
-    lists.update({f: spans[k * n : (k + 1) * n] for k, f in enumerate(TIME_FIELDS)})
-    lists["phase"] = [PHASES[p] for p in c.phase]
-    for signal in SIGNAL_FIELDS:
-        v, null = floats(getattr(c, signal)), getattr(c, f"{signal}_null")
+    times = [spans[:n], spans[n : 2 * n], spans[2 * n : 3 * n], spans[3 * n :]]
+    signals = []
+    for signal, null_name, _ in _SIGNALS:
+        values, null = getattr(c, signal), getattr(c, null_name)
+        v = floats(values)
         if v is None:
-            lists[signal] = [None] * n
+            signals.append([None] * n)
         elif null is None:
-            lists[signal] = v
+            signals.append(v)
         elif max(null) > 1:
             return None
         else:
-            lists[signal] = [None if z else x for x, z in zip(v, null, strict=True)]
-    for name in OPTIONAL_FIELDS:
-        f = FIELDS[name]
+            signals.append([None if z else x for x, z in zip(v, null, strict=True)])
+    work: list[list[Any]] = []
+    for name, (low, high, integral) in _BOUNDS.items():
         v = floats(getattr(c, name))
         if v is None:
-            lists[name] = [None] * n
+            work.append([None] * n)
             continue
         said = [x for x in v if not math.isnan(x)]
-        if said and (not _inside(min(said), max(said), name) or (
-            f.integral and not all(x.is_integer() for x in said))):  # fmt: skip
+        if said and (min(said) < low or max(said) > high or (integral and not all(
+            x.is_integer() for x in said))):  # fmt: skip
             return None
-        lists[name] = [None if math.isnan(x) else int(x) if f.integral else x for x in v]
-    lists["node"] = [None] * n
+        work.append([None if math.isnan(x) else int(x) if integral else x for x in v])
+    names: list[str | None] = [None] * n
     if c.nodes is not None:
         idx = ints(c.node_idx or b"")
         if min(idx) < 0 or max(idx) >= len(c.nodes):
             return None
-        lists["node"] = [c.nodes[k] for k in idx]
-    samples = list(map(_ViewSample, *(lists[f] for f in ROW_FIELDS)))
+        names = [c.nodes[k] for k in idx]
+    # positional, in ROW_FIELDS' order (asserted with _SMALL_ORDER)
+    samples = list(map(_ViewSample, rank, local, *times, *groups, [PHASES[p] for p in c.phase],
+                       *signals, *work, names))  # fmt: skip
     return ColumnView(m, when[0], when[1], None, samples)
 
 
@@ -465,12 +485,10 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     if m.columns.n <= SMALL and sys.byteorder == "little":
         return _small(m, when)
     c, n = m.columns, m.columns.n
-    ints = np.frombuffer(b"".join(getattr(c, f) for f in INT_FIELDS),
-                         dtype=_I4).reshape(len(INT_FIELDS), n)  # fmt: skip
+    ints = np.frombuffer(b"".join(_INTS_OF(c)), dtype=_I4).reshape(len(INT_FIELDS), n)
     if ints.min() < 0 or ints[0].max() >= MAX_RANKS_PER_JOB or ints[1].max() > MAX_LOCAL_RANK:
         return None
-    t = np.frombuffer(b"".join(getattr(c, f) for f in TIME_FIELDS),
-                      dtype=_F8).reshape(len(TIME_FIELDS), n)  # fmt: skip
+    t = np.frombuffer(b"".join(_TIMES_OF(c)), dtype=_F8).reshape(len(TIME_FIELDS), n)
     if not (t.min() >= 0 and t.max() <= MAX_STEP_SECONDS):  # NaN fails too
         return None
     phase = np.frombuffer(c.phase, dtype=np.uint8)
@@ -479,32 +497,31 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     rank = ints[0]
     if n > 1 and not (rank[1:] > rank[:-1]).all() and np.unique(rank).size != n:
         return None
-    out: dict[str, Any] = {
-        **dict(zip(INT_FIELDS, ints, strict=True)), "rank": rank.astype(np.int64),
-        "phase": phase.view(np.int8), **{_FRAME[f]: t[k] for k, f in enumerate(TIME_FIELDS)},
-    }  # fmt: skip
-    for signal in SIGNAL_FIELDS:
-        values, null = getattr(c, signal), getattr(c, f"{signal}_null")
+    out: dict[str, Any] = dict(zip(INT_FIELDS, ints, strict=True))
+    out.update(zip(_FRAME_TIMES, t, strict=True))
+    out["rank"], out["phase"] = rank.astype(np.int64), phase.view(np.int8)
+    for signal, null_name, has in _SIGNALS:
+        values, null = getattr(c, signal), getattr(c, null_name)
         if values is None:
-            out[signal], out[f"has_{signal}"] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
+            out[signal], out[has] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
             continue
         a = np.frombuffer(values, dtype=_F8)
         if null is None:
-            out[signal], out[f"has_{signal}"] = a, np.ones(n, dtype=np.bool_)
+            out[signal], out[has] = a, np.ones(n, dtype=np.bool_)
             continue
         mask = np.frombuffer(null, dtype=np.uint8)
         if mask.max() > 1:
             return None
-        out[signal], out[f"has_{signal}"] = np.where(mask == 1, np.nan, a), mask == 0
-    for work in OPTIONAL_FIELDS:
+        out[signal], out[has] = np.where(mask == 1, np.nan, a), mask == 0
+    for work, (low, high, integral) in _BOUNDS.items():
         raw_work = getattr(c, work)
         w = None if raw_work is None else np.frombuffer(raw_work, dtype=_F8)
         if w is not None:
             said: npt.NDArray[np.float64] = w[~np.isnan(w)]
             if not said.size:
                 w = None
-            elif not _within(said, work).all() or (
-                FIELDS[work].integral and not (np.floor(said) == said).all()
+            elif not (said.min() >= low and said.max() <= high) or (
+                integral and not (np.floor(said) == said).all()
             ):
                 return None
         out[work] = w
