@@ -32,15 +32,17 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from schemas.telemetry import Phase, RankSample, StepTelemetry
+from schemas.telemetry import FIELDS, OPTIONAL_FIELDS, Phase, RankSample, StepTelemetry
 
 __all__ = [
     "NODE_CLOCK_SPREAD_S",
+    "OPTIONAL_FIELDS",
     "PHASE_CODES",
     "PHASES",
     "ROW_FIELDS",
     "WORK_FIELDS",
     "NodeStep",
+    "optional_columns",
     "RankRow",
     "StepFrame",
     "step_times",
@@ -84,15 +86,21 @@ I8 = npt.NDArray[np.int8]
 B = npt.NDArray[np.bool_]
 
 #: One rank's sample as :meth:`StepFrame.from_messages` reads it: a tuple of these
-#: attributes, in this order (what a message's ``rows()`` returns, when it has one).
+#: attributes, in this order (what a message's ``rows()`` returns, when it has one):
+#: RankSample's fields (:data:`~schemas.telemetry.SAMPLE_FIELDS`), those it requires
+#: first (a msgspec struct's order), ``node`` last.
 ROW_FIELDS: tuple[str, ...] = (
-    "rank", "local_rank", "step_time_s", "compute_s", "comm_wait_s", "data_wait_s",
-    "dp_group", "pp_stage", "tp_group", "phase", "loss", "grad_norm",
-    "tokens", "flops", "max_seq_len", "node",
-)  # fmt: skip
-#: The work a step did (optional per rank): the frame's float64 columns of these names.
+    *(n for n, f in FIELDS.items() if f.default is ...),
+    *(n for n, f in FIELDS.items() if f.default is not ... and f.kind != "node"),
+    *(n for n, f in FIELDS.items() if f.kind == "node"),
+)
+#: The work a step did (optional per rank): the frame's float64 columns of these names,
+#: among the optional numbers (:data:`~schemas.telemetry.OPTIONAL_FIELDS`: each a float64
+#: column, None when no rank of the step said it).
 WORK_FIELDS: tuple[str, ...] = ("tokens", "flops", "max_seq_len")
+assert set(WORK_FIELDS) <= set(OPTIONAL_FIELDS)
 _ROW = attrgetter(*ROW_FIELDS)
+_AT = {name: i for i, name in enumerate(ROW_FIELDS)}
 
 
 class RankRow(Protocol):
@@ -160,9 +168,11 @@ class StepFrame:
     did not report them and where the value itself was NaN; ``has_loss`` and
     ``has_grad_norm`` tell the two apart (a reported NaN is a divergence signal).
 
-    The work columns (:data:`WORK_FIELDS`: ``tokens``, ``flops``, ``max_seq_len``) are
-    None when no rank of the step said it, else float64 with NaN for the ranks that
-    did not (work is never NaN when said: the schema bounds it).
+    The optional columns (:data:`~schemas.telemetry.OPTIONAL_FIELDS`: the work,
+    ``tokens``, ``flops``, ``max_seq_len``, and whatever the schema adds) are None when
+    no rank of the step said it, else float64 with NaN for the ranks that did not
+    (never NaN when said: the schema bounds it). Those the frame does not declare as
+    attributes are in ``extra``; :meth:`column` reads either.
     """
 
     job_id: str
@@ -188,6 +198,19 @@ class StepFrame:
     tokens: F64 | None = None
     flops: F64 | None = None
     max_seq_len: F64 | None = None
+    extra: dict[str, F64 | None] = field(default_factory=dict)
+
+    def column(self, name: str) -> F64 | None:
+        """An optional column (:data:`~schemas.telemetry.OPTIONAL_FIELDS`) by its name.
+
+        >>> StepFrame.from_arrays("j", 0, 1.0, [1.0], tokens=[8.0]).column("tokens")
+        array([8.])
+        """
+        if name in self.extra:
+            return self.extra[name]
+        if name not in OPTIONAL_FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)  # type: ignore[no-any-return]
 
     @property
     def n_ranks(self) -> int:
@@ -283,14 +306,14 @@ class StepFrame:
         def column(values: Sequence[object], dtype: type) -> npt.NDArray[Any]:
             return take(np.array(values, dtype=dtype))
 
-        phases = cols[9]
+        phases = cols[_AT["phase"]]
         if phases.count(Phase.TRAIN) == n:
             phase = np.full(rank.shape[0], PHASE_CODES[Phase.TRAIN], dtype=np.int8)
         else:
             phase = column([PHASE_CODES[p] for p in phases], np.int8)
-        loss, has_loss = map(take, _signal(cols[10]))
-        grad_norm, has_grad_norm = map(take, _signal(cols[11]))
-        tokens, flops, max_seq_len = (_work(cols[k], take) for k in (12, 13, 14))
+        loss, has_loss = map(take, _signal(cols[_AT["loss"]]))
+        grad_norm, has_grad_norm = map(take, _signal(cols[_AT["grad_norm"]]))
+        said = optional_columns({w: _work(cols[_AT[w]], take) for w in OPTIONAL_FIELDS})
         ts, ts_start = step_times(ends, starts)
         return cls(
             job_id=job_id,
@@ -300,22 +323,20 @@ class StepFrame:
             nodes=tuple(nodes),
             rank=rank,
             node_idx=column(where, np.int32),
-            local_rank=column(cols[1], np.int32),
-            dp_group=column(cols[6], np.int32),
-            pp_stage=column(cols[7], np.int32),
-            tp_group=column(cols[8], np.int32),
+            local_rank=column(cols[_AT["local_rank"]], np.int32),
+            dp_group=column(cols[_AT["dp_group"]], np.int32),
+            pp_stage=column(cols[_AT["pp_stage"]], np.int32),
+            tp_group=column(cols[_AT["tp_group"]], np.int32),
             phase=phase,
-            step_time=column(cols[2], np.float64),
-            compute=column(cols[3], np.float64),
-            comm_wait=column(cols[4], np.float64),
-            data_wait=column(cols[5], np.float64),
+            step_time=column(cols[_AT["step_time_s"]], np.float64),
+            compute=column(cols[_AT["compute_s"]], np.float64),
+            comm_wait=column(cols[_AT["comm_wait_s"]], np.float64),
+            data_wait=column(cols[_AT["data_wait_s"]], np.float64),
             loss=loss,
             grad_norm=grad_norm,
             has_loss=has_loss,
             has_grad_norm=has_grad_norm,
-            tokens=tokens,
-            flops=flops,
-            max_seq_len=max_seq_len,
+            **said,
         )
 
     @classmethod
@@ -326,13 +347,13 @@ class StepFrame:
         """A frame of column parts (:func:`_row_part`, :func:`_column_part`)."""
         cols: dict[str, Any] = {}
         for name in parts[0]:
-            if name in WORK_FIELDS:
-                said = [p[name] for p in parts if p[name] is not None]
+            if name in OPTIONAL_FIELDS:
+                said = [p[name] for p in parts if p.get(name) is not None]
                 if not said:
                     cols[name] = None
                     continue
                 values = [
-                    p[name] if p[name] is not None else np.full(p["rank"].shape[0], np.nan)
+                    p[name] if p.get(name) is not None else np.full(p["rank"].shape[0], np.nan)
                     for p in parts
                 ]  # fmt: skip
             else:
@@ -345,8 +366,9 @@ class StepFrame:
             ranked = rank[keep]
             keep = keep[np.concatenate([[True], ranked[1:] != ranked[:-1]])]  # first counts
             cols = {k: None if v is None else v[keep] for k, v in cols.items()}
+        optional = optional_columns({w: cols.pop(w, None) for w in OPTIONAL_FIELDS})
         return cls(job_id=job_id, step=step, ts=times[0], ts_start=times[1],
-                   nodes=tuple(nodes), **cols)  # fmt: skip
+                   nodes=tuple(nodes), **cols, **optional)  # fmt: skip
 
     @classmethod
     def from_arrays(
@@ -367,9 +389,7 @@ class StepFrame:
         grad_norm: npt.ArrayLike | None = None,
         step_time: npt.ArrayLike | None = None,
         node_names: Sequence[str] | None = None,
-        tokens: npt.ArrayLike | None = None,
-        flops: npt.ArrayLike | None = None,
-        max_seq_len: npt.ArrayLike | None = None,
+        **optional: npt.ArrayLike | None,
     ) -> StepFrame:
         """Build a frame straight from arrays (tests, benchmarks, simulators).
 
@@ -377,8 +397,10 @@ class StepFrame:
         ``k * ranks_per_node ...``, named ``node-k`` unless ``node_names`` is given;
         ``comm_wait``/``data_wait`` default to zero and ``step_time`` to the largest
         ``compute + comm_wait + data_wait``. NaN in ``loss``/``grad_norm`` means "not
-        reported" here; use :meth:`from_messages` to carry reported NaNs. The work
-        columns stay None unless given (NaN in them: that rank did not say).
+        reported" here; use :meth:`from_messages` to carry reported NaNs. The optional
+        columns (``tokens``, ``flops``, ``max_seq_len``, any of
+        :data:`~schemas.telemetry.OPTIONAL_FIELDS`, by name) stay None unless given
+        (NaN in them: that rank did not say).
 
         >>> f = StepFrame.from_arrays("j", 0, 1.0, [1.0, 1.1, 1.0], ranks_per_node=2)
         >>> f.nodes, f.node_of_rank(2), float(f.step_time[0])
@@ -386,6 +408,9 @@ class StepFrame:
         """
         c = np.asarray(compute, dtype=np.float64)
         n = int(c.shape[0])
+        unknown = set(optional) - set(OPTIONAL_FIELDS)
+        if unknown:
+            raise TypeError(f"from_arrays: unknown columns {sorted(unknown)}")
         if ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {ranks_per_node!r}")
         zeros = np.zeros(n)
@@ -446,12 +471,11 @@ class StepFrame:
             grad_norm=grad_a,
             has_loss=~np.isnan(loss_a),
             has_grad_norm=~np.isnan(grad_a),
-            tokens=None if tokens is None else col(tokens, np.float64, np.nan).astype(np.float64),
-            flops=None if flops is None else col(flops, np.float64, np.nan).astype(np.float64),
-            max_seq_len=(
-                None if max_seq_len is None else col(max_seq_len, np.float64, 0).astype(np.float64)
-            ),
-        )
+            **optional_columns({
+                w: None if a is None else col(a, np.float64, np.nan).astype(np.float64)
+                for w, a in optional.items()
+            }),
+        )  # fmt: skip
 
     def to_messages(self) -> list[StepTelemetry]:
         """Split the frame back into one StepTelemetry per node (publishing side)."""
@@ -476,9 +500,10 @@ class StepFrame:
                     data_wait_s=float(self.data_wait[i]),
                     loss=float(self.loss[i]) if self.has_loss[i] else None,
                     grad_norm=float(self.grad_norm[i]) if self.has_grad_norm[i] else None,
-                    tokens=_said(self.tokens, int(i), int),
-                    flops=_said(self.flops, int(i), float),
-                    max_seq_len=_said(self.max_seq_len, int(i), int),
+                    **{
+                        w: _said(self.column(w), int(i), int if FIELDS[w].integral else float)
+                        for w in OPTIONAL_FIELDS
+                    },
                 )
                 for i in idx
             )
@@ -497,25 +522,25 @@ class StepFrame:
 
 def _row_part(rows: list[tuple[object, ...]], where: list[int]) -> dict[str, Any]:
     """The frame's columns of rows (:data:`ROW_FIELDS` tuples) whose nodes are ``where``."""
-    cols = list(zip(*rows, strict=True))
-    loss, has_loss = _signal(cols[10])
-    grad_norm, has_grad_norm = _signal(cols[11])
+    cols = dict(zip(ROW_FIELDS, zip(*rows, strict=True), strict=True))
+    loss, has_loss = _signal(cols["loss"])
+    grad_norm, has_grad_norm = _signal(cols["grad_norm"])
     keep = lambda a: a  # noqa: E731 - the rows stay in their order here
     return {
-        "rank": np.array(cols[0], dtype=np.int64),
+        "rank": np.array(cols["rank"], dtype=np.int64),
         "node_idx": np.array(where, dtype=np.int32),
-        "local_rank": np.array(cols[1], dtype=np.int32),
-        "dp_group": np.array(cols[6], dtype=np.int32),
-        "pp_stage": np.array(cols[7], dtype=np.int32),
-        "tp_group": np.array(cols[8], dtype=np.int32),
-        "phase": np.array([PHASE_CODES[p] for p in cols[9]], dtype=np.int8),
-        "step_time": np.array(cols[2], dtype=np.float64),
-        "compute": np.array(cols[3], dtype=np.float64),
-        "comm_wait": np.array(cols[4], dtype=np.float64),
-        "data_wait": np.array(cols[5], dtype=np.float64),
+        "local_rank": np.array(cols["local_rank"], dtype=np.int32),
+        "dp_group": np.array(cols["dp_group"], dtype=np.int32),
+        "pp_stage": np.array(cols["pp_stage"], dtype=np.int32),
+        "tp_group": np.array(cols["tp_group"], dtype=np.int32),
+        "phase": np.array([PHASE_CODES[p] for p in cols["phase"]], dtype=np.int8),
+        "step_time": np.array(cols["step_time_s"], dtype=np.float64),
+        "compute": np.array(cols["compute_s"], dtype=np.float64),
+        "comm_wait": np.array(cols["comm_wait_s"], dtype=np.float64),
+        "data_wait": np.array(cols["data_wait_s"], dtype=np.float64),
         "loss": loss, "has_loss": has_loss, "grad_norm": grad_norm,
-        "has_grad_norm": has_grad_norm, "tokens": _work(cols[12], keep),
-        "flops": _work(cols[13], keep), "max_seq_len": _work(cols[14], keep),
+        "has_grad_norm": has_grad_norm,
+        **{w: _work(cols[w], keep) for w in OPTIONAL_FIELDS},
     }  # fmt: skip
 
 
@@ -551,6 +576,23 @@ def _work(values: Sequence[object], take: Any) -> F64 | None:
     if values.count(None) == len(values):
         return None
     return take(np.array(values, dtype=np.float64))  # type: ignore[no-any-return]
+
+
+def optional_columns(columns: dict[str, F64 | None]) -> dict[str, Any]:
+    """Optional columns (:data:`~schemas.telemetry.OPTIONAL_FIELDS`) as StepFrame's
+    keywords: those it declares by name, the rest in ``extra``.
+
+    >>> sorted(optional_columns({"tokens": None, "queue_s": None}))
+    ['extra', 'tokens']
+    """
+    out: dict[str, Any] = {k: v for k, v in columns.items() if k in _DECLARED}
+    extra = {k: v for k, v in columns.items() if k not in _DECLARED}
+    if extra:
+        out["extra"] = extra
+    return out
+
+
+_DECLARED = frozenset(StepFrame.__dataclass_fields__)
 
 
 def _said(column: F64 | None, i: int, kind: type[Any]) -> Any:

@@ -44,43 +44,33 @@ import math
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import Field, model_validator
+from pydantic import Field, create_model, model_validator
 
 from schemas._base import Message
+from schemas.sample import FIELDS, OPTIONAL_FIELDS, SAMPLE_FIELDS, SIGNAL_FIELDS, Phase
 
 __all__ = ["COLUMNS", "MAX_COLUMN_SAMPLES", "PHASES", "SampleColumns", "samples_of"]
 
-#: column -> (numpy dtype, ``array`` typecode); little-endian on the wire
-COLUMNS: Final[dict[str, tuple[str, str]]] = {
-    "rank": ("<i4", "i"),
-    "local_rank": ("<i4", "i"),
-    "dp_group": ("<i4", "i"),
-    "pp_stage": ("<i4", "i"),
-    "tp_group": ("<i4", "i"),
-    "phase": ("u1", "B"),
-    "step_time_s": ("<f8", "d"),
-    "compute_s": ("<f8", "d"),
-    "comm_wait_s": ("<f8", "d"),
-    "data_wait_s": ("<f8", "d"),
-    "loss": ("<f8", "d"),
-    "loss_null": ("u1", "B"),
-    "grad_norm": ("<f8", "d"),
-    "grad_norm_null": ("u1", "B"),
-    "tokens": ("<f8", "d"),
-    "flops": ("<f8", "d"),
-    "max_seq_len": ("<f8", "d"),
-    "node_idx": ("<i4", "i"),
-}
+_TYPECODE: Final = {"<i4": "i", "u1": "B", "<f8": "d"}
+#: column -> (numpy dtype, ``array`` typecode); little-endian on the wire. One column per
+#: RankSample field (:data:`~schemas.sample.FIELDS`), a signal's null mask after it, and
+#: ``node_idx`` for ``node``.
+COLUMNS: Final[dict[str, tuple[str, str]]] = {}
+for _f in FIELDS.values():
+    _name = "node_idx" if _f.kind == "node" else _f.name
+    COLUMNS[_name] = (_f.dtype, _TYPECODE[_f.dtype])
+    if _f.kind == "signal":
+        COLUMNS[f"{_f.name}_null"] = ("u1", "B")
 assert array("i").itemsize == 4 and array("d").itemsize == 8  # the platform's
 #: The phase of code ``i`` is ``PHASES[i]`` (the steps table's Enum8 order).
-PHASES: Final[tuple[str, ...]] = ("warmup", "train", "eval", "checkpoint")
+PHASES: Final[tuple[str, ...]] = tuple(p.value for p in Phase)
 #: Samples one message's columns may hold (a rack of 64 nodes of 64 GPUs, and then some).
 MAX_COLUMN_SAMPLES: Final = 1 << 16
 _B64 = r"^[A-Za-z0-9+/]*={0,2}$"
-_WORK = ("tokens", "flops", "max_seq_len")
-_SIGNALS = ("loss", "grad_norm")
+#: The columns every message has (the rest are absent where no sample says them).
+_ALWAYS: Final = tuple(n for n, f in FIELDS.items() if f.kind in ("int", "phase", "time"))
 
 
 def _col(required: bool, what: str) -> Any:
@@ -93,45 +83,55 @@ def _col(required: bool, what: str) -> Any:
     )  # fmt: skip
 
 
-class SampleColumns(Message):
+def _column_fields() -> dict[str, Any]:
+    """SampleColumns' fields, in the order they travel: ``n``, a column per sample
+    field (the schema's order), ``nodes``."""
+    codes = ", ".join(f"{i} {p}" for i, p in enumerate(PHASES))
+    null = (str | None, _col(False, "u1, 1: null (absent: none is)"))
+    out: dict[str, Any] = {
+        "n": (int, Field(ge=1, le=MAX_COLUMN_SAMPLES, description="Samples: each array's length.")),
+    }
+    for name, f in FIELDS.items():
+        if f.kind in ("int", "time"):
+            out[name] = (str, _col(True, f.dtype))
+        elif f.kind == "phase":
+            out[name] = (str, _col(True, f"u1: {codes}"))
+        elif f.kind == "signal":
+            out[name] = (str | None, _col(False, f"<f8; absent: every sample's {name} is null"))
+            out[f"{name}_null"] = null
+        elif f.kind == "optional":
+            out[name] = (str | None, _col(False, "<f8, NaN: not said (absent: no sample said)"))
+        else:
+            out["node_idx"] = (str | None, _col(False, "<i4: index into nodes (a rack's message)"))
+    out["nodes"] = (
+        tuple[str, ...] | None,
+        Field(
+            default=None,
+            min_length=1,
+            max_length=MAX_COLUMN_SAMPLES,
+            exclude_if=lambda v: v is None,
+            description="A rack's message: the nodes its samples ran on (node_idx indexes it).",
+        ),
+    )
+    return out
+
+
+class _Columns(Message):
     """A version-3 message's samples, one base64 array per field (module docstring)."""
 
-    n: int = Field(ge=1, le=MAX_COLUMN_SAMPLES, description="Samples: each array's length.")
-    rank: str = _col(True, "<i4")
-    local_rank: str = _col(True, "<i4")
-    dp_group: str = _col(True, "<i4")
-    pp_stage: str = _col(True, "<i4")
-    tp_group: str = _col(True, "<i4")
-    phase: str = _col(True, "u1: 0 warmup, 1 train, 2 eval, 3 checkpoint")
-    step_time_s: str = _col(True, "<f8")
-    compute_s: str = _col(True, "<f8")
-    comm_wait_s: str = _col(True, "<f8")
-    data_wait_s: str = _col(True, "<f8")
-    loss: str | None = _col(False, "<f8; absent: every sample's loss is null")
-    loss_null: str | None = _col(False, "u1, 1: null (absent: none is)")
-    grad_norm: str | None = _col(False, "<f8; absent: every sample's is null")
-    grad_norm_null: str | None = _col(False, "u1, 1: null (absent: none is)")
-    tokens: str | None = _col(False, "<f8, NaN: not said (absent: no sample said)")
-    flops: str | None = _col(False, "<f8, NaN: not said (absent: no sample said)")
-    max_seq_len: str | None = _col(False, "<f8, NaN: not said (absent: no sample said)")
-    node_idx: str | None = _col(False, "<i4: index into nodes (a rack's message)")
-    nodes: tuple[str, ...] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_COLUMN_SAMPLES,
-        exclude_if=lambda v: v is None,
-        description="A rack's message: the nodes its samples ran on (node_idx indexes it).",
-    )
+    if TYPE_CHECKING:  # the columns (fields of the model create_model makes below)
+
+        def __getattr__(self, name: str) -> Any: ...
 
     @model_validator(mode="after")
-    def _check_shape(self) -> SampleColumns:
+    def _check_shape(self) -> _Columns:
         for name in COLUMNS:
             if getattr(self, name) is not None:
                 _decoded(self, name)  # the length and the base64: ValueError naming it
-        for signal in _SIGNALS:
+        for signal in SIGNAL_FIELDS:
             if getattr(self, f"{signal}_null") is not None and getattr(self, signal) is None:
                 raise ValueError(f"{signal}_null without {signal}")
-        if (self.nodes is None) != (self.node_idx is None):
+        if (self.nodes is None) != (getattr(self, "node_idx") is None):  # noqa: B009
             raise ValueError("nodes and node_idx come together")
         if self.nodes is not None and not all(0 < len(x) <= 256 for x in self.nodes):
             raise ValueError("a node name is 1 to 256 characters")
@@ -145,20 +145,19 @@ class SampleColumns(Message):
         if not rows:
             raise ValueError("no samples")
         out: dict[str, Any] = {"n": len(rows)}
-        for name in ("rank", "local_rank", "step_time_s", "compute_s", "comm_wait_s",
-                     "data_wait_s"):  # fmt: skip
-            out[name] = _pack(name, [r[name] for r in rows])
-        for name in ("dp_group", "pp_stage", "tp_group"):
-            out[name] = _pack(name, [r.get(name, 0) for r in rows])
+        for name, f in FIELDS.items():
+            if f.kind in ("int", "time"):
+                req = f.default is ...
+                out[name] = _pack(name, [r[name] if req else r.get(name, f.default) for r in rows])
         out["phase"] = _pack("phase", [PHASES.index(str(r.get("phase", "train"))) for r in rows])
-        for name in _SIGNALS:
+        for name in SIGNAL_FIELDS:
             values = [r.get(name) for r in rows]
             nulls = [v is None for v in values]
             if not all(nulls):
                 out[name] = _pack(name, [math.nan if v is None else v for v in values])
                 if any(nulls):
                     out[f"{name}_null"] = _pack(f"{name}_null", [int(x) for x in nulls])
-        for name in _WORK:
+        for name in OPTIONAL_FIELDS:
             values = [r.get(name) for r in rows]
             if any(v is not None for v in values):
                 out[name] = _pack(name, [math.nan if v is None else v for v in values])
@@ -173,29 +172,35 @@ class SampleColumns(Message):
         return cls(**out)
 
 
+if TYPE_CHECKING:
+    SampleColumns = _Columns
+else:
+    SampleColumns = create_model(
+        "SampleColumns", __base__=_Columns, __module__=__name__, __doc__=_Columns.__doc__,
+        **_column_fields(),
+    )  # fmt: skip
+
+
 def samples_of(columns: SampleColumns) -> list[dict[str, Any]]:
     """The samples as dicts of RankSample fields (validated by RankSample, not here):
     NaN work is not said, a masked signal is null."""
     n = columns.n
     cols = {name: _decoded(columns, name) for name in COLUMNS if getattr(columns, name) is not None}
-    nulls = {s: cols.get(f"{s}_null", [0] * n) for s in _SIGNALS}
+    nulls = {s: cols.get(f"{s}_null", [0] * n) for s in SIGNAL_FIELDS}
     phases = [PHASES[p] if p < len(PHASES) else f"<phase code {p}>" for p in cols["phase"]]
+    plain = tuple(n for n in _ALWAYS if n != "phase")
     out: list[dict[str, Any]] = []
     for i in range(n):
-        row: dict[str, Any] = {
-            name: cols[name][i]
-            for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group",
-                         "step_time_s", "compute_s", "comm_wait_s", "data_wait_s")
-        }  # fmt: skip
+        row: dict[str, Any] = {name: cols[name][i] for name in plain}
         row["phase"] = phases[i]
-        for s in _SIGNALS:
+        for s in SIGNAL_FIELDS:
             if s in cols and nulls[s][i] not in (0, 1):
                 raise ValueError(f"{s}_null[{i}] is {nulls[s][i]}, not 0 or 1")
             row[s] = cols[s][i] if s in cols and not nulls[s][i] else None
-        for w in _WORK:
+        for w in OPTIONAL_FIELDS:
             v = cols[w][i] if w in cols else math.nan
             if not math.isnan(v):
-                row[w] = int(v) if w != "flops" and v.is_integer() else v
+                row[w] = int(v) if FIELDS[w].integral and v.is_integer() else v
         if columns.nodes is not None:
             k = cols["node_idx"][i]
             if not 0 <= k < len(columns.nodes):
@@ -206,10 +211,7 @@ def samples_of(columns: SampleColumns) -> list[dict[str, Any]]:
 
 
 def _fields(sample: Any) -> dict[str, Any]:
-    names = ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
-             "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss", "grad_norm",
-             *_WORK, "node")  # fmt: skip
-    return {k: getattr(sample, k) for k in names}
+    return {k: getattr(sample, k) for k in SAMPLE_FIELDS}
 
 
 def _pack(name: str, values: list[Any]) -> str:
@@ -219,7 +221,7 @@ def _pack(name: str, values: list[Any]) -> str:
     return base64.b64encode(a.tobytes()).decode("ascii")
 
 
-def _decoded(columns: SampleColumns, name: str) -> array[Any]:
+def _decoded(columns: _Columns, name: str) -> array[Any]:
     text = getattr(columns, name)
     try:
         raw = base64.b64decode(text, validate=True)

@@ -23,22 +23,36 @@ Examples
 
 from __future__ import annotations
 
-import math
-from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import (
-    AwareDatetime,
-    Field,
-    NonNegativeFloat,
-    NonNegativeInt,
-    model_validator,
-)
+from pydantic import AwareDatetime, Field, NonNegativeFloat, NonNegativeInt, model_validator
 
 from schemas._base import Message
 from schemas.columnar import SampleColumns, samples_of
+from schemas.sample import (
+    FIELDS,
+    INT_FIELDS,
+    MAX_COUNTER,
+    MAX_FLOPS,
+    MAX_GPUS_PER_NODE,
+    MAX_GROUP_ID,
+    MAX_LOCAL_RANK,
+    MAX_RANKS_PER_JOB,
+    MAX_STEP,
+    MAX_STEP_SECONDS,
+    MAX_TOKENS,
+    OPTIONAL_FIELDS,
+    SAMPLE_FIELDS,
+    SIGNAL_FIELDS,
+    TIME_FIELDS,
+    Phase,
+    RankSample,
+    SampleField,
+)
 
 __all__ = [
+    "FIELDS",
+    "INT_FIELDS",
     "MAX_COUNTER",
     "MAX_GPUS_PER_NODE",
     "MAX_GROUP_ID",
@@ -48,114 +62,17 @@ __all__ = [
     "MAX_STEP_SECONDS",
     "MAX_TOKENS",
     "MAX_FLOPS",
+    "OPTIONAL_FIELDS",
+    "SAMPLE_FIELDS",
+    "SIGNAL_FIELDS",
+    "TIME_FIELDS",
     "GpuHealth",
     "NodeHealth",
     "Phase",
     "RankSample",
+    "SampleField",
     "StepTelemetry",
 ]
-
-
-class Phase(StrEnum):
-    """What a step was doing; only TRAIN steps feed temporal baselines."""
-
-    WARMUP = "warmup"
-    TRAIN = "train"
-    EVAL = "eval"
-    CHECKPOINT = "checkpoint"
-
-
-#: Ranks one job may number: rank ids are ``0 .. MAX_RANKS_PER_JOB - 1``, so whatever
-#: is kept per rank has a bound however hostile a message is (about a million GPUs:
-#: ten times the largest jobs run today).
-MAX_RANKS_PER_JOB = 1 << 20
-#: Every numeric field is bounded by what the code that keeps it stores, so no value a
-#: topic carries can overflow a column of a frame or the archive (one ``pp_stage`` of
-#: 2**31 raised OverflowError in the frame's int32 column and dropped the whole step).
-#: Parallel-group ids (data, pipeline, tensor): int32 in the frames.
-MAX_GROUP_ID = (1 << 31) - 1
-#: A rank's index on its node: UInt16 in the archive.
-MAX_LOCAL_RANK = (1 << 16) - 1
-#: Step numbers: exact in a float64 (and so in any JSON reader), int64 in the frames.
-MAX_STEP = (1 << 53) - 1
-#: Cumulative counters (ECC, NVLink, NIC): int64 in the detectors, UInt64 in the archive.
-MAX_COUNTER = (1 << 63) - 1
-#: One step's timings, in seconds: about eleven days (a step that long is a hang, not a
-#: step), so that sums and squares of them stay far from overflow.
-MAX_STEP_SECONDS = 1e6
-#: Tokens one rank processes in one step (and a sequence length): exact in a float64
-#: (the frames keep work as float64, NaN where a rank did not say) and in UInt64.
-MAX_TOKENS = (1 << 53) - 1
-#: Floating-point operations one rank does in one step: a thousand exaFLOP, far past a
-#: step of any GPU made, and finite in a float64 sum over a million ranks.
-MAX_FLOPS = 1e21
-#: GPUs one node reports: a node with more is not a node (the archive keeps UInt16).
-MAX_GPUS_PER_NODE = 64
-
-
-class RankSample(Message):
-    """One rank's timings for one step, in seconds."""
-
-    rank: NonNegativeInt = Field(lt=MAX_RANKS_PER_JOB)
-    local_rank: NonNegativeInt = Field(le=MAX_LOCAL_RANK)
-    dp_group: NonNegativeInt = Field(default=0, le=MAX_GROUP_ID)
-    pp_stage: NonNegativeInt = Field(default=0, le=MAX_GROUP_ID)
-    tp_group: NonNegativeInt = Field(default=0, le=MAX_GROUP_ID)
-    phase: Phase = Phase.TRAIN
-    step_time_s: NonNegativeFloat = Field(
-        le=MAX_STEP_SECONDS, description="Wall time of the whole step."
-    )
-    compute_s: NonNegativeFloat = Field(
-        le=MAX_STEP_SECONDS, description="Time spent in kernels/compute."
-    )
-    comm_wait_s: NonNegativeFloat = Field(
-        le=MAX_STEP_SECONDS, description="Time blocked in collectives."
-    )
-    data_wait_s: NonNegativeFloat = Field(
-        le=MAX_STEP_SECONDS, description="Time waiting for the data loader."
-    )
-    loss: float | None = Field(
-        default=None,
-        allow_inf_nan=True,
-        description='Training loss; NaN/Inf are signals and travel as "NaN"/"Infinity".',
-    )
-    grad_norm: float | None = Field(
-        default=None,
-        allow_inf_nan=True,
-        description='Global gradient norm; NaN/Inf travel as "NaN"/"Infinity".',
-    )
-    tokens: NonNegativeInt | None = Field(
-        default=None,
-        le=MAX_TOKENS,
-        exclude_if=lambda v: v is None,  # a sample without work reads as it always did
-        description="Work: the tokens this rank processed in this step (None: not said). "
-        "Step time is read against it: a rank slow because it got more tokens is not "
-        "a straggler.",
-    )
-    flops: NonNegativeFloat | None = Field(
-        default=None,
-        le=MAX_FLOPS,
-        exclude_if=lambda v: v is None,
-        description="Work: floating-point operations this rank did in this step (None: not said).",
-    )
-    max_seq_len: NonNegativeInt | None = Field(
-        default=None,
-        le=MAX_TOKENS,
-        exclude_if=lambda v: v is None,
-        description="Work: the longest sequence in this rank's batch (None: not said).",
-    )
-    node: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        exclude_if=lambda v: v is None,  # a version-1 sample's JSON stays as it was
-        description="The node this rank ran on, in a rack-level message "
-        "(StepTelemetry version 2); None: the message's node.",
-    )
-
-    @property
-    def loss_is_finite(self) -> bool:
-        return self.loss is None or math.isfinite(self.loss)
 
 
 class _Unsent(tuple):  # type: ignore[type-arg]

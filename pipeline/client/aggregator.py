@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.client.batcher import WIRE_FIELDS, WORK_FIELDS, RankRecord, StepBatcher
+from pipeline.client.batcher import NAMED_FIELDS, WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
 from pipeline.io.clockskew import FutureGate
 from pipeline.io.settings import ClientSettings
@@ -146,7 +146,7 @@ class NodeAggregator:
 
 def _record(row: list[Any], now: float) -> RankRecord:
     """A rank's wire row as a record: its fields up to ``arrived``, then its run (absent
-    from older exporters), then an object of its work fields by name (only when said).
+    from older exporters), then an object of its named fields (only those said).
     TypeError or ValueError when the row is not that (the datagram is malformed)."""
     if not isinstance(row, list):
         raise TypeError(f"a record must be a list, got {type(row).__name__}")
@@ -154,9 +154,12 @@ def _record(row: list[Any], now: float) -> RankRecord:
     work: dict[str, Any] = {}
     if tail and isinstance(tail[-1], dict):
         work = tail.pop()
-        unknown = set(work) - set(WORK_FIELDS)
+        unknown = set(work) - set(NAMED_FIELDS)
         if unknown:
             raise ValueError(f"unknown work fields {sorted(unknown)}")
     if len(head) != WIRE_FIELDS or len(tail) > 1:
         raise TypeError(f"a record has {WIRE_FIELDS} fields, its run and its work")
-    return RankRecord(*head, now, *tail, **work)
+    fields = dict(zip(RankRecord._fields, head, strict=False))
+    if tail:
+        fields["run"] = tail[0]
+    return RankRecord(**fields, arrived=now, **work)

@@ -3,50 +3,54 @@
 from __future__ import annotations
 
 import logging
+from collections import namedtuple
 from datetime import UTC, datetime
-from typing import Literal, NamedTuple
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
 from schemas import RankSample, StepTelemetry
+from schemas.telemetry import FIELDS, SAMPLE_FIELDS
 
-__all__ = ["WIRE_FIELDS", "RankRecord", "StepBatcher"]
+__all__ = ["NAMED_FIELDS", "WIRE_FIELDS", "RankRecord", "StepBatcher"]
 
 log = logging.getLogger(__name__)
 
+#: The fields a rank sends the node aggregator by position, in this order (the wire of
+#: ``stepguard export-node`` since it began: never reordered, never grown). Every other
+#: sample field travels by name (:data:`NAMED_FIELDS`).
+_WIRE_HEAD = (
+    "job_id", "node", "step", "rank", "local_rank", "phase", "dp_group", "pp_stage",
+    "tp_group", "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss",
+    "grad_norm", "ts_start", "ts_end",
+)  # fmt: skip
+#: A record's sample fields: RankSample's (:data:`~schemas.telemetry.SAMPLE_FIELDS`)
+#: but ``node``, which a record names for its whole message.
+_SAMPLE = tuple(f for f in SAMPLE_FIELDS if FIELDS[f].kind != "node")
+#: The sample fields a record carries by name: on the wire, a JSON object after the
+#: run, holding those a rank said (the work: tokens, flops, max_seq_len, and any field
+#: added to the schema since).
+NAMED_FIELDS: tuple[str, ...] = tuple(f for f in _SAMPLE if f not in _WIRE_HEAD)
+_DEFAULTS = ("", *(FIELDS[f].default for f in NAMED_FIELDS))  # run's, then the schema's
 
-class RankRecord(NamedTuple):
-    """One rank's step as the hook records it (cheap to build: no validation)."""
-
-    job_id: str
-    node: str
-    step: int
-    rank: int
-    local_rank: int
-    phase: str
-    dp_group: int
-    pp_stage: int
-    tp_group: int
-    step_time_s: float
-    compute_s: float
-    comm_wait_s: float
-    data_wait_s: float
-    loss: float | None
-    grad_norm: float | None
-    ts_start: float
-    ts_end: float
-    arrived: float  #: monotonic time the record was taken (for max_wait_s)
-    run: str = ""  #: the exporter's run or attempt id (StepTelemetry.run)
-    tokens: int | None = None  #: the work the step did, when the rank said it
-    flops: float | None = None
-    max_seq_len: int | None = None
-
+if TYPE_CHECKING:
+    RankRecord = Any
+else:
+    #: One rank's step as the hook records it (cheap to build: no validation): the wire's
+    #: fields, ``arrived`` (monotonic time the record was taken, for max_wait_s), ``run``
+    #: (the exporter's run or attempt id, StepTelemetry.run), then the named fields.
+    RankRecord = namedtuple(
+        "RankRecord", [*_WIRE_HEAD, "arrived", "run", *NAMED_FIELDS], defaults=_DEFAULTS
+    )
+    RankRecord.__doc__ = "One rank's step as the hook records it (cheap to build: no validation)."
+    RankRecord.__module__ = __name__
+assert set(_WIRE_HEAD) - {"job_id", "node", "step", "ts_start", "ts_end"} <= set(_SAMPLE)
 
 #: A record's fields before ``arrived``: what a rank sends the node aggregator, then
-#: its ``run``, then (only when the rank said any) a JSON object of its work fields.
-WIRE_FIELDS = RankRecord._fields.index("arrived")
-#: The work fields a record may carry, by name (the wire's trailing object).
-WORK_FIELDS: tuple[str, ...] = ("tokens", "flops", "max_seq_len")
+#: its ``run``, then (only when the rank said any) a JSON object of its named fields.
+WIRE_FIELDS = len(_WIRE_HEAD)
+_SAMPLE_OF = attrgetter(*_SAMPLE)
 
 
 class StepBatcher:
@@ -57,8 +61,10 @@ class StepBatcher:
     ranks decode faster so today), version 3 (columns) with ``columnar``.
 
     >>> b = StepBatcher(ranks_per_node=2)
-    >>> r = RankRecord("j", "n0", 3, 0, 0, "train", 0, 0, 0, 1.0, 0.8, 0.1, 0.1,
-    ...                None, None, 10.0, 11.0, 0.0)
+    >>> r = RankRecord(job_id="j", node="n0", step=3, rank=0, local_rank=0, phase="train",
+    ...                dp_group=0, pp_stage=0, tp_group=0, step_time_s=1.0, compute_s=0.8,
+    ...                comm_wait_s=0.1, data_wait_s=0.1, loss=None, grad_norm=None,
+    ...                ts_start=10.0, ts_end=11.0, arrived=0.0)
     >>> b.add(r), [m.schema_version for m in b.add(r._replace(rank=1, local_rank=1))]
     ([], [1])
     """
@@ -125,25 +131,7 @@ class StepBatcher:
         samples = []
         for r in records.values():
             try:
-                samples.append(
-                    RankSample(
-                        rank=r.rank,
-                        local_rank=r.local_rank,
-                        dp_group=r.dp_group,
-                        pp_stage=r.pp_stage,
-                        tp_group=r.tp_group,
-                        phase=r.phase,
-                        step_time_s=r.step_time_s,
-                        compute_s=r.compute_s,
-                        comm_wait_s=r.comm_wait_s,
-                        data_wait_s=r.data_wait_s,
-                        loss=r.loss,
-                        grad_norm=r.grad_norm,
-                        tokens=r.tokens,
-                        flops=r.flops,
-                        max_seq_len=r.max_seq_len,
-                    )
-                )
+                samples.append(RankSample(**dict(zip(_SAMPLE, _SAMPLE_OF(r), strict=True))))
             except ValidationError as exc:
                 self.invalid += 1
                 log.warning(

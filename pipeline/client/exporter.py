@@ -54,7 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.client.batcher import WIRE_FIELDS, WORK_FIELDS, RankRecord, StepBatcher
+from pipeline.client.batcher import NAMED_FIELDS, WIRE_FIELDS, RankRecord, StepBatcher
 from pipeline.client.sink import KafkaSink
 from pipeline.client.waits import InputWait
 from pipeline.io.clockskew import FutureGate
@@ -162,7 +162,7 @@ class AggregatorTransport:
         size = 0
         for r in records:
             row: list[object] = [*r[:WIRE_FIELDS], r.run]  # not ``arrived``: its clock
-            work = {f: getattr(r, f) for f in WORK_FIELDS if getattr(r, f) is not None}
+            work = {f: getattr(r, f) for f in NAMED_FIELDS if getattr(r, f) is not None}
             if work:  # by name, and only when said: a rank without work sends as before
                 row.append(work)
             batch.append(row)

@@ -34,6 +34,7 @@ import math
 import struct
 import sys
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -44,12 +45,15 @@ from msgspec.structs import astuple
 from detectors.frame import ROW_FIELDS
 from schemas.columnar import COLUMNS, MAX_COLUMN_SAMPLES, PHASES
 from schemas.telemetry import (
-    MAX_FLOPS,
+    FIELDS,
+    INT_FIELDS,
     MAX_LOCAL_RANK,
     MAX_RANKS_PER_JOB,
     MAX_STEP,
     MAX_STEP_SECONDS,
-    MAX_TOKENS,
+    OPTIONAL_FIELDS,
+    SIGNAL_FIELDS,
+    TIME_FIELDS,
 )
 
 #: :class:`~pipeline.io.fastdecode.StepColumns` (this module stands below that one, which
@@ -67,29 +71,29 @@ _NAN: Final = struct.pack("<d", float("nan"))
 _MARK: Final = b'"columns":'
 
 
-class _Cols(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_COLUMN_SAMPLES)]
-    rank: bytes
-    local_rank: bytes
-    dp_group: bytes
-    pp_stage: bytes
-    tp_group: bytes
-    phase: bytes
-    step_time_s: bytes
-    compute_s: bytes
-    comm_wait_s: bytes
-    data_wait_s: bytes
-    loss: bytes | None = None
-    loss_null: bytes | None = None
-    grad_norm: bytes | None = None
-    grad_norm_null: bytes | None = None
-    tokens: bytes | None = None
-    flops: bytes | None = None
-    max_seq_len: bytes | None = None
-    node_idx: bytes | None = None
-    nodes: (
-        Annotated[list[_Name], msgspec.Meta(min_length=1, max_length=MAX_COLUMN_SAMPLES)] | None
-    ) = None
+#: The columns every message has (the rest may be absent: no sample said them).
+_REQUIRED: Final = tuple(n for n, f in FIELDS.items() if f.kind in ("int", "phase", "time"))
+#: A version-3 message's columns as msgspec reads them: :data:`~schemas.columnar.COLUMNS`.
+_Cols = msgspec.defstruct(
+    "_Cols",
+    [("n", Annotated[int, msgspec.Meta(ge=1, le=MAX_COLUMN_SAMPLES)]),
+     *((c, bytes) for c in COLUMNS if c in _REQUIRED),
+     *((c, bytes | None, None) for c in COLUMNS if c not in _REQUIRED),
+     ("nodes", _Nodes | None, None)],
+    gc=False, forbid_unknown_fields=True, module=__name__,
+)  # fmt: skip
+#: The per-sample columns of StepColumns a message gives (a sample's node apart).
+_PER_SAMPLE: Final = tuple(c for c in COLUMNS if c != "node_idx")
+#: Hot-path getters and names, made once from the lists above.
+_INTS_OF: Final = attrgetter(*INT_FIELDS)
+_TIMES_OF: Final = attrgetter(*TIME_FIELDS)
+_SIGNALS: Final = tuple((s, f"{s}_null", f"has_{s}") for s in SIGNAL_FIELDS)
+#: optional field -> (lowest, highest, integral), the schema's bounds
+_BOUNDS: Final = {
+    w: (-math.inf if FIELDS[w].low is None else FIELDS[w].low,
+        math.inf if FIELDS[w].high is None else FIELDS[w].high, FIELDS[w].integral)
+    for w in OPTIONAL_FIELDS
+}  # fmt: skip
 
 
 class Columnar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -107,8 +111,6 @@ class Columnar(msgspec.Struct, gc=False, forbid_unknown_fields=True):
 
 _DECODER = msgspec.json.Decoder(Columnar)
 _SIZES: Final = {name: np.dtype(dt).itemsize for name, (dt, _) in COLUMNS.items()}
-_REQUIRED: Final = ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
-                    "step_time_s", "compute_s", "comm_wait_s", "data_wait_s")  # fmt: skip
 
 
 def is_columnar(raw: bytes) -> bool:
@@ -128,10 +130,9 @@ def parse(raw: bytes) -> Columnar | None:
         buf = getattr(c, name)
         if buf is not None and len(buf) != n * size:
             return None
-    if (c.loss_null is not None and c.loss is None) or (
-        c.grad_norm_null is not None and c.grad_norm is None
-    ):
-        return None
+    for signal, null, _ in _SIGNALS:
+        if getattr(c, null) is not None and getattr(c, signal) is None:
+            return None
     if (c.nodes is None) != (c.node_idx is None):
         return None
     return m
@@ -154,7 +155,7 @@ def sample_columns(
     out: dict[str, npt.NDArray[Any]] = {}
     for name in _REQUIRED:
         out[name] = field(name, b"")
-    for signal in ("loss", "grad_norm"):
+    for signal in SIGNAL_FIELDS:
         out[signal] = field(signal, _NAN).astype(np.float64)
         has = [getattr(m.columns, signal) is not None for m in msgs]
         masks = (
@@ -162,15 +163,15 @@ def sample_columns(
             for m, h, k in zip(msgs, has, counts, strict=True)
         )
         out[f"{signal}_null"] = np.frombuffer(b"".join(masks), dtype=np.uint8)
-    for work in ("tokens", "flops", "max_seq_len"):
+    for work in OPTIONAL_FIELDS:
         out[work] = field(work, _NAN).astype(np.float64)
     bad = _refused(out)
-    for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group"):
+    for name in INT_FIELDS:
         out[name] = out[name].astype(np.int64)
     out["phase"] = out["phase"].astype(np.int8)
-    for name in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
+    for name in TIME_FIELDS:
         out[name] = out[name].astype(np.float64)
-    for signal in ("loss", "grad_norm"):
+    for signal in SIGNAL_FIELDS:
         out[f"{signal}_null"] = out[f"{signal}_null"].astype(np.bool_)
     nodes: list[str] = []
     for m, k in zip(msgs, counts, strict=True):
@@ -191,23 +192,32 @@ def sample_columns(
 
 def _refused(c: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.bool_]:
     """Samples out of the schema's range (:class:`~schemas.RankSample`'s bounds)."""
-    bad = (c["rank"] < 0) | (c["rank"] >= MAX_RANKS_PER_JOB)
-    bad |= (c["local_rank"] < 0) | (c["local_rank"] > MAX_LOCAL_RANK)
-    for g in ("dp_group", "pp_stage", "tp_group"):  # int32: never above MAX_GROUP_ID
-        bad |= c[g] < 0
+    bad = np.zeros(c["rank"].shape[0], dtype=np.bool_)
+    for name in INT_FIELDS:  # int32: a bound at 2**31 - 1 holds already
+        f = FIELDS[name]
+        bad |= c[name] < f.low if f.high is None or f.high >= 2**31 - 1 else (
+            (c[name] < f.low) | (c[name] > f.high))  # fmt: skip
     bad |= c["phase"] >= len(PHASES)
-    for t in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
-        bad |= ~((c[t] >= 0) & (c[t] <= MAX_STEP_SECONDS))  # NaN fails both
-    for s in ("loss_null", "grad_norm_null"):
-        bad |= c[s] > 1
-    for w, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+    for t in TIME_FIELDS:
+        bad |= ~((c[t] >= FIELDS[t].low) & (c[t] <= FIELDS[t].high))  # NaN fails both
+    for s in SIGNAL_FIELDS:
+        bad |= c[f"{s}_null"] > 1
+    for w in OPTIONAL_FIELDS:
         v = c[w]
         said = ~np.isnan(v)
-        ok = (v >= 0) & (v <= top)
-        if w != "flops":
+        ok = _within(v, w)
+        if FIELDS[w].integral:
             ok &= np.floor(v) == v
         bad |= said & ~ok
     return bad
+
+
+def _within(v: npt.NDArray[np.float64], name: str) -> npt.NDArray[np.bool_]:
+    """Where values lie in a field's bounds (NaN nowhere)."""
+    f = FIELDS[name]
+    low = -np.inf if f.low is None else f.low
+    high = np.inf if f.high is None else f.high
+    return (v >= low) & (v <= high)  # type: ignore[no-any-return]
 
 
 def merge(a: StepColumns, b: StepColumns) -> StepColumns:
@@ -240,10 +250,7 @@ def merge(a: StepColumns, b: StepColumns) -> StepColumns:
         "slow": sorted([*a.slow, *b.slow]),
         "sample_node": [nodes[i] for i in perm.tolist()],
     }
-    for name in ("rank", "local_rank", "dp_group", "pp_stage", "tp_group", "phase",
-                 "step_time_s", "compute_s", "comm_wait_s", "data_wait_s", "loss",
-                 "loss_null", "grad_norm", "grad_norm_null", "tokens", "flops",
-                 "max_seq_len"):  # fmt: skip
+    for name in _PER_SAMPLE:
         kw[name] = per_sample(getattr(a, name), getattr(b, name))
     return type(a)(**kw)
 
@@ -308,8 +315,9 @@ def decode(
 
 
 class _ViewSample(msgspec.Struct, gc=False):
-    """A rank's sample of a :class:`ColumnView` (built only when read): the fields of
-    :data:`~detectors.frame.ROW_FIELDS`, in that order, values already checked."""
+    """A rank's sample of a :class:`ColumnView`: :data:`~detectors.frame.ROW_FIELDS`, in
+    that order (asserted below), values already checked. Spelled out, not made from the
+    list: a class-made struct builds faster, and this is the per-record path."""
 
     rank: int
     local_rank: int
@@ -329,7 +337,10 @@ class _ViewSample(msgspec.Struct, gc=False):
     node: str | None
 
 
-assert _ViewSample.__struct_fields__ == ROW_FIELDS, "rows() must give the frame's order"
+if _ViewSample.__struct_fields__ != ROW_FIELDS:  # a field the schema gained: made, slower
+    _ViewSample = msgspec.defstruct(  # type: ignore[misc]
+        "_ViewSample", [(f, Any) for f in ROW_FIELDS], gc=False, module=__name__
+    )
 _I4: Final = np.dtype("<i4")
 _F8: Final = np.dtype("<f8")
 
@@ -387,15 +398,17 @@ class ColumnView:
                 [None] * n if self.nodes is None
                 else [self.nodes[k] for k in c["node_idx"].tolist()]
             )  # fmt: skip
-            fields = zip(
-                c["rank"].tolist(), c["local_rank"].tolist(), c["step_time"].tolist(),
-                c["compute"].tolist(), c["comm_wait"].tolist(), c["data_wait"].tolist(),
-                c["dp_group"].tolist(), c["pp_stage"].tolist(), c["tp_group"].tolist(),
-                [PHASES[p] for p in c["phase"].tolist()],
-                signal(c["loss"], c["has_loss"]), signal(c["grad_norm"], c["has_grad_norm"]),
-                said(c["tokens"], True), said(c["flops"], False), said(c["max_seq_len"], True),
-                names, strict=True,
-            )  # fmt: skip
+            lists: dict[str, list[Any]] = {"node": names}
+            for name, f in FIELDS.items():
+                if f.kind in ("int", "time"):
+                    lists[name] = c[_FRAME.get(name, name)].tolist()
+                elif f.kind == "phase":
+                    lists[name] = [PHASES[p] for p in c["phase"].tolist()]
+                elif f.kind == "signal":
+                    lists[name] = signal(c[name], c[f"has_{name}"])
+                elif f.kind == "optional":
+                    lists[name] = said(c.get(name), f.integral)
+            fields = zip(*(lists[f] for f in ROW_FIELDS), strict=True)
             self._samples = [_ViewSample(*f) for f in fields]
         return self._samples
 
@@ -403,6 +416,14 @@ class ColumnView:
         return list(map(astuple, self.samples))
 
 
+#: The frame's names of the timings (the schema's without ``_s``).
+_FRAME: Final = {t: t.removesuffix("_s") for t in TIME_FIELDS}
+_FRAME_TIMES: Final = tuple(_FRAME.values())
+#: The order :func:`_small` builds a sample's fields in: ROW_FIELDS' (a schema whose
+#: fields break it fails here, at import, not in a view).
+_SMALL_ORDER: Final = ("rank", "local_rank", *TIME_FIELDS, *INT_FIELDS[2:], "phase",
+                       *SIGNAL_FIELDS, *OPTIONAL_FIELDS, "node")  # fmt: skip
+assert ROW_FIELDS == _SMALL_ORDER, f"_small builds {_SMALL_ORDER}, rows are {ROW_FIELDS}"
 #: A message of at most this many samples is checked and viewed in Python (a node's
 #: message: numpy's fixed cost per call is more than the work on eight values).
 SMALL: Final = 16
@@ -418,12 +439,12 @@ def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
     def floats(b: bytes | None) -> list[float] | None:
         return None if b is None else memoryview(b).cast("d").tolist()
 
-    flat = ints(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)))
+    flat = ints(b"".join(_INTS_OF(c)))
     rank, local = flat[:n], flat[n : 2 * n]
     groups = [flat[2 * n : 3 * n], flat[3 * n : 4 * n], flat[4 * n :]]
     if min(flat) < 0 or max(rank) >= MAX_RANKS_PER_JOB or max(local) > MAX_LOCAL_RANK:
         return None
-    spans = floats(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s))) or []
+    spans = floats(b"".join(_TIMES_OF(c))) or []
     total = sum(spans)  # NaN when a value is (or inf and -inf are)
     if math.isnan(total) or min(spans) < 0 or max(spans) > MAX_STEP_SECONDS:
         return None
@@ -431,7 +452,8 @@ def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
         return None
     times = [spans[:n], spans[n : 2 * n], spans[2 * n : 3 * n], spans[3 * n :]]
     signals = []
-    for values, null in ((c.loss, c.loss_null), (c.grad_norm, c.grad_norm_null)):
+    for signal, null_name, _ in _SIGNALS:
+        values, null = getattr(c, signal), getattr(c, null_name)
         v = floats(values)
         if v is None:
             signals.append([None] * n)
@@ -442,14 +464,13 @@ def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
         else:
             signals.append([None if z else x for x, z in zip(v, null, strict=True)])
     work: list[list[Any]] = []
-    for name, top, integral in (("tokens", MAX_TOKENS, True), ("flops", MAX_FLOPS, False),
-                                ("max_seq_len", MAX_TOKENS, True)):  # fmt: skip
+    for name, (low, high, integral) in _BOUNDS.items():
         v = floats(getattr(c, name))
         if v is None:
             work.append([None] * n)
             continue
         said = [x for x in v if not math.isnan(x)]
-        if said and (min(said) < 0 or max(said) > top or (integral and not all(
+        if said and (min(said) < low or max(said) > high or (integral and not all(
             x.is_integer() for x in said))):  # fmt: skip
             return None
         work.append([None if math.isnan(x) else int(x) if integral else x for x in v])
@@ -459,6 +480,7 @@ def _small(m: Columnar, when: tuple[Any, Any]) -> ColumnView | None:
         if min(idx) < 0 or max(idx) >= len(c.nodes):
             return None
         names = [c.nodes[k] for k in idx]
+    # positional, in ROW_FIELDS' order (asserted with _SMALL_ORDER)
     samples = list(map(_ViewSample, rank, local, *times, *groups, [PHASES[p] for p in c.phase],
                        *signals, *work, names))  # fmt: skip
     return ColumnView(m, when[0], when[1], None, samples)
@@ -480,12 +502,10 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     if m.columns.n <= SMALL and sys.byteorder == "little":
         return _small(m, when)
     c, n = m.columns, m.columns.n
-    ints = np.frombuffer(b"".join((c.rank, c.local_rank, c.dp_group, c.pp_stage, c.tp_group)),
-                         dtype=_I4).reshape(5, n)  # fmt: skip
+    ints = np.frombuffer(b"".join(_INTS_OF(c)), dtype=_I4).reshape(len(INT_FIELDS), n)
     if ints.min() < 0 or ints[0].max() >= MAX_RANKS_PER_JOB or ints[1].max() > MAX_LOCAL_RANK:
         return None
-    t = np.frombuffer(b"".join((c.step_time_s, c.compute_s, c.comm_wait_s, c.data_wait_s)),
-                      dtype=_F8).reshape(4, n)  # fmt: skip
+    t = np.frombuffer(b"".join(_TIMES_OF(c)), dtype=_F8).reshape(len(TIME_FIELDS), n)
     if not (t.min() >= 0 and t.max() <= MAX_STEP_SECONDS):  # NaN fails too
         return None
     phase = np.frombuffer(c.phase, dtype=np.uint8)
@@ -494,33 +514,31 @@ def view_of(raw: bytes, times: Callable[[Columnar], Any]) -> ColumnView | None:
     rank = ints[0]
     if n > 1 and not (rank[1:] > rank[:-1]).all() and np.unique(rank).size != n:
         return None
-    out: dict[str, Any] = {
-        "rank": rank.astype(np.int64), "local_rank": ints[1], "dp_group": ints[2],
-        "pp_stage": ints[3], "tp_group": ints[4], "phase": phase.view(np.int8),
-        "step_time": t[0], "compute": t[1], "comm_wait": t[2], "data_wait": t[3],
-    }  # fmt: skip
-    for signal in ("loss", "grad_norm"):
-        values, null = getattr(c, signal), getattr(c, f"{signal}_null")
+    out: dict[str, Any] = dict(zip(INT_FIELDS, ints, strict=True))
+    out.update(zip(_FRAME_TIMES, t, strict=True))
+    out["rank"], out["phase"] = rank.astype(np.int64), phase.view(np.int8)
+    for signal, null_name, has in _SIGNALS:
+        values, null = getattr(c, signal), getattr(c, null_name)
         if values is None:
-            out[signal], out[f"has_{signal}"] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
+            out[signal], out[has] = np.full(n, np.nan), np.zeros(n, dtype=np.bool_)
             continue
         a = np.frombuffer(values, dtype=_F8)
         if null is None:
-            out[signal], out[f"has_{signal}"] = a, np.ones(n, dtype=np.bool_)
+            out[signal], out[has] = a, np.ones(n, dtype=np.bool_)
             continue
         mask = np.frombuffer(null, dtype=np.uint8)
         if mask.max() > 1:
             return None
-        out[signal], out[f"has_{signal}"] = np.where(mask == 1, np.nan, a), mask == 0
-    for work, top in (("tokens", MAX_TOKENS), ("flops", MAX_FLOPS), ("max_seq_len", MAX_TOKENS)):
+        out[signal], out[has] = np.where(mask == 1, np.nan, a), mask == 0
+    for work, (low, high, integral) in _BOUNDS.items():
         raw_work = getattr(c, work)
         w = None if raw_work is None else np.frombuffer(raw_work, dtype=_F8)
         if w is not None:
             said: npt.NDArray[np.float64] = w[~np.isnan(w)]
             if not said.size:
                 w = None
-            elif not (said.min() >= 0 and said.max() <= top) or (
-                work != "flops" and not (np.floor(said) == said).all()
+            elif not (said.min() >= low and said.max() <= high) or (
+                integral and not (np.floor(said) == said).all()
             ):
                 return None
         out[work] = w

@@ -33,9 +33,10 @@ import gc
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import make_dataclass, replace
 from datetime import datetime
 from itertools import chain
+from operator import attrgetter
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -47,17 +48,7 @@ from detectors.frame import ROW_FIELDS
 from pipeline.io import fastcolumns
 from schemas.codec import MAX_MESSAGE_BYTES
 from schemas.columnar import PHASES
-from schemas.telemetry import (
-    MAX_FLOPS,
-    MAX_GROUP_ID,
-    MAX_LOCAL_RANK,
-    MAX_RANKS_PER_JOB,
-    MAX_STEP,
-    MAX_STEP_SECONDS,
-    MAX_TOKENS,
-    Phase,
-    StepTelemetry,
-)
+from schemas.telemetry import FIELDS, INT_FIELDS, MAX_STEP, Phase, StepTelemetry
 
 __all__ = [
     "PHASE_CODES", "StepColumns", "StepView", "decode_step", "decode_steps", "from_models",
@@ -77,16 +68,10 @@ _INT64_MAX = 2**63 - 1
 # Narrower than the schema on purpose: every accepted int fits int64, the whole value is
 # ASCII (so msgspec's and pydantic's length, escape and UTF-8 rules agree), and unknown
 # fields send a message to pydantic (which ignores them, but also bounds their nesting).
-# Every bound is the schema's own (schemas.telemetry): a group id of 2**31 must be
+# Every bound is the schema's own (schemas.telemetry.FIELDS): a group id of 2**31 must be
 # refused here exactly as pydantic refuses it, or the frame's int32 column overflows.
 _StepNo = Annotated[int, msgspec.Meta(ge=0, le=MAX_STEP)]
-_Group = Annotated[int, msgspec.Meta(ge=0, le=MAX_GROUP_ID)]
-_Local = Annotated[int, msgspec.Meta(ge=0, le=MAX_LOCAL_RANK)]
-_Rank = Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS_PER_JOB)]
-_Seconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-_Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
-_Flops = Annotated[float, msgspec.Meta(ge=0, le=MAX_FLOPS)]
 _Time = Annotated[datetime, msgspec.Meta(tz=True)]
 _TIME = msgspec.json.Decoder(_Time)
 _TIMES = msgspec.json.Decoder(list[_Time])
@@ -94,36 +79,38 @@ _TIMES = msgspec.json.Decoder(list[_Time])
 _Signal = float | None | Literal["NaN", "Infinity", "-Infinity"]
 
 
-class _Sample(msgspec.Struct, gc=False, forbid_unknown_fields=True):
-    """A rank's sample of the per-message path (:class:`StepView`): its fields in
-    :data:`~detectors.frame.ROW_FIELDS` order, a non-finite loss left to pydantic."""
-
-    rank: _Rank
-    local_rank: _Local
-    step_time_s: _Seconds
-    compute_s: _Seconds
-    comm_wait_s: _Seconds
-    data_wait_s: _Seconds
-    dp_group: _Group = 0
-    pp_stage: _Group = 0
-    tp_group: _Group = 0
-    phase: Literal["warmup", "train", "eval", "checkpoint"] = "train"
-    loss: float | None = None
-    grad_norm: float | None = None
-    tokens: _Tokens | None = None  #: the work the step did, when the rank said
-    flops: _Flops | None = None
-    max_seq_len: _Tokens | None = None
-    node: _Name | None = None  #: version 2 (a rack's message): the rank's own node
+def _typed(name: str, batch: bool = False) -> tuple[Any, ...]:
+    """A sample field's msgspec (name, type[, default]) from the schema's facts; a
+    signal of the batch path takes its non-finite strings too (the per-message path
+    leaves a non-finite loss to pydantic)."""
+    f = FIELDS[name]
+    kind: Any = {"int": int, "time": float, "signal": float, "optional": float}.get(f.kind)
+    if f.kind == "phase":
+        kind = Literal[PHASES]  # type: ignore[valid-type]
+    elif f.kind == "node":
+        kind = _Name
+    elif f.kind == "signal" and batch:
+        kind = _Signal
+    elif f.kind != "signal":
+        kind = Annotated[int if f.integral else kind, msgspec.Meta(ge=f.low, le=f.high)]
+    if f.default is ...:
+        return (name, kind)
+    default = f.default.value if isinstance(f.default, Phase) else f.default
+    return (name, kind | None if default is None else kind, default)
 
 
-assert _Sample.__struct_fields__ == ROW_FIELDS, "StepView.rows() must give the frame's order"
-
-
-class _BatchSample(_Sample):
-    """A sample of the batch path (:func:`decode_steps`): non-finite signals too."""
-
-    loss: _Signal = None
-    grad_norm: _Signal = None
+#: A rank's sample of the per-message path (:class:`StepView`): its fields in
+#: :data:`~detectors.frame.ROW_FIELDS` order, a non-finite loss left to pydantic.
+_Sample = msgspec.defstruct(
+    "_Sample", [_typed(f) for f in ROW_FIELDS], gc=False, forbid_unknown_fields=True,
+    module=__name__,
+)  # fmt: skip
+#: A sample of the batch path (:func:`decode_steps`): non-finite signals too.
+_BatchSample = msgspec.defstruct(
+    "_BatchSample", [_typed(f, True) for f in ROW_FIELDS if FIELDS[f].kind == "signal"],
+    bases=(_Sample,), gc=False, forbid_unknown_fields=True, module=__name__,
+)  # fmt: skip
+assert _Sample.__struct_fields__ == _BatchSample.__struct_fields__ == ROW_FIELDS
 
 
 class _Step(msgspec.Struct, gc=False, forbid_unknown_fields=True):
@@ -145,52 +132,47 @@ _DECODER = msgspec.json.Decoder(_Step)
 _BATCH_DECODER = msgspec.json.Decoder(_BatchStep)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class StepColumns:
-    """Decoded StepTelemetry messages as columns.
+def _sample_columns() -> list[tuple[str, Any]]:
+    """StepColumns' per-sample columns, one or two per sample field (the schema's)."""
+    out: list[tuple[str, Any]] = []
+    for name, f in FIELDS.items():
+        if f.kind == "int":
+            out.append((name, npt.NDArray[np.int64]))
+        elif f.kind == "phase":
+            out.append((name, npt.NDArray[np.int8]))
+        elif f.kind != "node":  # each sample's node is sample_node
+            out.append((name, npt.NDArray[np.float64]))
+        if f.kind == "signal":
+            out.append((f"{name}_null", npt.NDArray[np.bool_]))
+    return out
+
+
+StepColumns = make_dataclass(
+    "StepColumns",
+    [("messages", npt.NDArray[np.int64]), ("job_id", list[str]), ("node", list[str]),
+     ("run", list[str]), ("step", npt.NDArray[np.int64]), ("ts_start", list[datetime]),
+     ("ts_end", list[datetime]), ("n_samples", npt.NDArray[np.int64]),
+     ("sample_message", npt.NDArray[np.int64]), *_sample_columns(), ("slow", list[int]),
+     ("sample_node", list[str])],
+    frozen=True, slots=True, eq=False,
+)  # fmt: skip
+StepColumns.__module__ = __name__
+StepColumns.__doc__ = """Decoded StepTelemetry messages as columns.
 
     Per accepted message (``len(messages)`` entries): ``messages`` (its index in the
     input), ``job_id``, ``node``, ``run``, ``step``, ``ts_start``, ``ts_end`` and
     ``n_samples``.
     Per rank sample (``len(rank)`` entries, messages in input order, samples in message
-    order): ``sample_message`` (index into the per-message columns), the integer fields,
+    order): ``sample_message`` (index into the per-message columns), then a column per
+    RankSample field (:data:`~schemas.telemetry.FIELDS`): the integer fields,
     ``phase`` as :data:`PHASE_CODES`, the four timings, and ``loss``/``grad_norm`` as
     floats (NaN/inf kept) with ``loss_null``/``grad_norm_null`` marking JSON nulls.
-    The work fields ``tokens``, ``flops`` and ``max_seq_len`` are floats, NaN where the
-    sample did not say (work is never NaN when said: the schema bounds it).
+    The optional numbers (``tokens``, ``flops``, ``max_seq_len``, ...) are floats, NaN
+    where the sample did not say (never NaN when said: the schema bounds them).
     ``sample_node`` is each sample's node: its own in a rack's message (version 2, or 3
     with ``nodes``), else the message's ``node`` (in a rack's message, the sender).
     ``slow`` lists the input indices the caller must decode with ``schemas.decode``.
     """
-
-    messages: npt.NDArray[np.int64]
-    job_id: list[str]
-    node: list[str]
-    run: list[str]
-    step: npt.NDArray[np.int64]
-    ts_start: list[datetime]
-    ts_end: list[datetime]
-    n_samples: npt.NDArray[np.int64]
-    sample_message: npt.NDArray[np.int64]
-    rank: npt.NDArray[np.int64]
-    local_rank: npt.NDArray[np.int64]
-    dp_group: npt.NDArray[np.int64]
-    pp_stage: npt.NDArray[np.int64]
-    tp_group: npt.NDArray[np.int64]
-    phase: npt.NDArray[np.int8]
-    step_time_s: npt.NDArray[np.float64]
-    compute_s: npt.NDArray[np.float64]
-    comm_wait_s: npt.NDArray[np.float64]
-    data_wait_s: npt.NDArray[np.float64]
-    loss: npt.NDArray[np.float64]
-    loss_null: npt.NDArray[np.bool_]
-    grad_norm: npt.NDArray[np.float64]
-    grad_norm_null: npt.NDArray[np.bool_]
-    tokens: npt.NDArray[np.float64]
-    flops: npt.NDArray[np.float64]
-    max_seq_len: npt.NDArray[np.float64]
-    slow: list[int]
-    sample_node: list[str]
 
 
 @contextmanager
@@ -313,7 +295,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
     """
     fits, index, slow = [], [], []
     for i, m in enumerate(models):
-        ints = [m.step, *(getattr(s, f) for s in m.samples for f in _INT_FIELDS)]
+        ints = [m.step, *(getattr(s, f) for s in m.samples for f in INT_FIELDS)]
         if max(ints) > _INT64_MAX:
             slow.append(i)
             continue
@@ -326,27 +308,7 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
                 schema_version=1 if m.samples[0].node is None else 2,  # v3: its samples
                 ts_start=msgspec.Raw(b""),
                 ts_end=msgspec.Raw(b""),
-                samples=[
-                    _BatchSample(
-                        rank=s.rank,
-                        local_rank=s.local_rank,
-                        step_time_s=s.step_time_s,
-                        compute_s=s.compute_s,
-                        comm_wait_s=s.comm_wait_s,
-                        data_wait_s=s.data_wait_s,
-                        dp_group=s.dp_group,
-                        pp_stage=s.pp_stage,
-                        tp_group=s.tp_group,
-                        phase=s.phase.value,
-                        loss=s.loss,
-                        grad_norm=s.grad_norm,
-                        tokens=s.tokens,
-                        flops=s.flops,
-                        max_seq_len=s.max_seq_len,
-                        node=s.node,
-                    )
-                    for s in m.samples
-                ],
+                samples=[_BatchSample(*map(_plain, _ROW(s))) for s in m.samples],
             )
         )
         index.append(i)
@@ -359,7 +321,12 @@ def from_models(models: Sequence[StepTelemetry]) -> StepColumns:
     )
 
 
-_INT_FIELDS = ("rank", "local_rank", "dp_group", "pp_stage", "tp_group")
+_ROW = attrgetter(*ROW_FIELDS)
+
+
+def _plain(value: Any) -> Any:
+    """A sample's value as msgspec holds it (a phase as its string)."""
+    return value.value if isinstance(value, Phase) else value
 
 
 def _times(raws: list[msgspec.Raw]) -> list[datetime | None]:
@@ -441,15 +408,16 @@ def _columns(
     samples: list[_Sample] = list(chain.from_iterable(m.samples for m in decoded))
     n_samples = np.fromiter((len(m.samples) for m in decoded), dtype=np.int64, count=len(decoded))
     f = _transpose(samples)
-    loss, loss_null = _signal(f["loss"])
-    grad_norm, grad_norm_null = _signal(f["grad_norm"])
-
-    def ints(name: str) -> npt.NDArray[np.int64]:
-        return np.array(f[name], dtype=np.int64)
-
-    def floats(name: str) -> npt.NDArray[np.float64]:
-        return np.array(f[name], dtype=np.float64)
-
+    per_sample: dict[str, Any] = {}
+    for name, fact in FIELDS.items():
+        if fact.kind == "int":
+            per_sample[name] = np.array(f[name], dtype=np.int64)
+        elif fact.kind == "time":
+            per_sample[name] = np.array(f[name], dtype=np.float64)
+        elif fact.kind == "signal":
+            per_sample[name], per_sample[f"{name}_null"] = _signal(f[name])
+        elif fact.kind == "optional":
+            per_sample[name] = _work(f[name])
     nodes = f["node"]
     if nodes.count(None) == len(nodes):  # version 1: each sample's node is its message's
         sample_node = [m.node for m in decoded for _ in m.samples]
@@ -465,25 +433,10 @@ def _columns(
         ts_end=ts_end,
         n_samples=n_samples,
         sample_message=np.repeat(np.arange(len(decoded), dtype=np.int64), n_samples),
-        rank=ints("rank"),
-        local_rank=ints("local_rank"),
-        dp_group=ints("dp_group"),
-        pp_stage=ints("pp_stage"),
-        tp_group=ints("tp_group"),
         phase=_phases(f["phase"]),
-        step_time_s=floats("step_time_s"),
-        compute_s=floats("compute_s"),
-        comm_wait_s=floats("comm_wait_s"),
-        data_wait_s=floats("data_wait_s"),
-        loss=loss,
-        loss_null=loss_null,
-        grad_norm=grad_norm,
-        grad_norm_null=grad_norm_null,
-        tokens=_work(f["tokens"]),
-        flops=_work(f["flops"]),
-        max_seq_len=_work(f["max_seq_len"]),
         slow=slow,
         sample_node=sample_node,
+        **per_sample,
     )
 
 

@@ -24,9 +24,10 @@ import numpy as np
 import numpy.typing as npt
 
 from detectors.frame import PHASE_CODES as FRAME_PHASES
-from detectors.frame import StepFrame, step_times
+from detectors.frame import StepFrame, optional_columns, step_times
 from pipeline.io.fastdecode import PHASE_CODES, StepColumns, decode_steps, from_models
 from schemas import JobEvent, NodeHealth, Rejected, StepTelemetry, decode
+from schemas.telemetry import OPTIONAL_FIELDS
 
 __all__ = ["BATCH_LINES", "PARALLEL_BYTES", "Part", "decode_file", "decode_lines", "frame_of"]
 
@@ -280,7 +281,5 @@ def frame_of(parts: Sequence[Part]) -> StepFrame:
         grad_norm=np.where(grad_null, np.nan, col("grad_norm", np.float64)),
         has_loss=~loss_null,
         has_grad_norm=~grad_null,
-        tokens=work("tokens"),
-        flops=work("flops"),
-        max_seq_len=work("max_seq_len"),
+        **optional_columns({w: work(w) for w in OPTIONAL_FIELDS}),
     )

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import msgspec
 
 from pipeline.io.fastdecode import StepView, sample_of
-from schemas.telemetry import MAX_STEP
+from schemas.telemetry import MAX_STEP, SAMPLE_FIELDS
 
 __all__ = [
     "CSV_FIELDS",
@@ -39,11 +39,11 @@ __all__ = [
 
 #: Steps a table's step may arrive after a later one and still be played.
 CSV_STEP_WINDOW = 4
-#: The fields of a table's row (StepTelemetry's and RankSample's names).
+#: The fields of a table's row: StepTelemetry's, then RankSample's
+#: (:data:`~schemas.telemetry.SAMPLE_FIELDS`; the row's ``node`` is its message's).
 CSV_FIELDS: tuple[str, ...] = (
-    "job_id", "run", "node", "step", "ts_start", "ts_end", "rank", "local_rank",
-    "dp_group", "pp_stage", "tp_group", "phase", "step_time_s", "compute_s",
-    "comm_wait_s", "data_wait_s", "loss", "grad_norm", "tokens", "flops", "max_seq_len",
+    "job_id", "run", "node", "step", "ts_start", "ts_end",
+    *(f for f in SAMPLE_FIELDS if f != "node"),
 )  # fmt: skip
 _CSV_NEEDED = ("node", "step", "rank", "step_time_s", "compute_s", "ts_end")
 _MESSAGE_FIELDS = frozenset({"job_id", "run", "node", "step", "ts_start", "ts_end"})

@@ -37,7 +37,7 @@ LONG_MODULES: dict[str, tuple[int, str]] = {
 
 #: "module::Qualified.name" -> (the most parameters it may take, why it stands over MAX_PARAMS)
 WIDE_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "detectors/frame.py::StepFrame.from_arrays": (18, "a column per rank field, work too (item 2)"),
+    "detectors/frame.py::StepFrame.from_arrays": (16, "a column per rank field, optionals by name"),
     "pipeline/cli/actuator.py::control": (17, "a typer command: a parameter per option"),
     "pipeline/cli/app.py::calibrate": (15, "a typer command: a parameter per option"),
     "pipeline/client/exporter.py::StepExporter.record_step": (

@@ -51,6 +51,7 @@ from schemas import (
     NodeHealth,
     StepTelemetry,
 )
+from schemas.telemetry import FIELDS, INT_FIELDS
 
 __all__ = ["ARCHIVED_VERSION", "SIGNED_KINDS", "TABLE_OF", "StepRows", "ingest_version",
            "pack_values", "result_at_ms", "rows_for", "step_rows", "step_rows_file",
@@ -274,6 +275,7 @@ _UINT_MAX = {"rank": 2**32 - 1, "local_rank": 2**16 - 1, "dp_group": 2**32 - 1,
              "pp_stage": 2**32 - 1, "tp_group": 2**32 - 1}  # fmt: skip
 _UINT_TYPE = {"rank": np.uint32, "local_rank": np.uint16, "dp_group": np.uint32,
               "pp_stage": np.uint32, "tp_group": np.uint32}  # fmt: skip
+assert set(_UINT_TYPE) == set(_UINT_MAX) == set(INT_FIELDS), "an integer field's column type"
 _DATETIME_MAX_S = 2**32 - 1  # DateTime is seconds since 1970 in a UInt32
 
 
@@ -309,18 +311,19 @@ def step_table(cols: StepColumns) -> tuple[Columns, dict[int, str]]:
         "node": np.array(cols.node, dtype=object)[per_sample],
         "run": np.array(cols.run, dtype=object)[per_sample],
     }
-    for name, dtype in _UINT_TYPE.items():
-        table[name] = getattr(cols, name)[keep].astype(dtype)
-    table["phase"] = cols.phase[keep]
-    for name in ("step_time_s", "compute_s", "comm_wait_s", "data_wait_s"):
-        table[name] = getattr(cols, name)[keep]
-    table["loss"] = _nullable(cols.loss[keep], cols.loss_null[keep])
-    table["grad_norm"] = _nullable(cols.grad_norm[keep], cols.grad_norm_null[keep])
-    for name in ("tokens", "max_seq_len"):  # Nullable(UInt64): NULL where not said
-        said = getattr(cols, name)[keep]
-        unsaid = np.isnan(said)
-        table[name] = _nullable(np.where(unsaid, 0, said).astype(np.uint64), unsaid)
-    table["flops"] = _nullable(cols.flops[keep], np.isnan(cols.flops[keep]))
+    for name, f in FIELDS.items():  # a column per sample field (the table's node: above)
+        if f.kind == "int":
+            table[name] = getattr(cols, name)[keep].astype(_UINT_TYPE[name])
+        elif f.kind in ("phase", "time"):  # phase: Enum8 as its Int8 codes
+            table[name] = getattr(cols, name)[keep]
+        elif f.kind == "signal":
+            table[name] = _nullable(getattr(cols, name)[keep], getattr(cols, f"{name}_null")[keep])
+        elif f.kind == "optional":  # Nullable(UInt64) if integral, else Nullable(Float64)
+            said = getattr(cols, name)[keep]
+            unsaid = np.isnan(said)
+            if f.integral:
+                said = np.where(unsaid, 0, said).astype(np.uint64)
+            table[name] = _nullable(said, unsaid)
     table["ts"] = ts_s.astype(np.uint32)[per_sample]
     table["ts_ms"] = ts_ms.astype(np.uint64)[per_sample]
     return table, rejected

@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from detectors.frame import StepFrame
+from detectors.frame import StepFrame, optional_columns
 from pipeline.io.errors import ConfigError
 from pipeline.services.archive.backend import ArchiveBackend
 from pipeline.tools.calibrate.labels import incident_labels
 from schemas import Command, CommandResult, GpuHealth, JobEvent, NodeHealth
+from schemas.telemetry import FIELDS, OPTIONAL_FIELDS
 
 __all__ = [
     "LABEL_SOURCES",
@@ -121,19 +122,28 @@ def job_ids(backend: ArchiveBackend, since: datetime | None = None) -> list[str]
 
 # -- records ---------------------------------------------------------------------------
 
+
+def _step_arrays() -> dict[str, str]:
+    """name -> the groupArray of a steps column: one per RankSample field
+    (:data:`~schemas.telemetry.FIELDS`), a nullable one as its null mask and its values
+    (0 where null); the work each rank said came with migration 014."""
+    out: dict[str, str] = {}
+    for name, f in FIELDS.items():
+        if f.kind == "phase":
+            out[name] = f"groupArray(CAST({name} AS Int8))"
+        elif f.kind in ("signal", "optional"):
+            value = name if f.kind == "signal" else f"toFloat64({name})"
+            out[f"{name}_null"] = f"groupArray(isNull({name}))"
+            out[name] = f"groupArray(ifNull({value}, 0))"
+        else:
+            out[name] = f"groupArray({name})"
+    return out
+
+
 #: One row per (run, step): the step's ranks as arrays (a row per rank costs a Python
 #: tuple per rank-step on the way out of the backend; an array per step does not).
-_STEP_ARRAYS = (
-    "groupArray(node), groupArray(rank), groupArray(local_rank), groupArray(dp_group), "
-    "groupArray(pp_stage), groupArray(tp_group), groupArray(CAST(phase AS Int8)), "
-    "groupArray(step_time_s), groupArray(compute_s), groupArray(comm_wait_s), "
-    "groupArray(data_wait_s), groupArray(isNull(loss)), groupArray(ifNull(loss, 0)), "
-    "groupArray(isNull(grad_norm)), groupArray(ifNull(grad_norm, 0)), "
-    # the work each rank said (migration 014): detection reads time per unit of work
-    "groupArray(isNull(tokens)), groupArray(ifNull(toFloat64(tokens), 0)), "
-    "groupArray(isNull(flops)), groupArray(ifNull(flops, 0)), "
-    "groupArray(isNull(max_seq_len)), groupArray(ifNull(toFloat64(max_seq_len), 0))"
-)
+_ARRAYS = _step_arrays()
+_STEP_ARRAYS = ", ".join(_ARRAYS.values())
 
 
 def _work(nulls: Any, values: Any, order: Any) -> npt.NDArray[np.float64] | None:
@@ -168,33 +178,36 @@ def _frames(backend: ArchiveBackend, job: str, max_rank_steps: int) -> list[Step
         {"job": job},
     )
     frames = []
-    for r in rows:
-        rank = np.asarray(r[4], dtype=np.int64)
+    for row in rows:
+        r = dict(zip(_ARRAYS, row[3:], strict=True))
+        rank = np.asarray(r["rank"], dtype=np.int64)
         order = np.argsort(rank, kind="stable")  # groupArray keeps no order of its own
 
-        def col(i: int, dtype: Any, order: Any = order, r: Any = r) -> Any:
-            return np.asarray(r[i], dtype=dtype)[order]
+        def col(name: str, dtype: Any, order: Any = order, r: Any = r) -> Any:
+            return np.asarray(r[name], dtype=dtype)[order]
 
-        names, node_idx = np.unique(np.asarray(r[3], dtype=str)[order], return_inverse=True)
-        st = _floats(r[10])[order]
-        ts = int(r[2]) / 1000.0
-        loss_null, grad_null = col(14, bool), col(16, bool)
-        loss, grad = _floats(r[15])[order], _floats(r[17])[order]
-        loss[loss_null] = np.nan
-        grad[grad_null] = np.nan
+        names, node_idx = np.unique(np.asarray(r["node"], dtype=str)[order], return_inverse=True)
+        ts = int(row[2]) / 1000.0
+        cols: dict[str, Any] = {}
+        for name, f in FIELDS.items():
+            if f.kind == "int":
+                cols[name] = rank[order] if name == "rank" else col(name, np.int32)
+            elif f.kind == "phase":
+                cols[name] = col(name, np.int8)
+            elif f.kind == "time":
+                cols[name.removesuffix("_s")] = _floats(r[name])[order]
+            elif f.kind == "signal":
+                null = col(f"{name}_null", bool)
+                cols[name], cols[f"has_{name}"] = _floats(r[name])[order], ~null
+                cols[name][null] = np.nan
+        said = {w: _work(r[f"{w}_null"], r[w], order) for w in OPTIONAL_FIELDS}
         frames.append(
             StepFrame(
-                job_id=job, step=int(r[1]), ts=ts,
+                job_id=job, step=int(row[1]), ts=ts,
                 # the archive keeps the end of a step only: its start is its wall time back
-                ts_start=ts - float(st.max()), nodes=tuple(str(x) for x in names),
-                rank=rank[order], node_idx=node_idx.astype(np.int32),
-                local_rank=col(5, np.int32), dp_group=col(6, np.int32),
-                pp_stage=col(7, np.int32), tp_group=col(8, np.int32), phase=col(9, np.int8),
-                step_time=st, compute=_floats(r[11])[order], comm_wait=_floats(r[12])[order],
-                data_wait=_floats(r[13])[order], loss=loss, grad_norm=grad,
-                has_loss=~loss_null, has_grad_norm=~grad_null,
-                tokens=_work(r[18], r[19], order), flops=_work(r[20], r[21], order),
-                max_seq_len=_work(r[22], r[23], order),
+                ts_start=ts - float(cols["step_time"].max()),
+                nodes=tuple(str(x) for x in names), node_idx=node_idx.astype(np.int32),
+                **cols, **optional_columns(said),
             )
         )  # fmt: skip
     frames.sort(key=lambda f: (f.ts, f.step))

@@ -20,25 +20,11 @@ from tests.factories import telemetry_settings
 
 def rec(step: int, rank: int, node: str = "n0", **kw) -> RankRecord:
     base = RankRecord(
-        "j",
-        node,
-        step,
-        rank,
-        rank % 8,
-        "train",
-        0,
-        0,
-        0,
-        1.0,
-        0.8,
-        0.15,
-        0.05,
-        2.5,
-        1.0,
-        100.0 + step,
-        101.0 + step,
-        0.0,
-    )
+        job_id="j", node=node, step=step, rank=rank, local_rank=rank % 8, phase="train",
+        dp_group=0, pp_stage=0, tp_group=0, step_time_s=1.0, compute_s=0.8,
+        comm_wait_s=0.15, data_wait_s=0.05, loss=2.5, grad_norm=1.0,
+        ts_start=100.0 + step, ts_end=101.0 + step, arrived=0.0,
+    )  # fmt: skip
     return base._replace(**kw)
 
 
