@@ -164,15 +164,13 @@ class NodeStep(Protocol):
 class StepFrame:
     """One step of one job, one row per reporting rank, sorted by rank.
 
-    ``node_idx`` indexes ``nodes``. ``loss``/``grad_norm`` hold NaN both where a rank
-    did not report them and where the value itself was NaN; ``has_loss`` and
-    ``has_grad_norm`` tell the two apart (a reported NaN is a divergence signal).
+    ``node_idx`` indexes ``nodes``. ``loss``/``grad_norm`` hold NaN both where a rank did
+    not report them and where the value was NaN; ``has_loss`` and ``has_grad_norm`` tell
+    the two apart (a reported NaN is a divergence signal).
 
-    The optional columns (:data:`~schemas.telemetry.OPTIONAL_FIELDS`: the work,
-    ``tokens``, ``flops``, ``max_seq_len``, and whatever the schema adds) are None when
-    no rank of the step said it, else float64 with NaN for the ranks that did not
-    (never NaN when said: the schema bounds it). Those the frame does not declare as
-    attributes are in ``extra``; :meth:`column` reads either.
+    The optional columns (:data:`~schemas.telemetry.OPTIONAL_FIELDS`: the work, and
+    whatever the schema adds) are None when no rank said it, else float64, NaN for the
+    ranks that did not; those not declared here are in ``extra`` (:meth:`column`).
     """
 
     job_id: str
@@ -230,9 +228,8 @@ class StepFrame:
         ``rows()``), the tuples are transposed at once and each column converted by
         numpy: per-rank Python work is what bounds a frame at 1k-16k ranks a step. A
         message with ``frame_columns()`` (a columnar message, StepTelemetry version 3)
-        gives its columns as arrays instead, and the frame concatenates them. Messages
-        that are all spans of column blocks (a fetch's columnar messages decoded per
-        step, :mod:`detectors.framing`) are taken once per block, not per message.
+        gives its columns as arrays instead, and the frame concatenates them; spans of
+        a fetch's column blocks (:mod:`detectors.framing`) are taken once per block.
         """
         if not messages:
             raise ValueError("messages must not be empty")

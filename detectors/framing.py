@@ -29,9 +29,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from schemas.sample import OPTIONAL_FIELDS
+
 __all__ = ["ColumnBlock", "gathered", "rank_array", "rank_key", "sample_nodes", "span_of"]
 
-_WORK = ("tokens", "flops", "max_seq_len")
+#: the optional numbers of a sample (the work it did, and whatever the schema adds next)
+_WORK = OPTIONAL_FIELDS
 
 
 class ColumnBlock:
@@ -158,4 +161,8 @@ def gathered(messages: Sequence[Any]) -> dict[str, Any] | None:
         if bool(np.isnan(cols[w]).all()):
             cols[w] = None
     cols["nodes"] = tuple(names[k] for k in seen.tolist())
-    return cols
+    from detectors.frame import optional_columns  # built on this module
+
+    return {k: v for k, v in cols.items() if k not in _WORK} | optional_columns(
+        {w: cols[w] for w in _WORK}
+    )

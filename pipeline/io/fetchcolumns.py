@@ -39,18 +39,21 @@ import numpy as np
 import numpy.typing as npt
 from msgspec.structs import astuple
 
+from detectors.frame import ROW_FIELDS
 from detectors.framing import ColumnBlock
 from pipeline.io import fastcolumns, fastdecode
 from schemas.codec import MAX_MESSAGE_BYTES
 from schemas.columnar import COLUMNS, PHASES
+from schemas.sample import FIELDS, INT_FIELDS, OPTIONAL_FIELDS, SIGNAL_FIELDS, TIME_FIELDS
 
 __all__ = ["SpanView", "decode_fetch"]
 
 _NAN: Final = fastcolumns._NAN
-_INTS: Final = ("rank", "local_rank", "dp_group", "pp_stage", "tp_group")
-_TIMES: Final = (("step_time_s", "step_time"), ("compute_s", "compute"),
-                 ("comm_wait_s", "comm_wait"), ("data_wait_s", "data_wait"))  # fmt: skip
-_WORK: Final = ("tokens", "flops", "max_seq_len")
+# the record's columns, as the schema defines them (schemas.sample), and the frame's names
+_INTS: Final = INT_FIELDS
+_TIMES: Final = tuple((t, t.removesuffix("_s")) for t in TIME_FIELDS)
+_SIGNALS: Final = SIGNAL_FIELDS
+_WORK: Final = OPTIONAL_FIELDS
 
 
 class SpanView:
@@ -85,15 +88,16 @@ class SpanView:
             return [x if h else None for x, h in zip(c[name][lo:hi].tolist(), has, strict=True)]
 
         names = self.block.names
-        own = [names[k] if self.nodes else None for k in self.block.node_id[lo:hi].tolist()]
-        fields = zip(
-            *(c[k][lo:hi].tolist() for k in ("rank", "local_rank", "step_time", "compute",
-                                              "comm_wait", "data_wait", "dp_group", "pp_stage",
-                                              "tp_group")),
-            [PHASES[p] for p in c["phase"][lo:hi].tolist()], signal("loss"), signal("grad_norm"),
-            said(c["tokens"], True), said(c["flops"], False), said(c["max_seq_len"], True),
-            own, strict=True,
-        )  # fmt: skip
+        by_kind = {
+            "int": lambda n: c[n][lo:hi].tolist(),
+            "time": lambda n: c[n.removesuffix("_s")][lo:hi].tolist(),
+            "phase": lambda n: [PHASES[p] for p in c["phase"][lo:hi].tolist()],
+            "signal": signal,
+            "optional": lambda n: said(c[n], FIELDS[n].integral),
+            "node": lambda n: [names[k] if self.nodes else None
+                               for k in self.block.node_id[lo:hi].tolist()],
+        }  # fmt: skip
+        fields = zip(*(by_kind[FIELDS[n].kind](n) for n in ROW_FIELDS), strict=True)
         return [fastcolumns._ViewSample(*f) for f in fields]
 
     def rows(self) -> list[tuple[Any, ...]]:
@@ -172,7 +176,7 @@ def _block(
     raw["phase"] = column("phase")
     for name, _ in _TIMES:
         raw[name] = column(name)
-    for signal in ("loss", "grad_norm"):
+    for signal in _SIGNALS:
         raw[signal] = column(signal, _NAN)
         nulls = [c_null if (c_null := getattr(c, f"{signal}_null")) is not None
                  else (b"\0" if getattr(c, signal) is not None else b"\1") * n
@@ -218,7 +222,7 @@ def _block(
     cols["phase"] = raw["phase"].view(np.int8)
     for name, frame_name in _TIMES:
         cols[frame_name] = raw[name]
-    for signal in ("loss", "grad_norm"):
+    for signal in _SIGNALS:
         null = raw[f"{signal}_null"] == 1
         cols[signal] = np.where(null, np.nan, raw[signal])
         cols[f"has_{signal}"] = ~null

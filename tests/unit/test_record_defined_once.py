@@ -46,7 +46,7 @@ def check(place):
 
 from schemas import RankSample, StepTelemetry, encode
 
-T = datetime(2026, 1, 1, tzinfo=UTC)
+T = datetime.now(UTC).replace(microsecond=0)
 
 
 def samples(node=None):
@@ -172,6 +172,16 @@ def _():
     same(StepFrame.from_arrays("j", 0, 1.0, [1.0] * 3, queue_s=WANT).column("queue_s"))
 
 
+@check("io: fetchcolumns, a fetch decoded at once (spans, their frame)")
+def _():
+    from detectors.frame import StepFrame
+    from pipeline.io.fetchcolumns import SpanView, decode_fetch
+    (view,) = decode_fetch([encode(message(3))])
+    assert isinstance(view, SpanView), type(view)
+    same(s.queue_s for s in view.samples)
+    same(StepFrame.from_messages([view]).column("queue_s"))
+
+
 @check("archive: the steps table's rows")
 def _():
     from pipeline.services.archive.rows import step_rows
@@ -213,6 +223,7 @@ PLACES = (
     "io: fastdecode from_models",
     "io: fastcolumns, batch",
     "io: fastcolumns, per record (small and large views)",
+    "io: fetchcolumns, a fetch decoded at once (spans, their frame)",
     "detectors: StepFrame (from_messages, to_messages, from_arrays)",
     "archive: the steps table's rows",
     "tools: replay tables (CSV, Parquet)",
