@@ -243,7 +243,8 @@ class StepFrame:
                     raise ValueError("messages mix jobs or steps")
                 ts, start = step_times([m.ts_end.timestamp() for m in messages],
                                        [m.ts_start.timestamp() for m in messages])  # fmt: skip
-                return cls(job_id=job_id, step=step, ts=ts, ts_start=start, **spans)
+                said = optional_columns({w: spans.pop(w) for w in OPTIONAL_FIELDS})
+                return cls(job_id=job_id, step=step, ts=ts, ts_start=start, **spans, **said)
         nodes: list[str] = []
         node_pos: dict[str, int] = {}
         rows: list[tuple[object, ...]] = []

@@ -161,8 +161,4 @@ def gathered(messages: Sequence[Any]) -> dict[str, Any] | None:
         if bool(np.isnan(cols[w]).all()):
             cols[w] = None
     cols["nodes"] = tuple(names[k] for k in seen.tolist())
-    from detectors.frame import optional_columns  # built on this module
-
-    return {k: v for k, v in cols.items() if k not in _WORK} | optional_columns(
-        {w: cols[w] for w in _WORK}
-    )
+    return cols
