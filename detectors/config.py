@@ -115,6 +115,11 @@ class DetectorConfig:
     ``waits_step_slow``             ... only while the step is this much (fraction)
                                     slower than the job's own recent steps
     ``waits_warmup``                ... learned from at least this many steps
+    ``waits_last_span``             a rank that arrived last in its stage in so many
+    ``waits_last_p``                of its last this-many steps that its usual rate
+                                    makes it less likely than ``waits_last_p`` (and
+                                    by ``waits_floor`` of the step) is waited on,
+                                    whatever the step's pace
     ``cusum_k`` / ``cusum_clip``    CUSUM allowance and per-step clip (z units)
     ``degradation_z``               smoothed-excess z that marks a creep (or, above
                                     ``straggler_warning``, a noisy straggler) ...
@@ -228,6 +233,8 @@ class DetectorConfig:
     waits_z: float = 4.0
     waits_step_slow: float = 0.05
     waits_warmup: int = 8
+    waits_last_span: int = 10
+    waits_last_p: float = 1e-3
     cusum_k: float = 1.0
     cusum_clip: float = 4.0
     degradation_z: float = 5.0
@@ -305,7 +312,9 @@ class DetectorConfig:
             raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:
             raise ValueError(f"node_fraction must be in (0, 1], got {self.node_fraction!r}")
-        for name in ("baseline_alpha", "baseline_alpha_up", "imbalance_alpha"):
+        if not 2 <= self.waits_last_span <= 30:
+            raise ValueError(f"waits_last_span must be in [2, 30], got {self.waits_last_span!r}")
+        for name in ("baseline_alpha", "baseline_alpha_up", "imbalance_alpha", "waits_last_p"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
         if self.div_warmup > self.div_window:

@@ -107,6 +107,9 @@ class StepScores:
     #: each rank's waited-on score this step, before the median over the last steps
     waits: F64 | None = None
     waits_named: bool = False  #: a rank is waited on in most recent steps
+    #: who arrived last in its stage this step, each row's unexplained share, and the
+    #: evidence of the rows its peers keep waiting on (:class:`~detectors.steps.waits.LastArrivals`)
+    arrivals: tuple[B, F64, F64] | None = None
     node_findings: list[Finding] = field(default_factory=list)  #: before grouping
     replica_findings: list[Finding] = field(default_factory=list)  #: group evidence only
     replicas: ReplicaStep | None = None

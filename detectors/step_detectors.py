@@ -18,13 +18,19 @@ import numpy as np
 from detectors.base import Finding
 from detectors.config import DetectorConfig
 from detectors.findings import loss_findings, loss_values
-from detectors.protocol import I64, StepContext, StepDetector
+from detectors.protocol import F64, I64, StepContext, StepDetector
 from detectors.steps.early import early_outliers
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.nic_flap import NicWindow, nic_flap_findings
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
-from detectors.steps.waits import RecentScores, StepBaseline, waited_on
+from detectors.steps.waits import (
+    LastArrivals,
+    RecentScores,
+    StepBaseline,
+    last_arrivals,
+    waited_on,
+)
 from detectors.steps.work import WorkImbalance, work_factor
 from detectors.training.divergence import DivergenceDetector
 from detectors.training.drift import LossDrift, drift_findings
@@ -47,7 +53,7 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
     return [
         Slowdown(),
         EarlyPeer(),
-        WaitedOn(StepBaseline(cfg.waits_warmup)),
+        WaitedOn(StepBaseline(cfg.waits_warmup), last_span=cfg.waits_last_span),
         Intermittent(
             IntermittentSlowdown(
                 cfg.intermittent_window,
@@ -160,20 +166,44 @@ class WaitedOn(StepDetector):
     A node the compute rules already found this step keeps their finding (one episode,
     the compute evidence)."""
 
-    __slots__ = ("base", "recent")
+    __slots__ = ("arrivals", "base", "recent")
     name = "waited_on"
 
-    def __init__(self, base: StepBaseline, recent: RecentScores | None = None) -> None:
+    def __init__(
+        self,
+        base: StepBaseline,
+        recent: RecentScores | None = None,
+        arrivals: LastArrivals | None = None,
+        last_span: int = 10,
+    ) -> None:
         self.base = base
         self.recent = recent if recent is not None else RecentScores(base.span)
+        self.arrivals = arrivals if arrivals is not None else LastArrivals(last_span)
 
     def _upgrade(self) -> None:
-        """Fill what a state written before the recent scores lacks (a suite restored
-        from an older snapshot): no recent steps, no recent scores."""
+        """Fill what a state written before the recent scores or the last arrivals
+        lacks (a suite restored from an older snapshot): none of them yet."""
         if not hasattr(self.base, "span"):
             self.base.span, self.base.recent = 5, np.empty(0)
         if not hasattr(self, "recent"):
             self.recent = RecentScores(self.base.span)
+        if not hasattr(self, "arrivals"):
+            self.arrivals = LastArrivals()
+
+    def _arrivals(self, ctx: StepContext, clock: F64) -> F64:
+        """Who its peers keep waiting on, whatever the step's pace (every step: the
+        last arrivals are learned from each)."""
+        cfg = ctx.config
+        last, share = last_arrivals(
+            ctx.frame,
+            ~ctx.train | ~ctx.temporal.warmed,
+            compute=clock,
+            node=ctx.rank_node,
+            min_peers=cfg.early_min_peers,
+        )
+        ev = self.arrivals.evidence(ctx.slots, last, share, cfg.waits_floor, cfg.waits_last_p)
+        ctx.scores.arrivals = (last, share, ev)
+        return ev
 
     def _step_time(self, ctx: StepContext) -> float:
         st = ctx.frame.step_time[ctx.train]
@@ -182,13 +212,14 @@ class WaitedOn(StepDetector):
     def findings(self, ctx: StepContext) -> list[Finding]:
         cfg, frame = ctx.config, ctx.frame
         self._upgrade()
+        factor = work_factor(frame)  # the clock's own time, not per unit of work
+        clock = frame.compute if factor is None else frame.compute / factor
+        arrivals = self._arrivals(ctx, clock)
         slow = self.base.slowdown(self._step_time(ctx), k=4.0)
-        if slow < cfg.waits_step_slow:
+        if slow < cfg.waits_step_slow and not arrivals.any():
             return []
         t = ctx.temporal
         excluded = ~ctx.train | ~t.warmed
-        factor = work_factor(frame)  # the clock's own time, not per unit of work
-        clock = frame.compute if factor is None else frame.compute / factor
         ctx.scores.waits = waited_on(
             frame,
             slow,
@@ -201,6 +232,7 @@ class WaitedOn(StepDetector):
             min_peers=cfg.early_min_peers,
         )
         score = self.recent.median(ctx.slots, ctx.scores.waits)
+        score = np.maximum(np.where(slow >= cfg.waits_step_slow, score, 0.0), arrivals)
         ctx.scores.waits_named = bool(score.any())  # the step is the fault's: not learned
         if not ctx.scores.waits_named:
             return []
@@ -223,8 +255,8 @@ class WaitedOn(StepDetector):
                 None,
                 f"peers wait {med * 1e3:.0f} ms on it in the collectives vs its own "
                 f"{own * 1e3:.0f} ms ({sc:.1%} of the step unexplained by its compute "
-                f"{c_own:.3f}s vs peers {c_med:.3f}s); the step is {slow:+.1%} over the "
-                f"job's recent steps: look for contention its compute clock cannot see "
+                f"{c_own:.3f}s vs peers {c_med:.3f}s); {self._why(ctx, idx, slow)}: "
+                f"look for contention its compute clock cannot see "
                 f"(a CPU hog on its cores, a throttled host thread, a slow NIC queue)",
             )
 
@@ -243,6 +275,21 @@ class WaitedOn(StepDetector):
         named = {f.node for f in ctx.scores.train_findings if f.signal in _COMPUTE_SIGNALS}
         return [f for f in found if f.node not in named]
 
+    def _why(self, ctx: StepContext, idx: I64, slow: float) -> str:
+        """The evidence that named ``idx``: arriving last step after step, or the
+        job's steps slower than its own recent ones."""
+        arrivals = ctx.scores.arrivals
+        if arrivals is not None and arrivals[2][idx].any():
+            row = int(idx[np.argmax(arrivals[2][idx])])
+            count, rate = self.arrivals.count_and_rate(
+                ctx.slots[row : row + 1], arrivals[0][row : row + 1]
+            )
+            return (
+                f"it arrived last in its stage in {count} of its last {self.arrivals.span} steps "
+                f"(usually {rate:.0%} of them)"
+            )
+        return f"the step is {slow:+.1%} over the job's recent steps"
+
     def learn(self, ctx: StepContext) -> None:
         self._upgrade()
         st = self._step_time(ctx)
@@ -252,10 +299,13 @@ class WaitedOn(StepDetector):
         self.base.learn(st, slow=named or slow >= ctx.config.waits_step_slow)
         score = ctx.scores.waits
         self.recent.learn(ctx.slots, score if score is not None else np.zeros(ctx.slots.shape[0]))
+        if ctx.scores.arrivals is not None:
+            self.arrivals.learn(ctx.slots, *ctx.scores.arrivals)
 
     def forget(self, slots: I64) -> None:
         self._upgrade()
         self.recent.forget(slots)
+        self.arrivals.forget(slots)
 
 
 #: What the compute rules name: a node they found this step is not named again by waits.
