@@ -234,7 +234,7 @@ class DetectorConfig:
     waits_step_slow: float = 0.05
     waits_warmup: int = 8
     waits_last_span: int = 10
-    waits_last_p: float = 1e-3
+    waits_last_p: float = 3e-4
     cusum_k: float = 1.0
     cusum_clip: float = 4.0
     degradation_z: float = 5.0
