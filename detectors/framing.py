@@ -93,8 +93,8 @@ def sample_nodes(msg: Any) -> tuple[list[str], npt.NDArray[np.intp]]:
         moved = ids[1:] != ids[:-1]
         runs = ids[np.concatenate(([True], moved))].tolist() if hi - lo else [0, 0]
         if len(set(runs)) == len(runs):  # each node's samples together (a rack's): no sort
-            where = np.concatenate(([0], np.cumsum(moved))).astype(np.intp)
-            return [block.names[k] for k in runs], where
+            run_of = np.concatenate(([0], np.cumsum(moved))).astype(np.intp)
+            return [block.names[k] for k in runs], run_of
         uniq, first, inv = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         place = np.empty(order.size, dtype=np.intp)
