@@ -80,7 +80,7 @@ PROOF_HEADER = "sg-proof"
 MAC_BYTES = 16
 _INFO = b"stepguard telemetry node:"
 _NO_SALT = bytes(32)  #: HKDF's salt when none is given: HashLen zeros (RFC 5869 2.2)
-#: a proof's tail: ":" and the MAC's hex
+#: the length of the MAC's hex that ends a node's proof (after its prefix, ``node:<node>:``)
 _HEX = 2 * MAC_BYTES
 #: byte maps XOR 0x36 / 0x5C (HMAC's inner and outer pads, RFC 2104)
 _IPAD = bytes(b ^ 0x36 for b in range(256))
