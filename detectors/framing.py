@@ -90,6 +90,11 @@ def sample_nodes(msg: Any) -> tuple[list[str], npt.NDArray[np.intp]]:
         ids = block.node_id[lo:hi]
         if hi - lo and ids.min() == ids.max():
             return [block.names[int(ids[0])]], np.zeros(hi - lo, dtype=np.intp)
+        moved = ids[1:] != ids[:-1]
+        runs = ids[np.concatenate(([True], moved))].tolist() if hi - lo else [0, 0]
+        if len(set(runs)) == len(runs):  # each node's samples together (a rack's): no sort
+            run_of = np.concatenate(([0], np.cumsum(moved))).astype(np.intp)
+            return [block.names[k] for k in runs], run_of
         uniq, first, inv = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")
         place = np.empty(order.size, dtype=np.intp)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from itertools import chain
+from operator import attrgetter
 from typing import Any, Final
 
 import numpy as np
@@ -54,6 +56,8 @@ _INTS: Final = INT_FIELDS
 _TIMES: Final = tuple((t, t.removesuffix("_s")) for t in TIME_FIELDS)
 _SIGNALS: Final = SIGNAL_FIELDS
 _WORK: Final = OPTIONAL_FIELDS
+#: a message's column by name (one C call per message and column)
+_GET: Final = {name: attrgetter(name) for name in COLUMNS}
 
 
 class SpanView:
@@ -161,16 +165,21 @@ def _block(
     when: dict[int, tuple[datetime, datetime]], out: list[Any],
 ) -> None:  # fmt: skip
     """The messages at ``where`` (one job step) as one block; each accepted one's view
-    into ``out``."""
+    into ``out``. Each column is one ``map`` over the messages, one join and one
+    ``np.frombuffer`` (a message without the column: its fill)."""
     msgs = [parsed[i] for i in where]
     cs = [m.columns for m in msgs]
     counts = [c.n for c in cs]
     k = len(msgs)
 
+    def joined(name: str, fill: bytes) -> bytes:
+        bufs = list(map(_GET[name], cs))
+        if None in bufs:
+            bufs = [b if b is not None else fill * n for b, n in zip(bufs, counts, strict=True)]
+        return b"".join(bufs)
+
     def column(name: str, fill: bytes = b"") -> npt.NDArray[Any]:
-        joined = b"".join([b if (b := getattr(c, name)) is not None else fill * n
-                           for c, n in zip(cs, counts, strict=True)])  # fmt: skip
-        return np.frombuffer(joined, dtype=COLUMNS[name][0])
+        return np.frombuffer(joined(name, fill), dtype=COLUMNS[name][0])
 
     raw: dict[str, npt.NDArray[Any]] = {name: column(name) for name in _INTS}
     raw["phase"] = column("phase")
@@ -178,28 +187,22 @@ def _block(
         raw[name] = column(name)
     for signal in _SIGNALS:
         raw[signal] = column(signal, _NAN)
-        nulls = [c_null if (c_null := getattr(c, f"{signal}_null")) is not None
-                 else (b"\0" if getattr(c, signal) is not None else b"\1") * n
-                 for c, n in zip(cs, counts, strict=True)]  # fmt: skip
+        nulls = list(map(_GET[f"{signal}_null"], cs))
+        if None in nulls:  # a message without the mask: none null where it said the signal
+            said = map(_GET[signal], cs)
+            nulls = [x if x is not None else (b"\0" if s is not None else b"\1") * n
+                     for x, s, n in zip(nulls, said, counts, strict=True)]  # fmt: skip
         raw[f"{signal}_null"] = np.frombuffer(b"".join(nulls), dtype=np.uint8)
     for work in _WORK:
         raw[work] = column(work, _NAN)
     bad = fastcolumns._refused(raw)
     # each sample's node: the message's table (or its own node) through the block's names
-    names: list[str] = []
+    tables = [c.nodes if c.nodes is not None else (m.node,) for m, c in zip(msgs, cs, strict=True)]
+    table_len = np.fromiter(map(len, tables), dtype=np.int64, count=k)
+    table_at = np.cumsum(table_len) - table_len
     index: dict[str, int] = {}
-    lut: list[int] = []
-    table_at = np.empty(k, dtype=np.int64)
-    table_len = np.empty(k, dtype=np.int64)
-    for j, (m, c) in enumerate(zip(msgs, cs, strict=True)):
-        table = c.nodes if c.nodes is not None else (m.node,)
-        table_at[j], table_len[j] = len(lut), len(table)
-        for name in table:
-            at = index.get(name)
-            if at is None:
-                at = index[name] = len(names)
-                names.append(name)
-            lut.append(at)
+    lut = [index.setdefault(name, len(index)) for name in chain.from_iterable(tables)]
+    names = list(index)
     idx = column("node_idx", b"\0\0\0\0")
     n_samples = np.asarray(counts, dtype=np.int64)
     sample_message = np.repeat(np.arange(k, dtype=np.int64), n_samples)
@@ -229,7 +232,7 @@ def _block(
     for work in _WORK:
         cols[work] = raw[work]
     block = ColumnBlock(cols, node_id, names)
-    starts = np.concatenate([[0], np.cumsum(n_samples)[:-1]]).tolist()
-    for j, (i, m) in enumerate(zip(where, msgs, strict=True)):
-        if not refused[j]:
-            out[i] = SpanView(m, when[i], block, starts[j])
+    starts = (np.cumsum(n_samples) - n_samples).tolist()
+    for i, m, lo, no in zip(where, msgs, starts, refused.tolist(), strict=True):
+        if not no:
+            out[i] = SpanView(m, when[i], block, lo)

@@ -53,8 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pipeline.io.errors import ConfigError
 from pipeline.io.settings import parse_node_keys
@@ -81,6 +79,12 @@ PROOF_HEADER = "sg-proof"
 #: 2**128 tries on average and the worker counts every failure)
 MAC_BYTES = 16
 _INFO = b"stepguard telemetry node:"
+_NO_SALT = bytes(32)  #: HKDF's salt when none is given: HashLen zeros (RFC 5869 2.2)
+#: the length of the MAC's hex that ends a node's proof (after its prefix, ``node:<node>:``)
+_HEX = 2 * MAC_BYTES
+#: byte maps XOR 0x36 / 0x5C (HMAC's inner and outer pads, RFC 2104)
+_IPAD = bytes(b ^ 0x36 for b in range(256))
+_OPAD = bytes(b ^ 0x5C for b in range(256))
 _NODE = b"node:"
 _JC = b"jc:"
 #: lifecycle kinds that speak for the whole job: only its controller's signature counts
@@ -98,8 +102,20 @@ def derive_node_key(secret: bytes, node: str) -> bytes:
     >>> len(k), k == derive_node_key(b"s" * 32, "node-1"), k == derive_node_key(b"s" * 32, "node-2")
     (32, True, False)
     """
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_INFO + node.encode())
-    return hkdf.derive(secret)
+    return _expand(_extract(secret), node)
+
+
+def _extract(secret: bytes) -> bytes:
+    """HKDF-Extract (RFC 5869 section 2.2) with no salt: HashLen zero bytes as the key.
+    The pseudorandom key depends on the secret alone, so it is computed once per secret."""
+    return hmac.digest(_NO_SALT, secret, "sha256")
+
+
+def _expand(prk: bytes, node: str) -> bytes:
+    """HKDF-Expand (RFC 5869 section 2.3) of 32 bytes, one hash long: T(1) =
+    HMAC(PRK, info | 0x01), one HMAC per node (``cryptography``'s HKDF object takes
+    several times that; a test holds the two byte for byte)."""
+    return hmac.digest(prk, _INFO + node.encode() + b"\x01", "sha256")
 
 
 def parse_secret(text: str) -> bytes:
@@ -133,9 +149,10 @@ class NodeKeys:
     (the worker, the simulator), or a fixed map (a node's agent, a rack aggregator).
 
     Derived keys are cached (at most ``max_cached`` nodes, the oldest half dropped when
-    full). A proof is the HMAC-SHA256 of the SHA-256 digest of the value's bytes: the
-    bytes are hashed once per message however many nodes it speaks for (a rack's), and
-    each node's proof costs one HMAC of 32 bytes (~1 us).
+    full), each as its HMAC states and its proof header's prefix (:meth:`entry`). A
+    proof is the HMAC-SHA256 of the SHA-256 digest of the value's bytes: the bytes are
+    hashed once per message however many nodes it speaks for (a rack's), and each
+    node's proof costs one HMAC of 32 bytes (~1 us).
     """
 
     def __init__(
@@ -153,40 +170,58 @@ class NodeKeys:
             raise ValueError("max_cached must be >= 1")
         self.secret = secret
         self.max_cached = max_cached
+        self._prk = None if secret is None else _extract(secret)  # HKDF's, once per secret
         self._fixed = dict(keys or {})
-        self._cache: dict[str, tuple[Any, Any]] = {}
+        self._cache: dict[str, tuple[Any, Any, bytes]] = {}
 
     def holds(self, node: str) -> bool:
         """Whether a proof of ``node`` can be made (or checked) here."""
         return self.secret is not None or node in self._fixed
 
-    def _pads(self, node: str) -> tuple[Any, Any] | None:
-        pads = self._cache.get(node)
-        if pads is not None:
-            return pads
+    def entry(self, node: str) -> tuple[Any, Any, bytes] | None:
+        """``node``'s SHA-256 states after HMAC's inner and outer key blocks, and the
+        prefix of its proof header (``node:<node>:``); None when its key is not held."""
+        got = self._cache.get(node)
+        if got is not None:
+            return got
         key = self._fixed.get(node)
         if key is None:
-            if self.secret is None:
+            if self._prk is None:
                 return None
-            key = derive_node_key(self.secret, node)
+            key = _expand(self._prk, node)
         if len(self._cache) >= self.max_cached:  # bounded: drop the oldest half
             for old in list(self._cache)[: self.max_cached // 2 + 1]:
                 del self._cache[old]
-        pads = self._cache[node] = _hmac_pads(key)
-        return pads
+        inner, outer = _hmac_pads(key)
+        got = self._cache[node] = (inner, outer, _NODE + node.encode() + b":")
+        return got
+
+    def all_proven(self, given: Mapping[bytes, bytes], digest: bytes, nodes: Iterable[str]) -> bool:
+        """Whether ``given`` (a proof header's prefix -> the MAC hex after it) holds a
+        valid proof of each of ``nodes`` for the value whose SHA-256 is ``digest`` (each
+        MAC compared in constant time; a name that does not encode raises
+        UnicodeEncodeError). The hot path of :meth:`TelemetryVerifier.nodes_problem`,
+        written out: a rack's message takes one pass per node it speaks for."""
+        cache, compare = self._cache, hmac.compare_digest
+        for node in nodes:
+            got = cache.get(node) or (self.entry(node) if node else None)
+            mac = None if got is None else given.get(got[2])
+            if mac is None:
+                return False
+            inner = got[0].copy()  # type: ignore[index]
+            inner.update(digest)
+            outer = got[1].copy()  # type: ignore[index]
+            outer.update(inner.digest())
+            if not compare(mac, outer.digest()[:MAC_BYTES].hex().encode()):
+                return False
+        return True
 
     def mac_of_digest(self, node: str, digest: bytes) -> bytes | None:
         """The MAC of a value whose SHA-256 is ``digest`` under ``node``'s key, or None
         when not held (HMAC-SHA256 from the key's precomputed inner and outer states:
         a third of ``hmac.digest``'s cost, which sets its state up on every call)."""
-        pads = self._pads(node)
-        if pads is None:
-            return None
-        inner = pads[0].copy()
-        inner.update(digest)
-        outer = pads[1].copy()
-        outer.update(inner.digest())
-        return outer.digest()[:MAC_BYTES]
+        got = self.entry(node)
+        return None if got is None else _mac(got, digest)
 
     def mac(self, node: str, value: bytes) -> bytes | None:
         """The MAC of ``value`` under ``node``'s key, or None when not held."""
@@ -197,17 +232,25 @@ class NodeKeys:
         digest = sha256(value).digest()
         out = []
         for node in nodes:
-            mac = self.mac_of_digest(node, digest)
-            if mac is not None:
-                out.append((PROOF_HEADER, b"node:" + node.encode() + b":" + mac.hex().encode()))
+            got = self.entry(node)
+            if got is not None:
+                out.append((PROOF_HEADER, got[2] + _mac(got, digest).hex().encode()))
         return out
+
+
+def _mac(entry: tuple[Any, Any, bytes], digest: bytes) -> bytes:
+    inner = entry[0].copy()
+    inner.update(digest)
+    outer = entry[1].copy()
+    outer.update(inner.digest())
+    return outer.digest()[:MAC_BYTES]
 
 
 def _hmac_pads(key: bytes) -> tuple[Any, Any]:
     """SHA-256 states after HMAC's inner and outer key blocks (RFC 2104, a key of at
     most one block)."""
     block = key.ljust(64, b"\0")
-    return sha256(bytes(b ^ 0x36 for b in block)), sha256(bytes(b ^ 0x5C for b in block))
+    return sha256(block.translate(_IPAD)), sha256(block.translate(_OPAD))
 
 
 def message_nodes(msg: Any) -> list[str]:
@@ -329,17 +372,22 @@ class TelemetryVerifier:
     def nodes_problem(
         self, headers: Headers | None, value: bytes | None, nodes: Sequence[str]
     ) -> str | None:
-        """Why ``value`` does not speak for every one of ``nodes``, or None."""
+        """Why ``value`` does not speak for every one of ``nodes``, or None.
+
+        Each node's proof is found by its header's prefix (``node:<node>:``, kept with
+        its key) and its MAC compared in constant time; what this does not accept at
+        once (a proof missing or wrong, a node's proof sent twice, a name that does not
+        encode) is decided by :meth:`proven`, proof by proof."""
         raw = value or b""
-        if len(nodes) == 1 and headers:  # a node's own message: one proof, no set
-            node = nodes[0]
-            want = self.nodes.mac(node, raw)
-            if want is not None:
-                expect = b"node:" + node.encode() + b":" + want.hex().encode()
-                for proof in _proofs(headers):
-                    if hmac.compare_digest(proof, expect):
-                        return None
-            return f"no proof of node {node[:100]!r}"
+        given: dict[bytes, bytes] = {}
+        for proof in _proofs(headers):
+            given.setdefault(proof[:-_HEX], proof[-_HEX:])
+        if given:
+            try:
+                if self.nodes.all_proven(given, sha256(raw).digest(), nodes):
+                    return None
+            except UnicodeEncodeError:  # a name no proof can carry: decided below
+                pass
         proven = self.proven(headers, raw, nodes)
         missing = [n for n in nodes if n not in proven]
         if missing:

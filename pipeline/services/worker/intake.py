@@ -15,6 +15,7 @@ one outcome per job, whose snapshot is considered once, after its last record.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 from detectors.frame import NodeStep
@@ -53,6 +54,7 @@ class StepIntake:
         self.admission = admission
         self.takeover = takeover
         self.snapshots = snapshots
+        self._bounds: dict[str, tuple[object, int, float]] = {}
 
     def handle(self, rec: Record, load: Load) -> Handled:
         """One StepTelemetry record."""
@@ -74,6 +76,7 @@ class StepIntake:
         outs: dict[str, Handled] = {}
         taken: dict[str, tuple[JobState, int]] = {}
         token = None
+        self._bounds.clear()  # the fetch's memo of each job's clock bound
         batch = list(records)
         decoded = decode_fetch([rec.value for rec in batch], self.max_message_bytes)
         for rec, msg in zip(batch, decoded, strict=True):
@@ -90,6 +93,7 @@ class StepIntake:
             st = got[0]
             n = taken[st.job_id][1] if st.job_id in taken else 0
             taken[st.job_id] = (st, n + 1)
+        self._bounds.clear()
         for job_id, (st, n) in taken.items():
             done.append(self.snapshots.finish(st, outs[job_id], token, n))
         return done
@@ -123,7 +127,7 @@ class StepIntake:
             out = Handled(job_id=msg.job_id)
             if outs is not None:
                 outs[msg.job_id] = out
-        self._move_clock(st, ts)
+        self._move_clock(st, ts, self._bounds if outs is not None else None)
         st.dirty = True
         steps = out.steps
         try:
@@ -138,9 +142,14 @@ class StepIntake:
         st.steps_since_snapshot += out.steps - steps
         return st, out
 
-    def _move_clock(self, st: JobState, ts: float) -> None:
+    def _move_clock(
+        self, st: JobState, ts: float, bounds: dict[str, tuple[object, int, float]] | None = None
+    ) -> None:
         """A step of event time ``ts`` arrived now: the job's newest event time and the
-        wall time it arrived."""
+        wall time it arrived. ``bounds``: a fetch's memo of how far each job's frames
+        let its clock go (``clock_at(inf)``), taken again whenever the job's detection
+        processed a frame, the only thing in a step record's way that moves it (it cost
+        a median of the job's step times per record)."""
         wall = self.clock()
         st.active_wall = wall
         if st.last_event_ts is None or ts >= st.last_event_ts:
@@ -150,5 +159,13 @@ class StepIntake:
                 wall = min(wall, st.arrived_wall + (ts - st.last_event_ts))
             # bounded by what the job's frames support (issue 39): one record dated
             # ahead must not move the tick clock
-            st.last_event_ts = max(st.last_event_ts or ts, st.detection.clock_at(ts))
+            det = st.detection
+            if bounds is None:
+                at = det.clock_at(ts)
+            else:
+                got = bounds.get(st.job_id)
+                if got is None or got[0] is not det or got[1] != det.frames:
+                    got = bounds[st.job_id] = (det, det.frames, det.clock_at(math.inf))
+                at = min(ts, got[2])
+            st.last_event_ts = max(st.last_event_ts or ts, at)
             st.arrived_wall = wall

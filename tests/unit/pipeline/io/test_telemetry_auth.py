@@ -104,6 +104,78 @@ def test_a_signed_columnar_rack_message_passes_the_workers_check_on_its_view(sma
     assert check.nodes_problem(short, value, message_nodes(view)) == "no proof of node 'n1'"
 
 
+@pytest.mark.parametrize("size", [32, 33, 64, 65, 200])
+def test_the_derived_key_is_rfc5869_hkdf_byte_for_byte(size):
+    """One HMAC per node from the secret's pseudorandom key (computed once) is HKDF."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    secret = bytes(range(size % 256)) * (size // 256) + bytes(range(size % 256))
+    keys = NodeKeys(secret=secret)
+    for node in ("n7", "rack-00001", "nöde-ü", "x" * 256):
+        want = HKDF(hashes.SHA256(), 32, None, b"stepguard telemetry node:" + node.encode())
+        assert derive_node_key(secret, node) == want.derive(secret)
+        mac = hmac.new(derive_node_key(secret, node), sha256(b"v").digest(), sha256).digest()
+        assert keys.mac(node, b"v") == mac[:MAC_BYTES]
+
+
+def _reference_problem(check, headers, value, nodes):
+    """The check as it was before proofs were found by their prefix (a node's own
+    message: a header equal to the one expected; else :meth:`proven` proof by proof)."""
+    raw = value or b""
+    if len(nodes) == 1 and headers:
+        want = check.nodes.mac(nodes[0], raw)
+        if want is not None:
+            expect = b"node:" + nodes[0].encode() + b":" + want.hex().encode()
+            if any(v == expect for k, v in headers if k == PROOF_HEADER):
+                return None
+        return f"no proof of node {nodes[0][:100]!r}"
+    missing = [n for n in nodes if n not in check.proven(headers, raw, nodes)]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return f"no proof of node {missing[0][:100]!r}{more}"
+    return None
+
+
+def test_finding_proofs_by_prefix_decides_as_checking_each_proof_did():
+    """Every node still needs its own valid proof of the exact bytes: the same verdict
+    and reason as before, for good, missing, wrong, doubled and odd proofs."""
+    held = NodeKeys(keys={n: derive_node_key(SECRET, n) for n in ("r", "a", "b", "c")})
+    check = TelemetryVerifier(NodeKeys(secret=SECRET))
+    value = b'{"node":"r"}'
+    good = {p[5:-33].decode(): p for _, p in held.proofs(value, ["r", "a", "b", "c"])}
+    bad = {n: p[:-1] + (b"0" if p[-1:] != b"0" else b"1") for n, p in good.items()}
+    upper = {n: p[:-32] + p[-32:].upper() for n, p in good.items()}
+    other = {"a": held.proofs(value + b" ", ["a"])[0][1]}
+    cases = [
+        [good["r"], good["a"], good["b"], good["c"]],
+        [good["c"], good["b"], good["a"], good["r"]],  # any order
+        [good["r"], good["a"], good["b"]],  # c missing
+        [good["r"], bad["a"], good["b"], good["c"]],  # a wrong
+        [good["r"], bad["a"], good["a"], good["b"], good["c"]],  # a wrong, then right
+        [good["r"], good["a"], bad["a"], good["b"], good["c"]],  # a right, then wrong
+        [good["r"], upper["a"], good["b"], good["c"]],  # hex in capitals: not the MAC's
+        [good["r"], other["a"], good["b"], good["c"]],  # a's proof of other bytes
+        [good["r"], good["a"][:-1], good["b"], good["c"]],  # truncated
+        [b"node:" + good["a"], good["r"], good["b"], good["c"]],
+        [good["r"] + b"0", good["a"], good["b"], good["c"]],
+        [b"", b"node:", b":" * 40, good["a"]],
+    ]
+    for proofs_ in cases:
+        headers = [(PROOF_HEADER, p) for p in proofs_] + [("other", good["b"])]
+        for nodes in (["r", "a", "b", "c"], ["a"], ["r"], ["a", "a"], [], ["a", "zz"]):
+            for v in (value, value + b" ", None):
+                want = _reference_problem(check, headers, v, nodes)
+                assert check.nodes_problem(headers, v, nodes) == want, (proofs_, nodes, v)
+    fixed = TelemetryVerifier(NodeKeys(keys={"a": derive_node_key(SECRET, "a")}))
+    headers = [(PROOF_HEADER, good["a"]), (PROOF_HEADER, good["b"])]
+    assert fixed.nodes_problem(headers, value, ["a"]) is None
+    assert fixed.nodes_problem(headers, value, ["a", "b"]) == "no proof of node 'b'"
+    assert check.nodes_problem({PROOF_HEADER: good["a"]}, value, ["a"]) is None  # a mapping
+    assert check.nodes_problem([(PROOF_HEADER, "text")], value, ["a"]) == "no proof of node 'a'"
+    assert check.nodes_problem(headers, value, ["a\ud800"]) == "no proof of node 'a\\ud800'"
+
+
 def test_the_derived_key_cache_is_bounded():
     keys = NodeKeys(secret=SECRET, max_cached=4)
     for i in range(20):

@@ -31,6 +31,7 @@ from schemas import (
     RecommendedAction,
     Rejected,
     StepTelemetry,
+    decode,
     encode,
 )
 from tests.clock import day_start
@@ -644,3 +645,26 @@ def test_a_batch_of_steps_does_what_the_records_one_by_one_do():
     held = sum(many.held(j) for j in many.jobs)
     assert sum(t.released for t, _ in tickets) + held == len(records)
     assert all(t.released <= n for t, n in tickets)
+
+
+def test_a_batch_moves_a_jobs_clock_as_its_records_one_by_one_do():
+    """A fetch works out a job's clock bound once per frame (its frames bound the clock:
+    issue 39): after every fetch, the job's event time is what the same records one by
+    one left, a record dated 100 s ahead of its step included."""
+    records = [step_msg(s, n) for s in range(30) for n in range(8)]
+    ahead = decode(StepTelemetry, records[21 * 8])
+    assert not isinstance(ahead, Rejected)
+    later = {"ts_start": ahead.ts_start + timedelta(seconds=100),
+             "ts_end": ahead.ts_end + timedelta(seconds=100)}  # fmt: skip
+    records[21 * 8] = encode(ahead.model_copy(update=later))
+    one = WorkerDetection(TOPICS, 8, clock=Clock(), max_clock_skew_s=None)
+    clocks = []
+    for off, value in enumerate(records):
+        one.handle_step(0, off, b"j", value, token=off)
+        clocks.append(one.jobs["j"].last_event_ts)
+    many = WorkerDetection(TOPICS, 8, clock=Clock(), max_clock_skew_s=None)
+    for lo in range(0, len(records), 13):
+        chunk = [(off, b"j", records[off]) for off in range(lo, min(lo + 13, len(records)))]
+        many.handle_steps(0, chunk, token=None)
+        assert many.jobs["j"].last_event_ts == clocks[chunk[-1][0]]
+    assert max(clocks) < ahead.ts_end.timestamp() + 100  # the record ahead was bounded
