@@ -318,14 +318,15 @@ class JobDetection:
                 alerts += self.on_lifecycle(event)
         return self._stamp(alerts)
 
-    def on_health(self, msg: NodeHealth) -> list[Alert]:
-        """A node's health report: held until the steps or a tick pass its event time
-        (rule 2). Returns what an overflow of the hold released (usually nothing)."""
+    def on_health(self, msg: NodeHealth, path: int | None = None) -> list[Alert]:
+        """A node's health report (by ``path``: :meth:`delivered`), held until the steps
+        or a tick pass its event time (rule 2); returns what an overflow released."""
         if msg.job_id is not None:
             self._check_job(msg.job_id)
         if self.now is not None and isinstance(self.suite, DetectorSuite):
             # when it reached us, not when it is ordered in: a late backlog is not silence
-            self.suite.presence.arrived(msg.node, msg.ts.timestamp(), self.now, msg.interval_s)
+            presence, ts = self.suite.presence, msg.ts.timestamp()
+            presence.arrived(msg.node, ts, self.now, msg.interval_s, path)
         self._seq += 1
         heapq.heappush(self._held, (msg.ts.timestamp(), self._seq, msg))
         alerts: list[Alert] = []
@@ -379,13 +380,18 @@ class JobDetection:
         self.relaunches += 1
         self._rank_owners().clear()  # the new run may place its ranks anew
 
+    def delivered(self, marks: Iterable[tuple[int, float | None]]) -> None:
+        """Health paths' watermarks (:meth:`.HealthPresence.delivered`; None: job clock)."""
+        if (now := self.now) is not None and isinstance(self.suite, DetectorSuite):
+            for path, at in marks:
+                self.suite.presence.delivered(path, now if at is None else min(now, at))
+
     def resume(self, at: float) -> None:
         """The pipeline, not the job, was away until about event time ``at`` (this state
         was restored from a snapshot after a takeover, or the broker was unreachable):
         the health reports it delayed are not silence, so silent nodes are judged from
-        ``at`` on (:meth:`~detectors.hang.presence.HealthPresence.resume`). The hang clock
-        is the driver's: it keeps running from the job's last step (see
-        :meth:`pipeline.services.worker.takeover.Takeover.resume`)."""
+        ``at`` on (:meth:`.HealthPresence.resume`). The hang clock is the driver's: it
+        keeps running from the job's last step (:meth:`.Takeover.resume`)."""
         if isinstance(self.suite, DetectorSuite):
             self.suite.presence.resume(at)
 

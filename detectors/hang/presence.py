@@ -7,7 +7,11 @@
   while neither a report taken recently nor any report at all has reached the
   detector; and a backlog of late reports arriving from several nodes (a path that
   lagged, now catching up, one node-keyed partition after another) means the path,
-  not the nodes, was behind: silence counts from the newest such arrival.
+  not the nodes, was behind: silence counts from the newest such arrival. Where the
+  driver knows which path carries each node's reports and how far each path has
+  delivered (:meth:`HealthPresence.delivered`, a watermark), a node is judged only up
+  to its own path's watermark: one lagging partition of the health topic is a late
+  path, never its nodes' silence, while every other path keeps judging its nodes.
 
 A job that stops completing steps altogether is :class:`~detectors.hang.detector.HangDetector`'s.
 
@@ -120,6 +124,8 @@ class HealthPresence:
         self._caught_up: float | None = None
         self._typical = None
         self._iv_nodes = {}
+        self._delivered = {}
+        self._paths = {}
 
     #: event time from which silence counts after :meth:`resume` (class default: a
     #: state stored before the field existed reads it)
@@ -144,6 +150,15 @@ class HealthPresence:
     #: interval (issue 39: an honest node whose one report said 0.001 s was judged
     #: missing, CRITICAL, 10 s after it; one saying a day hid its own silence)
     INTERVAL_BOUNDS = (0.5, 4.0)
+    #: at most this many paths carry watermarks, and this many nodes' paths are kept
+    #: (a path is a partition of the health topic: a few hundred at most)
+    MAX_PATHS = 4096
+    MAX_PATH_NODES = 1 << 18
+    #: per path, the event time up to which every report it carries has reached the
+    #: detector (:meth:`delivered`); per node, the path its newest report came by
+    #: (class defaults: a state stored before the fields existed judges as before)
+    _delivered: dict[int, float] = {}  # noqa: RUF012 (replaced per instance)
+    _paths: dict[str, int] = {}  # noqa: RUF012
     #: the fleet's median report interval (None: fewer than 3 nodes known), and how
     #: many nodes report each interval (class defaults: a state stored before the
     #: fields existed)
@@ -193,9 +208,12 @@ class HealthPresence:
     def nodes(self) -> Iterable[str]:
         return self._last.keys()
 
-    def arrived(self, node: str, ts: float, at: float, interval_s: float) -> None:
+    def arrived(
+        self, node: str, ts: float, at: float, interval_s: float, path: int | None = None
+    ) -> None:
         """A report of ``node`` taken at ``ts`` reached the detector at event time
-        ``at`` (the driver's clock when it read the report, before any ordering).
+        ``at`` (the driver's clock when it read the report, before any ordering), by
+        ``path`` when the driver knows it (see :meth:`delivered`).
 
         A node whose reports keep arriving is not silent, however late they are;
         late reports from :attr:`LATE_NODES` or more nodes are a backlog draining,
@@ -220,6 +238,12 @@ class HealthPresence:
         >>> p.score(100.0)  # 40 s after the backlog, c and d still have not reported
         {'c': 4.0, 'd': 4.0}
         """
+        if path is not None:
+            paths = self.__dict__.get("_paths")
+            if paths is None:  # a state from before the field
+                paths = self._paths = {}
+            if node in paths or len(paths) < self.MAX_PATH_NODES:
+                paths[node] = path
         if node not in self._last:
             return
         interval_s = self._bounded(interval_s)
@@ -232,6 +256,45 @@ class HealthPresence:
         recent = sum(1 for t in self._late.values() if at - t <= window)
         if recent >= min(self.LATE_NODES, len(self._last)):
             self._caught_up = at if self._caught_up is None else max(self._caught_up, at)
+
+    def delivered(self, path: int, at: float) -> None:
+        """Every report ``path`` carries, up to event time ``at``, has reached the
+        detector (a watermark: the driver knows the path has nothing older unread).
+
+        Once a node's path is known (:meth:`arrived`), the node is judged only up to
+        its path's watermark: while its path lags (a partition of the health topic
+        whose reader fell behind, or whose reader died and was not yet replaced) the
+        node's silence does not grow, however long that takes, and the other paths'
+        nodes are judged as before. A path with no watermark yet judges none of its
+        nodes silent. Watermarks only move forward.
+
+        Examples
+        --------
+        >>> p = HealthPresence()
+        >>> for n, path in (("a", 0), ("b", 0), ("e", 0), ("f", 0), ("c", 1), ("d", 1)):
+        ...     p.learn(n, 0.0, interval_s=10.0)
+        ...     p.arrived(n, 0.0, at=0.5, interval_s=10.0, path=path)
+        >>> for t in (10.0, 20.0, 30.0):  # path 0 delivers; b is silent, a, e, f report
+        ...     for n in "aef":
+        ...         p.learn(n, t, interval_s=10.0)
+        ...         p.arrived(n, t, at=t + 0.5, interval_s=10.0, path=0)
+        ...     p.delivered(0, t + 0.5)
+        >>> p.delivered(1, 5.0)  # path 1's reader is behind: c and d are not judged
+        >>> p.score(30.5)
+        {'b': 3.0}
+        >>> p.delivered(1, 30.5)  # it caught up and c, d said nothing after t=0
+        >>> p.score(30.5)
+        {'b': 3.0, 'c': 3.0, 'd': 3.0}
+        """
+        marks = self.__dict__.get("_delivered")
+        if marks is None:  # a state from before the field
+            marks = self._delivered = {}
+        old = marks.get(path)
+        if old is None:
+            if len(marks) < self.MAX_PATHS:
+                marks[path] = at
+        elif at > old:
+            marks[path] = at
 
     def resume(self, at: float) -> None:
         """The reports' path (not the nodes) was interrupted until event time ``at``: a
@@ -274,19 +337,27 @@ class HealthPresence:
         )
         arrived = self._arrived
         bounded = self._bounded
-        last = {
+        marks, paths = self._delivered, self._paths
+        # each node is judged up to its own path's watermark where one is kept
+        # (:meth:`delivered`): a lagging path's nodes are neither silent nor a
+        # sign that the feed stalled, and a delivered path's silent node is named
+        last: dict[str, tuple[float, float, float]] = {}
+        for node, (ts, iv) in self._last.items():
+            horizon = now
+            if marks:
+                path = paths.get(node)
+                if path is not None:
+                    horizon = min(now, marks.get(path, -math.inf))
             # the newest of: its newest report, its newest arrival, the path's floor
-            node: (max(ts, arrived.get(node, ts), floor), bounded(iv))
-            for node, (ts, iv) in self._last.items()
-        }
-        fresh = sum(1 for ts, iv in last.values() if now - ts <= 1.5 * iv)
-        if fresh == 0 or fresh < self.quorum * len(self._last):
+            last[node] = (max(ts, arrived.get(node, ts), floor), bounded(iv), horizon)
+        fresh = sum(1 for ts, iv, h in last.values() if h - ts <= 1.5 * iv)
+        if fresh == 0 or fresh < self.quorum * len(last):
             # most of the fleet is quiet at once: the feed stalled or lags, which says
             # nothing about any one node (a cluster-wide shift is not a node fault)
             return {}
         out: dict[str, float] = {}
-        for node, (ts, iv) in last.items():
-            silence = (now - ts) / iv
+        for node, (ts, iv, h) in last.items():
+            silence = (h - ts) / iv
             if silence > 1.0:
                 out[node] = silence
         return out
@@ -297,3 +368,4 @@ class HealthPresence:
             self._count_interval(gone[1], None)
         self._arrived.pop(node, None)
         self._late.pop(node, None)
+        self._paths.pop(node, None)

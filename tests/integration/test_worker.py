@@ -307,6 +307,29 @@ def test_hang_detected_by_timer_while_no_steps_arrive(settings, workers, decisio
     assert not [a for a in items if a.kind is not AlertKind.HANG]
 
 
+def test_a_crashed_node_alone_on_its_health_partition_is_named_missing(settings, workers,
+                                                                       decisions):  # fmt: skip
+    """A node's health silence is judged only as far as its own partition of the health
+    topic has delivered (the watermarks each worker's timer writes to the jobs topic):
+    a partition whose reader lags is never its nodes' silence. node-0010 is the only
+    node of this job keyed to its partition, so no other report ever moves that
+    partition's watermark: it is named only if the timer's watermarks flow through the
+    real broker and worker. It crashes at step 30 (its steps and health stop) and the
+    job hangs on it; the other 15 nodes keep reporting."""
+    keys = {n: partition_for(f"node-{n:04d}", 8) for n in range(16)}
+    assert [n for n in keys if keys[n] == keys[10]] == [10]  # alone on its partition
+    sc = scenario("crash", [{"kind": "crash", "node": 10, "onset_step": 30, "hang_steps": 60}],
+                  base_compute_s=0.1, collective_s=0.01, steps=100)  # fmt: skip
+    w = workers()
+    play(settings, sc, speed=1.0)
+    items = decisions.wait(firing(AlertKind.MISSING, "node-0010"), 60, "node-0010 missing", w)
+    named = {a.node for a in items if a.kind is AlertKind.MISSING and a.state is AlertState.FIRING}
+    assert named == {"node-0010"}, decisions.describe()
+    # judged by the watermarks, not as before them (where none flow, silence is judged
+    # up to the job's clock): the timer wrote them, partitions read to their end
+    assert w.metric('stepguard_worker_health_watermarks_total{state="read"}') > 0, w.tail()
+
+
 def test_a_commanded_restart_is_relaunching_not_a_hang(settings, workers, decisions, tmp_path):
     """The actuator's restart command reaches the worker through the commands topic:
     from then until the new run's first step the job is relaunching (the

@@ -22,6 +22,7 @@ from pipeline.services.worker.ending import Ending
 from pipeline.services.worker.options import WorkerConfig
 from pipeline.services.worker.records import Handled, Load, Record
 from pipeline.services.worker.routing import Routing
+from pipeline.services.worker.seal import TickError, decode_watermarks, health_path
 from pipeline.services.worker.snapshots import Snapshots
 from pipeline.services.worker.takeover import Takeover
 from pipeline.services.worker.ticks import Ticks
@@ -40,6 +41,7 @@ class JobTopic:
                  routing: Routing) -> None:  # fmt: skip
         self.seal = config.trust.seal
         self.clock = config.clock
+        self.max_clock_skew_s = config.timing.max_clock_skew_s
         self.event_rate = config.timing.event_rate
         self.book = book
         self.admission = admission
@@ -70,10 +72,13 @@ class JobTopic:
             return self.lifecycle(rec, load)
         if kind == "result":
             return self.result(rec)
-        return self.health(rec, load)
+        if kind == "paths":
+            return self.watermarks(rec)
+        return self.health(rec, load, health_path(kind))
 
-    def health(self, rec: Record, load: Load) -> Handled:
-        """A node's health report, forwarded to its job's partition."""
+    def health(self, rec: Record, load: Load, path: int | None = None) -> Handled:
+        """A node's health report, forwarded to its job's partition from partition
+        ``path`` of the health topic (None: a router that did not say)."""
         msg = self.admission.decoded(NodeHealth, rec)
         if isinstance(msg, Handled):
             return msg
@@ -85,11 +90,28 @@ class JobTopic:
         out = Handled(job_id=msg.job_id)
         st.dirty = True
         try:
-            out.alerts += st.detection.on_health(msg)
+            out.alerts += st.detection.on_health(msg, path)
         except Exception as exc:
             log.exception("detector failed on %s", rec.where)
             out.dead_letters.append(rec.letter(f"detect: {exc!r}", "detect"))
         return self.snapshots.finish(st, out, rec.token)
+
+    def watermarks(self, rec: Record) -> Handled:
+        """A worker's watermarks of the health partitions it reads
+        (:mod:`pipeline.services.worker.seal`), to every job held on this partition:
+        everything that worker forwarded before them is already read here, so each
+        job may judge its nodes' silence as far as their partition delivered."""
+        skew = self.max_clock_skew_s
+        max_wall = self.clock() + (skew if skew is not None else 300.0)
+        try:
+            marks = decode_watermarks(rec.value, max_wall=max_wall)
+        except TickError as exc:
+            return rec.refused(str(exc), "decode")
+        if marks.paths:
+            for st in self.book.jobs.values():
+                if st.partition == rec.partition:
+                    st.detection.delivered(marks.paths)
+        return rec.released()
 
     def command(self, rec: Record) -> Handled:
         """A relaunching command for a job we hold: its silence from now on is the

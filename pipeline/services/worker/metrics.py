@@ -9,6 +9,9 @@ stepguard_worker_steps_total                job steps completed and scored
 stepguard_worker_alerts_total{grade,state}  alert updates published
 stepguard_worker_dead_letters_total{stage}  records sent to the dead-letter topic
 stepguard_worker_unrouted_health_total      health reports naming no job (not scored)
+stepguard_worker_health_watermarks_total{state}  watermarks of the health partitions this
+                                            worker reads, written by its timer (state:
+                                            ``read`` to the partition's end, or ``lagging``)
 stepguard_worker_refused_telemetry_total{topic,node}  telemetry refused for want of its
                                             writer's proof, by the node it claims (the
                                             first 1,000 nodes; the rest as ``other``)
@@ -79,6 +82,11 @@ class WorkerMetrics:
         self.alerts = Counter(
             p + "alerts", "Alert updates published.", ["grade", "state"], registry=reg
         )
+        self.health_watermarks = Counter(
+            p + "health_watermarks", "Watermarks of the health partitions this worker reads, "
+            "written to the jobs topic (a node's silence is judged only as far as its "
+            "partition delivered).", ["state"], registry=reg,
+        )  # fmt: skip
         self.dead_letters = Counter(
             p + "dead_letters", "Records dead-lettered.", ["stage"], registry=reg
         )

@@ -179,11 +179,15 @@ class Handled:
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """A health record re-keyed to its job: send ``value`` to the job topic."""
+    """A record re-keyed to its job: send ``value`` to the job topic as ``kind`` (the
+    kind it was sealed as; empty: the router's own). ``ts``: a health report's event
+    time (the router's watermark of its partition, :mod:`pipeline.services.worker.seal`)."""
 
     job_id: str
     partition: int
     value: bytes
+    kind: str = ""
+    ts: float | None = None
 
 
 def _dead_letter(

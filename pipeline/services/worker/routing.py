@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from pipeline.io.clockskew import future_dated
@@ -23,6 +24,7 @@ from pipeline.services.worker.admission import Admission
 from pipeline.services.worker.book import JobBook
 from pipeline.services.worker.options import WorkerConfig
 from pipeline.services.worker.records import Forward, Record, partition_for
+from pipeline.services.worker.seal import health_kind
 from schemas import Command, CommandResult, CommandStatus, JobEvent, NodeHealth, Rejected
 from schemas.commands import RELAUNCHING
 
@@ -53,7 +55,7 @@ class Routing:
         payload = value or b""
         if self.trust.seal is not None:
             payload = self.trust.seal.seal(kind, payload)
-        return Forward(job_id, partition_for(job_id, self.n_partitions), payload)
+        return Forward(job_id, partition_for(job_id, self.n_partitions), payload, kind)
 
     def health(self, rec: Record) -> Forward | Rejected | None:
         """A health record: where to forward it (its job's partition), a dead letter
@@ -73,7 +75,10 @@ class Routing:
         if msg.job_id is None:
             self.counts.unrouted_health += 1
             return None
-        return self.to_job(msg.job_id, rec.value, "health")
+        # its kind names the partition it came by: the job judges a node's silence only
+        # as far as that partition's reader has delivered (:func:`health_kind`)
+        routed = self.to_job(msg.job_id, rec.value, health_kind(rec.partition))
+        return replace(routed, ts=msg.ts.timestamp())
 
     def command(self, rec: Record) -> Forward | None:
         """A command: forward restarts, rollbacks and isolations to their job's partition

@@ -29,6 +29,25 @@ Tick(job_id='j', wall_s=1.0)
 Traceback (most recent call last):
 ...
 pipeline.services.worker.seal.TickError: tick wall_s 11.0 is beyond this worker's clock 10.0
+
+A forwarded health report is sealed as ``health@<partition>``: the partition of the
+health topic it came by, the *path* whose watermark judges its node's silence. Each
+worker's timer writes the watermarks of the health partitions it reads to every
+partition of the jobs topic (a ``paths`` record, after what it forwarded): per
+partition, ``null`` when its reader has read to the partition's end (every report of
+it is ahead of the mark in the jobs topic), else the event time of the newest report
+it forwarded. A job judges a node silent only as far as its path has delivered
+(:meth:`detectors.hang.presence.HealthPresence.delivered`), so one lagging partition,
+or one whose reader died and was not yet replaced, never makes its nodes "missing".
+
+>>> health_kind(3), health_path("health@3"), health_path("health"), health_path("health@x")
+('health@3', 3, None, None)
+>>> decode_watermarks(b'{"wall_s": 5.0, "paths": [[0, null], [3, 4.5]]}', max_wall=10.0)
+Watermarks(wall_s=5.0, paths=[(0, None), (3, 4.5)])
+>>> decode_watermarks(b'{"wall_s": 5.0, "paths": [[70000, null]]}', max_wall=10.0)
+Traceback (most recent call last):
+...
+pipeline.services.worker.seal.TickError: watermarks: Expected `int` <= 65535 - at `$.paths[0][0]`
 """
 
 from __future__ import annotations
@@ -45,7 +64,18 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from pipeline.io.errors import StepguardError
 from pipeline.io.trust import SigningKey
 
-__all__ = ["SEAL_MAGIC", "Seal", "Tick", "TickError", "decode_tick", "derive_key"]
+__all__ = [
+    "SEAL_MAGIC",
+    "Seal",
+    "Tick",
+    "TickError",
+    "Watermarks",
+    "decode_tick",
+    "decode_watermarks",
+    "derive_key",
+    "health_kind",
+    "health_path",
+]
 
 SEAL_MAGIC = b"SGW1"
 _TAG = 32
@@ -124,3 +154,54 @@ def decode_tick(payload: bytes | None, *, max_wall: float) -> Tick:
     if not math.isfinite(tick.wall_s) or tick.wall_s > max_wall:
         raise TickError(f"tick wall_s {tick.wall_s!r} is beyond this worker's clock {max_wall!r}")
     return tick
+
+
+#: the most partitions a health topic may have here (a watermark's path is one)
+MAX_PATH = 1 << 16
+
+
+def health_kind(partition: int) -> str:
+    """The kind a health report forwarded from ``partition`` of the health topic is
+    sealed as (the seal binds its path)."""
+    return f"health@{partition}"
+
+
+def health_path(kind: str) -> int | None:
+    """The partition a ``health@<partition>`` kind names; None for any other kind."""
+    head, sep, tail = kind.partition("@")
+    if head != "health" or not sep or not tail.isdecimal() or len(tail) > 5:
+        return None
+    path = int(tail)
+    return path if path < MAX_PATH else None
+
+
+class Watermarks(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How far each health partition a worker reads has delivered, written at wall
+    time ``wall_s``: ``(partition, None)`` read to its end, ``(partition, ts)`` the
+    event time of the newest report forwarded from it."""
+
+    wall_s: Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]
+    paths: Annotated[
+        list[
+            tuple[
+                Annotated[int, msgspec.Meta(ge=0, lt=MAX_PATH)],
+                Annotated[float, msgspec.Meta(ge=0.0, le=1e11)] | None,
+            ]
+        ],
+        msgspec.Meta(max_length=4096),
+    ]
+
+
+_WATERMARKS = msgspec.json.Decoder(Watermarks)
+
+
+def decode_watermarks(payload: bytes | None, *, max_wall: float) -> Watermarks:
+    """Bounded watermarks; :class:`TickError` for anything else, including a
+    ``wall_s`` beyond ``max_wall``."""
+    try:
+        marks = _WATERMARKS.decode(payload or b"")
+    except msgspec.DecodeError as exc:
+        raise TickError(f"watermarks: {exc}") from exc
+    if not math.isfinite(marks.wall_s) or marks.wall_s > max_wall:
+        raise TickError(f"watermarks wall_s {marks.wall_s!r} is beyond this worker's clock")
+    return marks

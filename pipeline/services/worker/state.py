@@ -395,3 +395,8 @@ class WorkerDetection:
     ) -> list[tuple[str, int, bytes]]:
         """The ``expire`` records of end marks due (:meth:`Ticks.expiry_ticks`)."""
         return self.ticks.expiry_ticks(stored, owned)
+
+    def watermarks_record(self, paths: list[tuple[int, float | None]]) -> bytes:
+        """The sealed ``paths`` record of the health partitions' watermarks
+        (:meth:`Ticks.watermarks_value`)."""
+        return self.ticks.watermarks_value(paths, self.ticks.clock())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -77,6 +78,9 @@ class WorkerStreams:
         # (Faust would pick JSON here)
         self.table.key_serializer = self.table.value_serializer = "raw"
         self.last_read: dict[tuple[str, int], int] = {}
+        #: per partition of the health topic, the newest event time forwarded from it
+        #: (bounded by the topic's partitions: the watermarks of :meth:`send_watermarks`)
+        self.health_ts: dict[int, float] = {}
         self.acks = AckLines()  # the steps partitions' batches, acked in offset order
         self.watchdog = RecoveryWatchdog(settings.worker_recovery_timeout_s)
         self._records: dict[str, Any] = {}
@@ -267,7 +271,38 @@ class WorkerStreams:
             if rec is None or rec[0] not in mine or rec[0] in behind:
                 continue
             await self._send_kind(job_id, rec[0], rec[1], b"tick")
+        await self.send_watermarks()
         update_lag(app, self.metrics, self.last_read, skip=self.changelog)
+
+    async def send_watermarks(self) -> None:
+        """How far each health partition this worker reads has delivered, to every
+        partition of the jobs topic, after what it forwarded from them
+        (:mod:`pipeline.services.worker.seal`): ``None`` where it has read to the
+        partition's end, else the event time of the newest report it forwarded (a
+        partition not fetched yet, or with nothing forwarded, says nothing)."""
+        topic = self.names.health
+        wall = time.time()
+        paths: list[tuple[int, float | None]] = []
+        try:
+            for tp in self.app.consumer.assignment():
+                if tp.topic != topic:
+                    continue
+                hw = self.app.consumer.highwater(tp)
+                if hw is not None and hw <= self.last_read.get((topic, tp.partition), -1) + 1:
+                    paths.append((tp.partition, None))
+                elif (ts := self.health_ts.get(tp.partition)) is not None:
+                    paths.append((tp.partition, min(ts, wall)))
+        except Exception:  # consumer not started: claim nothing
+            return
+        if not paths:
+            return
+        value = self.core.watermarks_record(paths)
+        read = sum(1 for _, at in paths if at is None)
+        self.metrics.health_watermarks.labels("read").inc(read)
+        self.metrics.health_watermarks.labels("lagging").inc(len(paths) - read)
+        for partition in range(self.core.n_partitions):
+            await self.jobs_out.send(key=b"paths", value=value, partition=partition,
+                                     headers=[(KIND_HEADER, b"paths")])  # fmt: skip
 
     async def _send_kind(self, job_id: str, partition: int, value: bytes, kind: bytes) -> None:
         await self.jobs_out.send(key=job_id.encode(), value=value, partition=partition,
@@ -327,7 +362,10 @@ class _Router:
                 elif routed is None:
                     self.on_none()
                 else:
-                    await streams.forward(routed, self.what.encode())
+                    await streams.forward(routed, (routed.kind or self.what).encode())
+                    if routed.ts is not None and math.isfinite(routed.ts):
+                        seen = streams.health_ts
+                        seen[msg.partition] = max(routed.ts, seen.get(msg.partition, routed.ts))
             except Exception:
                 log.exception("%s routing failed on %s", self.what, rec.where)
             streams.read(msg.topic, msg.partition, msg.offset)

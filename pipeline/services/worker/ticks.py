@@ -81,6 +81,12 @@ class Ticks:
                if k < excess or wall - m.wall_s >= self.job_idle_ttl_s]  # fmt: skip
         return [(m.job_id, m.partition, self.value(m.job_id, wall, "expire")) for m in due]
 
+    def watermarks_value(self, paths: list[tuple[int, float | None]], wall: float) -> bytes:
+        """The sealed body of a ``paths`` record sent at ``wall``: the watermarks of the
+        health partitions this worker reads (:mod:`pipeline.services.worker.seal`)."""
+        body = json.dumps({"wall_s": wall, "paths": paths}).encode()
+        return self.seal.seal("paths", body) if self.seal is not None else body
+
     def value(self, job_id: str, wall: float, kind: str) -> bytes:
         """The sealed body of a ``kind`` record (tick, expire) sent at ``wall``."""
         body = json.dumps({"job_id": job_id, "wall_s": wall}).encode()
