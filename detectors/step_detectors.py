@@ -23,6 +23,7 @@ from detectors.steps.early import early_outliers
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.nic_flap import NicWindow, nic_flap_findings
+from detectors.steps.persistence import NoiseRuns
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
 from detectors.steps.waits import (
     LastArrivals,
@@ -72,24 +73,68 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
 
 
 class Slowdown(StepDetector):
-    """Stragglers, degradation and data stalls (:mod:`detectors.steps.slowdown`): reads
-    the shared scoring only, learns nothing of its own."""
+    """Stragglers, degradation and data stalls (:mod:`detectors.steps.slowdown`) from the
+    shared scoring; learns how long the job's own noise runs
+    (:class:`~detectors.steps.persistence.NoiseRuns`): a straggler's run must be beyond it."""
 
-    __slots__ = ()
+    __slots__ = ("runs",)
     name = "slowdown"
 
+    def __init__(self, runs: NoiseRuns | None = None) -> None:
+        self.runs = runs if runs is not None else NoiseRuns()
+
+    def _noise(self) -> NoiseRuns:
+        if not hasattr(self, "runs"):  # a suite restored from a state before the runs
+            self.runs = NoiseRuns()
+        return self.runs
+
+    @staticmethod
+    def _excess(ctx: StepContext) -> F64:
+        """Each row's compute excess over its peers (not over its own normal, which
+        follows a straggler and would break its run); 0 where the rank waits (a culprit
+        does not) or is not training."""
+        cfg, peer = ctx.config, ctx.peer
+        waits = peer.waits_in_comm(cfg.culprit_comm_max, cfg.straggler_z)
+        waits |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
+        return np.where(ctx.train & ~waits, peer.slowdown, 0.0)
+
     def findings(self, ctx: StepContext) -> list[Finding]:
+        cfg = ctx.config
+        persistent = self._noise().beyond(
+            ctx.slots,
+            self._excess(ctx),
+            cfg.straggler_warning,
+            min_steps=cfg.straggler_min_steps,
+            cap=cfg.noise_run_cap,
+            margin=cfg.noise_run_margin,
+        )
+        # a node's ranks go together: one run beyond the noise lets its node-mates'
+        # findings count too, so that a slow node is still named once, as a node
+        nodes = np.bincount(ctx.rank_node, weights=persistent, minlength=len(ctx.node_names))
+        persistent |= nodes[ctx.rank_node] > 0
         return slowdown_findings(
             ctx.frame,
             ctx.peer,
             ctx.temporal,
             ctx.rank_node,
             ctx.node_names,
-            config=ctx.config,
+            config=cfg,
             floors={s: ctx.floor(s) for s in NODE_LEVEL_SIGNALS},
             degradation_rows=ctx.firing_rows("degradation"),
             open_nodes={s: ctx.open_nodes(s) for s in NODE_LEVEL_SIGNALS},
+            persistent=persistent,
         )
+
+    def learn(self, ctx: StepContext) -> None:
+        named = ctx.firing_rows("straggler") | ctx.firing_rows("degradation")
+        cfg = ctx.config
+        self._noise().learn(
+            ctx.slots, self._excess(ctx), cfg.straggler_warning, named,
+            cap=cfg.noise_run_cap,
+        )  # fmt: skip
+
+    def forget(self, slots: I64) -> None:
+        self._noise().forget(slots)
 
 
 class EarlyPeer(StepDetector):
