@@ -74,67 +74,74 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
 
 class Slowdown(StepDetector):
     """Stragglers, degradation and data stalls (:mod:`detectors.steps.slowdown`) from the
-    shared scoring; learns how long the job's own noise runs
-    (:class:`~detectors.steps.persistence.NoiseRuns`): a straggler's run must be beyond it."""
+    shared scoring; learns how long the job's own noise runs, in compute and in data
+    wait (:class:`~detectors.steps.persistence.NoiseRuns`): a finding's run must be
+    beyond it."""
 
-    __slots__ = ("runs",)
+    __slots__ = ("data_runs", "runs")
     name = "slowdown"
 
-    def __init__(self, runs: NoiseRuns | None = None) -> None:
-        self.runs = runs if runs is not None else NoiseRuns()
+    def __init__(self) -> None:
+        self.runs = NoiseRuns()
+        self.data_runs = NoiseRuns()
 
-    def _noise(self) -> NoiseRuns:
+    def _noise(self) -> tuple[NoiseRuns, NoiseRuns]:
         if not hasattr(self, "runs"):  # a suite restored from a state before the runs
             self.runs = NoiseRuns()
-        return self.runs
+        if not hasattr(self, "data_runs"):
+            self.data_runs = NoiseRuns()
+        return self.runs, self.data_runs
 
     @staticmethod
-    def _excess(ctx: StepContext) -> F64:
+    def _excess(ctx: StepContext) -> tuple[F64, F64]:
         """Each row's compute excess over its peers (not over its own normal, which
-        follows a straggler and would break its run); 0 where the rank waits (a culprit
-        does not) or is not training."""
-        cfg, peer = ctx.config, ctx.peer
+        follows a straggler and would break its run; 0 where the rank waits: a culprit
+        does not) and its data-wait excess over its peers (fraction of the step)."""
+        cfg, peer, train = ctx.config, ctx.peer, ctx.train
         waits = peer.waits_in_comm(cfg.culprit_comm_max, cfg.straggler_z)
         waits |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
-        return np.where(ctx.train & ~waits, peer.slowdown, 0.0)
+        compute = np.where(train & ~waits, peer.slowdown, 0.0)
+        return compute, np.where(train, peer.data_excess, 0.0)
 
     def findings(self, ctx: StepContext) -> list[Finding]:
-        cfg = ctx.config
-        persistent = self._noise().beyond(
-            ctx.slots,
-            self._excess(ctx),
-            cfg.straggler_warning,
-            min_steps=cfg.straggler_min_steps,
-            cap=cfg.noise_run_cap,
-            margin=cfg.noise_run_margin,
-        )
-        # a node's ranks go together: one run beyond the noise lets its node-mates'
-        # findings count too, so that a slow node is still named once, as a node
-        nodes = np.bincount(ctx.rank_node, weights=persistent, minlength=len(ctx.node_names))
-        persistent |= nodes[ctx.rank_node] > 0
+        cfg, node = ctx.config, ctx.rank_node
+        beyond = []
+        floors = (cfg.straggler_warning, cfg.data_stall_warning)
+        for runs, excess, floor in zip(self._noise(), self._excess(ctx), floors, strict=True):
+            rows = runs.beyond(
+                ctx.slots, excess, floor, min_steps=cfg.straggler_min_steps,
+                cap=cfg.noise_run_cap, margin=cfg.noise_run_margin,
+            )  # fmt: skip
+            # a node's ranks go together: one run beyond the noise lets its node-mates'
+            # findings count too, so that a slow node is still named once, as a node
+            nodes = np.bincount(node, weights=rows, minlength=len(ctx.node_names))
+            beyond.append(rows | (nodes[node] > 0))
         return slowdown_findings(
             ctx.frame,
             ctx.peer,
             ctx.temporal,
-            ctx.rank_node,
+            node,
             ctx.node_names,
             config=cfg,
             floors={s: ctx.floor(s) for s in NODE_LEVEL_SIGNALS},
             degradation_rows=ctx.firing_rows("degradation"),
             open_nodes={s: ctx.open_nodes(s) for s in NODE_LEVEL_SIGNALS},
-            persistent=persistent,
+            persistent=(beyond[0], beyond[1]),
         )
 
     def learn(self, ctx: StepContext) -> None:
-        named = ctx.firing_rows("straggler") | ctx.firing_rows("degradation")
         cfg = ctx.config
-        self._noise().learn(
-            ctx.slots, self._excess(ctx), cfg.straggler_warning, named,
-            cap=cfg.noise_run_cap,
-        )  # fmt: skip
+        named = (ctx.firing_rows("straggler") | ctx.firing_rows("degradation"),
+                 ctx.firing_rows("data_stall"))  # fmt: skip
+        floors = (cfg.straggler_warning, cfg.data_stall_warning)
+        for runs, excess, floor, was in zip(
+            self._noise(), self._excess(ctx), floors, named, strict=True
+        ):
+            runs.learn(ctx.slots, excess, floor, was, cap=cfg.noise_run_cap)
 
     def forget(self, slots: I64) -> None:
-        self._noise().forget(slots)
+        for runs in self._noise():
+            runs.forget(slots)
 
 
 class EarlyPeer(StepDetector):
