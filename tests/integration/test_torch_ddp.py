@@ -277,8 +277,7 @@ def described(alerts: list[Alert]) -> list[tuple[Any, ...]]:
     reason="issue 44, open: an 80-step clean run on this 2-core host raised a WARNING in 2 "
     "of the last runs: a compute straggler on the leader (compute +23 % vs peers for 3 steps "
     "at step 76, a fresh-clone CI run) and a data stall on the leader (data wait 15, 11, 30 "
-    "ms vs peers' 2-5 ms, at load 4-6); such runs must now outlast the job's own noise runs "
-    "(detectors/steps/persistence.py), kept non-strict until CI runs show the clean runs silent",
+    "ms vs peers' 2-5 ms, at load 4-6)",
 )
 def test_a_clean_ddp_run_raises_nothing(stack):
     s = stack("observe")
@@ -298,8 +297,7 @@ def test_a_clean_ddp_run_raises_nothing(stack):
     strict=False,
     reason="issue 44, open: in a fresh-clone CI run the compute rule raised a straggler "
     "WARNING on the leader (compute +37.6 % vs peers for a few steps at step 42, resolved at "
-    "47), the shared host's noise of issue 44 2(b); it passed in the CI run before; such runs "
-    "must now outlast the job's own noise runs (detectors/steps/persistence.py)",
+    "47), the shared host's noise of issue 44 2(b); it passed in the CI run before",
 )
 def test_a_long_clean_run_raises_no_warning(stack):
     """Shared-host noise is not a fault (issue 44): 300 clean steps (every rank's compute
