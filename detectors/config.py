@@ -54,10 +54,6 @@ class DetectorConfig:
     ``straggler_exit``              episode resolves below this
     ``straggler_min_steps``         steps above ``straggler_warning`` before firing
     ``straggler_critical_steps``    steps above ``straggler_critical`` before CRITICAL
-    ``noise_run_margin``            a run of excess counts at once when it sustains this
-                                    many times what the job's own noise runs sustained
-    ``noise_run_cap``               ... else once it outlasts them, at most this many
-                                    steps (:mod:`detectors.steps.persistence`)
     ``culprit_comm_max``            a culprit's comm-wait excess (fraction of step time)
                                     must not exceed this (culprits do not wait) unless
                                     it is within ``straggler_z`` of its peers' noise
@@ -198,8 +194,6 @@ class DetectorConfig:
     straggler_exit: float = 0.025
     straggler_min_steps: int = 3
     straggler_critical_steps: int = 8
-    noise_run_margin: float = 2.0
-    noise_run_cap: int = 9
     culprit_comm_max: float = 0.02
     node_fraction: float = 0.5
     intermittent_z: float = 5.0
@@ -309,14 +303,11 @@ class DetectorConfig:
             "fatal_latch_reports",
             "early_min_peers",
             "waits_warmup",
-            "noise_run_cap",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.relaunch_max_s <= 0:
             raise ValueError(f"relaunch_max_s must be > 0, got {self.relaunch_max_s!r}")
-        if self.noise_run_margin < 1:
-            raise ValueError(f"noise_run_margin must be >= 1, got {self.noise_run_margin!r}")
         if self.group_min_nodes < 2:
             raise ValueError(f"group_min_nodes must be >= 2, got {self.group_min_nodes!r}")
         if not 0 < self.node_fraction <= 1:

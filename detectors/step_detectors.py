@@ -23,7 +23,6 @@ from detectors.steps.early import early_outliers
 from detectors.steps.imbalance import StageImbalance
 from detectors.steps.intermittent import IntermittentSlowdown, intermittent_findings, slow_steps
 from detectors.steps.nic_flap import NicWindow, nic_flap_findings
-from detectors.steps.persistence import NoiseRuns
 from detectors.steps.slowdown import NODE_LEVEL_SIGNALS, rank_or_node_findings, slowdown_findings
 from detectors.steps.waits import (
     LastArrivals,
@@ -73,75 +72,24 @@ def step_detectors(cfg: DetectorConfig) -> list[StepDetector]:
 
 
 class Slowdown(StepDetector):
-    """Stragglers, degradation and data stalls (:mod:`detectors.steps.slowdown`) from the
-    shared scoring; learns how long the job's own noise runs, in compute and in data
-    wait (:class:`~detectors.steps.persistence.NoiseRuns`): a finding's run must be
-    beyond it."""
+    """Stragglers, degradation and data stalls (:mod:`detectors.steps.slowdown`): reads
+    the shared scoring only, learns nothing of its own."""
 
-    __slots__ = ("data_runs", "runs")
+    __slots__ = ()
     name = "slowdown"
 
-    def __init__(self) -> None:
-        self.runs = NoiseRuns()
-        self.data_runs = NoiseRuns()
-
-    def _noise(self) -> tuple[NoiseRuns, NoiseRuns]:
-        if not hasattr(self, "runs"):  # a suite restored from a state before the runs
-            self.runs = NoiseRuns()
-        if not hasattr(self, "data_runs"):
-            self.data_runs = NoiseRuns()
-        return self.runs, self.data_runs
-
-    @staticmethod
-    def _excess(ctx: StepContext) -> tuple[F64, F64]:
-        """Each row's compute excess over its peers (not over its own normal, which
-        follows a straggler and would break its run; 0 where the rank waits: a culprit
-        does not) and its data-wait excess over its peers (fraction of the step)."""
-        cfg, peer, train = ctx.config, ctx.peer, ctx.train
-        waits = peer.waits_in_comm(cfg.culprit_comm_max, cfg.straggler_z)
-        waits |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
-        compute = np.where(train & ~waits, peer.slowdown, 0.0)
-        return compute, np.where(train, peer.data_excess, 0.0)
-
     def findings(self, ctx: StepContext) -> list[Finding]:
-        cfg, node = ctx.config, ctx.rank_node
-        beyond = []
-        floors = (cfg.straggler_warning, cfg.data_stall_warning)
-        for runs, excess, floor in zip(self._noise(), self._excess(ctx), floors, strict=True):
-            rows = runs.beyond(
-                ctx.slots, excess, floor, min_steps=cfg.straggler_min_steps,
-                cap=cfg.noise_run_cap, margin=cfg.noise_run_margin,
-            )  # fmt: skip
-            # a node's ranks go together: one run beyond the noise lets its node-mates'
-            # findings count too, so that a slow node is still named once, as a node
-            nodes = np.bincount(node, weights=rows, minlength=len(ctx.node_names))
-            beyond.append(rows | (nodes[node] > 0))
         return slowdown_findings(
             ctx.frame,
             ctx.peer,
             ctx.temporal,
-            node,
+            ctx.rank_node,
             ctx.node_names,
-            config=cfg,
+            config=ctx.config,
             floors={s: ctx.floor(s) for s in NODE_LEVEL_SIGNALS},
             degradation_rows=ctx.firing_rows("degradation"),
             open_nodes={s: ctx.open_nodes(s) for s in NODE_LEVEL_SIGNALS},
-            persistent=(beyond[0], beyond[1]),
         )
-
-    def learn(self, ctx: StepContext) -> None:
-        cfg = ctx.config
-        named = (ctx.firing_rows("straggler") | ctx.firing_rows("degradation"),
-                 ctx.firing_rows("data_stall"))  # fmt: skip
-        floors = (cfg.straggler_warning, cfg.data_stall_warning)
-        for runs, excess, floor, was in zip(
-            self._noise(), self._excess(ctx), floors, named, strict=True
-        ):
-            runs.learn(ctx.slots, excess, floor, was, cap=cfg.noise_run_cap)
-
-    def forget(self, slots: I64) -> None:
-        for runs in self._noise():
-            runs.forget(slots)
 
 
 class EarlyPeer(StepDetector):

@@ -81,7 +81,6 @@ def slowdown_findings(
     floors: Mapping[str, float],
     degradation_rows: B,
     open_nodes: Mapping[str, Collection[int]],
-    persistent: tuple[B, B] | None = None,
 ) -> list[Finding]:
     """Straggler, degradation and data-stall findings of one TRAIN step.
 
@@ -108,10 +107,6 @@ def slowdown_findings(
     open_nodes
         Per signal of :data:`NODE_LEVEL_SIGNALS`: global ids of the nodes with an open
         node-level episode (a node stays node-level while any of its ranks shows it).
-    persistent
-        Rows whose run of compute excess, and of data-wait excess, is beyond the job's
-        own noise (:class:`~detectors.steps.persistence.NoiseRuns`): only they count
-        as stragglers, and as data stalls. None: every row.
 
     Returns
     -------
@@ -134,8 +129,6 @@ def slowdown_findings(
     waits = peer.waits_in_comm(cfg.culprit_comm_max, cfg.straggler_z)
     waits |= peer.waits_for_data(cfg.culprit_comm_max, cfg.straggler_z)
     gate = warmed & sure & ~waits
-    if persistent is not None:  # a run the job's own noise has not made
-        gate &= persistent[0]
     # degradation: a creep seen by the smoothed excess or the CUSUM while the rank
     # is still below the straggler threshold (a sudden jump is a straggler); an
     # open degradation episode keeps following the smoothed excess and suppresses
@@ -147,10 +140,7 @@ def slowdown_findings(
     straggler = np.where(gate & ~degradation_rows, ex_c, 0.0)
     # data-loader stall: data wait above peers beyond the rank's own normal
     ex_d = np.minimum(t.excess[1], peer.data_excess)
-    stall = warmed & (t.z[1] >= cfg.data_stall_z)
-    if persistent is not None:
-        stall &= persistent[1]
-    data = np.where(stall, ex_d, 0.0)
+    data = np.where(warmed & (t.z[1] >= cfg.data_stall_z), ex_d, 0.0)
     present = np.bincount(rank_node, minlength=len(names))
 
     def compute_ev(
